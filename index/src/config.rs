@@ -1,0 +1,56 @@
+//! Index limits and policies. Every limit the index enforces is here.
+
+use std::time::Duration;
+
+/// Configuration of an [`crate::Index`]. Every field has a documented default.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexConfig {
+    /// How long a (block, pod) entry stays visible after its last insert.
+    /// Default 600 s: vLLM and SGLang keep idle prefix blocks for minutes under
+    /// load, and a stale hit costs a full prefill anyway.
+    pub ttl: Duration,
+    /// Blocks each pod is assumed to cache until `set_pod_capacity` says
+    /// otherwise. Default 31,250: the per-server figure the Gateway API
+    /// Inference Extension's prefix scorer uses.
+    pub pod_capacity: u64,
+    /// Hard bound on stored (pod, block) pairs across all models; inserts that
+    /// would pass it fail with `InsertError::Full`. Default 16,777,216 (2^24):
+    /// 512 pods at the default capacity, about 0.5 GiB at the measured cost.
+    pub max_blocks: u64,
+    /// When stored pairs exceed `max_blocks * evict_to`, the sweep evicts the
+    /// least recently used entries across all pods down to that level. Default
+    /// 0.9: headroom so inserts keep succeeding between sweeps.
+    pub evict_to: f64,
+    /// Keys are cut to this many blocks. Default 2,048: 128 Ki tokens at 64
+    /// tokens a block, past every model's context window today.
+    pub max_key_blocks: usize,
+    /// Distinct pods (live, or removed and not yet reclaimed). Default 4,096.
+    /// Hard ceiling 1,048,575 (ids share a 64-bit word with the time).
+    pub max_pods: u32,
+    /// Distinct model names. Default 1,024.
+    pub max_models: usize,
+    /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
+    /// the longest Kubernetes object name.
+    pub max_name_len: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            ttl: Duration::from_secs(600),
+            pod_capacity: 31_250,
+            max_blocks: 1 << 24,
+            evict_to: 0.9,
+            max_key_blocks: 2048,
+            max_pods: 4096,
+            max_models: 1024,
+            max_name_len: 253,
+        }
+    }
+}
+
+impl IndexConfig {
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+}

@@ -1,0 +1,51 @@
+//! Typed errors, one enum per operation.
+
+use thiserror::Error;
+
+/// Why a pod could not be named or created.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PodError {
+    /// The name is empty or longer than `max_name_len`.
+    #[error("pod name of {len} bytes is not allowed (1 to {max})")]
+    BadName {
+        /// Length of the offered name.
+        len: usize,
+        /// The configured `max_name_len`.
+        max: usize,
+    },
+    /// `max_pods` ids are in use.
+    #[error("too many pods (max_pods = {max})")]
+    TooManyPods {
+        /// The configured `max_pods`.
+        max: usize,
+    },
+}
+
+/// Why an insert failed. An insert that fails may have recorded a prefix of its
+/// key for the pod (never more than the key).
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum InsertError {
+    /// The pod name was refused.
+    #[error(transparent)]
+    Pod(#[from] PodError),
+    /// The model name is empty or longer than `max_name_len`.
+    #[error("model name of {len} bytes is not allowed (1 to {max})")]
+    BadModel {
+        /// Length of the offered name.
+        len: usize,
+        /// The configured `max_name_len`.
+        max: usize,
+    },
+    /// `max_models` models exist already.
+    #[error("too many models (max_models = {max})")]
+    TooManyModels {
+        /// The configured `max_models`.
+        max: usize,
+    },
+    /// Storing the key would pass `max_blocks`; the sweep frees room.
+    #[error("index is full (max_blocks = {max}); retry after the next sweep")]
+    Full {
+        /// The configured `max_blocks`.
+        max: u64,
+    },
+}

@@ -1,0 +1,109 @@
+//! `prefix-index`: the shared prefix index of an LLM inference gateway fleet.
+//!
+//! A gateway turns each prompt into a **key** (the hashes of its fixed-size
+//! blocks, see [`key`]), asks [`Reader::lookup`] how many leading blocks of it
+//! each pod is believed to hold in its KV cache, routes, and then calls
+//! [`Index::insert`] to record that the chosen pod now holds that prefix. This
+//! crate is the index itself: no runtime, no sockets, no clock. Time comes in
+//! as an argument (milliseconds), the way quinn-proto takes `now`.
+//!
+//! ```
+//! use prefix_index::{key, Index, IndexConfig};
+//!
+//! let index = Index::new(IndexConfig::default());
+//! let now = 1_700_000_000_000; // ms
+//! let system = "You are a helpful assistant. ".repeat(10);
+//! let a = key::text_key(&format!("{system}What is a radix tree?"), 64);
+//! let b = key::text_key(&format!("{system}Explain epochs, briefly please."), 64);
+//! index.insert("llama-3-8b", &a, "pod-a", now).unwrap();
+//! index.insert("llama-3-8b", &b, "pod-b", now).unwrap();
+//!
+//! let reader = index.reader();
+//! let found = reader.lookup("llama-3-8b", &a, None, now + 1);
+//! let named: Vec<_> = found
+//!     .matches
+//!     .iter()
+//!     .map(|m| (reader.pod_name(m.pod).unwrap(), m.blocks))
+//!     .collect();
+//! // pod-a holds the whole key; pod-b only the shared system prompt.
+//! assert_eq!(named[0], ("pod-a", found.key_blocks));
+//! assert_eq!(named[1].0, "pod-b");
+//! assert!(named[1].1 < found.key_blocks);
+//! ```
+//!
+//! # Data structure
+//!
+//! One radix tree per model over sequences of `u64` block hashes. A node holds
+//! an **edge** (a run of blocks, so unshared conversation tails cost one node),
+//! a set of **pod entries** (`(pod, last used)` words, `slots`), and a
+//! **child table** keyed by each child's first block (`children`). A pod in a
+//! node's entries holds every block from the root to the end of that node's
+//! edge.
+//!
+//! Invariants, after every operation:
+//! - `pods(node) ⊇ pods(child)`, and a pod's last-used time in a node is at
+//!   least its time in any child (inserts write top-down with the same `now`);
+//! - the root has an empty edge and no entries; every other edge is non-empty
+//!   and siblings differ in their first block;
+//! - per-pod block counts equal the sum of edge lengths of the nodes holding
+//!   the pod (what capacities and `max_blocks` bound).
+//!
+//! # Concurrency
+//!
+//! **Readers** ([`Reader::lookup`]) pin a private crossbeam-epoch `Collector`
+//! once, walk down with `Acquire` loads only, record the path, then read each
+//! path node's entries bottom-up: a pod's answer is the depth of the deepest
+//! node where its entry is visible (not expired, pod not removed). They take no
+//! lock, change no reference count, store to no shared memory, never retry.
+//!
+//! **Writers** never take a global lock. Refreshing a time is a lock-free CAS on
+//! the pod's word. Adding a pod to a node, adding a child, and replacing a node
+//! take that node's (one-byte) lock; structural changes are copy-on-write: an
+//! edge split builds an upper and a lower node, **seals** the old one (after
+//! which nothing in it changes), and publishes the upper with one `Release`
+//! store into the parent's slot. Refreshes racing with a seal are caught by a
+//! `SeqCst` store/load handshake and redone from the root; a node with 100,000
+//! children grows its table geometrically, never copying it per insert. This is
+//! ROWEX (Leis et al., "The ART of Practical Synchronization", DaMoN 2016) with
+//! lock-free timestamp updates.
+//!
+//! **Node states**: live (reachable) → sealed (being replaced or unlinked,
+//! immutable) → retired (unlinked, waiting for a grace period) → freed.
+//!
+//! **Reclamation**: unlinked nodes, old child tables, old name maps are retired
+//! through the collector. Its deferred functions only queue the object; the
+//! maintenance thread frees the queue in [`Index::sweep`] / [`Index::reclaim`],
+//! so a reader that happens to collect never pays for freeing a subtree.
+//!
+//! # Semantics
+//!
+//! - TTL: an entry unused for longer than `ttl` is invisible at once; the sweep
+//!   only reclaims it.
+//! - Capacity: past a pod's capacity the sweep evicts its least recently used
+//!   blocks, deepest first (see the `sweep` module); `max_blocks` bounds all entries.
+//! - [`Index::remove_pod`]: the pod vanishes from lookups at once.
+//! - A lookup that starts after an insert returned sees it (unless expired,
+//!   evicted or removed since); a lookup concurrent with writes may miss them
+//!   but never reports a block that a pod was not given.
+
+mod children;
+pub mod config;
+pub mod error;
+mod index;
+pub mod key;
+mod node;
+mod pods;
+mod reclaim;
+mod slots;
+mod stats;
+pub mod sweep;
+mod sync;
+mod tree;
+
+pub use config::IndexConfig;
+pub use error::{InsertError, PodError};
+pub use index::{Index, Lookup, Reader};
+pub use pods::PodId;
+pub use stats::Stats;
+pub use sweep::SweepReport;
+pub use tree::Match;

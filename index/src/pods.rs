@@ -1,0 +1,345 @@
+//! Pod names interned to dense ids, and each pod's live state.
+//!
+//! Ids index a fixed array sized by `max_pods`, so per-pod counters never move
+//! and readers reach them with one load. The name→id map is a small hash map
+//! replaced copy-on-write under `writer` (pods are added and removed at control
+//! plane rate, not per request) and read lock-free under an epoch guard.
+//!
+//! A removed pod's id is **dead**: entries that carry it are invisible at once
+//! and the sweep frees them. The id is reused only when (1) every insert that
+//! could still write it has finished (an epoch grace period after the removal),
+//! (2) the sweep has freed all its blocks, and (3) a second grace period has let
+//! go every reader that could still see an old copy of its entries.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use crossbeam_epoch::Guard;
+use parking_lot::Mutex;
+
+use crate::error::PodError;
+use crate::reclaim::Reclaimer;
+
+/// A pod's dense id inside one [`crate::Index`]. Ids of removed pods are reused,
+/// so an id is only meaningful next to the index that gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodId(pub(crate) u32);
+
+impl PodId {
+    /// The id as a plain integer (for dense per-pod arrays kept by callers).
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
+const FREE: u8 = 0;
+const LIVE: u8 = 1;
+const DEAD: u8 = 2;
+
+struct Name {
+    text: Box<str>,
+    /// The first 8 bytes, big-endian: orders most names without touching `text`.
+    prefix: u64,
+}
+
+struct Slot {
+    state: AtomicU8,
+    name: AtomicPtr<Name>,
+    blocks: AtomicI64,
+    capacity: AtomicU64,
+}
+
+type NameMap = std::collections::HashMap<Box<str>, u32, ahash::RandomState>;
+
+struct Writer {
+    free: Vec<u32>,
+    next: u32,
+    dead: Vec<Dead>,
+}
+
+struct Dead {
+    id: u32,
+    /// Set by the collector one grace period after the latest phase began.
+    quiet: Arc<AtomicBool>,
+    /// Whether the blocks already reached zero and the second grace period runs.
+    draining: bool,
+}
+
+/// The pod registry of one index.
+pub(crate) struct Pods {
+    slots: Box<[Slot]>,
+    names: AtomicPtr<NameMap>,
+    writer: Mutex<Writer>,
+    default_capacity: AtomicU64,
+}
+
+// SAFETY: the raw pointers are owned: `names` by the registry, each `Name` by its
+// slot; they are replaced and retired only under `writer` and freed after a
+// grace period, so sharing the registry across threads is sound.
+unsafe impl Send for Pods {}
+// SAFETY: as above; all shared mutation goes through atomics or `writer`.
+unsafe impl Sync for Pods {}
+
+impl Pods {
+    pub(crate) fn new(max_pods: u32, default_capacity: u64) -> Self {
+        let max = max_pods.min(crate::slots::MAX_POD_ID + 1);
+        Pods {
+            slots: (0..max)
+                .map(|_| Slot {
+                    state: AtomicU8::new(FREE),
+                    name: AtomicPtr::new(std::ptr::null_mut()),
+                    blocks: AtomicI64::new(0),
+                    capacity: AtomicU64::new(default_capacity),
+                })
+                .collect(),
+            names: AtomicPtr::new(Box::into_raw(Box::default())),
+            writer: Mutex::new(Writer {
+                free: Vec::new(),
+                next: 0,
+                dead: Vec::new(),
+            }),
+            default_capacity: AtomicU64::new(default_capacity),
+        }
+    }
+
+    fn map<'g>(&self, _guard: &'g Guard) -> &'g NameMap {
+        // Acquire: pairs with the Release store that published the map.
+        let map = self.names.load(Ordering::Acquire);
+        // SAFETY: maps are retired through the epoch after being replaced; the
+        // guard keeps this one alive, and it is never null.
+        unsafe { &*map }
+    }
+
+    /// The live id of `name`, if any. Lock-free.
+    pub(crate) fn id(&self, name: &str, guard: &Guard) -> Option<PodId> {
+        self.map(guard).get(name).map(|&i| PodId(i))
+    }
+
+    /// The id of `name`, interning it if new.
+    pub(crate) fn intern(
+        &self,
+        name: &str,
+        max_name_len: usize,
+        rec: &Reclaimer,
+        guard: &Guard,
+    ) -> Result<PodId, PodError> {
+        if let Some(id) = self.id(name, guard) {
+            return Ok(id);
+        }
+        if name.is_empty() || name.len() > max_name_len {
+            return Err(PodError::BadName {
+                len: name.len(),
+                max: max_name_len,
+            });
+        }
+        let mut w = self.writer.lock();
+        if let Some(id) = self.id(name, guard) {
+            return Ok(id);
+        }
+        let id = match w.free.pop() {
+            Some(id) => id,
+            None if (w.next as usize) < self.slots.len() => {
+                w.next += 1;
+                w.next - 1
+            }
+            None => {
+                return Err(PodError::TooManyPods {
+                    max: self.slots.len(),
+                })
+            }
+        };
+        let slot = &self.slots[id as usize];
+        let mut prefix = [0u8; 8];
+        let n = name.len().min(8);
+        prefix[..n].copy_from_slice(&name.as_bytes()[..n]);
+        let fresh = Box::into_raw(Box::new(Name {
+            text: name.into(),
+            prefix: u64::from_be_bytes(prefix),
+        }));
+        // Release: readers that see the LIVE state below (Acquire) see the name.
+        let old = slot.name.swap(fresh, Ordering::Release);
+        if !old.is_null() {
+            rec.retire(guard, SendBox(old), |b| {
+                // SAFETY: `old` came from Box::into_raw and was unpublished above.
+                drop(unsafe { Box::from_raw(b.0) });
+                0
+            });
+        }
+        slot.blocks.store(0, Ordering::Relaxed);
+        // Relaxed: ordered before publication by the Release stores below.
+        slot.capacity.store(
+            self.default_capacity.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        // Release: pairs with readers' Acquire load of the state.
+        slot.state.store(LIVE, Ordering::Release);
+        self.publish(
+            |m| {
+                m.insert(name.into(), id);
+            },
+            rec,
+            guard,
+        );
+        Ok(PodId(id))
+    }
+
+    /// Replaces the name map with an edited copy. Called under `writer`.
+    fn publish(&self, edit: impl FnOnce(&mut NameMap), rec: &Reclaimer, guard: &Guard) {
+        let mut next = self.map(guard).clone();
+        edit(&mut next);
+        // AcqRel: Release publishes the new map; Acquire takes ownership of the old.
+        let old = self
+            .names
+            .swap(Box::into_raw(Box::new(next)), Ordering::AcqRel);
+        rec.retire(guard, SendBox(old), |b| {
+            // SAFETY: the old map came from Box::into_raw and is unpublished.
+            drop(unsafe { Box::from_raw(b.0) });
+            0
+        });
+    }
+
+    /// Marks `name` removed: its entries vanish from lookups at once.
+    pub(crate) fn remove(&self, name: &str, rec: &Reclaimer, guard: &Guard) -> bool {
+        let mut w = self.writer.lock();
+        let Some(PodId(id)) = self.id(name, guard) else {
+            return false;
+        };
+        // Release: a reader that sees DEAD stops counting this pod's entries.
+        self.slots[id as usize].state.store(DEAD, Ordering::Release);
+        self.publish(
+            |m| {
+                m.remove(name);
+            },
+            rec,
+            guard,
+        );
+        w.dead.push(Dead {
+            id,
+            quiet: rec.grace_flag(guard),
+            draining: false,
+        });
+        true
+    }
+
+    /// Frees the ids of removed pods whose blocks are all gone (see module docs).
+    pub(crate) fn recycle(&self, rec: &Reclaimer, guard: &Guard) -> usize {
+        let mut w = self.writer.lock();
+        let mut freed = Vec::new();
+        w.dead.retain_mut(|d| {
+            // Acquire: pairs with the collector's Release store of the flag.
+            if !d.quiet.load(Ordering::Acquire) {
+                return true;
+            }
+            if !d.draining {
+                // Relaxed: the count is exact once no insert can write this id.
+                if self.slots[d.id as usize].blocks.load(Ordering::Relaxed) != 0 {
+                    return true;
+                }
+                d.draining = true;
+                d.quiet = rec.grace_flag(guard);
+                return true;
+            }
+            freed.push(d.id);
+            false
+        });
+        for &id in &freed {
+            // Relaxed: nothing reads a FREE slot's state for meaning until a new
+            // LIVE store (Release) republishes it.
+            self.slots[id as usize].state.store(FREE, Ordering::Relaxed);
+        }
+        let n = freed.len();
+        w.free.extend(freed);
+        n
+    }
+
+    /// Whether entries with this id count.
+    #[inline]
+    pub(crate) fn is_live(&self, id: u32) -> bool {
+        // Acquire: pairs with the Release stores of LIVE and DEAD.
+        self.slots[id as usize].state.load(Ordering::Acquire) == LIVE
+    }
+
+    /// The name of a live or dead id.
+    pub(crate) fn name<'g>(&self, id: PodId, _guard: &'g Guard) -> Option<&'g str> {
+        // Acquire: pairs with the Release swap that published the name.
+        let p = self.slots.get(id.0 as usize)?.name.load(Ordering::Acquire);
+        // SAFETY: names are retired through the epoch; the guard keeps it alive.
+        (!p.is_null()).then(|| unsafe { &*(*p).text })
+    }
+
+    /// Orders two ids by name.
+    #[inline]
+    pub(crate) fn cmp_names(&self, a: u32, b: u32, _guard: &Guard) -> std::cmp::Ordering {
+        // Acquire: as in `name`.
+        let (pa, pb) = (
+            self.slots[a as usize].name.load(Ordering::Acquire),
+            self.slots[b as usize].name.load(Ordering::Acquire),
+        );
+        if pa.is_null() || pb.is_null() {
+            return a.cmp(&b);
+        }
+        // SAFETY: as in `name`.
+        let (na, nb) = unsafe { (&*pa, &*pb) };
+        na.prefix
+            .cmp(&nb.prefix)
+            .then_with(|| na.text.cmp(&nb.text))
+    }
+
+    pub(crate) fn add_blocks(&self, id: u32, n: i64) {
+        // Relaxed: a statistic and the capacity trigger; nothing is ordered by it.
+        self.slots[id as usize]
+            .blocks
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn blocks(&self, id: u32) -> u64 {
+        // Relaxed: as in `add_blocks`.
+        self.slots[id as usize]
+            .blocks
+            .load(Ordering::Relaxed)
+            .max(0) as u64
+    }
+
+    pub(crate) fn capacity(&self, id: u32) -> u64 {
+        // Relaxed: a setting read by the sweep; no data depends on it.
+        self.slots[id as usize].capacity.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_capacity(&self, id: PodId, blocks: u64) {
+        // Relaxed: as in `capacity`.
+        self.slots[id.0 as usize]
+            .capacity
+            .store(blocks, Ordering::Relaxed);
+    }
+
+    /// Ids in use (live or dead and not yet freed), for the sweep's capacity pass.
+    pub(crate) fn ids_in_use(&self) -> std::ops::Range<u32> {
+        0..self.writer.lock().next
+    }
+
+    pub(crate) fn live_count(&self, guard: &Guard) -> usize {
+        self.map(guard).len()
+    }
+}
+
+impl Drop for Pods {
+    fn drop(&mut self) {
+        // Exclusive access: free the map and every name.
+        let map = *self.names.get_mut();
+        // SAFETY: the map came from Box::into_raw; no one else can reach it.
+        drop(unsafe { Box::from_raw(map) });
+        for s in self.slots.iter_mut() {
+            let p = *s.name.get_mut();
+            if !p.is_null() {
+                // SAFETY: as above, for the slot's current name.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+    }
+}
+
+/// A raw box pointer moved to the reclaiming thread.
+pub(crate) struct SendBox<T>(pub(crate) *mut T);
+// SAFETY: the pointee is only freed, by one thread, after a grace period; the
+// types sent this way (`Name`, `NameMap`) are themselves `Send`.
+unsafe impl<T> Send for SendBox<T> {}

@@ -1,0 +1,448 @@
+//! The sweep: bounded, resumable passes that reclaim expired and removed
+//! entries, enforce pod capacities and the global bound, and unlink empty nodes.
+//!
+//! A **pass** visits every node of every model in post-order (children before
+//! their parent), spread over as many [`crate::Index::sweep`] calls as its
+//! budget needs. Between calls the position is a stack of `(first block, next
+//! child slot)` frames; a call re-descends by those keys, and restarts a level
+//! whose table changed (revisiting is harmless, every step is idempotent).
+//!
+//! At each node, under its lock, the sweep removes entries whose pod was
+//! removed, whose TTL passed, or that fall under an eviction cutoff, then
+//! unlinks the node if it is left with no pod and no child. Post-order keeps
+//! the invariant `pods(parent) ⊇ pods(child)`: a parent's entry for a pod is
+//! never older than its children's, so whatever rule removes it has already
+//! removed theirs.
+//!
+//! **Capacity.** A pod's blocks are ordered by (last used, deeper first): the
+//! order in which its own KV cache evicts them. A pass *measures* each pod over
+//! capacity (keeping, in a bounded heap, its oldest entries that cover the
+//! excess) and ends with a cutoff `(time, depth)`; the next pass evicts every
+//! block of that pod at or below the cutoff, splitting an edge when the cutoff
+//! falls inside it. With an unlimited budget one call runs both passes, so a
+//! single-threaded caller sees exactly the model's LRU order. The global
+//! `max_blocks` bound works the same way over all pods, on whole entries.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use crossbeam_epoch::Guard;
+
+use crate::children::Keyed;
+use crate::index::Shared;
+use crate::node::Node;
+use crate::stats::Counters;
+use crate::tree::{self, Tree};
+
+/// What one [`crate::Index::sweep`] call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Nodes visited (the budget counts these).
+    pub visited: u64,
+    /// (pod, block) pairs removed because their TTL passed.
+    pub expired: u64,
+    /// (pod, block) pairs evicted for a capacity or the global bound.
+    pub evicted: u64,
+    /// (pod, block) pairs of removed pods freed.
+    pub purged: u64,
+    /// Nodes unlinked.
+    pub unlinked: u64,
+    /// Passes completed during this call.
+    pub passes: u64,
+    /// Bytes returned to the allocator by this call's reclamation.
+    pub reclaimed_bytes: u64,
+}
+
+/// A pod's eviction cutoff: every block with (time, −depth) ≤ (time, −depth).
+#[derive(Debug, Clone, Copy)]
+struct Cutoff {
+    time: u64,
+    depth: usize,
+}
+
+enum Verdict {
+    Keep,
+    Evict,
+    /// Evict the blocks from this offset into the edge on.
+    EvictFrom(usize),
+}
+
+impl Cutoff {
+    fn judge(&self, time: u64, d0: usize, d1: usize) -> Verdict {
+        if time < self.time || (time == self.time && d0 >= self.depth) {
+            Verdict::Evict
+        } else if time > self.time || d1 <= self.depth {
+            Verdict::Keep
+        } else {
+            Verdict::EvictFrom(self.depth - d0)
+        }
+    }
+}
+
+/// The oldest entries seen so far that cover `bound` blocks.
+#[derive(Default)]
+struct Measure {
+    bound: u64,
+    sum: u64,
+    /// Max-heap of (time, Reverse(start depth), end depth): newest on top.
+    heap: BinaryHeap<(u64, Reverse<usize>, usize)>,
+}
+
+impl Measure {
+    fn new(bound: u64) -> Self {
+        Measure {
+            bound,
+            ..Measure::default()
+        }
+    }
+
+    fn push(&mut self, time: u64, d0: usize, d1: usize) {
+        self.heap.push((time, Reverse(d0), d1));
+        self.sum += (d1 - d0) as u64;
+        self.trim(self.bound);
+    }
+
+    fn trim(&mut self, need: u64) {
+        while let Some(&(_, Reverse(d0), d1)) = self.heap.peek() {
+            let len = (d1 - d0) as u64;
+            if self.sum - len < need {
+                break;
+            }
+            self.heap.pop();
+            self.sum -= len;
+        }
+    }
+
+    /// The key of the newest whole entry to evict so that at least `excess`
+    /// blocks go (the global bound evicts whole entries).
+    fn entry_cutoff(mut self, excess: u64) -> Option<(u64, Reverse<usize>)> {
+        if excess == 0 {
+            return None;
+        }
+        self.trim(excess);
+        self.heap.peek().map(|&(time, d0, _)| (time, d0))
+    }
+
+    /// The cutoff that evicts `excess` blocks (all it saw, if it saw fewer).
+    fn cutoff(mut self, excess: u64) -> Option<Cutoff> {
+        if excess == 0 {
+            return None;
+        }
+        self.trim(excess);
+        let &(time, Reverse(d0), d1) = self.heap.peek()?;
+        let len = (d1 - d0) as u64;
+        let take = excess.saturating_sub(self.sum - len).min(len) as usize;
+        Some(Cutoff {
+            time,
+            depth: d1 - take,
+        })
+    }
+}
+
+struct Frame {
+    /// The node's first block (unused for the root).
+    key: u64,
+    /// Depth at the end of the node's edge.
+    depth: usize,
+    /// Next child slot to visit.
+    next: usize,
+    /// Identity of the child table `next` refers to.
+    table: usize,
+}
+
+/// Sweep progress, kept between calls. Only the maintenance caller touches it.
+#[derive(Default)]
+pub(crate) struct Sweeper {
+    in_pass: bool,
+    trees: Vec<Arc<Tree>>,
+    tree: usize,
+    frames: Vec<Frame>,
+    cutoffs: HashMap<u32, Cutoff>,
+    global_cutoff: Option<(u64, Reverse<usize>)>,
+    measures: HashMap<u32, Measure>,
+    global: Option<Measure>,
+    next_cutoffs: HashMap<u32, Cutoff>,
+    next_global: Option<(u64, Reverse<usize>)>,
+}
+
+/// At most this many passes in one call (the end of a resumed pass, a full
+/// pass that measures, one that evicts, one to spare), so a call with an
+/// unlimited budget ends even while writers keep pods over capacity.
+const MAX_PASSES_PER_CALL: u64 = 4;
+
+impl Sweeper {
+    pub(crate) fn sweep(
+        &mut self,
+        sh: &Shared,
+        trees: impl Fn() -> Vec<Arc<Tree>>,
+        now: u64,
+        mut budget: usize,
+        guard: &Guard,
+    ) -> SweepReport {
+        let mut report = SweepReport::default();
+        // A pass resumed from an earlier call may predate models or entries
+        // added since; only a pass begun in this call lets it stop early.
+        let mut fresh = false;
+        loop {
+            if !self.in_pass {
+                self.begin_pass(sh, trees());
+                fresh = true;
+            }
+            if !self.walk(sh, now, &mut budget, guard, &mut report) {
+                break;
+            }
+            let more = self.end_pass(sh, guard);
+            report.passes += 1;
+            if (fresh && !more) || budget == 0 || report.passes >= MAX_PASSES_PER_CALL {
+                break;
+            }
+        }
+        report
+    }
+
+    fn begin_pass(&mut self, sh: &Shared, trees: Vec<Arc<Tree>>) {
+        self.in_pass = true;
+        self.trees = trees;
+        self.tree = 0;
+        self.frames.clear();
+        self.cutoffs = std::mem::take(&mut self.next_cutoffs);
+        self.global_cutoff = self.next_global.take();
+        self.measures.clear();
+        for id in sh.pods.ids_in_use() {
+            let (blocks, cap) = (sh.pods.blocks(id), sh.pods.capacity(id));
+            if sh.pods.is_live(id) && blocks > cap {
+                self.measures.insert(id, Measure::new(blocks - cap));
+            }
+        }
+        let entries = Counters::get(&sh.counters.entries);
+        let target = sh.global_target();
+        self.global = (entries > target).then(|| Measure::new(entries - target));
+    }
+
+    /// Ends a pass: turns measures into the next pass's cutoffs, frees the ids
+    /// of drained removed pods. Returns whether another pass has work to do.
+    fn end_pass(&mut self, sh: &Shared, guard: &Guard) -> bool {
+        self.in_pass = false;
+        self.trees.clear();
+        for (id, m) in self.measures.drain() {
+            let excess = sh.pods.blocks(id).saturating_sub(sh.pods.capacity(id));
+            if let Some(c) = m.cutoff(excess) {
+                self.next_cutoffs.insert(id, c);
+            }
+        }
+        if let Some(m) = self.global.take() {
+            let excess = Counters::get(&sh.counters.entries).saturating_sub(sh.global_target());
+            self.next_global = m.entry_cutoff(excess);
+        }
+        sh.pods.recycle(&sh.rec, guard);
+        sh.counters
+            .sweep_passes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        !self.next_cutoffs.is_empty() || self.next_global.is_some()
+    }
+
+    /// Walks on from the saved position. Returns true when the pass is done.
+    fn walk(
+        &mut self,
+        sh: &Shared,
+        now: u64,
+        budget: &mut usize,
+        guard: &Guard,
+        report: &mut SweepReport,
+    ) -> bool {
+        while self.tree < self.trees.len() {
+            let root = self.trees[self.tree].root_ptr();
+            let mut path: Vec<*mut Node> = vec![root];
+            if self.frames.is_empty() {
+                self.frames.push(Frame {
+                    key: 0,
+                    depth: 0,
+                    next: 0,
+                    table: 0,
+                });
+            }
+            // Re-descend to where the last call stopped.
+            let mut level = 1;
+            while level < self.frames.len() {
+                let parent = path[level - 1];
+                let key = self.frames[level].key;
+                // SAFETY: pinned by `guard`; nodes are retired through it.
+                let child = unsafe { (*parent).children.get(key, sh.seed) };
+                if child.is_null() {
+                    self.frames.truncate(level);
+                    break;
+                }
+                // SAFETY: as above.
+                self.frames[level].depth =
+                    self.frames[level - 1].depth + unsafe { (&(*child)).edge.len() };
+                path.push(child);
+                level += 1;
+            }
+            loop {
+                // SAFETY: every node on `path` is valid under the guard.
+                let node = unsafe { &**path.last().unwrap_or(&root) };
+                let Some(top) = self.frames.last_mut() else {
+                    break;
+                };
+                let (slots, table) = node.children.shape();
+                if table != top.table {
+                    top.table = table;
+                    top.next = 0;
+                }
+                let mut child: *mut Node = std::ptr::null_mut();
+                while top.next < slots && child.is_null() {
+                    // SAFETY: pinned by `guard`.
+                    child = unsafe { node.children.slot(top.next) };
+                    top.next += 1;
+                }
+                if !child.is_null() {
+                    // SAFETY: as above.
+                    let c = unsafe { &*child };
+                    let depth = top.depth + c.edge.len();
+                    self.frames.push(Frame {
+                        key: c.key(),
+                        depth,
+                        next: 0,
+                        table: 0,
+                    });
+                    path.push(child);
+                    continue;
+                }
+                if path.len() == 1 {
+                    // The root: this model is done.
+                    self.frames.clear();
+                    break;
+                }
+                if *budget == 0 {
+                    return false;
+                }
+                *budget -= 1;
+                let d1 = top.depth;
+                self.frames.pop();
+                let node_ptr = path.pop().unwrap_or(root);
+                let parent = *path.last().unwrap_or(&root);
+                // SAFETY: valid under the guard.
+                let (parent, d0) = unsafe { (&*parent, d1 - (&(*node_ptr)).edge.len()) };
+                self.visit(sh, parent, node_ptr, d0, d1, now, guard, report);
+            }
+            self.tree += 1;
+        }
+        true
+    }
+
+    /// Sweeps one node (post-order: its children are done).
+    #[allow(clippy::too_many_arguments)]
+    fn visit(
+        &mut self,
+        sh: &Shared,
+        parent: &Node,
+        node_ptr: *mut Node,
+        d0: usize,
+        d1: usize,
+        now: u64,
+        guard: &Guard,
+        report: &mut SweepReport,
+    ) {
+        report.visited += 1;
+        // SAFETY: valid under the guard.
+        let node = unsafe { &*node_ptr };
+        let len = (d1 - d0) as i64;
+        let mut partial = None;
+        {
+            let _lock = node.lock();
+            if node.pods.is_sealed() {
+                return;
+            }
+            for (pod, time) in tree::entries_of(node) {
+                let freed = if !sh.pods.is_live(pod) {
+                    node.pods
+                        .remove_if(pod, |_| true)
+                        .map(|_| &mut report.purged)
+                } else if now.saturating_sub(time) > sh.ttl_ms {
+                    node.pods
+                        .remove_if(pod, |t| now.saturating_sub(t) > sh.ttl_ms)
+                        .map(|_| &mut report.expired)
+                } else {
+                    let verdict = match self.cutoffs.get(&pod) {
+                        Some(c) => c.judge(time, d0, d1),
+                        None => Verdict::Keep,
+                    };
+                    let global = self.global_cutoff.is_some_and(|g| (time, Reverse(d0)) <= g);
+                    match verdict {
+                        _ if global => node.pods.remove_if(pod, |t| t == time),
+                        Verdict::Evict => node.pods.remove_if(pod, |t| t == time),
+                        Verdict::EvictFrom(k) => {
+                            partial.get_or_insert((pod, time, k));
+                            None
+                        }
+                        Verdict::Keep => None,
+                    }
+                    .map(|_| &mut report.evicted)
+                };
+                if let Some(counter) = freed {
+                    *counter += len as u64;
+                    sh.pods.add_blocks(pod, -len);
+                    Counters::add(&sh.counters.entries, -len);
+                }
+            }
+        }
+        if let Some((pod, time, k)) = partial {
+            let split = tree::split(
+                sh,
+                parent,
+                node_ptr,
+                k,
+                |_| Ok::<(), ()>(()),
+                |_, lower| {
+                    // Evict only if the pod was not refreshed since we judged it.
+                    if let Some(i) = lower.iter().position(|e| *e == (pod, time)) {
+                        lower.swap_remove(i);
+                    }
+                },
+                guard,
+            );
+            if let Ok(Some(upper)) = split {
+                // SAFETY: `upper` is valid under the guard; its only child is the
+                // new lower half.
+                let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
+                // SAFETY: as above.
+                if !lower.is_null() && unsafe { (*lower).pods.find(pod) }.is_none() {
+                    let gone = (d1 - d0 - k) as i64;
+                    report.evicted += gone as u64;
+                    sh.pods.add_blocks(pod, -gone);
+                    Counters::add(&sh.counters.entries, -gone);
+                    // SAFETY: as above.
+                    if unsafe { (*lower).pods.is_empty() && (*lower).children.len() == 0 }
+                        && tree::unlink(sh, upper, lower, guard)
+                    {
+                        report.unlinked += 1;
+                    }
+                }
+                self.measure(upper, d0, d0 + k);
+                return;
+            }
+        }
+        self.measure(node, d0, d1);
+        if node.pods.is_empty()
+            && node.children.len() == 0
+            && tree::unlink(sh, parent, node_ptr, guard)
+        {
+            report.unlinked += 1;
+        }
+    }
+
+    fn measure(&mut self, node: &Node, d0: usize, d1: usize) {
+        if self.measures.is_empty() && self.global.is_none() {
+            return;
+        }
+        node.pods.for_each(|pod, time| {
+            if let Some(m) = self.measures.get_mut(&pod) {
+                m.push(time, d0, d1);
+            }
+            if let Some(g) = self.global.as_mut() {
+                g.push(time, d0, d1);
+            }
+        });
+    }
+}

@@ -1,0 +1,661 @@
+//! One model's radix tree: insert, lookup, and the two structural changes
+//! (edge split, unlink of an empty node) that writers and the sweep share.
+//!
+//! See the crate docs for the algorithm; this file is its code.
+
+use crossbeam_epoch::Guard;
+use smallvec::SmallVec;
+
+use crate::children::{Children, Keyed};
+use crate::error::InsertError;
+use crate::index::Shared;
+use crate::node::{common_prefix, Node, NodePtr};
+use crate::pods::PodId;
+use crate::slots::{Entries, Refresh};
+use crate::stats::Counters;
+
+/// One pod's answer to a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Match {
+    /// The pod.
+    pub pod: PodId,
+    /// How many leading blocks of the key it holds (at least 1).
+    pub blocks: u32,
+}
+
+/// The tree of one model. The root has an empty edge and never holds pods.
+pub(crate) struct Tree {
+    root: *mut Node,
+}
+
+// SAFETY: the tree owns its nodes; all shared access to them goes through
+// atomics, node locks and the epoch protocol described in the crate docs.
+unsafe impl Send for Tree {}
+// SAFETY: as above.
+unsafe impl Sync for Tree {}
+
+/// What an insert does after one step.
+enum Step<'g> {
+    /// Continue below this node, at this depth.
+    Descend(&'g Node, usize),
+    /// Read the same level again (another writer changed it first).
+    Again,
+    /// Start over from the root (a node on the way was sealed).
+    Restart,
+}
+
+impl Tree {
+    pub(crate) fn new() -> Self {
+        Tree {
+            root: Box::into_raw(Node::new(&[], &[], Children::new())),
+        }
+    }
+
+    pub(crate) fn root_ptr(&self) -> *mut Node {
+        self.root
+    }
+
+    fn root<'g>(&self, _guard: &'g Guard) -> &'g Node {
+        // SAFETY: the root lives as long as the tree, which outlives the guard's
+        // use here (callers hold the tree through the model map).
+        unsafe { &*self.root }
+    }
+
+    /// Records that `pod` holds every prefix of `key`, last used at `now`.
+    pub(crate) fn insert(
+        &self,
+        sh: &Shared,
+        key: &[u64],
+        pod: u32,
+        now: u64,
+        guard: &Guard,
+    ) -> Result<(), InsertError> {
+        'restart: loop {
+            let mut node = self.root(guard);
+            let mut depth = 0;
+            while depth < key.len() {
+                let rest = &key[depth..];
+                // SAFETY: pinned by `guard`; children are retired through it.
+                let child = unsafe { node.children.get(rest[0], sh.seed) };
+                let step = if child.is_null() {
+                    add_leaf(sh, node, rest, pod, now, guard)?
+                } else {
+                    // SAFETY: as above.
+                    let c = unsafe { &*child };
+                    let m = common_prefix(&c.edge, rest);
+                    if m == c.edge.len() {
+                        match c.pods.refresh(pod, now) {
+                            Refresh::Done => Step::Descend(c, depth + m),
+                            Refresh::Sealed => Step::Restart,
+                            Refresh::Missing => add_pod(sh, c, pod, now, depth + m)?,
+                        }
+                    } else {
+                        split_for_insert(sh, node, child, m, pod, now, depth, guard)?
+                    }
+                };
+                match step {
+                    Step::Descend(next, d) => {
+                        node = next;
+                        depth = d;
+                    }
+                    Step::Again => {}
+                    Step::Restart => continue 'restart,
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
+    /// with its matched length, sorted by length descending then pod name.
+    /// One walk; no store to shared memory; no lock; no retry.
+    pub(crate) fn lookup(
+        &self,
+        sh: &Shared,
+        key: &[u64],
+        candidates: Option<&[u32]>,
+        now: u64,
+        guard: &Guard,
+        out: &mut Vec<Match>,
+    ) {
+        let mut path: SmallVec<[(&Node, u32); 16]> = SmallVec::new();
+        let mut node = self.root(guard);
+        let mut depth = 0;
+        while depth < key.len() {
+            let rest = &key[depth..];
+            // SAFETY: pinned by `guard`; children are retired through it.
+            let child = unsafe { node.children.get(rest[0], sh.seed) };
+            if child.is_null() {
+                break;
+            }
+            // SAFETY: as above.
+            let child = unsafe { &*child };
+            let m = common_prefix(&child.edge, rest);
+            // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
+            path.push((child, (depth + m) as u32));
+            if m < child.edge.len() {
+                break;
+            }
+            depth += m;
+            node = child;
+        }
+        // Deepest first: a pod's answer is the deepest node where it is visible.
+        let start = out.len();
+        let mut seen = Seen::default();
+        for &(n, blocks) in path.iter().rev() {
+            n.pods.for_each(|pod, time| {
+                if now.saturating_sub(time) > sh.ttl_ms || !sh.pods.is_live(pod) {
+                    return;
+                }
+                if candidates.is_some_and(|c| !c.contains(&pod)) {
+                    return;
+                }
+                if seen.insert(pod) {
+                    out.push(Match {
+                        pod: PodId(pod),
+                        blocks,
+                    });
+                }
+            });
+        }
+        out[start..].sort_unstable_by(|a, b| {
+            b.blocks
+                .cmp(&a.blocks)
+                .then_with(|| sh.pods.cmp_names(a.pod.0, b.pod.0, guard))
+        });
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // SAFETY: dropping the tree means no reader or writer can reach it; the
+        // index drops trees only after its epoch collector is gone.
+        unsafe { Node::free_subtree(self.root) };
+    }
+}
+
+/// Pods already answered in one lookup: a bitmap for small ids, a list beyond.
+#[derive(Default)]
+struct Seen {
+    low: [u64; 4],
+    high: SmallVec<[u32; 8]>,
+}
+
+impl Seen {
+    #[inline]
+    fn insert(&mut self, pod: u32) -> bool {
+        if let Some(word) = self.low.get_mut((pod / 64) as usize) {
+            let bit = 1u64 << (pod % 64);
+            let fresh = *word & bit == 0;
+            *word |= bit;
+            fresh
+        } else if self.high.contains(&pod) {
+            false
+        } else {
+            self.high.push(pod);
+            true
+        }
+    }
+}
+
+/// Counts `n` more (pod, block) pairs for `pod`, unless that passes `max_blocks`.
+fn reserve(sh: &Shared, pod: u32, n: usize) -> Result<(), InsertError> {
+    let n = n as i64;
+    let max = sh.cfg.max_blocks;
+    // Relaxed: a bound, not a synchronisation point.
+    let before = sh
+        .counters
+        .entries
+        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    if (before + n) as u64 > max {
+        Counters::add(&sh.counters.entries, -n);
+        return Err(InsertError::Full { max });
+    }
+    sh.pods.add_blocks(pod, n);
+    Ok(())
+}
+
+/// Hangs a new leaf holding `rest` under `parent`.
+fn add_leaf<'g>(
+    sh: &Shared,
+    parent: &'g Node,
+    rest: &[u64],
+    pod: u32,
+    now: u64,
+    guard: &'g Guard,
+) -> Result<Step<'g>, InsertError> {
+    let _lock = parent.lock();
+    if parent.pods.is_sealed() {
+        return Ok(Step::Restart);
+    }
+    // SAFETY: pinned; under the lock the table is current.
+    if !unsafe { parent.children.get(rest[0], sh.seed) }.is_null() {
+        return Ok(Step::Again);
+    }
+    reserve(sh, pod, rest.len())?;
+    let leaf = Box::into_raw(Node::new(rest, &[(pod, now)], Children::new()));
+    // SAFETY: we hold the parent's lock, `leaf` is initialised, stored children
+    // are valid under the guard.
+    let (table_bytes, old) = unsafe { parent.children.insert(leaf, sh.seed) };
+    // SAFETY: `leaf` is ours until published, and now published and valid.
+    let bytes = unsafe { (*leaf).bytes() } as i64 + table_bytes as i64;
+    if let Some(old) = old {
+        sh.rec.retire(guard, old, |t| {
+            // SAFETY: the old table was unpublished; a grace period has passed.
+            unsafe { t.free() }
+        });
+    }
+    Counters::add(&sh.counters.nodes, 1);
+    Counters::add(&sh.counters.tree_blocks, rest.len() as i64);
+    Counters::add(&sh.counters.bytes, bytes);
+    // The key ends in the new leaf: nothing is left below it.
+    // SAFETY: published and valid under the guard.
+    Ok(Step::Descend(unsafe { &*leaf }, usize::MAX))
+}
+
+/// Gives `pod` an entry on `node`, whose whole edge the key covers.
+fn add_pod<'g>(
+    sh: &Shared,
+    node: &'g Node,
+    pod: u32,
+    now: u64,
+    depth: usize,
+) -> Result<Step<'g>, InsertError> {
+    let _lock = node.lock();
+    if node.pods.is_sealed() {
+        return Ok(Step::Restart);
+    }
+    // Another writer may have added it while we waited for the lock.
+    match node.pods.refresh(pod, now) {
+        Refresh::Done => return Ok(Step::Descend(node, depth)),
+        Refresh::Sealed => return Ok(Step::Restart),
+        Refresh::Missing => {}
+    }
+    reserve(sh, pod, node.edge.len())?;
+    let bytes = node.pods.add(pod, now);
+    Counters::add(&sh.counters.bytes, bytes as i64);
+    Ok(Step::Descend(node, depth))
+}
+
+/// Splits `child` (under `parent`) after `m` blocks because the key diverges or
+/// ends there, and gives `pod` the upper half.
+#[allow(clippy::too_many_arguments)]
+fn split_for_insert<'g>(
+    sh: &Shared,
+    parent: &'g Node,
+    child: *mut Node,
+    m: usize,
+    pod: u32,
+    now: u64,
+    depth: usize,
+    guard: &'g Guard,
+) -> Result<Step<'g>, InsertError> {
+    let upper = split(
+        sh,
+        parent,
+        child,
+        m,
+        |c| match c.pods.find(pod) {
+            Some(_) => Ok(()),
+            None => reserve(sh, pod, m),
+        },
+        |upper, _| match upper.iter_mut().find(|e| e.0 == pod) {
+            Some(e) => e.1 = e.1.max(now.min(crate::slots::MAX_TIME)),
+            None => upper.push((pod, now)),
+        },
+        guard,
+    )?;
+    Ok(match upper {
+        Some(u) => Step::Descend(u, depth + m),
+        None => Step::Restart,
+    })
+}
+
+/// Replaces `node` (a child of `parent`) by an upper node holding its first `m`
+/// blocks and a lower one holding the rest and its children. `check` runs under
+/// both locks before anything changes and may refuse; `edit` adjusts the
+/// entries of the upper and lower halves (both start as the sealed node's).
+/// Returns the upper node, or `None` if a concurrent change got there first.
+pub(crate) fn split<'g, E>(
+    sh: &Shared,
+    parent: &'g Node,
+    node: *mut Node,
+    m: usize,
+    check: impl FnOnce(&Node) -> Result<(), E>,
+    edit: impl FnOnce(&mut Entries, &mut Entries),
+    guard: &'g Guard,
+) -> Result<Option<&'g Node>, E> {
+    // SAFETY: pinned by `guard`.
+    let n = unsafe { &*node };
+    debug_assert!(m > 0 && m < n.edge.len());
+    let _plock = parent.lock();
+    // SAFETY: pinned; under the parent's lock its table is current.
+    if parent.pods.is_sealed() || unsafe { parent.children.get(n.key(), sh.seed) } != node {
+        return Ok(None);
+    }
+    let _nlock = n.lock();
+    if n.pods.is_sealed() {
+        return Ok(None);
+    }
+    check(n)?;
+    let mut upper_entries = n.pods.seal();
+    let mut lower_entries = upper_entries.clone();
+    edit(&mut upper_entries, &mut lower_entries);
+    let lower = Box::into_raw(Node::new(
+        &n.edge[m..],
+        &lower_entries,
+        Children::share(&n.children),
+    ));
+    n.mark_moved();
+    let upper = Node::new(&n.edge[..m], &upper_entries, Children::new());
+    // SAFETY: `upper` is private until published; `lower` is initialised.
+    let (table_bytes, none) = unsafe { upper.children.insert(lower, sh.seed) };
+    debug_assert!(none.is_none());
+    let upper = Box::into_raw(upper);
+    // SAFETY: we hold the parent's lock; `node` is in its table; `upper` is
+    // initialised and has the same key.
+    let replaced = unsafe { parent.children.replace(node, upper, sh.seed) };
+    debug_assert!(replaced);
+    // SAFETY: both new nodes are published and valid under the guard.
+    let grown = unsafe { (*upper).bytes() + (*lower).bytes() } as i64 + table_bytes as i64;
+    Counters::add(&sh.counters.nodes, 1);
+    Counters::add(&sh.counters.bytes, grown);
+    retire_node(sh, node, guard);
+    // SAFETY: published and valid under the guard.
+    Ok(Some(unsafe { &*upper }))
+}
+
+/// Unlinks `node` from `parent` if it holds no pod and no child.
+pub(crate) fn unlink(sh: &Shared, parent: &Node, node: *mut Node, guard: &Guard) -> bool {
+    // SAFETY: pinned by `guard`.
+    let n = unsafe { &*node };
+    let _plock = parent.lock();
+    // SAFETY: pinned; under the parent's lock its table is current.
+    if parent.pods.is_sealed() || unsafe { parent.children.get(n.key(), sh.seed) } != node {
+        return false;
+    }
+    let _nlock = n.lock();
+    if n.pods.is_sealed() || !n.pods.is_empty() || n.children.len() != 0 {
+        return false;
+    }
+    n.pods.seal();
+    // SAFETY: we hold the parent's lock and `node` is in its table.
+    unsafe { parent.children.remove(node, sh.seed) };
+    Counters::add(&sh.counters.nodes, -1);
+    Counters::add(&sh.counters.tree_blocks, -(n.edge.len() as i64));
+    retire_node(sh, node, guard);
+    true
+}
+
+fn retire_node(sh: &Shared, node: *mut Node, guard: &Guard) {
+    sh.rec.retire(guard, NodePtr(node), |p| {
+        // SAFETY: the node was unlinked (replaced or removed) under its parent's
+        // lock before being retired, and a grace period has passed.
+        unsafe { Node::free(p.0) }
+    });
+}
+
+/// Entries as a plain list, for tests and the sweep.
+pub(crate) fn entries_of(node: &Node) -> Entries {
+    let mut out = Entries::new();
+    node.pods.for_each(|p, t| out.push((p, t)));
+    out
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::{Index, IndexConfig};
+
+    const T0: u64 = 1_000_000;
+
+    fn idx() -> Index {
+        Index::new(IndexConfig::default())
+    }
+
+    fn named(index: &Index, key: &[u64], now: u64) -> Vec<(String, u32)> {
+        index.lookup("m", key, None, now)
+    }
+
+    #[test]
+    fn splits_at_every_position_keep_every_answer() {
+        let base: Vec<u64> = (100..116).collect();
+        for at in 1..base.len() {
+            let index = idx();
+            index.insert("m", &base, "long", T0).unwrap();
+            let mut branch = base[..at].to_vec();
+            branch.push(7);
+            index.insert("m", &branch, "branch", T0 + 1).unwrap();
+            // Ends inside the (now upper) edge: a third split point.
+            index
+                .insert("m", &base[..at.div_ceil(2)], "short", T0 + 2)
+                .unwrap();
+            let n = base.len() as u32;
+            assert_eq!(
+                named(&index, &base, T0 + 3),
+                vec![
+                    ("long".into(), n),
+                    ("branch".into(), at as u32),
+                    ("short".into(), at.div_ceil(2) as u32)
+                ],
+                "split at {at}"
+            );
+            assert_eq!(
+                named(&index, &branch, T0 + 3)[0],
+                ("branch".into(), at as u32 + 1)
+            );
+            let s = index.stats();
+            assert_eq!(s.tree_blocks, n as u64 + 1);
+            assert_eq!(s.entries, n as u64 + at as u64 + 1 + at.div_ceil(2) as u64);
+        }
+    }
+
+    #[test]
+    fn fan_out_of_a_hundred_thousand_conversations() {
+        let index = idx();
+        let system: Vec<u64> = (0..32).collect();
+        for conv in 0..100_000u64 {
+            let mut key = system.clone();
+            key.extend([1_000_000 + conv, conv * 7]);
+            index
+                .insert("m", &key, &format!("pod-{}", conv % 16), T0)
+                .unwrap();
+        }
+        let mut key = system.clone();
+        key.extend([1_000_000 + 4242, 4242 * 7]);
+        let got = named(&index, &key, T0);
+        assert_eq!(got.len(), 16);
+        assert_eq!(got[0], ("pod-2".into(), 34));
+        assert!(got[1..].iter().all(|(_, b)| *b == 32));
+        let s = index.stats();
+        assert_eq!(s.nodes, 100_001);
+        assert_eq!(s.tree_blocks, 32 + 200_000);
+    }
+
+    #[test]
+    fn one_node_holds_many_pods_sorted_by_name_on_ties() {
+        let index = idx();
+        let key = [1, 2, 3];
+        for p in [
+            "zeta",
+            "alpha",
+            "pod-10",
+            "pod-9",
+            "alphabet-soup-long-name",
+        ] {
+            index.insert("m", &key, p, T0).unwrap();
+        }
+        let got: Vec<_> = named(&index, &key, T0)
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "alpha",
+                "alphabet-soup-long-name",
+                "pod-10",
+                "pod-9",
+                "zeta"
+            ]
+        );
+        let cands = index.lookup("m", &key, Some(&["zeta", "nobody", "pod-9"]), T0);
+        assert_eq!(cands, vec![("pod-9".into(), 3), ("zeta".into(), 3)]);
+        assert!(index.lookup("m", &key, Some(&[]), T0).is_empty());
+        assert!(index.lookup("other", &key, None, T0).is_empty());
+    }
+
+    #[test]
+    fn ttl_hides_at_once_and_the_sweep_reclaims() {
+        let index = idx();
+        let ttl = index.config().ttl.as_millis() as u64;
+        index.insert("m", &[1, 2, 3, 4], "a", T0).unwrap();
+        index.insert("m", &[1, 2], "a", T0 + 10).unwrap();
+        assert_eq!(
+            named(&index, &[1, 2, 3, 4], T0 + ttl),
+            vec![("a".into(), 4)]
+        );
+        // The deeper part expires first: the shorter refresh keeps [1, 2].
+        assert_eq!(
+            named(&index, &[1, 2, 3, 4], T0 + ttl + 1),
+            vec![("a".into(), 2)]
+        );
+        index.sweep(T0 + ttl + 1, usize::MAX);
+        assert_eq!(index.stats().tree_blocks, 2);
+        assert_eq!(index.stats().entries, 2);
+        assert!(named(&index, &[1, 2], T0 + ttl + 11).is_empty());
+        index.sweep(T0 + ttl + 11, usize::MAX);
+        let s = index.stats();
+        assert_eq!((s.nodes, s.entries, s.tree_blocks), (0, 0, 0));
+    }
+
+    #[test]
+    fn removed_pod_vanishes_at_once_and_its_name_comes_back_fresh() {
+        let index = idx();
+        index.insert("m", &[1, 2, 3], "a", T0).unwrap();
+        index.insert("m", &[1, 2], "b", T0).unwrap();
+        assert!(index.remove_pod("a"));
+        assert!(!index.remove_pod("a"));
+        assert_eq!(named(&index, &[1, 2, 3], T0), vec![("b".into(), 2)]);
+        index.insert("m", &[1], "a", T0 + 1).unwrap();
+        assert_eq!(
+            named(&index, &[1, 2, 3], T0 + 1),
+            vec![("b".into(), 2), ("a".into(), 1)]
+        );
+        let r = index.sweep(T0 + 1, usize::MAX);
+        assert_eq!(r.purged, 3);
+        assert_eq!(index.stats().entries, 3);
+    }
+
+    #[test]
+    fn capacity_evicts_least_recent_deepest_first_inside_an_edge() {
+        let index = idx();
+        index.set_pod_capacity("a", 5).unwrap();
+        index
+            .insert("m", &[1, 2, 3, 4, 5, 6, 7, 8], "a", T0)
+            .unwrap();
+        index.insert("m", &[9, 9], "a", T0 + 1).unwrap();
+        index
+            .insert("m", &[1, 2, 3, 4, 5, 6, 7, 8], "b", T0 + 2)
+            .unwrap();
+        index.sweep(T0 + 3, usize::MAX);
+        // 10 blocks, capacity 5: the five oldest blocks go, deepest first.
+        assert_eq!(index.pod_blocks("a"), 5);
+        let got = index.lookup("m", &[1, 2, 3, 4, 5, 6, 7, 8], Some(&["a"]), T0 + 3);
+        assert_eq!(got, vec![("a".into(), 3)]);
+        assert_eq!(
+            index.lookup("m", &[9, 9], None, T0 + 3),
+            vec![("a".into(), 2)]
+        );
+        // b keeps all of its blocks.
+        assert_eq!(
+            index.lookup("m", &[1, 2, 3, 4, 5, 6, 7, 8], Some(&["b"]), T0 + 3)[0].1,
+            8
+        );
+    }
+
+    #[test]
+    fn max_blocks_refuses_inserts_and_the_sweep_makes_room() {
+        let index = Index::new(IndexConfig {
+            max_blocks: 100,
+            ..IndexConfig::default()
+        });
+        let mut refused = 0;
+        for i in 0..30u64 {
+            if index
+                .insert(
+                    "m",
+                    &[i, i + 1000, i + 2000, i + 3000, i + 4000],
+                    "p",
+                    T0 + i,
+                )
+                .is_err()
+            {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 10);
+        assert_eq!(index.stats().entries, 100);
+        index.sweep(T0 + 30, usize::MAX);
+        let s = index.stats();
+        assert!(s.entries <= 90, "{s:?}");
+        // The oldest keys went first.
+        assert!(index.lookup("m", &[0, 1000], None, T0 + 30).is_empty());
+        assert_eq!(
+            index.lookup("m", &[19, 1019], None, T0 + 30),
+            vec![("p".into(), 2)]
+        );
+        index.insert("m", &[77, 78], "p", T0 + 31).unwrap();
+    }
+
+    #[test]
+    fn keys_are_cut_and_empty_keys_record_nothing() {
+        let index = Index::new(IndexConfig {
+            max_key_blocks: 4,
+            ..IndexConfig::default()
+        });
+        index.insert("m", &[1, 2, 3, 4, 5, 6], "a", T0).unwrap();
+        index.insert("m", &[], "b", T0).unwrap();
+        let r = index.reader();
+        let got = r.lookup("m", &[1, 2, 3, 4, 5, 6], None, T0);
+        assert_eq!(got.key_blocks, 4);
+        assert_eq!(got.matches.len(), 1);
+        assert_eq!(got.matches[0].blocks, 4);
+        assert_eq!(index.stats().pods, 1);
+    }
+
+    #[test]
+    fn limits_give_typed_errors() {
+        use crate::{InsertError, PodError};
+        let index = Index::new(IndexConfig {
+            max_pods: 2,
+            max_models: 1,
+            max_name_len: 8,
+            ..IndexConfig::default()
+        });
+        assert!(matches!(
+            index.insert("", &[1], "a", T0),
+            Err(InsertError::BadModel { .. })
+        ));
+        index.insert("m", &[1], "a", T0).unwrap();
+        assert!(matches!(
+            index.insert("m2", &[1], "a", T0),
+            Err(InsertError::TooManyModels { max: 1 })
+        ));
+        assert!(matches!(
+            index.insert("m", &[1], "123456789", T0),
+            Err(InsertError::Pod(PodError::BadName { .. }))
+        ));
+        index.insert("m", &[1], "b", T0).unwrap();
+        assert!(matches!(
+            index.insert("m", &[1], "c", T0),
+            Err(InsertError::Pod(PodError::TooManyPods { max: 2 }))
+        ));
+        // A removed pod's id comes back once its blocks are gone and two grace
+        // periods passed (sweeps reclaim between them).
+        assert!(index.remove_pod("a"));
+        for _ in 0..4 {
+            index.sweep(T0, usize::MAX);
+        }
+        index.insert("m", &[1], "c", T0).unwrap();
+    }
+}
