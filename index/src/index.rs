@@ -275,10 +275,23 @@ impl Index {
     /// has passed; returns the bytes freed. The sweep calls it; tests and
     /// shutdown may too.
     pub fn reclaim(&self) -> usize {
-        for _ in 0..3 {
+        // Each flush advances the epoch if it can and hands over at most a few
+        // bags of deferred functions, so keep flushing until several rounds in
+        // a row free nothing (an object needs two epoch advances).
+        let (mut bytes, mut idle) = (0, 0);
+        for _ in 0..100_000 {
             self.pin().flush();
+            match self.sh.rec.reclaim() {
+                (0, _) => idle += 1,
+                (_, n) => {
+                    bytes += n;
+                    idle = 0;
+                }
+            }
+            if idle >= 4 {
+                break;
+            }
         }
-        let bytes = self.sh.rec.reclaim();
         Counters::add(&self.sh.counters.bytes, -(bytes as i64));
         bytes
     }
@@ -291,7 +304,7 @@ impl Drop for Index {
         self.handles.clear();
         // SAFETY: dropped exactly once, here; nothing uses it afterwards.
         unsafe { ManuallyDrop::drop(&mut self.collector) };
-        self.sh.rec.reclaim();
+        let _ = self.sh.rec.reclaim();
         let map = *self.models.get_mut();
         // SAFETY: exclusive access; the map came from Box::into_raw. Dropping it
         // drops the trees, which free their nodes.

@@ -13,8 +13,8 @@
 //! let index = Index::new(IndexConfig::default());
 //! let now = 1_700_000_000_000; // ms
 //! let system = "You are a helpful assistant. ".repeat(10);
-//! let a = key::text_key(&format!("{system}What is a radix tree?"), 64);
-//! let b = key::text_key(&format!("{system}Explain epochs, briefly please."), 64);
+//! let a = key::text_key(&format!("{system}What is a radix tree? {}", "Why? ".repeat(30)), 64);
+//! let b = key::text_key(&format!("{system}Explain epochs. {}", "How? ".repeat(30)), 64);
 //! index.insert("llama-3-8b", &a, "pod-a", now).unwrap();
 //! index.insert("llama-3-8b", &b, "pod-b", now).unwrap();
 //!
@@ -99,6 +99,9 @@ mod stats;
 pub mod sweep;
 mod sync;
 mod tree;
+
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 pub use config::IndexConfig;
 pub use error::{InsertError, PodError};

@@ -38,8 +38,6 @@ const DEAD: u8 = 2;
 
 struct Name {
     text: Box<str>,
-    /// The first 8 bytes, big-endian: orders most names without touching `text`.
-    prefix: u64,
 }
 
 struct Slot {
@@ -69,6 +67,9 @@ struct Dead {
 pub(crate) struct Pods {
     slots: Box<[Slot]>,
     names: AtomicPtr<NameMap>,
+    /// Ids in name order and back, rebuilt copy-on-write when a pod is added,
+    /// so lookups order pods by name without comparing strings.
+    ranks: AtomicPtr<Ranks>,
     writer: Mutex<Writer>,
     default_capacity: AtomicU64,
 }
@@ -93,6 +94,7 @@ impl Pods {
                 })
                 .collect(),
             names: AtomicPtr::new(Box::into_raw(Box::default())),
+            ranks: AtomicPtr::new(Box::into_raw(Box::default())),
             writer: Mutex::new(Writer {
                 free: Vec::new(),
                 next: 0,
@@ -149,13 +151,7 @@ impl Pods {
             }
         };
         let slot = &self.slots[id as usize];
-        let mut prefix = [0u8; 8];
-        let n = name.len().min(8);
-        prefix[..n].copy_from_slice(&name.as_bytes()[..n]);
-        let fresh = Box::into_raw(Box::new(Name {
-            text: name.into(),
-            prefix: u64::from_be_bytes(prefix),
-        }));
+        let fresh = Box::into_raw(Box::new(Name { text: name.into() }));
         // Release: readers that see the LIVE state below (Acquire) see the name.
         let old = slot.name.swap(fresh, Ordering::Release);
         if !old.is_null() {
@@ -180,7 +176,38 @@ impl Pods {
             rec,
             guard,
         );
+        self.rank(w.next, guard, rec);
         Ok(PodId(id))
+    }
+
+    /// Rebuilds the rank table over ids `0..next`. Called under `writer`.
+    fn rank(&self, next: u32, guard: &Guard, rec: &Reclaimer) {
+        let mut order: Vec<(&str, u32)> = (0..next)
+            .filter_map(|id| Some((self.name(PodId(id), guard)?, id)))
+            .collect();
+        order.sort_unstable();
+        let mut ranks = Ranks { rank: vec![u32::MAX; next as usize], by_rank: Vec::new() };
+        for (rank, (_, id)) in order.into_iter().enumerate() {
+            // At most `max_pods` (< 2^20) entries: the cast cannot truncate.
+            ranks.rank[id as usize] = rank as u32;
+            ranks.by_rank.push(id);
+        }
+        // AcqRel: Release publishes the table; Acquire owns the old one.
+        let old = self.ranks.swap(Box::into_raw(Box::new(ranks)), Ordering::AcqRel);
+        rec.retire(guard, SendBox(old), |b| {
+            // SAFETY: the old table came from Box::into_raw and is unpublished.
+            drop(unsafe { Box::from_raw(b.0) });
+            0
+        });
+    }
+
+    /// The current rank table.
+    #[inline]
+    pub(crate) fn ranks<'g>(&self, _guard: &'g Guard) -> &'g Ranks {
+        // Acquire: pairs with the Release swap in `rank`.
+        let ranks = self.ranks.load(Ordering::Acquire);
+        // SAFETY: retired through the epoch; the guard keeps it; never null.
+        unsafe { &*ranks }
     }
 
     /// Replaces the name map with an edited copy. Called under `writer`.
@@ -267,24 +294,6 @@ impl Pods {
         (!p.is_null()).then(|| unsafe { &*(*p).text })
     }
 
-    /// Orders two ids by name.
-    #[inline]
-    pub(crate) fn cmp_names(&self, a: u32, b: u32, _guard: &Guard) -> std::cmp::Ordering {
-        // Acquire: as in `name`.
-        let (pa, pb) = (
-            self.slots[a as usize].name.load(Ordering::Acquire),
-            self.slots[b as usize].name.load(Ordering::Acquire),
-        );
-        if pa.is_null() || pb.is_null() {
-            return a.cmp(&b);
-        }
-        // SAFETY: as in `name`.
-        let (na, nb) = unsafe { (&*pa, &*pb) };
-        na.prefix
-            .cmp(&nb.prefix)
-            .then_with(|| na.text.cmp(&nb.text))
-    }
-
     pub(crate) fn add_blocks(&self, id: u32, n: i64) {
         // Relaxed: a statistic and the capacity trigger; nothing is ordered by it.
         self.slots[id as usize]
@@ -326,8 +335,9 @@ impl Drop for Pods {
     fn drop(&mut self) {
         // Exclusive access: free the map and every name.
         let map = *self.names.get_mut();
-        // SAFETY: the map came from Box::into_raw; no one else can reach it.
-        drop(unsafe { Box::from_raw(map) });
+        let ranks = *self.ranks.get_mut();
+        // SAFETY: both came from Box::into_raw; no one else can reach them.
+        drop(unsafe { (Box::from_raw(map), Box::from_raw(ranks)) });
         for s in self.slots.iter_mut() {
             let p = *s.name.get_mut();
             if !p.is_null() {
@@ -338,8 +348,30 @@ impl Drop for Pods {
     }
 }
 
+/// Pod ids in name order: `rank[id]` is the id's position, `by_rank` the ids.
+#[derive(Default)]
+pub(crate) struct Ranks {
+    rank: Vec<u32>,
+    by_rank: Vec<u32>,
+}
+
+impl Ranks {
+    /// The id's position in name order; `u32::MAX` for an id newer than this
+    /// table (it then sorts after every ranked pod).
+    #[inline]
+    pub(crate) fn rank(&self, id: u32) -> u32 {
+        self.rank.get(id as usize).copied().unwrap_or(u32::MAX)
+    }
+
+    /// The id at a position returned by [`Ranks::rank`].
+    #[inline]
+    pub(crate) fn id(&self, rank: u32) -> u32 {
+        self.by_rank[rank as usize]
+    }
+}
+
 /// A raw box pointer moved to the reclaiming thread.
 pub(crate) struct SendBox<T>(pub(crate) *mut T);
 // SAFETY: the pointee is only freed, by one thread, after a grace period; the
-// types sent this way (`Name`, `NameMap`) are themselves `Send`.
+// types sent this way (`Name`, `NameMap`, rank tables) are themselves `Send`.
 unsafe impl<T> Send for SendBox<T> {}

@@ -43,12 +43,13 @@ impl Reclaimer {
         flag
     }
 
-    /// Runs every ready free; returns the bytes released.
-    pub(crate) fn reclaim(&self) -> usize {
-        let mut bytes = 0;
+    /// Runs every ready free; returns how many objects and bytes it released.
+    pub(crate) fn reclaim(&self) -> (usize, usize) {
+        let (mut jobs, mut bytes) = (0, 0);
         while let Some(job) = self.ready.pop() {
+            jobs += 1;
             bytes += job();
         }
-        bytes
+        (jobs, bytes)
     }
 }

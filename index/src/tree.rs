@@ -139,30 +139,77 @@ impl Tree {
             depth += m;
             node = child;
         }
-        // Deepest first: a pod's answer is the deepest node where it is visible.
-        let start = out.len();
+        // Deepest first: a pod's answer is the deepest node where it is visible,
+        // so answers come out by blocks descending, one node's pods at a time.
+        // Within a node they are ordered by name rank through a bitmap: no
+        // comparison sort on the hot path.
+        let ranks = sh.pods.ranks(guard);
         let mut seen = Seen::default();
+        let mut group = RankGroup::default();
         for &(n, blocks) in path.iter().rev() {
             n.pods.for_each(|pod, time| {
-                if now.saturating_sub(time) > sh.ttl_ms || !sh.pods.is_live(pod) {
+                if seen.contains(pod)
+                    || now.saturating_sub(time) > sh.ttl_ms
+                    || !sh.pods.is_live(pod)
+                    || candidates.is_some_and(|c| !c.contains(&pod))
+                {
                     return;
                 }
-                if candidates.is_some_and(|c| !c.contains(&pod)) {
-                    return;
-                }
-                if seen.insert(pod) {
-                    out.push(Match {
-                        pod: PodId(pod),
-                        blocks,
-                    });
-                }
+                seen.insert(pod);
+                group.add(ranks.rank(pod), pod);
             });
+            group.drain(ranks, |pod| out.push(Match { pod: PodId(pod), blocks }));
         }
-        out[start..].sort_unstable_by(|a, b| {
-            b.blocks
-                .cmp(&a.blocks)
-                .then_with(|| sh.pods.cmp_names(a.pod.0, b.pod.0, guard))
-        });
+    }
+}
+
+/// The pods found at one node, ordered by name rank when drained.
+struct RankGroup {
+    /// Ranks below `64 * RANK_WORDS`, as bits.
+    bits: [u64; RANK_WORDS],
+    /// The range of `bits` words in use.
+    lo: usize,
+    hi: usize,
+    /// Pods with larger (or unknown) ranks: (rank, id), sorted when drained.
+    rest: SmallVec<[(u32, u32); 4]>,
+}
+
+const RANK_WORDS: usize = 64;
+
+impl Default for RankGroup {
+    fn default() -> Self {
+        RankGroup { bits: [0; RANK_WORDS], lo: RANK_WORDS, hi: 0, rest: SmallVec::new() }
+    }
+}
+
+impl RankGroup {
+    #[inline]
+    fn add(&mut self, rank: u32, pod: u32) {
+        let w = (rank / 64) as usize;
+        if w < RANK_WORDS {
+            self.bits[w] |= 1 << (rank % 64);
+            self.lo = self.lo.min(w);
+            self.hi = self.hi.max(w + 1);
+        } else {
+            self.rest.push((rank, pod));
+        }
+    }
+
+    #[inline]
+    fn drain(&mut self, ranks: &crate::pods::Ranks, mut emit: impl FnMut(u32)) {
+        for w in self.lo..self.hi {
+            let mut x = std::mem::take(&mut self.bits[w]);
+            while x != 0 {
+                // w < 64 and the bit index < 64: the rank fits in u32.
+                emit(ranks.id((w * 64) as u32 + x.trailing_zeros()));
+                x &= x - 1;
+            }
+        }
+        (self.lo, self.hi) = (RANK_WORDS, 0);
+        if !self.rest.is_empty() {
+            self.rest.sort_unstable();
+            self.rest.drain(..).for_each(|(_, pod)| emit(pod));
+        }
     }
 }
 
@@ -182,6 +229,14 @@ struct Seen {
 }
 
 impl Seen {
+    #[inline]
+    fn contains(&self, pod: u32) -> bool {
+        match self.low.get((pod / 64) as usize) {
+            Some(word) => *word & (1u64 << (pod % 64)) != 0,
+            None => self.high.contains(&pod),
+        }
+    }
+
     #[inline]
     fn insert(&mut self, pod: u32) -> bool {
         if let Some(word) = self.low.get_mut((pod / 64) as usize) {

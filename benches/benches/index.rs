@@ -1,0 +1,348 @@
+//! Criterion benchmarks of the index, each group with its baseline in the same
+//! run. `cargo bench -p prefix-benches`; see `docs/benchmarks.md`.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use prefix_benches::{mooncake, mooncake_path, pod_names, ChatWorkload, RwLockIndex, PODS};
+use prefix_index::{key, Index, IndexConfig, Match};
+
+/// mimalloc (the server's allocator), counting live bytes for the memory figure.
+struct Counting(mimalloc::MiMalloc);
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: forwards every call to mimalloc unchanged and only adds counting.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { self.0.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting(mimalloc::MiMalloc);
+
+const NOW: u64 = 1_700_000_000_000;
+const MODEL: &str = "llama";
+
+fn build(w: &ChatWorkload, pods: &[String]) -> Index {
+    let index = Index::new(IndexConfig { max_blocks: 1 << 28, ..IndexConfig::default() });
+    for p in &w.prompts {
+        index.insert(MODEL, &p.key, &pods[p.pod], NOW).expect("insert");
+    }
+    index
+}
+
+fn lookup_all(index: &Index, keys: &[Vec<u64>], out: &mut Vec<Match>) -> usize {
+    let mut n = 0;
+    for k in keys {
+        out.clear();
+        let r = index.reader();
+        r.lookup_into(MODEL, k, None, NOW, out);
+        n += out.len();
+    }
+    n
+}
+
+/// Runs `f` on `threads` threads at once for `iters` rounds; wall time.
+fn parallel(threads: usize, iters: u64, f: impl Fn() + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                for _ in 0..iters {
+                    f();
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLockIndex) {
+    let mut g = c.benchmark_group("lookup_prehashed");
+    for blocks in [32, 256] {
+        let keys = w.keys_of_len(blocks, 1024);
+        assert_eq!(keys.len(), 1024, "workload has enough {blocks}-block prompts");
+        for threads in [1, 2] {
+            g.throughput(Throughput::Elements((keys.len() * threads) as u64));
+            g.bench_function(BenchmarkId::new(format!("index/threads={threads}"), blocks), |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, || {
+                        let mut out = Vec::with_capacity(PODS);
+                        black_box(lookup_all(index, &keys, &mut out));
+                    })
+                })
+            });
+            g.bench_function(BenchmarkId::new(format!("rwlock/threads={threads}"), blocks), |b| {
+                b.iter_custom(|iters| {
+                    parallel(threads, iters, || {
+                        for k in &keys {
+                            black_box(baseline.lookup(k));
+                        }
+                    })
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+fn text_lookups(c: &mut Criterion) {
+    // kv-index stores text per character, so this group uses its own, smaller
+    // tree: 10,000 conversations, the same texts in all three structures.
+    let w = ChatWorkload::new(10_000, 2);
+    let pods = pod_names();
+    let index = build(&w, &pods);
+    let baseline = RwLockIndex::default();
+    let kv = kv_index::StringTree::new();
+    for p in &w.prompts {
+        baseline.insert(&p.key, p.pod as u16);
+        kv.insert_text(&p.text, &pods[p.pod]);
+    }
+    // ~2 KB prompts: the first 2,048 bytes of prompts at least that long.
+    let texts: Vec<&str> = w.prompts.iter().filter(|p| p.text.len() >= 2048).map(|p| &p.text[..2048]).take(256).collect();
+    let mut g = c.benchmark_group("lookup_text_2k_16pods");
+    g.throughput(Throughput::Elements(texts.len() as u64));
+    g.bench_function("index/hash+lookup", |b| {
+        let mut key = Vec::new();
+        let mut out = Vec::new();
+        b.iter(|| {
+            for t in &texts {
+                key.clear();
+                key::text_key_into(t.as_bytes(), key::TEXT_BLOCK_BYTES, &mut key);
+                out.clear();
+                index.reader().lookup_into(MODEL, &key, None, NOW, &mut out);
+                black_box(&out);
+            }
+        })
+    });
+    g.bench_function("rwlock/hash+lookup", |b| {
+        b.iter(|| {
+            for t in &texts {
+                black_box(baseline.lookup(&key::text_key(t, key::TEXT_BLOCK_BYTES)));
+            }
+        })
+    });
+    g.bench_function("kv-index/16x prefix_match_tenant", |b| {
+        b.iter(|| {
+            for t in &texts {
+                for p in &pods {
+                    black_box(kv.prefix_match_tenant(t, p).len());
+                }
+            }
+        })
+    });
+    g.finish();
+}
+
+fn inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) {
+    let index = build(w, pods);
+    let mut g = c.benchmark_group("insert");
+    let batch: Vec<_> = w.prompts.iter().step_by(97).take(1024).collect();
+    g.throughput(Throughput::Elements(batch.len() as u64));
+    let fresh = AtomicU64::new(1);
+    g.bench_function("new_turn", |b| {
+        // Each insert adds one new block after a known prompt: a new leaf.
+        let mut key = Vec::new();
+        b.iter(|| {
+            for p in &batch {
+                key.clear();
+                key.extend_from_slice(&p.key);
+                key.push(fresh.fetch_add(1, Ordering::Relaxed));
+                index.insert(MODEL, &key, &pods[p.pod], NOW).expect("insert");
+            }
+        })
+    });
+    g.bench_function("refresh_existing", |b| {
+        b.iter(|| {
+            for p in &batch {
+                index.insert(MODEL, &p.key, &pods[p.pod], NOW).expect("insert");
+            }
+        })
+    });
+    g.finish();
+}
+
+fn lookups_during_inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) {
+    let index = Arc::new(build(w, pods));
+    let keys = w.keys_of_len(32, 1024);
+    let mut g = c.benchmark_group("lookup_32_while_inserting");
+    g.throughput(Throughput::Elements(keys.len() as u64));
+    g.bench_function("read_only", |b| {
+        let mut out = Vec::new();
+        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
+    });
+    g.bench_function("one_inserter", |b| {
+        b.iter_custom(|iters| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let inserted = Arc::new(AtomicU64::new(0));
+            let writer = {
+                let (index, stop, inserted) = (index.clone(), stop.clone(), inserted.clone());
+                let prompts: Vec<(Vec<u64>, usize)> = w.prompts.iter().step_by(7).map(|p| (p.key.clone(), p.pod)).collect();
+                let pods = pods.to_vec();
+                std::thread::spawn(move || {
+                    let mut n = 0u64;
+                    let mut key = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let (k, pod) = &prompts[(n as usize) % prompts.len()];
+                        key.clear();
+                        key.extend_from_slice(k);
+                        key.push(n ^ 0xabcd_ef01);
+                        let _ = index.insert(MODEL, &key, &pods[*pod], NOW);
+                        n += 1;
+                    }
+                    inserted.store(n, Ordering::Relaxed);
+                })
+            };
+            std::thread::sleep(Duration::from_millis(2));
+            let mut out = Vec::new();
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(lookup_all(&index, &keys, &mut out));
+            }
+            let t = start.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            writer.join().expect("writer");
+            t
+        })
+    });
+    g.finish();
+}
+
+fn sweep(c: &mut Criterion) {
+    // ~1M (pod, block) entries: 16 pods over 40,000 conversations' turns.
+    let w = ChatWorkload::new(4_000, 3);
+    let pods = pod_names();
+    let ttl = IndexConfig::default().ttl.as_millis() as u64;
+    let keys = w.keys_of_len(32, 1024);
+    let build_1m = || {
+        let index = Arc::new(Index::new(IndexConfig { max_blocks: 1 << 28, ..IndexConfig::default() }));
+        let mut n = 0u64;
+        'fill: for round in 0..64u64 {
+            for p in &w.prompts {
+                let mut key = p.key.clone();
+                key.push(round);
+                index.insert(MODEL, &key, &pods[(p.pod + round as usize) % PODS], NOW).expect("insert");
+                n += 1;
+                if index.stats().entries >= 1_000_000 && n % 64 == 0 {
+                    break 'fill;
+                }
+            }
+        }
+        index
+    };
+    let probe = build_1m();
+    let entries = probe.stats().entries;
+    drop(probe);
+    let mut g = c.benchmark_group("sweep_1m_expired");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(entries));
+    g.bench_function("alone", |b| {
+        b.iter_batched(build_1m, |index| black_box(index.sweep(NOW + ttl + 1, usize::MAX)), criterion::BatchSize::PerIteration)
+    });
+    let during = Arc::new(AtomicU64::new(0));
+    let during_time = Arc::new(AtomicU64::new(0));
+    g.bench_function("with_lookups", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let index = build_1m();
+                let stop = Arc::new(AtomicBool::new(false));
+                let reader = {
+                    let (index, stop, keys) = (index.clone(), stop.clone(), keys.clone());
+                    std::thread::spawn(move || {
+                        let mut out = Vec::new();
+                        let mut n = 0u64;
+                        let start = Instant::now();
+                        while !stop.load(Ordering::Relaxed) {
+                            lookup_all(&index, &keys[..64], &mut out);
+                            n += 64;
+                        }
+                        (n, start.elapsed())
+                    })
+                };
+                let start = Instant::now();
+                black_box(index.sweep(NOW + ttl + 1, usize::MAX));
+                total += start.elapsed();
+                stop.store(true, Ordering::Relaxed);
+                let (n, t) = reader.join().expect("reader");
+                during.fetch_add(n, Ordering::Relaxed);
+                during_time.fetch_add(t.as_nanos() as u64, Ordering::Relaxed);
+            }
+            total
+        })
+    });
+    g.finish();
+    let (n, t) = (during.load(Ordering::Relaxed), during_time.load(Ordering::Relaxed));
+    eprintln!("sweep_1m_expired: {entries} entries; a concurrent reader ran {:.2} M lookups/s (32 blocks) during sweeps", n as f64 / t.max(1) as f64 * 1e3);
+}
+
+fn mooncake_group(c: &mut Criterion) {
+    let Ok(trace) = mooncake(&mooncake_path()) else {
+        eprintln!("mooncake trace not found at {}: skipped", mooncake_path().display());
+        return;
+    };
+    let pods = pod_names();
+    let before = LIVE.load(Ordering::Relaxed);
+    let index = Index::new(IndexConfig::default());
+    for (i, r) in trace.iter().enumerate() {
+        index.insert("kimi", &r.key, &pods[i % PODS], NOW + r.timestamp).expect("insert");
+    }
+    index.reclaim();
+    let heap = LIVE.load(Ordering::Relaxed) - before;
+    let s = index.stats();
+    eprintln!(
+        "mooncake: {} requests, 16 pods round-robin: {} nodes, {} tree blocks, {} (pod, block) entries; heap {} B = {:.2} B/entry (index accounting {:.2} B/entry)",
+        trace.len(), s.nodes, s.tree_blocks, s.entries, heap, heap as f64 / s.entries as f64, s.bytes as f64 / s.entries as f64
+    );
+    let keys: Vec<Vec<u64>> = trace.iter().step_by(11).take(1024).map(|r| r.key.clone()).collect();
+    let mut g = c.benchmark_group("mooncake");
+    g.throughput(Throughput::Elements(keys.len() as u64));
+    g.bench_function("lookup_trace_keys", |b| {
+        let mut out = Vec::new();
+        b.iter(|| {
+            for k in &keys {
+                out.clear();
+                index.reader().lookup_into("kimi", k, None, NOW + 3_600_000, &mut out);
+                black_box(&out);
+            }
+        })
+    });
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    let filter_all = std::env::args().skip(1).all(|a| a.starts_with('-'));
+    let _ = filter_all;
+    let w = ChatWorkload::new(100_000, 1);
+    let pods = pod_names();
+    eprintln!("chat workload: {} prompts over 100,000 conversations", w.prompts.len());
+    let index = build(&w, &pods);
+    let baseline = RwLockIndex::default();
+    for p in &w.prompts {
+        baseline.insert(&p.key, p.pod as u16);
+    }
+    let s = index.stats();
+    eprintln!("chat index: {} nodes, {} tree blocks, {} entries, {:.2} B/entry", s.nodes, s.tree_blocks, s.entries, s.bytes as f64 / s.entries as f64);
+    lookups(&mut c, &w, &index, &baseline);
+    drop((index, baseline));
+    lookups_during_inserts(&mut c, &w, &pods);
+    inserts(&mut c, &w, &pods);
+    text_lookups(&mut c);
+    sweep(&mut c);
+    mooncake_group(&mut c);
+    c.final_summary();
+}
