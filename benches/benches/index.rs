@@ -37,9 +37,14 @@ const NOW: u64 = 1_700_000_000_000;
 const MODEL: &str = "llama";
 
 fn build(w: &ChatWorkload, pods: &[String]) -> Index {
-    let index = Index::new(IndexConfig { max_blocks: 1 << 28, ..IndexConfig::default() });
+    let index = Index::new(IndexConfig {
+        max_blocks: 1 << 28,
+        ..IndexConfig::default()
+    });
     for p in &w.prompts {
-        index.insert(MODEL, &p.key, &pods[p.pod], NOW).expect("insert");
+        index
+            .insert(MODEL, &p.key, &pods[p.pod], NOW)
+            .expect("insert");
     }
     index
 }
@@ -55,16 +60,21 @@ fn lookup_all(index: &Index, keys: &[Vec<u64>], out: &mut Vec<Match>) -> usize {
     n
 }
 
-/// Runs `f` on `threads` threads at once for `iters` rounds; wall time.
+/// Runs `f` for `iters` rounds on the calling thread and on `threads - 1`
+/// helper threads at once; wall time. With one thread nothing is spawned, so
+/// the one- and two-thread figures differ only by the second thread.
 fn parallel(threads: usize, iters: u64, f: impl Fn() + Sync) -> Duration {
     let start = Instant::now();
     std::thread::scope(|s| {
-        for _ in 0..threads {
+        for _ in 1..threads {
             s.spawn(|| {
                 for _ in 0..iters {
                     f();
                 }
             });
+        }
+        for _ in 0..iters {
+            f();
         }
     });
     start.elapsed()
@@ -74,26 +84,36 @@ fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLock
     let mut g = c.benchmark_group("lookup_prehashed");
     for blocks in [32, 256] {
         let keys = w.keys_of_len(blocks, 1024);
-        assert_eq!(keys.len(), 1024, "workload has enough {blocks}-block prompts");
+        assert_eq!(
+            keys.len(),
+            1024,
+            "workload has enough {blocks}-block prompts"
+        );
         for threads in [1, 2] {
             g.throughput(Throughput::Elements((keys.len() * threads) as u64));
-            g.bench_function(BenchmarkId::new(format!("index/threads={threads}"), blocks), |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, || {
-                        let mut out = Vec::with_capacity(PODS);
-                        black_box(lookup_all(index, &keys, &mut out));
+            g.bench_function(
+                BenchmarkId::new(format!("index/threads={threads}"), blocks),
+                |b| {
+                    b.iter_custom(|iters| {
+                        parallel(threads, iters, || {
+                            let mut out = Vec::with_capacity(PODS);
+                            black_box(lookup_all(index, &keys, &mut out));
+                        })
                     })
-                })
-            });
-            g.bench_function(BenchmarkId::new(format!("rwlock/threads={threads}"), blocks), |b| {
-                b.iter_custom(|iters| {
-                    parallel(threads, iters, || {
-                        for k in &keys {
-                            black_box(baseline.lookup(k));
-                        }
+                },
+            );
+            g.bench_function(
+                BenchmarkId::new(format!("rwlock/threads={threads}"), blocks),
+                |b| {
+                    b.iter_custom(|iters| {
+                        parallel(threads, iters, || {
+                            for k in &keys {
+                                black_box(baseline.lookup(k));
+                            }
+                        })
                     })
-                })
-            });
+                },
+            );
         }
     }
     g.finish();
@@ -102,7 +122,7 @@ fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLock
 fn text_lookups(c: &mut Criterion) {
     // kv-index stores text per character, so this group uses its own, smaller
     // tree: 10,000 conversations, the same texts in all three structures.
-    let w = ChatWorkload::new(10_000, 2);
+    let w = ChatWorkload::new(10_000, 2, true);
     let pods = pod_names();
     let index = build(&w, &pods);
     let baseline = RwLockIndex::default();
@@ -112,7 +132,13 @@ fn text_lookups(c: &mut Criterion) {
         kv.insert_text(&p.text, &pods[p.pod]);
     }
     // ~2 KB prompts: the first 2,048 bytes of prompts at least that long.
-    let texts: Vec<&str> = w.prompts.iter().filter(|p| p.text.len() >= 2048).map(|p| &p.text[..2048]).take(256).collect();
+    let texts: Vec<&str> = w
+        .prompts
+        .iter()
+        .filter(|p| p.text.len() >= 2048)
+        .map(|p| &p.text[..2048])
+        .take(256)
+        .collect();
     let mut g = c.benchmark_group("lookup_text_2k_16pods");
     g.throughput(Throughput::Elements(texts.len() as u64));
     g.bench_function("index/hash+lookup", |b| {
@@ -161,14 +187,18 @@ fn inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) {
                 key.clear();
                 key.extend_from_slice(&p.key);
                 key.push(fresh.fetch_add(1, Ordering::Relaxed));
-                index.insert(MODEL, &key, &pods[p.pod], NOW).expect("insert");
+                index
+                    .insert(MODEL, &key, &pods[p.pod], NOW)
+                    .expect("insert");
             }
         })
     });
     g.bench_function("refresh_existing", |b| {
         b.iter(|| {
             for p in &batch {
-                index.insert(MODEL, &p.key, &pods[p.pod], NOW).expect("insert");
+                index
+                    .insert(MODEL, &p.key, &pods[p.pod], NOW)
+                    .expect("insert");
             }
         })
     });
@@ -184,13 +214,52 @@ fn lookups_during_inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) 
         let mut out = Vec::new();
         b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
     });
+    g.bench_function("one_memory_hog", |b| {
+        // Control: a thread that shares nothing with the index but competes for
+        // the same core resources, cache and memory bandwidth as an inserter.
+        b.iter_custom(|iters| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let hog = {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u64; 32 << 20];
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..1024 {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            let i = (x as usize) & (buf.len() - 1);
+                            buf[i] = buf[i].wrapping_add(x);
+                        }
+                    }
+                    black_box(buf[0]);
+                })
+            };
+            std::thread::sleep(Duration::from_millis(2));
+            let mut out = Vec::new();
+            let start = Instant::now();
+            for _ in 0..iters {
+                black_box(lookup_all(&index, &keys, &mut out));
+            }
+            let t = start.elapsed();
+            stop.store(true, Ordering::Relaxed);
+            hog.join().expect("hog");
+            t
+        })
+    });
     g.bench_function("one_inserter", |b| {
         b.iter_custom(|iters| {
             let stop = Arc::new(AtomicBool::new(false));
             let inserted = Arc::new(AtomicU64::new(0));
             let writer = {
                 let (index, stop, inserted) = (index.clone(), stop.clone(), inserted.clone());
-                let prompts: Vec<(Vec<u64>, usize)> = w.prompts.iter().step_by(7).map(|p| (p.key.clone(), p.pod)).collect();
+                let prompts: Vec<(Vec<u64>, usize)> = w
+                    .prompts
+                    .iter()
+                    .step_by(7)
+                    .map(|p| (p.key.clone(), p.pod))
+                    .collect();
                 let pods = pods.to_vec();
                 std::thread::spawn(move || {
                     let mut n = 0u64;
@@ -223,18 +292,23 @@ fn lookups_during_inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) 
 
 fn sweep(c: &mut Criterion) {
     // ~1M (pod, block) entries: 16 pods over 40,000 conversations' turns.
-    let w = ChatWorkload::new(4_000, 3);
+    let w = ChatWorkload::new(4_000, 3, false);
     let pods = pod_names();
     let ttl = IndexConfig::default().ttl.as_millis() as u64;
     let keys = w.keys_of_len(32, 1024);
     let build_1m = || {
-        let index = Arc::new(Index::new(IndexConfig { max_blocks: 1 << 28, ..IndexConfig::default() }));
+        let index = Arc::new(Index::new(IndexConfig {
+            max_blocks: 1 << 28,
+            ..IndexConfig::default()
+        }));
         let mut n = 0u64;
         'fill: for round in 0..64u64 {
             for p in &w.prompts {
                 let mut key = p.key.clone();
                 key.push(round);
-                index.insert(MODEL, &key, &pods[(p.pod + round as usize) % PODS], NOW).expect("insert");
+                index
+                    .insert(MODEL, &key, &pods[(p.pod + round as usize) % PODS], NOW)
+                    .expect("insert");
                 n += 1;
                 if index.stats().entries >= 1_000_000 && n % 64 == 0 {
                     break 'fill;
@@ -250,55 +324,63 @@ fn sweep(c: &mut Criterion) {
     g.sample_size(10);
     g.throughput(Throughput::Elements(entries));
     g.bench_function("alone", |b| {
-        b.iter_batched(build_1m, |index| black_box(index.sweep(NOW + ttl + 1, usize::MAX)), criterion::BatchSize::PerIteration)
-    });
-    let during = Arc::new(AtomicU64::new(0));
-    let during_time = Arc::new(AtomicU64::new(0));
-    g.bench_function("with_lookups", |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            for _ in 0..iters {
-                let index = build_1m();
-                let stop = Arc::new(AtomicBool::new(false));
-                let reader = {
-                    let (index, stop, keys) = (index.clone(), stop.clone(), keys.clone());
-                    std::thread::spawn(move || {
-                        let mut out = Vec::new();
-                        let mut n = 0u64;
-                        let start = Instant::now();
-                        while !stop.load(Ordering::Relaxed) {
-                            lookup_all(&index, &keys[..64], &mut out);
-                            n += 64;
-                        }
-                        (n, start.elapsed())
-                    })
-                };
-                let start = Instant::now();
+        b.iter_batched(
+            build_1m,
+            |index| {
                 black_box(index.sweep(NOW + ttl + 1, usize::MAX));
-                total += start.elapsed();
-                stop.store(true, Ordering::Relaxed);
-                let (n, t) = reader.join().expect("reader");
-                during.fetch_add(n, Ordering::Relaxed);
-                during_time.fetch_add(t.as_nanos() as u64, Ordering::Relaxed);
-            }
-            total
-        })
+                index
+            },
+            criterion::BatchSize::PerIteration,
+        )
     });
     g.finish();
-    let (n, t) = (during.load(Ordering::Relaxed), during_time.load(Ordering::Relaxed));
-    eprintln!("sweep_1m_expired: {entries} entries; a concurrent reader ran {:.2} M lookups/s (32 blocks) during sweeps", n as f64 / t.max(1) as f64 * 1e3);
+
+    // Lookups while a maintenance thread sweeps the same 1M-entry index over
+    // and over (nothing expires, so every pass visits and locks every node).
+    let index = build_1m();
+    let mut g = c.benchmark_group("lookup_32_while_sweeping_1m");
+    g.throughput(Throughput::Elements(keys.len() as u64));
+    let mut out = Vec::new();
+    g.bench_function("read_only", |b| {
+        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let passes = Arc::new(AtomicU64::new(0));
+    let sweeper = {
+        let (index, stop, passes) = (index.clone(), stop.clone(), passes.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                passes.fetch_add(index.sweep(NOW + 1, usize::MAX).passes, Ordering::Relaxed);
+            }
+        })
+    };
+    g.bench_function("sweeping", |b| {
+        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
+    });
+    stop.store(true, Ordering::Relaxed);
+    sweeper.join().expect("sweeper");
+    g.finish();
+    eprintln!(
+        "lookup_32_while_sweeping_1m: the sweeper completed {} full passes meanwhile",
+        passes.load(Ordering::Relaxed)
+    );
 }
 
 fn mooncake_group(c: &mut Criterion) {
     let Ok(trace) = mooncake(&mooncake_path()) else {
-        eprintln!("mooncake trace not found at {}: skipped", mooncake_path().display());
+        eprintln!(
+            "mooncake trace not found at {}: skipped",
+            mooncake_path().display()
+        );
         return;
     };
     let pods = pod_names();
     let before = LIVE.load(Ordering::Relaxed);
     let index = Index::new(IndexConfig::default());
     for (i, r) in trace.iter().enumerate() {
-        index.insert("kimi", &r.key, &pods[i % PODS], NOW + r.timestamp).expect("insert");
+        index
+            .insert("kimi", &r.key, &pods[i % PODS], NOW + r.timestamp)
+            .expect("insert");
     }
     index.reclaim();
     let heap = LIVE.load(Ordering::Relaxed) - before;
@@ -307,7 +389,12 @@ fn mooncake_group(c: &mut Criterion) {
         "mooncake: {} requests, 16 pods round-robin: {} nodes, {} tree blocks, {} (pod, block) entries; heap {} B = {:.2} B/entry (index accounting {:.2} B/entry)",
         trace.len(), s.nodes, s.tree_blocks, s.entries, heap, heap as f64 / s.entries as f64, s.bytes as f64 / s.entries as f64
     );
-    let keys: Vec<Vec<u64>> = trace.iter().step_by(11).take(1024).map(|r| r.key.clone()).collect();
+    let keys: Vec<Vec<u64>> = trace
+        .iter()
+        .step_by(11)
+        .take(1024)
+        .map(|r| r.key.clone())
+        .collect();
     let mut g = c.benchmark_group("mooncake");
     g.throughput(Throughput::Elements(keys.len() as u64));
     g.bench_function("lookup_trace_keys", |b| {
@@ -315,7 +402,9 @@ fn mooncake_group(c: &mut Criterion) {
         b.iter(|| {
             for k in &keys {
                 out.clear();
-                index.reader().lookup_into("kimi", k, None, NOW + 3_600_000, &mut out);
+                index
+                    .reader()
+                    .lookup_into("kimi", k, None, NOW + 3_600_000, &mut out);
                 black_box(&out);
             }
         })
@@ -325,18 +414,25 @@ fn mooncake_group(c: &mut Criterion) {
 
 fn main() {
     let mut c = Criterion::default().configure_from_args();
-    let filter_all = std::env::args().skip(1).all(|a| a.starts_with('-'));
-    let _ = filter_all;
-    let w = ChatWorkload::new(100_000, 1);
+    let w = ChatWorkload::new(100_000, 1, false);
     let pods = pod_names();
-    eprintln!("chat workload: {} prompts over 100,000 conversations", w.prompts.len());
+    eprintln!(
+        "chat workload: {} prompts over 100,000 conversations",
+        w.prompts.len()
+    );
     let index = build(&w, &pods);
     let baseline = RwLockIndex::default();
     for p in &w.prompts {
         baseline.insert(&p.key, p.pod as u16);
     }
     let s = index.stats();
-    eprintln!("chat index: {} nodes, {} tree blocks, {} entries, {:.2} B/entry", s.nodes, s.tree_blocks, s.entries, s.bytes as f64 / s.entries as f64);
+    eprintln!(
+        "chat index: {} nodes, {} tree blocks, {} entries, {:.2} B/entry",
+        s.nodes,
+        s.tree_blocks,
+        s.entries,
+        s.bytes as f64 / s.entries as f64
+    );
     lookups(&mut c, &w, &index, &baseline);
     drop((index, baseline));
     lookups_during_inserts(&mut c, &w, &pods);

@@ -1,8 +1,8 @@
 //! Workloads and baselines shared by the benchmarks in `benches/`.
 //!
 //! - [`ChatWorkload`]: 50 shared system prompts of 500 B to 8 KB, conversations
-//!   that grow turn by turn, each conversation served by one of 16 pods; both
-//!   the text (for text-keyed trees) and the block-hash keys.
+//!   that grow turn by turn, each conversation served by one of 16 pods; the
+//!   block-hash keys, and optionally the texts (for text-keyed trees).
 //! - [`mooncake`]: the production trace of `../shared/traces/`, whose
 //!   `hash_ids` are ready-made keys.
 //! - [`RwLockIndex`]: the per-gateway index design we replace: a map from the
@@ -28,8 +28,22 @@ pub fn pod_names() -> Vec<String> {
 
 fn random_text(rng: &mut StdRng, len: usize) -> String {
     const WORDS: [&str; 16] = [
-        "the ", "model ", "cache ", "prefix ", "token ", "route ", "gateway ", "pod ",
-        "answer ", "question ", "system ", "user ", "block ", "hash ", "tree ", "epoch ",
+        "the ",
+        "model ",
+        "cache ",
+        "prefix ",
+        "token ",
+        "route ",
+        "gateway ",
+        "pod ",
+        "answer ",
+        "question ",
+        "system ",
+        "user ",
+        "block ",
+        "hash ",
+        "tree ",
+        "epoch ",
     ];
     let mut s = String::with_capacity(len + 16);
     while s.len() < len {
@@ -44,7 +58,8 @@ fn random_text(rng: &mut StdRng, len: usize) -> String {
 
 /// One conversation turn: the whole prompt so far and its key.
 pub struct Prompt {
-    /// The prompt text (system prompt plus every turn so far).
+    /// The prompt text (system prompt plus every turn so far); empty unless the
+    /// workload was built with texts.
     pub text: String,
     /// Its block hashes (64-byte blocks).
     pub key: Vec<u64>,
@@ -59,8 +74,10 @@ pub struct ChatWorkload {
 }
 
 impl ChatWorkload {
-    /// `conversations` conversations over 50 system prompts, 1 to 4 turns each.
-    pub fn new(conversations: usize, seed: u64) -> Self {
+    /// `conversations` conversations over 50 system prompts, 1 to 6 turns of
+    /// 200 B to 4 KB each; `texts` keeps each prompt's text (for text-keyed
+    /// structures), which costs gigabytes at 100,000 conversations.
+    pub fn new(conversations: usize, seed: u64, texts: bool) -> Self {
         let mut rng = StdRng::seed_from_u64(seed);
         let systems: Vec<String> = (0..50)
             .map(|_| {
@@ -73,12 +90,12 @@ impl ChatWorkload {
             // Popular system prompts are shared by more conversations.
             let sys = (rng.random::<f64>().powi(2) * systems.len() as f64) as usize;
             let mut text = systems[sys].clone();
-            for _ in 0..rng.random_range(1..=4) {
-                let len = rng.random_range(200..2_500);
+            for _ in 0..rng.random_range(1..=6) {
+                let len = rng.random_range(200..4_000);
                 text.push_str(&random_text(&mut rng, len));
                 prompts.push(Prompt {
                     key: key::text_key(&text, key::TEXT_BLOCK_BYTES),
-                    text: text.clone(),
+                    text: if texts { text.clone() } else { String::new() },
                     pod: c % PODS,
                 });
             }
@@ -111,13 +128,28 @@ pub fn mooncake(path: &Path) -> std::io::Result<Vec<TraceRequest>> {
     let mut out = Vec::new();
     for line in std::io::BufReader::new(file).lines() {
         let line = line?;
-        let field = |name: &str| line.split(&format!("\"{name}\":")).nth(1).map(str::to_owned);
+        let field = |name: &str| {
+            line.split(&format!("\"{name}\":"))
+                .nth(1)
+                .map(str::to_owned)
+        };
         let (Some(ts), Some(ids)) = (field("timestamp"), field("hash_ids")) else {
             continue;
         };
-        let timestamp = ts.split([',', '}']).next().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
-        let ids = ids.split('[').nth(1).and_then(|s| s.split(']').next()).unwrap_or("");
-        let key = ids.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+        let timestamp = ts
+            .split([',', '}'])
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        let ids = ids
+            .split('[')
+            .nth(1)
+            .and_then(|s| s.split(']').next())
+            .unwrap_or("");
+        let key = ids
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
         out.push(TraceRequest { timestamp, key });
     }
     Ok(out)

@@ -85,7 +85,10 @@ impl Keyed for Child {
 }
 
 fn child(key: u64) -> *mut Child {
-    let c = Box::new(Child { key, payload: AtomicU64::new(0) });
+    let c = Box::new(Child {
+        key,
+        payload: AtomicU64::new(0),
+    });
     // Relaxed on purpose: only the table's Release publication orders it.
     c.payload.store(key * 10, Ordering::Relaxed);
     Box::into_raw(c)

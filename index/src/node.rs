@@ -98,6 +98,11 @@ impl Node {
 /// Length of the common prefix of two block slices.
 #[inline]
 pub(crate) fn common_prefix(a: &[u64], b: &[u64]) -> usize {
+    let n = a.len().min(b.len());
+    // Most edges match whole: one vectorised comparison settles it.
+    if a[..n] == b[..n] {
+        return n;
+    }
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 

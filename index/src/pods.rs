@@ -183,17 +183,24 @@ impl Pods {
     /// Rebuilds the rank table over ids `0..next`. Called under `writer`.
     fn rank(&self, next: u32, guard: &Guard, rec: &Reclaimer) {
         let mut order: Vec<(&str, u32)> = (0..next)
+            // Relaxed: we hold `writer`, under which every state change happens.
+            .filter(|&id| self.slots[id as usize].state.load(Ordering::Relaxed) == LIVE)
             .filter_map(|id| Some((self.name(PodId(id), guard)?, id)))
             .collect();
         order.sort_unstable();
-        let mut ranks = Ranks { rank: vec![u32::MAX; next as usize], by_rank: Vec::new() };
+        let mut ranks = Ranks {
+            rank: vec![NOT_LIVE; next as usize],
+            by_rank: Vec::new(),
+        };
         for (rank, (_, id)) in order.into_iter().enumerate() {
             // At most `max_pods` (< 2^20) entries: the cast cannot truncate.
             ranks.rank[id as usize] = rank as u32;
             ranks.by_rank.push(id);
         }
         // AcqRel: Release publishes the table; Acquire owns the old one.
-        let old = self.ranks.swap(Box::into_raw(Box::new(ranks)), Ordering::AcqRel);
+        let old = self
+            .ranks
+            .swap(Box::into_raw(Box::new(ranks)), Ordering::AcqRel);
         rec.retire(guard, SendBox(old), |b| {
             // SAFETY: the old table came from Box::into_raw and is unpublished.
             drop(unsafe { Box::from_raw(b.0) });
@@ -240,6 +247,9 @@ impl Pods {
             rec,
             guard,
         );
+        // Lookups read liveness from the rank table: republish it before
+        // returning, so a lookup that starts after this call skips the pod.
+        self.rank(w.next, guard, rec);
         w.dead.push(Dead {
             id,
             quiet: rec.grace_flag(guard),
@@ -348,7 +358,14 @@ impl Drop for Pods {
     }
 }
 
-/// Pod ids in name order: `rank[id]` is the id's position, `by_rank` the ids.
+/// `Ranks::rank` of an id that is not live (removed, or free).
+pub(crate) const NOT_LIVE: u32 = u32::MAX - 1;
+/// `Ranks::rank` of an id newer than the table: check its state instead.
+pub(crate) const UNRANKED: u32 = u32::MAX;
+
+/// Live pod ids in name order: `rank[id]` is the id's position (or
+/// [`NOT_LIVE`]), `by_rank` the ids. One load answers both "is it live?" and
+/// "where does it sort?" on the lookup path.
 #[derive(Default)]
 pub(crate) struct Ranks {
     rank: Vec<u32>,
@@ -356,11 +373,11 @@ pub(crate) struct Ranks {
 }
 
 impl Ranks {
-    /// The id's position in name order; `u32::MAX` for an id newer than this
-    /// table (it then sorts after every ranked pod).
+    /// The id's position in name order; [`NOT_LIVE`]; or [`UNRANKED`] for an
+    /// id newer than this table (it then sorts after every ranked pod).
     #[inline]
     pub(crate) fn rank(&self, id: u32) -> u32 {
-        self.rank.get(id as usize).copied().unwrap_or(u32::MAX)
+        self.rank.get(id as usize).copied().unwrap_or(UNRANKED)
     }
 
     /// The id at a position returned by [`Ranks::rank`].

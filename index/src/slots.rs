@@ -91,6 +91,7 @@ impl PodSlots {
     }
 
     /// Calls `f` for every word slot, inline first, then along the chunks.
+    #[inline]
     fn for_each_word(&self, mut f: impl FnMut(&AtomicU64) -> bool) {
         for w in &self.inline {
             if !f(w) {
@@ -117,13 +118,20 @@ impl PodSlots {
     /// Every entry, as a reader sees it: no stores, no retries.
     #[inline]
     pub(crate) fn for_each(&self, mut f: impl FnMut(u32, u64)) {
-        self.for_each_word(|w| {
-            // Acquire: pairs with the Release/SeqCst stores of add and refresh.
-            if let Some((pod, time)) = unpack(w.load(Ordering::Acquire)) {
-                f(pod, time);
-            }
-            true
-        });
+        for (pod, time) in self.entries() {
+            f(pod, time);
+        }
+    }
+
+    /// Every entry, as a reader sees it, as an iterator (the lookup's loop).
+    #[inline]
+    pub(crate) fn entries(&self) -> EntryIter<'_> {
+        EntryIter {
+            words: self.inline.iter(),
+            // Acquire: pairs with the Release store that linked the chunk.
+            next: self.overflow.load(Ordering::Acquire),
+            _slots: std::marker::PhantomData,
+        }
     }
 
     /// The last-used time of `pod` here, if it has a slot.
@@ -297,6 +305,37 @@ impl PodSlots {
             chunk = unsafe { (*chunk).next.load(Ordering::Relaxed) };
         }
         bytes
+    }
+}
+
+/// Iterator over a node's entries; see [`PodSlots::entries`].
+pub(crate) struct EntryIter<'a> {
+    words: std::slice::Iter<'a, AtomicU64>,
+    next: *mut Chunk,
+    _slots: std::marker::PhantomData<&'a PodSlots>,
+}
+
+impl Iterator for EntryIter<'_> {
+    type Item = Entry;
+
+    #[inline]
+    fn next(&mut self) -> Option<Entry> {
+        loop {
+            for w in self.words.by_ref() {
+                // Acquire: pairs with the Release/SeqCst stores of add and refresh.
+                if let Some(e) = unpack(w.load(Ordering::Acquire)) {
+                    return Some(e);
+                }
+            }
+            if self.next.is_null() {
+                return None;
+            }
+            // SAFETY: linked chunks live as long as the `PodSlots` we borrow.
+            let chunk = unsafe { &*self.next };
+            self.words = chunk.words.iter();
+            // Acquire: pairs with the Release link of the next chunk.
+            self.next = chunk.next.load(Ordering::Acquire);
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use crate::children::{Children, Keyed};
 use crate::error::InsertError;
 use crate::index::Shared;
 use crate::node::{common_prefix, Node, NodePtr};
-use crate::pods::PodId;
+use crate::pods::{PodId, NOT_LIVE, UNRANKED};
 use crate::slots::{Entries, Refresh};
 use crate::stats::Counters;
 
@@ -144,41 +144,81 @@ impl Tree {
         // Within a node they are ordered by name rank through a bitmap: no
         // comparison sort on the hot path.
         let ranks = sh.pods.ranks(guard);
+        // The first 64 ids and ranks live in registers (`seen_low`, `first`):
+        // most fleets have fewer pods, and memory bitmaps would chain every
+        // update through a store.
+        let mut seen_low = 0u64;
         let mut seen = Seen::default();
-        let mut group = RankGroup::default();
+        // Built on first need: fleets of 64 pods or fewer never touch it.
+        let mut group: Option<Box<RankGroup>> = None;
         for &(n, blocks) in path.iter().rev() {
-            n.pods.for_each(|pod, time| {
-                if seen.contains(pod)
-                    || now.saturating_sub(time) > sh.ttl_ms
-                    || !sh.pods.is_live(pod)
+            let mut first = 0u64;
+            for (pod, time) in n.pods.entries() {
+                let already = if pod < 64 {
+                    seen_low & (1 << pod) != 0
+                } else {
+                    seen.contains(pod)
+                };
+                if already || now.saturating_sub(time) > sh.ttl_ms {
+                    continue;
+                }
+                let rank = ranks.rank(pod);
+                if rank == NOT_LIVE
+                    || (rank == UNRANKED && !sh.pods.is_live(pod))
                     || candidates.is_some_and(|c| !c.contains(&pod))
                 {
-                    return;
+                    continue;
                 }
-                seen.insert(pod);
-                group.add(ranks.rank(pod), pod);
-            });
-            group.drain(ranks, |pod| out.push(Match { pod: PodId(pod), blocks }));
+                if pod < 64 {
+                    seen_low |= 1 << pod;
+                } else {
+                    seen.insert(pod);
+                }
+                if rank < 64 {
+                    first |= 1 << rank;
+                } else {
+                    group.get_or_insert_default().add(rank, pod);
+                }
+            }
+            while first != 0 {
+                out.push(Match {
+                    pod: PodId(ranks.id(first.trailing_zeros())),
+                    blocks,
+                });
+                first &= first - 1;
+            }
+            if let Some(g) = group.as_mut() {
+                g.drain(ranks, |pod| {
+                    out.push(Match {
+                        pod: PodId(pod),
+                        blocks,
+                    })
+                });
+            }
         }
     }
 }
 
-/// The pods found at one node, ordered by name rank when drained.
+/// The pods of rank 64 and up found at one node, ordered by rank when drained.
 struct RankGroup {
     /// Ranks below `64 * RANK_WORDS`, as bits.
     bits: [u64; RANK_WORDS],
-    /// The range of `bits` words in use.
-    lo: usize,
-    hi: usize,
+    /// Which words of `bits` are in use.
+    used: u64,
     /// Pods with larger (or unknown) ranks: (rank, id), sorted when drained.
     rest: SmallVec<[(u32, u32); 4]>,
 }
 
+/// 64 words of 64 bits: one `u64` says which words are in use.
 const RANK_WORDS: usize = 64;
 
 impl Default for RankGroup {
     fn default() -> Self {
-        RankGroup { bits: [0; RANK_WORDS], lo: RANK_WORDS, hi: 0, rest: SmallVec::new() }
+        RankGroup {
+            bits: [0; RANK_WORDS],
+            used: 0,
+            rest: SmallVec::new(),
+        }
     }
 }
 
@@ -188,8 +228,7 @@ impl RankGroup {
         let w = (rank / 64) as usize;
         if w < RANK_WORDS {
             self.bits[w] |= 1 << (rank % 64);
-            self.lo = self.lo.min(w);
-            self.hi = self.hi.max(w + 1);
+            self.used |= 1 << w;
         } else {
             self.rest.push((rank, pod));
         }
@@ -197,15 +236,17 @@ impl RankGroup {
 
     #[inline]
     fn drain(&mut self, ranks: &crate::pods::Ranks, mut emit: impl FnMut(u32)) {
-        for w in self.lo..self.hi {
-            let mut x = std::mem::take(&mut self.bits[w]);
+        let mut used = std::mem::take(&mut self.used);
+        while used != 0 {
+            let w = used.trailing_zeros();
+            used &= used - 1;
+            let mut x = std::mem::take(&mut self.bits[w as usize]);
             while x != 0 {
                 // w < 64 and the bit index < 64: the rank fits in u32.
-                emit(ranks.id((w * 64) as u32 + x.trailing_zeros()));
+                emit(ranks.id(w * 64 + x.trailing_zeros()));
                 x &= x - 1;
             }
         }
-        (self.lo, self.hi) = (RANK_WORDS, 0);
         if !self.rest.is_empty() {
             self.rest.sort_unstable();
             self.rest.drain(..).for_each(|(_, pod)| emit(pod));

@@ -52,7 +52,9 @@ fn memory_returns_to_baseline_after_each_round() {
             let split = rng.random_range(0..16);
             key.truncate(split + 1);
             key.extend((0..rng.random_range(1..12)).map(|_| rng.random::<u64>()));
-            index.insert("m", &key, &pods[(i % 16) as usize], now).unwrap();
+            index
+                .insert("m", &key, &pods[(i % 16) as usize], now)
+                .unwrap();
         }
         if round % 3 == 2 {
             // Some rounds also remove and re-add pods.
@@ -68,10 +70,18 @@ fn memory_returns_to_baseline_after_each_round() {
             index.sweep(now, 5_000);
         }
         let s = index.stats();
-        assert_eq!((s.nodes, s.entries, s.tree_blocks), (0, 0, 0), "round {round}: {s:?}");
+        assert_eq!(
+            (s.nodes, s.entries, s.tree_blocks),
+            (0, 0, 0),
+            "round {round}: {s:?}"
+        );
         let live = LIVE.load(Ordering::Relaxed);
         // Everything retired has been freed: only the roots' tables remain.
-        assert!(s.bytes < 64 * 1024, "round {round}: {} bytes still accounted", s.bytes);
+        assert!(
+            s.bytes < 64 * 1024,
+            "round {round}: {} bytes still accounted",
+            s.bytes
+        );
         match baseline {
             None => baseline = Some(live),
             Some(b) => assert!(

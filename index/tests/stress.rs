@@ -36,7 +36,9 @@ fn keys_for(writer: usize, count: usize) -> Vec<Vec<u64>> {
             });
             // This writer's own turn, sometimes a short one that ends mid-edge.
             let turn = rng.random_range(1..6);
-            key.extend((0..turn).map(|_| rng.random_range(0..4u64) + 1_000_000 * (writer as u64 + 1)));
+            key.extend(
+                (0..turn).map(|_| rng.random_range(0..4u64) + 1_000_000 * (writer as u64 + 1)),
+            );
             if rng.random_bool(0.2) {
                 let cut = rng.random_range(1..key.len());
                 key[..cut].to_vec()
@@ -63,13 +65,19 @@ fn run(writers: usize, readers: usize, keys_per_writer: usize) {
     let keys: Arc<Vec<Vec<Vec<u64>>>> =
         Arc::new((0..writers).map(|w| keys_for(w, keys_per_writer)).collect());
     let first: Arc<Vec<_>> = Arc::new(keys.iter().map(|k| first_seen(k)).collect());
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..writers).map(|_| AtomicUsize::new(0)).collect());
+    let progress: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..writers).map(|_| AtomicUsize::new(0)).collect());
     let done = Arc::new(AtomicBool::new(false));
     let pods: Vec<String> = (0..writers).map(|w| format!("pod-{w}")).collect();
 
     let mut handles = Vec::new();
     for w in 0..writers {
-        let (index, keys, progress, pod) = (index.clone(), keys.clone(), progress.clone(), pods[w].clone());
+        let (index, keys, progress, pod) = (
+            index.clone(),
+            keys.clone(),
+            progress.clone(),
+            pods[w].clone(),
+        );
         handles.push(std::thread::spawn(move || {
             for (i, k) in keys[w].iter().enumerate() {
                 index.insert("m", k, &pod, NOW).unwrap();
@@ -80,8 +88,14 @@ fn run(writers: usize, readers: usize, keys_per_writer: usize) {
     }
     let mut checkers = Vec::new();
     for r in 0..readers {
-        let (index, keys, first, progress, done, pods) =
-            (index.clone(), keys.clone(), first.clone(), progress.clone(), done.clone(), pods.clone());
+        let (index, keys, first, progress, done, pods) = (
+            index.clone(),
+            keys.clone(),
+            first.clone(),
+            progress.clone(),
+            done.clone(),
+            pods.clone(),
+        );
         checkers.push(std::thread::spawn(move || {
             let mut rng = StdRng::seed_from_u64(1000 + r as u64);
             let mut checked = 0u64;
@@ -135,7 +149,10 @@ fn run(writers: usize, readers: usize, keys_per_writer: usize) {
     }
     for ks in keys.iter() {
         for k in ks {
-            assert_eq!(index.lookup("m", k, None, NOW), model.lookup("m", k, None, NOW));
+            assert_eq!(
+                index.lookup("m", k, None, NOW),
+                model.lookup("m", k, None, NOW)
+            );
         }
     }
     let s = index.stats();
@@ -167,7 +184,8 @@ fn sweeps_and_removals_during_traffic() {
     let clock = Arc::new(AtomicUsize::new(NOW as usize));
     let done = Arc::new(AtomicBool::new(false));
     let writers = 3;
-    let keys: Arc<Vec<Vec<Vec<u64>>>> = Arc::new((0..writers).map(|w| keys_for(w, 3_000)).collect());
+    let keys: Arc<Vec<Vec<Vec<u64>>>> =
+        Arc::new((0..writers).map(|w| keys_for(w, 3_000)).collect());
     let first: Arc<Vec<_>> = Arc::new(keys.iter().map(|k| first_seen(k)).collect());
     let mut handles = Vec::new();
     for w in 0..writers {
@@ -197,7 +215,13 @@ fn sweeps_and_removals_during_traffic() {
         })
     };
     let reader = {
-        let (index, keys, first, clock, done) = (index.clone(), keys.clone(), first.clone(), clock.clone(), done.clone());
+        let (index, keys, first, clock, done) = (
+            index.clone(),
+            keys.clone(),
+            first.clone(),
+            clock.clone(),
+            done.clone(),
+        );
         std::thread::spawn(move || {
             let mut rng = StdRng::seed_from_u64(7);
             while !done.load(Ordering::Acquire) {
@@ -236,7 +260,10 @@ fn sweeps_and_removals_during_traffic() {
     model.sweep(now);
     for log in &logs {
         for (_, k, _) in log {
-            assert_eq!(index.lookup("m", k, None, now), model.lookup("m", k, None, now));
+            assert_eq!(
+                index.lookup("m", k, None, now),
+                model.lookup("m", k, None, now)
+            );
         }
     }
     assert_eq!(index.stats().entries, model.entries());
