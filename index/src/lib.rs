@@ -61,8 +61,9 @@
 //! take that node's (one-byte) lock; structural changes are copy-on-write: an
 //! edge split builds an upper and a lower node, **seals** the old one (after
 //! which nothing in it changes), and publishes the upper with one `Release`
-//! store into the parent's slot. Refreshes racing with a seal are caught by a
-//! `SeqCst` store/load handshake and redone from the root; a node with 100,000
+//! store into the parent's slot. Sealing sets a bit in every entry word with a
+//! read-modify-write, so a refresh racing with it either lands in the copy or
+//! sees the bit and is redone from the root; a node with 100,000
 //! children grows its table geometrically, never copying it per insert. This is
 //! ROWEX (Leis et al., "The ART of Practical Synchronization", DaMoN 2016) with
 //! lock-free timestamp updates.

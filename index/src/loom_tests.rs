@@ -30,6 +30,29 @@ fn loom_refresh_never_lost_to_a_seal() {
     });
 }
 
+/// Two refreshers (one that must write, one whose time is already newer) and a
+/// seal: each refresh is in the snapshot or was told the node is sealed.
+#[test]
+fn loom_two_refreshes_and_a_seal() {
+    loom::model(|| {
+        let slots = Arc::new(PodSlots::new(&[(1, 10), (2, 30)]));
+        let (a, b) = (slots.clone(), slots.clone());
+        let ra = thread::spawn(move || a.refresh(1, 20));
+        let rb = thread::spawn(move || b.refresh(2, 25));
+        let snapshot = slots.seal();
+        let (oa, ob) = (ra.join().unwrap(), rb.join().unwrap());
+        assert!(
+            oa == Refresh::Sealed || snapshot.contains(&(1, 20)),
+            "{oa:?} {snapshot:?}"
+        );
+        assert!(
+            ob == Refresh::Sealed || snapshot.contains(&(2, 30)),
+            "{ob:?} {snapshot:?}"
+        );
+        assert_eq!(slots.refresh(1, 99), Refresh::Sealed);
+    });
+}
+
 /// The sweep's conditional removal and a refresh: exactly one wins, and the
 /// outcome each reports matches the final state.
 #[test]

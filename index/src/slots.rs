@@ -1,32 +1,43 @@
 //! The pods of one node and their last-used times: packed `(pod, time)` words.
 //!
 //! Each entry is one `AtomicU64`: the pod id plus one in the top [`POD_BITS`] bits
-//! (zero means "free slot") and the last-used time in milliseconds in the low
-//! [`TIME_BITS`] bits, so a reader sees a pod and its time in one load. Two slots
-//! live inline in the node (most nodes hold one or two pods); more go to chunks
-//! linked from `overflow`. A slot never moves while its node is live: membership
-//! changes happen in place, so a lock-free refresh can never be lost to a copy.
+//! (zero means "free slot"), a *sealed* bit, and the last-used time in
+//! milliseconds in the low [`TIME_BITS`] bits, so a reader sees a pod and its
+//! time in one load. Two slots live inline in the node (most nodes hold one or
+//! two pods); more go to chunks linked from `overflow`. A slot never moves while
+//! its node is live: membership changes happen in place, so a lock-free refresh
+//! can never be lost to a copy.
 //!
-//! Protocols (all checked by `tests/loom.rs`):
-//! - **refresh** (lock-free, writers): CAS the pod's word to a newer time, then
-//!   read `sealed`. Both are `SeqCst`, and so are the seal store and the seal's
-//!   slot loads: either the sealer's snapshot contains the refresh, or the
-//!   refresher sees `sealed` and redoes its insert on the node's replacement.
-//! - **add / remove / seal** run under the owning node's writer lock, so at most
-//!   one slot ever holds a given pod. `remove` is a CAS from the exact word it
-//!   judged, so a refresh that lands in between wins and the entry stays.
+//! Protocols (checked by the loom models in `loom_tests.rs`):
+//! - **seal** (under the node's writer lock) sets the sealed bit of every word
+//!   with `fetch_or` and keeps what it read: the snapshot the node's
+//!   replacement is built from. After it, no word changes.
+//! - **refresh** (lock-free, writers) CASes the pod's word to a newer time. The
+//!   CAS and the seal's `fetch_or` are read-modify-writes of the same word, so
+//!   one is ordered first: either the snapshot holds the refresh, or the
+//!   refresher sees the sealed bit and redoes its insert on the replacement.
+//!   (A refresh that finds the time already new enough read a word the seal
+//!   had not reached, so the seal reads that time or a newer one.) This needs
+//!   no `SeqCst` store-load ordering, only the per-word modification order.
+//! - **add / remove** run under the writer lock, so at most one slot ever holds
+//!   a given pod, and never race with a seal. `remove` is a CAS from the exact
+//!   word it judged, so a refresh that lands in between wins and the entry stays.
 //! - **read**: `Acquire` loads of the words and of the chunk links (pairing with
-//!   the `Release`/`SeqCst` stores that published them); no stores, no retries.
+//!   the `Release` stores that published them); no stores, no retries.
 
 use smallvec::SmallVec;
 
 use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
-/// Bits of a word that hold the time, in milliseconds: 2^44 ms is 557 years,
-/// enough for Unix-epoch milliseconds until the year 2527.
-pub(crate) const TIME_BITS: u32 = 44;
+/// Bits of a word that hold the time, in milliseconds: 2^43 ms is 278 years,
+/// enough for Unix-epoch milliseconds until the year 2248.
+pub(crate) const TIME_BITS: u32 = 43;
+/// The sealed bit, just above the time.
+const SEALED: u64 = 1 << TIME_BITS;
+/// Where `pod id + 1` starts.
+const POD_SHIFT: u32 = TIME_BITS + 1;
 /// Bits that hold `pod id + 1`.
-pub(crate) const POD_BITS: u32 = 64 - TIME_BITS;
+pub(crate) const POD_BITS: u32 = 64 - POD_SHIFT;
 /// The largest time a word can hold; later times are clamped to it.
 pub(crate) const MAX_TIME: u64 = (1 << TIME_BITS) - 1;
 /// The largest pod id a word can hold (`id + 1` must fit in [`POD_BITS`]).
@@ -42,11 +53,12 @@ pub(crate) type Entries = SmallVec<[Entry; 4]>;
 
 fn pack(pod: u32, time: u64) -> u64 {
     debug_assert!(pod <= MAX_POD_ID);
-    ((u64::from(pod) + 1) << TIME_BITS) | time.min(MAX_TIME)
+    ((u64::from(pod) + 1) << POD_SHIFT) | time.min(MAX_TIME)
 }
 
+/// The entry in a word, ignoring its sealed bit.
 fn unpack(word: u64) -> Option<Entry> {
-    let pod = word >> TIME_BITS;
+    let pod = word >> POD_SHIFT;
     // The pod field of a non-zero word is at least 1, and at most 2^20 - 1: the
     // subtraction cannot underflow and the cast cannot truncate.
     (pod != 0).then(|| ((pod - 1) as u32, word & MAX_TIME))
@@ -155,16 +167,16 @@ impl PodSlots {
         let mut empty = true;
         self.for_each_word(|w| {
             // Acquire: as in `for_each`.
-            empty = w.load(Ordering::Acquire) == 0;
+            empty = unpack(w.load(Ordering::Acquire)).is_none();
             empty
         });
         empty
     }
 
     /// Whether the node has been sealed (it is, or is about to be, replaced).
+    /// Exact for holders of the node's lock; a hint for anyone else.
     pub(crate) fn is_sealed(&self) -> bool {
-        // Acquire: pairs with the SeqCst store in `seal`; only an early answer for
-        // writers, who check again under the lock or after their CAS.
+        // Acquire: pairs with the Release store in `seal`.
         self.sealed.load(Ordering::Acquire)
     }
 
@@ -173,28 +185,33 @@ impl PodSlots {
         let want = time.min(MAX_TIME);
         let mut outcome = Refresh::Missing;
         self.for_each_word(|w| {
-            // SeqCst (here and on the CAS): these are the refresher's half of the
-            // store-then-load handshake with `seal`; see the module docs.
-            let mut cur = w.load(Ordering::SeqCst);
+            // Acquire: pairs with the Release stores that published the word;
+            // the CAS below revalidates it against the word's latest value.
+            let mut cur = w.load(Ordering::Acquire);
             loop {
                 match unpack(cur) {
                     Some((p, t)) if p == pod => {
-                        if t >= want {
+                        if cur & SEALED != 0 {
+                            outcome = Refresh::Sealed;
+                        } else if t >= want {
                             outcome = Refresh::Done;
-                            return false;
-                        }
-                        match w.compare_exchange_weak(
-                            cur,
-                            pack(pod, want),
-                            Ordering::SeqCst,
-                            Ordering::SeqCst,
-                        ) {
-                            Ok(_) => {
-                                outcome = Refresh::Done;
-                                return false;
+                        } else {
+                            // AcqRel: ordered in the word's modification order
+                            // against the seal's fetch_or and the sweep's CAS.
+                            match w.compare_exchange_weak(
+                                cur,
+                                pack(pod, want),
+                                Ordering::AcqRel,
+                                Ordering::Acquire,
+                            ) {
+                                Ok(_) => outcome = Refresh::Done,
+                                Err(now) => {
+                                    cur = now;
+                                    continue;
+                                }
                             }
-                            Err(now) => cur = now,
                         }
+                        return false;
                     }
                     // Not this pod's slot (or it was just freed: then the pod has
                     // no slot any more, since a pod holds at most one).
@@ -202,8 +219,7 @@ impl PodSlots {
                 }
             }
         });
-        // SeqCst: pairs with the SeqCst store in `seal` (see the module docs).
-        if outcome == Refresh::Done && self.sealed.load(Ordering::SeqCst) {
+        if outcome == Refresh::Missing && self.is_sealed() {
             return Refresh::Sealed;
         }
         outcome
@@ -253,16 +269,17 @@ impl PodSlots {
     pub(crate) fn remove_if(&self, pod: u32, judge: impl Fn(u64) -> bool) -> Option<u64> {
         let mut removed = None;
         self.for_each_word(|w| {
-            // SeqCst: the CAS below races only with refresh CASes; it must fail if
-            // a refresh landed after we read the word.
-            let mut cur = w.load(Ordering::SeqCst);
+            // Acquire: the CAS below races only with refresh CASes (seals need
+            // the lock we hold); it fails if a refresh landed after this load.
+            let mut cur = w.load(Ordering::Acquire);
             loop {
                 match unpack(cur) {
                     Some((p, t)) if p == pod => {
                         if !judge(t) {
                             return false;
                         }
-                        match w.compare_exchange(cur, 0, Ordering::SeqCst, Ordering::SeqCst) {
+                        // AcqRel: ordered against refresh CASes of the word.
+                        match w.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire) {
                             Ok(_) => {
                                 removed = Some(t);
                                 return false;
@@ -281,12 +298,14 @@ impl PodSlots {
     /// in the result sees the seal and is redone by its writer. The caller holds
     /// the node's writer lock.
     pub(crate) fn seal(&self) -> Entries {
-        // SeqCst: the sealer's half of the handshake with `refresh`.
-        self.sealed.store(true, Ordering::SeqCst);
+        // Release: lock holders and early checks see the flag; the words carry
+        // the handshake with lock-free refreshes.
+        self.sealed.store(true, Ordering::Release);
         let mut out = Entries::new();
         self.for_each_word(|w| {
-            // SeqCst: must observe every refresh ordered before the seal store.
-            if let Some(e) = unpack(w.load(Ordering::SeqCst)) {
+            // AcqRel: the read-modify-write that orders this seal against every
+            // refresh CAS of the word; it reads the word's latest time.
+            if let Some(e) = unpack(w.fetch_or(SEALED, Ordering::AcqRel)) {
                 out.push(e);
             }
             true
@@ -322,7 +341,7 @@ impl Iterator for EntryIter<'_> {
     fn next(&mut self) -> Option<Entry> {
         loop {
             for w in self.words.by_ref() {
-                // Acquire: pairs with the Release/SeqCst stores of add and refresh.
+                // Acquire: pairs with the Release stores of add and the refresh CAS.
                 if let Some(e) = unpack(w.load(Ordering::Acquire)) {
                     return Some(e);
                 }
@@ -367,7 +386,9 @@ mod tests {
     fn pack_round_trips_at_the_limits() {
         for (pod, time) in [(0, 0), (MAX_POD_ID, MAX_TIME), (7, 1_700_000_000_000)] {
             assert_eq!(unpack(pack(pod, time)), Some((pod, time)));
+            assert_eq!(unpack(pack(pod, time) | SEALED), Some((pod, time)));
         }
+        assert_eq!(unpack(SEALED), None);
         assert_eq!(unpack(0), None);
         assert_eq!(unpack(pack(3, u64::MAX)), Some((3, MAX_TIME)));
     }
@@ -416,6 +437,6 @@ mod tests {
         assert!(s.is_sealed());
         assert_eq!(s.refresh(1, 200), Refresh::Sealed);
         assert_eq!(s.refresh(1, 10), Refresh::Sealed);
-        assert_eq!(s.refresh(9, 10), Refresh::Missing);
+        assert_eq!(s.refresh(9, 10), Refresh::Sealed);
     }
 }

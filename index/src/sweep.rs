@@ -28,6 +28,7 @@ use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use crossbeam_epoch::Guard;
+use smallvec::SmallVec;
 
 use crate::children::Keyed;
 use crate::index::Shared;
@@ -331,7 +332,9 @@ impl Sweeper {
         true
     }
 
-    /// Sweeps one node (post-order: its children are done).
+    /// Sweeps one node (post-order: its children are done). A partial eviction
+    /// splits the node; the two halves are then swept in turn, the lower one
+    /// (now the upper's child) first, so every pod's cutoff applies to each.
     #[allow(clippy::too_many_arguments)]
     fn visit(
         &mut self,
@@ -344,6 +347,33 @@ impl Sweeper {
         guard: &Guard,
         report: &mut SweepReport,
     ) {
+        let mut work: SmallVec<[(*const Node, *mut Node, usize, usize); 4]> = SmallVec::new();
+        work.push((parent, node_ptr, d0, d1));
+        while let Some((parent, node, d0, d1)) = work.pop() {
+            // SAFETY: every pointer here is a node valid under the guard.
+            let parent = unsafe { &*parent };
+            if let Some((upper, lower, k)) =
+                self.visit_one(sh, parent, node, d0, d1, now, guard, report)
+            {
+                work.push((parent, upper, d0, d0 + k));
+                work.push((upper, lower, d0 + k, d1));
+            }
+        }
+    }
+
+    /// Sweeps one node; returns the halves `(upper, lower, k)` if it split it.
+    #[allow(clippy::too_many_arguments)]
+    fn visit_one(
+        &mut self,
+        sh: &Shared,
+        parent: &Node,
+        node_ptr: *mut Node,
+        d0: usize,
+        d1: usize,
+        now: u64,
+        guard: &Guard,
+        report: &mut SweepReport,
+    ) -> Option<(*mut Node, *mut Node, usize)> {
         report.visited += 1;
         // SAFETY: valid under the guard.
         let node = unsafe { &*node_ptr };
@@ -352,7 +382,7 @@ impl Sweeper {
         {
             let _lock = node.lock();
             if node.pods.is_sealed() {
-                return;
+                return None;
             }
             for (pod, time) in tree::entries_of(node) {
                 let freed = if !sh.pods.is_live(pod) {
@@ -373,6 +403,7 @@ impl Sweeper {
                         _ if global => node.pods.remove_if(pod, |t| t == time),
                         Verdict::Evict => node.pods.remove_if(pod, |t| t == time),
                         Verdict::EvictFrom(k) => {
+                            // One split per visit; the halves are visited next.
                             partial.get_or_insert((pod, time, k));
                             None
                         }
@@ -406,22 +437,19 @@ impl Sweeper {
                 // SAFETY: `upper` is valid under the guard; its only child is the
                 // new lower half.
                 let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
+                if lower.is_null() {
+                    return None;
+                }
                 // SAFETY: as above.
-                if !lower.is_null() && unsafe { (*lower).pods.find(pod) }.is_none() {
+                if unsafe { (*lower).pods.find(pod) }.is_none() {
                     let gone = (d1 - d0 - k) as i64;
                     report.evicted += gone as u64;
                     sh.pods.add_blocks(pod, -gone);
                     Counters::add(&sh.counters.entries, -gone);
-                    // SAFETY: as above.
-                    if unsafe { (*lower).pods.is_empty() && (*lower).children.len() == 0 }
-                        && tree::unlink(sh, upper, lower, guard)
-                    {
-                        report.unlinked += 1;
-                    }
                 }
-                self.measure(upper, d0, d0 + k);
-                return;
+                return Some((std::ptr::from_ref(upper).cast_mut(), lower, k));
             }
+            return None;
         }
         self.measure(node, d0, d1);
         if node.pods.is_empty()
@@ -430,6 +458,7 @@ impl Sweeper {
         {
             report.unlinked += 1;
         }
+        None
     }
 
     fn measure(&mut self, node: &Node, d0: usize, d1: usize) {

@@ -131,7 +131,11 @@ fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    // 256 cases in CI; PROPTEST_CASES=20000 for a long run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(256),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn matches_the_model_with_capacities(ops in prop::collection::vec(op(true), 1..80)) {
