@@ -102,6 +102,26 @@ fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLock
                     })
                 },
             );
+            // The same lookups, one epoch pin per 16 (as a server answering a
+            // batch frame does): shows what pinning itself costs.
+            g.bench_function(
+                BenchmarkId::new(format!("index-pin-per-16/threads={threads}"), blocks),
+                |b| {
+                    b.iter_custom(|iters| {
+                        parallel(threads, iters, || {
+                            let mut out = Vec::with_capacity(PODS);
+                            for chunk in keys.chunks(16) {
+                                let r = index.reader();
+                                for k in chunk {
+                                    out.clear();
+                                    r.lookup_into(MODEL, k, None, NOW, &mut out);
+                                    black_box(&out);
+                                }
+                            }
+                        })
+                    })
+                },
+            );
             g.bench_function(
                 BenchmarkId::new(format!("rwlock/threads={threads}"), blocks),
                 |b| {
@@ -296,9 +316,10 @@ fn sweep(c: &mut Criterion) {
     let pods = pod_names();
     let ttl = IndexConfig::default().ttl.as_millis() as u64;
     let keys = w.keys_of_len(32, 1024);
-    let build_1m = || {
+    let build = |pod_capacity: u64| {
         let index = Arc::new(Index::new(IndexConfig {
             max_blocks: 1 << 28,
+            pod_capacity,
             ..IndexConfig::default()
         }));
         let mut n = 0u64;
@@ -317,22 +338,39 @@ fn sweep(c: &mut Criterion) {
         }
         index
     };
+    // Capacities large enough that only TTLs act, unless a case says otherwise.
+    let build_1m = || build(u64::MAX / 2);
     let probe = build_1m();
     let entries = probe.stats().entries;
     drop(probe);
-    let mut g = c.benchmark_group("sweep_1m_expired");
+    // One full sweep call over ~1M (pod, block) entries: all of them expired
+    // (everything is freed); none (every node is visited and locked); or none
+    // expired but every pod at 2x its default capacity of 31,250 blocks (a
+    // measuring pass, then an evicting one).
+    let mut g = c.benchmark_group("sweep_1m_entries");
     g.sample_size(10);
     g.throughput(Throughput::Elements(entries));
-    g.bench_function("alone", |b| {
-        b.iter_batched(
-            build_1m,
-            |index| {
-                black_box(index.sweep(NOW + ttl + 1, usize::MAX));
-                index
-            },
-            criterion::BatchSize::PerIteration,
-        )
-    });
+    let cases = [
+        ("all_expired", NOW + ttl + 1, u64::MAX / 2),
+        ("none_expired", NOW + 1, u64::MAX / 2),
+        (
+            "capacity_halves_each_pod",
+            NOW + 1,
+            IndexConfig::default().pod_capacity,
+        ),
+    ];
+    for (name, now, capacity) in cases {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || build(capacity),
+                |index| {
+                    black_box(index.sweep(now, usize::MAX));
+                    index
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 
     // Lookups while a maintenance thread sweeps the same 1M-entry index over

@@ -220,8 +220,8 @@ impl<T: Keyed> Children<T> {
         }
     }
 
-    /// Adds `child`, whose key is not in the table. Returns the table bytes
-    /// allocated minus freed-later, and the old table to retire if it grew.
+    /// Adds `child`, whose key is not in the table. Returns the bytes of a new
+    /// table if it allocated one, and the old table to retire in that case.
     ///
     /// # Safety
     /// The caller holds the owning node's writer lock, `child` is a valid, fully
@@ -269,7 +269,7 @@ impl<T: Keyed> Children<T> {
         };
         let capacity = ((live + 1) * 2).next_power_of_two().max(2);
         let fresh = Table::new(capacity);
-        let mut bytes = fresh.bytes() as isize;
+        let bytes = fresh.bytes() as isize;
         if !old.is_null() {
             // SAFETY: as above.
             for s in unsafe { (*old).slots.iter() } {
@@ -285,12 +285,8 @@ impl<T: Keyed> Children<T> {
         unsafe { place(&fresh, child, key, seed) };
         // Release: readers' Acquire load of the table sees its filled slots.
         self.table.store(Box::into_raw(fresh), Ordering::Release);
-        let retired = (!old.is_null()).then(|| {
-            // SAFETY: `old` is live until retired.
-            bytes -= unsafe { (*old).bytes() } as isize;
-            RetiredTable(old)
-        });
-        (bytes, retired)
+        // The old table's bytes are returned when it is freed (`RetiredTable`).
+        (bytes, (!old.is_null()).then_some(RetiredTable(old)))
     }
 
     /// Puts `new` in the slot of `old`; both have the same key.

@@ -45,6 +45,7 @@ fn memory_returns_to_baseline_after_each_round() {
     let mut baseline = None;
     let mut peak = 0;
     for round in 0..8 {
+        let (live0, bytes0) = (LIVE.load(Ordering::Relaxed), index.stats().bytes);
         for i in 0..20_000u64 {
             // Shared prompts, diverging at random depths: many edge splits.
             let system = rng.random_range(0..20u64);
@@ -61,6 +62,15 @@ fn memory_returns_to_baseline_after_each_round() {
             index.remove_pod(&pods[round]);
         }
         peak = peak.max(index.stats().nodes);
+        // The index's own memory accounting agrees with the allocator's (the
+        // test's own allocations here are a few key vectors).
+        index.reclaim();
+        let grown = (LIVE.load(Ordering::Relaxed) - live0) as f64;
+        let accounted = index.stats().bytes as f64 - bytes0 as f64;
+        assert!(
+            (accounted / grown - 1.0).abs() < 0.2,
+            "round {round}: index accounts {accounted} bytes, allocator saw {grown}"
+        );
         now += TTL + 1;
         // Sweep in small budgets, as the server does.
         while index.stats().nodes > 0 {
