@@ -80,6 +80,31 @@ fn parallel(threads: usize, iters: u64, f: impl Fn() + Sync) -> Duration {
     start.elapsed()
 }
 
+/// `iters` rounds of lookups over `keys`; their wall time.
+fn lookup_rounds(index: &Index, keys: &[Vec<u64>], iters: u64) -> Duration {
+    let mut out = Vec::new();
+    let start = Instant::now();
+    for _ in 0..iters {
+        black_box(lookup_all(index, keys, &mut out));
+    }
+    start.elapsed()
+}
+
+/// Runs `measure` while a neighbour thread (started by `spawn`, told to stop
+/// through the flag) runs beside it; returns what `measure` returns.
+fn beside<T>(
+    spawn: impl FnOnce(Arc<AtomicBool>) -> std::thread::JoinHandle<()>,
+    measure: impl FnOnce() -> T,
+) -> T {
+    let stop = Arc::new(AtomicBool::new(false));
+    let neighbour = spawn(stop.clone());
+    std::thread::sleep(Duration::from_millis(2));
+    let t = measure();
+    stop.store(true, Ordering::Relaxed);
+    neighbour.join().expect("neighbour thread");
+    t
+}
+
 fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLockIndex) {
     let mut g = c.benchmark_group("lookup_prehashed");
     for blocks in [32, 256] {
@@ -238,73 +263,54 @@ fn lookups_during_inserts(c: &mut Criterion, w: &ChatWorkload, pods: &[String]) 
         // Control: a thread that shares nothing with the index but competes for
         // the same core resources, cache and memory bandwidth as an inserter.
         b.iter_custom(|iters| {
-            let stop = Arc::new(AtomicBool::new(false));
-            let hog = {
-                let stop = stop.clone();
-                std::thread::spawn(move || {
-                    let mut buf = vec![0u64; 32 << 20];
-                    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..1024 {
-                            x ^= x << 13;
-                            x ^= x >> 7;
-                            x ^= x << 17;
-                            let i = (x as usize) & (buf.len() - 1);
-                            buf[i] = buf[i].wrapping_add(x);
+            beside(
+                |stop| {
+                    std::thread::spawn(move || {
+                        let mut buf = vec![0u64; 32 << 20];
+                        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..1024 {
+                                x ^= x << 13;
+                                x ^= x >> 7;
+                                x ^= x << 17;
+                                let i = (x as usize) & (buf.len() - 1);
+                                buf[i] = buf[i].wrapping_add(x);
+                            }
                         }
-                    }
-                    black_box(buf[0]);
-                })
-            };
-            std::thread::sleep(Duration::from_millis(2));
-            let mut out = Vec::new();
-            let start = Instant::now();
-            for _ in 0..iters {
-                black_box(lookup_all(&index, &keys, &mut out));
-            }
-            let t = start.elapsed();
-            stop.store(true, Ordering::Relaxed);
-            hog.join().expect("hog");
-            t
+                        black_box(buf[0]);
+                    })
+                },
+                || lookup_rounds(&index, &keys, iters),
+            )
         })
     });
     g.bench_function("one_inserter", |b| {
         b.iter_custom(|iters| {
-            let stop = Arc::new(AtomicBool::new(false));
-            let inserted = Arc::new(AtomicU64::new(0));
-            let writer = {
-                let (index, stop, inserted) = (index.clone(), stop.clone(), inserted.clone());
-                let prompts: Vec<(Vec<u64>, usize)> = w
-                    .prompts
-                    .iter()
-                    .step_by(7)
-                    .map(|p| (p.key.clone(), p.pod))
-                    .collect();
-                let pods = pods.to_vec();
-                std::thread::spawn(move || {
-                    let mut n = 0u64;
-                    let mut key = Vec::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let (k, pod) = &prompts[(n as usize) % prompts.len()];
-                        key.clear();
-                        key.extend_from_slice(k);
-                        key.push(n ^ 0xabcd_ef01);
-                        let _ = index.insert(MODEL, &key, &pods[*pod], NOW);
-                        n += 1;
-                    }
-                    inserted.store(n, Ordering::Relaxed);
-                })
-            };
-            std::thread::sleep(Duration::from_millis(2));
-            let mut out = Vec::new();
-            let start = Instant::now();
-            for _ in 0..iters {
-                black_box(lookup_all(&index, &keys, &mut out));
-            }
-            let t = start.elapsed();
-            stop.store(true, Ordering::Relaxed);
-            writer.join().expect("writer");
-            t
+            let prompts: Vec<(Vec<u64>, usize)> = w
+                .prompts
+                .iter()
+                .step_by(7)
+                .map(|p| (p.key.clone(), p.pod))
+                .collect();
+            let (index2, pods) = (index.clone(), pods.to_vec());
+            beside(
+                move |stop| {
+                    std::thread::spawn(move || {
+                        let mut key = Vec::new();
+                        for n in 0u64.. {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            let (k, pod) = &prompts[(n as usize) % prompts.len()];
+                            key.clear();
+                            key.extend_from_slice(k);
+                            key.push(n ^ 0xabcd_ef01);
+                            let _ = index2.insert(MODEL, &key, &pods[*pod], NOW);
+                        }
+                    })
+                },
+                || lookup_rounds(&index, &keys, iters),
+            )
         })
     });
     g.finish();

@@ -109,8 +109,8 @@ impl<T> RetiredTable<T> {
     /// No thread may still read the table: the caller waited for an epoch grace
     /// period after unpublishing it.
     pub(crate) unsafe fn free(self) -> usize {
-        // SAFETY: the table came from `Box::into_raw` in `Children` and was
-        // unpublished once; the caller guarantees no reader remains.
+        // The table came from `Box::into_raw` and was unpublished once.
+        // SAFETY: the caller guarantees no reader remains.
         let table = unsafe { Box::from_raw(self.0) };
         table.bytes()
     }

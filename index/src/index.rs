@@ -155,8 +155,8 @@ impl Index {
         // AcqRel: Release publishes the new map; Acquire owns the old one.
         let old = self.models.swap(next, Ordering::AcqRel);
         self.sh.rec.retire(guard, SendBox(old), |m| {
-            // SAFETY: the old map is unpublished and a grace period has passed;
-            // its trees live on in the new map (shared `Arc`s).
+            // Its trees live on in the new map (shared `Arc`s).
+            // SAFETY: the old map is unpublished and a grace period has passed.
             drop(unsafe { Box::from_raw(m.0) });
             0
         });
@@ -306,8 +306,8 @@ impl Drop for Index {
         unsafe { ManuallyDrop::drop(&mut self.collector) };
         let _ = self.sh.rec.reclaim();
         let map = *self.models.get_mut();
-        // SAFETY: exclusive access; the map came from Box::into_raw. Dropping it
-        // drops the trees, which free their nodes.
+        // Dropping the map drops the trees, which free their nodes.
+        // SAFETY: exclusive access; the map came from Box::into_raw.
         drop(unsafe { Box::from_raw(map) });
     }
 }

@@ -146,8 +146,8 @@ fn loom_publish_and_grow() {
             }
         });
         let second = child(2);
-        // SAFETY: the only writer; `second` is valid. Growth retires the old
-        // table, which we free only after the reader joined.
+        // Growth retires the old table, freed only after the reader joined.
+        // SAFETY: the only writer; `second` is valid.
         let (_, retired) = unsafe { table.0.insert(second, 0) };
         reader.join().unwrap();
         // SAFETY: the reader is gone; we own everything.

@@ -107,8 +107,8 @@ impl Pods {
     fn map<'g>(&self, _guard: &'g Guard) -> &'g NameMap {
         // Acquire: pairs with the Release store that published the map.
         let map = self.names.load(Ordering::Acquire);
-        // SAFETY: maps are retired through the epoch after being replaced; the
-        // guard keeps this one alive, and it is never null.
+        // Maps are retired through the epoch after being replaced; never null.
+        // SAFETY: the guard keeps this one alive.
         unsafe { &*map }
     }
 

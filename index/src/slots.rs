@@ -114,8 +114,8 @@ impl PodSlots {
         // so the chunk's initial words are visible.
         let mut chunk = self.overflow.load(Ordering::Acquire);
         while !chunk.is_null() {
-            // SAFETY: chunks are freed only in `Drop`, which needs `&mut self`;
-            // while we hold `&self` every linked chunk is live.
+            // Chunks are freed only in `Drop`, which needs `&mut self`.
+            // SAFETY: while we hold `&self` every linked chunk is live.
             let c = unsafe { &*chunk };
             for w in &c.words {
                 if !f(w) {
@@ -363,8 +363,8 @@ impl Drop for PodSlots {
         // Relaxed: `&mut self` means no other thread can see these slots now.
         let mut chunk = self.overflow.load(Ordering::Relaxed);
         while !chunk.is_null() {
-            // SAFETY: every chunk was made by `Box::into_raw` in `add` and is
-            // linked exactly once; `&mut self` means no reader can reach it.
+            // Every chunk was made by `Box::into_raw` in `add`, linked once.
+            // SAFETY: `&mut self` means no reader can reach it.
             let c = unsafe { Box::from_raw(chunk) };
             chunk = c.next.load(Ordering::Relaxed);
         }

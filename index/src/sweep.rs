@@ -274,9 +274,9 @@ impl Sweeper {
                     self.frames.truncate(level);
                     break;
                 }
+                let parent_depth = self.frames[level - 1].depth;
                 // SAFETY: as above.
-                self.frames[level].depth =
-                    self.frames[level - 1].depth + unsafe { (&(*child)).edge.len() };
+                self.frames[level].depth = parent_depth + unsafe { (&(*child)).edge.len() };
                 path.push(child);
                 level += 1;
             }
@@ -434,8 +434,8 @@ impl Sweeper {
                 guard,
             );
             if let Ok(Some(upper)) = split {
-                // SAFETY: `upper` is valid under the guard; its only child is the
-                // new lower half.
+                // The upper half's only child is the new lower half.
+                // SAFETY: `upper` is valid under the guard.
                 let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
                 if lower.is_null() {
                     return None;

@@ -56,8 +56,8 @@ impl Tree {
     }
 
     fn root<'g>(&self, _guard: &'g Guard) -> &'g Node {
-        // SAFETY: the root lives as long as the tree, which outlives the guard's
-        // use here (callers hold the tree through the model map).
+        // Callers hold the tree through the model map while they use the root.
+        // SAFETY: the root lives as long as the tree.
         unsafe { &*self.root }
     }
 
@@ -256,8 +256,8 @@ impl RankGroup {
 
 impl Drop for Tree {
     fn drop(&mut self) {
-        // SAFETY: dropping the tree means no reader or writer can reach it; the
-        // index drops trees only after its epoch collector is gone.
+        // The index drops trees only after its epoch collector is gone.
+        // SAFETY: dropping the tree means no reader or writer can reach it.
         unsafe { Node::free_subtree(self.root) };
     }
 }
@@ -330,8 +330,8 @@ fn add_leaf<'g>(
     }
     reserve(sh, pod, rest.len())?;
     let leaf = Box::into_raw(Node::new(rest, &[(pod, now)], Children::new()));
-    // SAFETY: we hold the parent's lock, `leaf` is initialised, stored children
-    // are valid under the guard.
+    // Stored children are valid under the guard; `leaf` is initialised.
+    // SAFETY: we hold the parent's lock.
     let (table_bytes, old) = unsafe { parent.children.insert(leaf, sh.seed) };
     // SAFETY: `leaf` is ours until published, and now published and valid.
     let bytes = unsafe { (*leaf).bytes() } as i64 + table_bytes as i64;
@@ -448,8 +448,8 @@ pub(crate) fn split<'g, E>(
     let (table_bytes, none) = unsafe { upper.children.insert(lower, sh.seed) };
     debug_assert!(none.is_none());
     let upper = Box::into_raw(upper);
-    // SAFETY: we hold the parent's lock; `node` is in its table; `upper` is
-    // initialised and has the same key.
+    // `node` is in the parent's table; `upper` is initialised, same key.
+    // SAFETY: we hold the parent's lock.
     let replaced = unsafe { parent.children.replace(node, upper, sh.seed) };
     debug_assert!(replaced);
     // SAFETY: both new nodes are published and valid under the guard.
@@ -485,8 +485,8 @@ pub(crate) fn unlink(sh: &Shared, parent: &Node, node: *mut Node, guard: &Guard)
 
 fn retire_node(sh: &Shared, node: *mut Node, guard: &Guard) {
     sh.rec.retire(guard, NodePtr(node), |p| {
-        // SAFETY: the node was unlinked (replaced or removed) under its parent's
-        // lock before being retired, and a grace period has passed.
+        // The node was unlinked under its parent's lock before being retired.
+        // SAFETY: a grace period has passed since; no thread can reach it.
         unsafe { Node::free(p.0) }
     });
 }
