@@ -1,7 +1,10 @@
 //! `prefix-client`: the library gateways embed to query a shared prefix index.
 //!
-//! Placeholder crate: the connection, batching and deadlines arrive with the
-//! service issue (#3). The key builders are already here, shared with the index
-//! so that an embedded index and a remote one see identical keys.
+//! Today it holds the wire protocol ([`wire`], shared with the server) and
+//! re-exports the key builders, so an embedded index and a remote one see
+//! identical keys. The connection, batching and deadlines arrive with the rest
+//! of the service issue (#3).
 
 pub use prefix_index::key;
+
+pub mod wire;
