@@ -105,6 +105,64 @@ fn beside<T>(
     t
 }
 
+/// What two threads gain on this machine for work that shares nothing: a
+/// register-only loop, random reads of a private 64 MiB array, and 32-block
+/// lookups where each thread has its own copy of the index. Read next to
+/// `lookup_prehashed/index/threads=2/32`, which shares one index.
+fn scaling_controls(c: &mut Criterion, w: &ChatWorkload, index: &Index, pods: &[String]) {
+    let keys = w.keys_of_len(32, 1024);
+    let copy = build(w, pods);
+    let indexes = [index, &copy];
+    let mut g = c.benchmark_group("scaling_controls");
+    for threads in [1usize, 2] {
+        g.throughput(Throughput::Elements(threads as u64 * 1024));
+        g.bench_function(BenchmarkId::new("compute", threads), |b| {
+            b.iter_custom(|iters| {
+                parallel(threads, iters, || {
+                    let mut x = 1u64;
+                    for i in 0..1024u64 * 64 {
+                        x = x.rotate_left(7) ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    }
+                    black_box(x);
+                })
+            })
+        });
+        let arrays: Vec<Vec<u64>> = (0..threads).map(|_| vec![1u64; 8 << 20]).collect();
+        let next = AtomicU64::new(0);
+        g.bench_function(BenchmarkId::new("random_reads_64MiB", threads), |b| {
+            b.iter_custom(|iters| {
+                next.store(0, Ordering::Relaxed);
+                parallel(threads, iters, || {
+                    let mine = &arrays[next.fetch_add(1, Ordering::Relaxed) as usize % threads];
+                    let mut x = 0x2545_F491_4F6C_DD1Du64;
+                    let mut sum = 0u64;
+                    for _ in 0..1024 * 16 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        sum = sum.wrapping_add(mine[(x as usize) & (mine.len() - 1)]);
+                    }
+                    black_box(sum);
+                })
+            })
+        });
+        g.bench_function(
+            BenchmarkId::new("lookup_32_private_index_copies", threads),
+            |b| {
+                b.iter_custom(|iters| {
+                    next.store(0, Ordering::Relaxed);
+                    parallel(threads, iters, || {
+                        let mine = indexes[next.fetch_add(1, Ordering::Relaxed) as usize % threads];
+                        let mut out = Vec::with_capacity(PODS);
+                        black_box(lookup_all(mine, &keys, &mut out));
+                    })
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
 fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLockIndex) {
     let mut g = c.benchmark_group("lookup_prehashed");
     for blocks in [32, 256] {
@@ -478,7 +536,9 @@ fn main() {
         s.bytes as f64 / s.entries as f64
     );
     lookups(&mut c, &w, &index, &baseline);
-    drop((index, baseline));
+    drop(baseline);
+    scaling_controls(&mut c, &w, &index, &pods);
+    drop(index);
     lookups_during_inserts(&mut c, &w, &pods);
     inserts(&mut c, &w, &pods);
     text_lookups(&mut c);
