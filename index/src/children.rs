@@ -37,7 +37,13 @@ struct Slot<T> {
     ptr: AtomicPtr<T>,
 }
 
+/// Source of table identities (see [`Children::shape`]); never reused, unlike
+/// addresses, which the allocator may hand out again after a table is freed.
+static TABLE_IDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
 struct Table<T> {
+    /// This table's identity.
+    id: usize,
     shift: u32,
     live: AtomicUsize,
     used: AtomicUsize,
@@ -48,6 +54,8 @@ impl<T> Table<T> {
     fn new(capacity: usize) -> Box<Self> {
         debug_assert!(capacity.is_power_of_two() && capacity >= 2);
         Box::new(Table {
+            // Relaxed: a unique number is all we need.
+            id: TABLE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             shift: 64 - capacity.trailing_zeros(),
             live: AtomicUsize::new(0),
             used: AtomicUsize::new(0),
@@ -191,7 +199,8 @@ impl<T: Keyed> Children<T> {
             return (0, 0);
         }
         // SAFETY: as in `len`.
-        (unsafe { (&(*table)).slots.len() }, table as usize)
+        let table = unsafe { &*table };
+        (table.slots.len(), table.id)
     }
 
     /// The child in slot `i` of the current table, or null (empty or tombstone).

@@ -44,7 +44,7 @@ pub fn text_key_into(bytes: &[u8], block_bytes: usize, key: &mut Vec<u64>) {
 /// The key of a token-id prompt: one hash per full `block_tokens` ids.
 /// `block_tokens` of 0 gives an empty key.
 pub fn token_key(tokens: &[u32], block_tokens: usize) -> Vec<u64> {
-    if block_tokens == 0 {
+    if block_tokens == 0 || block_tokens > tokens.len() {
         return Vec::new();
     }
     let mut buf = Vec::with_capacity(block_tokens * 4);
@@ -107,5 +107,6 @@ mod tests {
         let bytes: Vec<u8> = (0u32..16).flat_map(|t| t.to_le_bytes()).collect();
         assert_eq!(key[0], hash_block(&bytes));
         assert!(token_key(&tokens, 0).is_empty());
+        assert!(token_key(&tokens, usize::MAX).is_empty());
     }
 }

@@ -58,7 +58,12 @@ struct Writer {
 struct Dead {
     id: u32,
     /// Set by the collector one grace period after the latest phase began.
-    quiet: Arc<AtomicBool>,
+    /// Created by the sweep (`recycle`), not by `remove`: the sweep's thread
+    /// flushes its deferred work every call, while the thread that removed the
+    /// pod may never defer anything again (its bag would hold the flag back).
+    /// Starting the grace period later is still safe: it waits for every insert
+    /// pinned before it, which includes every insert pinned before the removal.
+    quiet: Option<Arc<AtomicBool>>,
     /// Whether the blocks already reached zero and the second grace period runs.
     draining: bool,
 }
@@ -252,7 +257,7 @@ impl Pods {
         self.rank(w.next, guard, rec);
         w.dead.push(Dead {
             id,
-            quiet: rec.grace_flag(guard),
+            quiet: None,
             draining: false,
         });
         true
@@ -263,8 +268,12 @@ impl Pods {
         let mut w = self.writer.lock();
         let mut freed = Vec::new();
         w.dead.retain_mut(|d| {
+            let Some(quiet) = &d.quiet else {
+                d.quiet = Some(rec.grace_flag(guard));
+                return true;
+            };
             // Acquire: pairs with the collector's Release store of the flag.
-            if !d.quiet.load(Ordering::Acquire) {
+            if !quiet.load(Ordering::Acquire) {
                 return true;
             }
             if !d.draining {
@@ -273,7 +282,7 @@ impl Pods {
                     return true;
                 }
                 d.draining = true;
-                d.quiet = rec.grace_flag(guard);
+                d.quiet = Some(rec.grace_flag(guard));
                 return true;
             }
             freed.push(d.id);

@@ -141,6 +141,30 @@ impl Measure {
     }
 }
 
+/// Where a node sits, and whether capacity and global evictions may act on it.
+#[derive(Clone, Copy)]
+struct Span {
+    /// Depth at the start of its edge.
+    d0: usize,
+    /// Depth at the end of its edge.
+    d1: usize,
+    /// False when part of its subtree went unswept in this pass.
+    evict: bool,
+}
+
+/// What sweeping one node did.
+enum Visited {
+    Done,
+    /// It (or its parent) was replaced by a writer: not swept in this pass.
+    Sealed,
+    /// A partial eviction split it; both halves still need sweeping.
+    Split {
+        upper: *mut Node,
+        lower: *mut Node,
+        k: usize,
+    },
+}
+
 struct Frame {
     /// The node's first block (unused for the root).
     key: u64,
@@ -150,6 +174,10 @@ struct Frame {
     next: usize,
     /// Identity of the child table `next` refers to.
     table: usize,
+    /// Part of this node's subtree was replaced while the pass walked it, so
+    /// some descendants may not have been swept: evicting from this node could
+    /// leave a descendant holding a pod its parent no longer holds.
+    dirty: bool,
 }
 
 /// Sweep progress, kept between calls. Only the maintenance caller touches it.
@@ -261,6 +289,7 @@ impl Sweeper {
                     depth: 0,
                     next: 0,
                     table: 0,
+                    dirty: false,
                 });
             }
             // Re-descend to where the last call stopped.
@@ -271,7 +300,9 @@ impl Sweeper {
                 // SAFETY: pinned by `guard`; nodes are retired through it.
                 let child = unsafe { (*parent).children.get(key, sh.seed) };
                 if child.is_null() {
+                    // The node we were in was replaced or unlinked meanwhile.
                     self.frames.truncate(level);
+                    self.mark_dirty();
                     break;
                 }
                 let parent_depth = self.frames[level - 1].depth;
@@ -306,6 +337,7 @@ impl Sweeper {
                         depth,
                         next: 0,
                         table: 0,
+                        dirty: false,
                     });
                     path.push(child);
                     continue;
@@ -319,13 +351,20 @@ impl Sweeper {
                     return false;
                 }
                 *budget -= 1;
-                let d1 = top.depth;
+                let (d1, dirty) = (top.depth, top.dirty);
                 self.frames.pop();
                 let node_ptr = path.pop().unwrap_or(root);
                 let parent = *path.last().unwrap_or(&root);
                 // SAFETY: valid under the guard.
                 let (parent, d0) = unsafe { (&*parent, d1 - (&(*node_ptr)).edge.len()) };
-                self.visit(sh, parent, node_ptr, d0, d1, now, guard, report);
+                let at = Span {
+                    d0,
+                    d1,
+                    evict: !dirty,
+                };
+                if self.visit(sh, parent, node_ptr, at, now, guard, report) {
+                    self.mark_dirty();
+                }
             }
             self.tree += 1;
         }
@@ -335,45 +374,67 @@ impl Sweeper {
     /// Sweeps one node (post-order: its children are done). A partial eviction
     /// splits the node; the two halves are then swept in turn, the lower one
     /// (now the upper's child) first, so every pod's cutoff applies to each.
+    /// Returns whether it found a node replaced by a writer (so the caller's
+    /// ancestors must not evict in this pass).
     #[allow(clippy::too_many_arguments)]
     fn visit(
         &mut self,
         sh: &Shared,
         parent: &Node,
         node_ptr: *mut Node,
-        d0: usize,
-        d1: usize,
+        at: Span,
         now: u64,
         guard: &Guard,
         report: &mut SweepReport,
-    ) {
-        let mut work: SmallVec<[(*const Node, *mut Node, usize, usize); 4]> = SmallVec::new();
-        work.push((parent, node_ptr, d0, d1));
-        while let Some((parent, node, d0, d1)) = work.pop() {
+    ) -> bool {
+        let mut work: SmallVec<[(*const Node, *mut Node, Span); 4]> = SmallVec::new();
+        work.push((parent, node_ptr, at));
+        let mut replaced = false;
+        while let Some((parent, node, at)) = work.pop() {
             // SAFETY: every pointer here is a node valid under the guard.
             let parent = unsafe { &*parent };
-            if let Some((upper, lower, k)) =
-                self.visit_one(sh, parent, node, d0, d1, now, guard, report)
-            {
-                work.push((parent, upper, d0, d0 + k));
-                work.push((upper, lower, d0 + k, d1));
+            match self.visit_one(sh, parent, node, at, now, guard, report) {
+                Visited::Done => {}
+                Visited::Sealed => replaced = true,
+                Visited::Split { upper, lower, k } => {
+                    let (d0, d1) = (at.d0, at.d1);
+                    work.push((
+                        parent,
+                        upper,
+                        Span {
+                            d0,
+                            d1: d0 + k,
+                            ..at
+                        },
+                    ));
+                    work.push((
+                        upper,
+                        lower,
+                        Span {
+                            d0: d0 + k,
+                            d1,
+                            ..at
+                        },
+                    ));
+                }
             }
         }
+        replaced
     }
 
-    /// Sweeps one node; returns the halves `(upper, lower, k)` if it split it.
+    /// Sweeps one node.
     #[allow(clippy::too_many_arguments)]
     fn visit_one(
         &mut self,
         sh: &Shared,
         parent: &Node,
         node_ptr: *mut Node,
-        d0: usize,
-        d1: usize,
+        at: Span,
         now: u64,
         guard: &Guard,
         report: &mut SweepReport,
-    ) -> Option<(*mut Node, *mut Node, usize)> {
+    ) -> Visited {
+        let Span { d0, d1, evict } = at;
         report.visited += 1;
         // SAFETY: valid under the guard.
         let node = unsafe { &*node_ptr };
@@ -382,7 +443,7 @@ impl Sweeper {
         {
             let _lock = node.lock();
             if node.pods.is_sealed() {
-                return None;
+                return Visited::Sealed;
             }
             for (pod, time) in tree::entries_of(node) {
                 let freed = if !sh.pods.is_live(pod) {
@@ -393,6 +454,8 @@ impl Sweeper {
                     node.pods
                         .remove_if(pod, |t| now.saturating_sub(t) > sh.ttl_ms)
                         .map(|_| &mut report.expired)
+                } else if !evict {
+                    None
                 } else {
                     let verdict = match self.cutoffs.get(&pod) {
                         Some(c) => c.judge(time, d0, d1),
@@ -419,6 +482,7 @@ impl Sweeper {
             }
         }
         if let Some((pod, time, k)) = partial {
+            let evicted = std::cell::Cell::new(false);
             let split = tree::split(
                 sh,
                 parent,
@@ -429,27 +493,29 @@ impl Sweeper {
                     // Evict only if the pod was not refreshed since we judged it.
                     if let Some(i) = lower.iter().position(|e| *e == (pod, time)) {
                         lower.swap_remove(i);
+                        evicted.set(true);
                     }
                 },
                 guard,
             );
-            if let Ok(Some(upper)) = split {
-                // The upper half's only child is the new lower half.
-                // SAFETY: `upper` is valid under the guard.
-                let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
-                if lower.is_null() {
-                    return None;
-                }
-                // SAFETY: as above.
-                if unsafe { (*lower).pods.find(pod) }.is_none() {
-                    let gone = (d1 - d0 - k) as i64;
-                    report.evicted += gone as u64;
-                    sh.pods.add_blocks(pod, -gone);
-                    Counters::add(&sh.counters.entries, -gone);
-                }
-                return Some((std::ptr::from_ref(upper).cast_mut(), lower, k));
+            let Ok(Some(upper)) = split else {
+                return Visited::Sealed;
+            };
+            if evicted.get() {
+                let gone = (d1 - d0 - k) as i64;
+                report.evicted += gone as u64;
+                sh.pods.add_blocks(pod, -gone);
+                Counters::add(&sh.counters.entries, -gone);
             }
-            return None;
+            // The upper half's only child is the new lower half (unless a writer
+            // changed it already: then a later pass sweeps them).
+            // SAFETY: `upper` is valid under the guard.
+            let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
+            if lower.is_null() {
+                return Visited::Sealed;
+            }
+            let upper = std::ptr::from_ref(upper).cast_mut();
+            return Visited::Split { upper, lower, k };
         }
         self.measure(node, d0, d1);
         if node.pods.is_empty()
@@ -458,7 +524,14 @@ impl Sweeper {
         {
             report.unlinked += 1;
         }
-        None
+        Visited::Done
+    }
+
+    /// Marks every frame on the stack (the ancestors of the node just swept).
+    fn mark_dirty(&mut self) {
+        for f in &mut self.frames {
+            f.dirty = true;
+        }
     }
 
     fn measure(&mut self, node: &Node, d0: usize, d1: usize) {

@@ -330,11 +330,13 @@ fn add_leaf<'g>(
     }
     reserve(sh, pod, rest.len())?;
     let leaf = Box::into_raw(Node::new(rest, &[(pod, now)], Children::new()));
+    // Counted before publishing: afterwards writers may grow it (and count that).
+    // SAFETY: `leaf` is ours until published below.
+    let leaf_bytes = unsafe { (*leaf).bytes() } as i64;
     // Stored children are valid under the guard; `leaf` is initialised.
     // SAFETY: we hold the parent's lock.
     let (table_bytes, old) = unsafe { parent.children.insert(leaf, sh.seed) };
-    // SAFETY: `leaf` is ours until published, and now published and valid.
-    let bytes = unsafe { (*leaf).bytes() } as i64 + table_bytes as i64;
+    let bytes = leaf_bytes + table_bytes as i64;
     if let Some(old) = old {
         sh.rec.retire(guard, old, |t| {
             // SAFETY: the old table was unpublished; a grace period has passed.
@@ -447,13 +449,14 @@ pub(crate) fn split<'g, E>(
     // SAFETY: `upper` is private until published; `lower` is initialised.
     let (table_bytes, none) = unsafe { upper.children.insert(lower, sh.seed) };
     debug_assert!(none.is_none());
+    // Counted before publishing: afterwards writers may grow them.
+    // SAFETY: `lower` is private until `upper` is published.
+    let grown = (upper.bytes() + unsafe { (*lower).bytes() }) as i64 + table_bytes as i64;
     let upper = Box::into_raw(upper);
     // `node` is in the parent's table; `upper` is initialised, same key.
     // SAFETY: we hold the parent's lock.
     let replaced = unsafe { parent.children.replace(node, upper, sh.seed) };
     debug_assert!(replaced);
-    // SAFETY: both new nodes are published and valid under the guard.
-    let grown = unsafe { (*upper).bytes() + (*lower).bytes() } as i64 + table_bytes as i64;
     Counters::add(&sh.counters.nodes, 1);
     Counters::add(&sh.counters.bytes, grown);
     retire_node(sh, node, guard);
