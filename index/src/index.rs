@@ -162,9 +162,8 @@ impl Index {
         });
         // SAFETY: the new map is published and retired only through the epoch.
         let map = unsafe { &*next };
-        map.get(model)
-            .map(|t| &**t)
-            .ok_or(InsertError::TooManyModels { max: 0 })
+        // Cannot panic: we inserted `model` into this map under the writer lock.
+        Ok(&map[model])
     }
 
     fn cut<'k>(&self, key: &'k [u64]) -> &'k [u64] {

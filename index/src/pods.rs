@@ -79,13 +79,6 @@ pub(crate) struct Pods {
     default_capacity: AtomicU64,
 }
 
-// SAFETY: the raw pointers are owned: `names` by the registry, each `Name` by its
-// slot; they are replaced and retired only under `writer` and freed after a
-// grace period, so sharing the registry across threads is sound.
-unsafe impl Send for Pods {}
-// SAFETY: as above; all shared mutation goes through atomics or `writer`.
-unsafe impl Sync for Pods {}
-
 impl Pods {
     pub(crate) fn new(max_pods: u32, default_capacity: u64) -> Self {
         let max = max_pods.min(crate::slots::MAX_POD_ID + 1);

@@ -144,22 +144,13 @@ impl Tree {
         // Within a node they are ordered by name rank through a bitmap: no
         // comparison sort on the hot path.
         let ranks = sh.pods.ranks(guard);
-        // The first 64 ids and ranks live in registers (`seen_low`, `first`):
-        // most fleets have fewer pods, and memory bitmaps would chain every
-        // update through a store.
-        let mut seen_low = 0u64;
         let mut seen = Seen::default();
         // Built on first need: fleets of 64 pods or fewer never touch it.
         let mut group: Option<Box<RankGroup>> = None;
         for &(n, blocks) in path.iter().rev() {
             let mut first = 0u64;
             for (pod, time) in n.pods.entries() {
-                let already = if pod < 64 {
-                    seen_low & (1 << pod) != 0
-                } else {
-                    seen.contains(pod)
-                };
-                if already || now.saturating_sub(time) > sh.ttl_ms {
+                if seen.contains(pod) || now.saturating_sub(time) > sh.ttl_ms {
                     continue;
                 }
                 let rank = ranks.rank(pod);
@@ -169,11 +160,8 @@ impl Tree {
                 {
                     continue;
                 }
-                if pod < 64 {
-                    seen_low |= 1 << pod;
-                } else {
-                    seen.insert(pod);
-                }
+                seen.insert(pod);
+                // Ranks below 64 (fleets of up to 64 pods) stay in a register.
                 if rank < 64 {
                     first |= 1 << rank;
                 } else {
@@ -278,18 +266,12 @@ impl Seen {
         }
     }
 
+    /// Adds a pod not yet in the set.
     #[inline]
-    fn insert(&mut self, pod: u32) -> bool {
-        if let Some(word) = self.low.get_mut((pod / 64) as usize) {
-            let bit = 1u64 << (pod % 64);
-            let fresh = *word & bit == 0;
-            *word |= bit;
-            fresh
-        } else if self.high.contains(&pod) {
-            false
-        } else {
-            self.high.push(pod);
-            true
+    fn insert(&mut self, pod: u32) {
+        match self.low.get_mut((pod / 64) as usize) {
+            Some(word) => *word |= 1u64 << (pod % 64),
+            None => self.high.push(pod),
         }
     }
 }
