@@ -1,6 +1,256 @@
-//! `prefix-server`: the QUIC service around [`prefix_index::Index`].
+//! `prefix-server`: the QUIC service that shares one [`prefix_index::Index`]
+//! among many gateway replicas.
 //!
-//! Placeholder crate: the protocol, server and maintenance task arrive with the
-//! service issue (#3). Until then the index is usable embedded, as a library.
+//! - [`config`]: flags, environment and TOML into a [`ServerConfig`].
+//! - [`handler`]: the protocol logic, without I/O (frames in, replies out).
+//! - `stream`: the async glue moving bytes between QUIC streams and the handler.
+//! - [`maintenance`]: the sweep task (TTL, capacities, freeing memory).
+//! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
+//! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
+//!
+//! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
+//! ports back); [`Server::run`] serves until the shutdown future resolves,
+//! then stops accepting, finishes the requests in flight and returns.
+//!
+//! ```no_run
+//! # async fn f() -> anyhow::Result<()> {
+//! use prefix_server::{Server, ServerConfig};
+//! let server = Server::bind(ServerConfig::default()).await?;
+//! println!("serving on {}", server.local_addr());
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
 
-pub use prefix_index::{Index, IndexConfig};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prefix_index::Index;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub mod config;
+pub mod handler;
+mod http;
+pub mod maintenance;
+pub mod metrics;
+mod stream;
+pub mod tls;
+
+pub use config::{ServerConfig, Settings};
+
+use handler::Handler;
+use metrics::Metrics;
+
+/// Why the server could not start or stopped abnormally.
+#[derive(Debug, Error)]
+pub enum ServerError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// TLS could not be set up.
+    #[error(transparent)]
+    Tls(#[from] tls::ServerTlsError),
+    /// A socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    cfg: ServerConfig,
+    endpoint: quinn::Endpoint,
+    http: Option<tokio::net::TcpListener>,
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+}
+
+impl Server {
+    /// Validates the configuration, sets up TLS and binds the QUIC and HTTP
+    /// sockets. Needs a tokio runtime.
+    pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
+        cfg.validate()?;
+        let tls = tls::rustls_config(&cfg)?;
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
+            .map_err(|e| tls::ServerTlsError::from(prefix_client::TlsError::Quic(e.to_string())))?;
+        let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+        let mut transport = quinn::TransportConfig::default();
+        transport
+            .max_concurrent_bidi_streams(cfg.max_streams.into())
+            .max_concurrent_uni_streams(0u32.into())
+            .max_idle_timeout(cfg.idle_timeout.try_into().ok());
+        server_config.transport_config(Arc::new(transport));
+        let bind_err = |addr| move |source| ServerError::Bind { addr, source };
+        let endpoint =
+            quinn::Endpoint::server(server_config, cfg.listen).map_err(bind_err(cfg.listen))?;
+        let http = match cfg.metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_err(addr))?,
+            ),
+            None => None,
+        };
+        Ok(Server {
+            index: Arc::new(Index::new(cfg.index.clone())),
+            metrics: Arc::default(),
+            cfg,
+            endpoint,
+            http,
+        })
+    }
+
+    /// The QUIC address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        // The socket was bound by `bind`; reading its address back only fails
+        // if the OS has lost it, in which case report the configured one.
+        self.endpoint.local_addr().unwrap_or(self.cfg.listen)
+    }
+
+    /// The HTTP address actually bound, if any.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The server's metrics (tests read them directly).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The index being served (tests and embedding read it directly).
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// Serves until `shutdown` resolves; then stops accepting connections,
+    /// answers the requests already received (for up to `drain_timeout`),
+    /// closes every connection and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+        let token = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let ready = Arc::new(AtomicBool::new(true));
+        let handler = Arc::new(Handler {
+            index: self.index.clone(),
+            limits: self.cfg.limits(),
+            metrics: self.metrics.clone(),
+            inline_blocks: self.cfg.inline_blocks,
+        });
+        tracker.spawn(maintenance::run(
+            self.index.clone(),
+            self.metrics.clone(),
+            self.cfg.sweep_interval,
+            self.cfg.sweep_budget,
+            token.clone(),
+        ));
+        let http = self.http.map(|listener| {
+            let app = http::router(http::Probe {
+                index: self.index.clone(),
+                metrics: self.metrics.clone(),
+                ready: ready.clone(),
+            });
+            let stop = token.clone();
+            tokio::spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+                if let Err(e) = served {
+                    tracing::error!(error = %e, "metrics listener failed");
+                }
+            })
+        });
+        tracing::info!(
+            listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
+            "serving"
+        );
+
+        let accept = accept_loop(
+            &self.endpoint,
+            &self.cfg,
+            handler,
+            self.metrics.clone(),
+            token.clone(),
+            tracker.clone(),
+        );
+        tokio::pin!(shutdown);
+        tokio::select! {
+            _ = &mut shutdown => {}
+            _ = accept => {}
+        }
+
+        tracing::info!("shutting down: draining requests in flight");
+        // Relaxed: see `http::readyz`.
+        ready.store(false, Ordering::Relaxed);
+        self.endpoint.set_server_config(None);
+        token.cancel();
+        tracker.close();
+        if tokio::time::timeout(self.cfg.drain_timeout, tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(timeout = ?self.cfg.drain_timeout, "drain timed out; closing anyway");
+        }
+        self.endpoint.close(0u32.into(), b"server shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        if let Some(h) = http {
+            let _ = h.await;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Accepts connections until cancelled, refusing those over the limit.
+async fn accept_loop(
+    endpoint: &quinn::Endpoint,
+    cfg: &ServerConfig,
+    handler: Arc<Handler>,
+    metrics: Arc<Metrics>,
+    token: CancellationToken,
+    tracker: TaskTracker,
+) {
+    let open = Arc::new(());
+    while let Some(incoming) = endpoint.accept().await {
+        // Every connection task holds a clone of `open`.
+        if Arc::strong_count(&open) > cfg.max_connections {
+            metrics.connections_refused.inc();
+            tracing::warn!(remote = %incoming.remote_address(), max = cfg.max_connections, "refusing a connection: max-connections reached");
+            incoming.refuse();
+            continue;
+        }
+        let (handler, metrics, token, tracker2) = (
+            handler.clone(),
+            metrics.clone(),
+            token.clone(),
+            tracker.clone(),
+        );
+        let held = open.clone();
+        tracker.spawn(async move {
+            let _held = held;
+            let conn = match incoming.await {
+                Ok(c) => c,
+                Err(e) => {
+                    metrics.handshakes_failed.inc();
+                    tracing::debug!(reason = %e, "handshake failed");
+                    return;
+                }
+            };
+            metrics.connections_accepted.inc();
+            metrics.connections.inc();
+            stream::serve_connection(conn, handler, token, tracker2).await;
+            metrics.connections.dec();
+        });
+    }
+}
+
+/// Binds and serves until `shutdown` (the entry point of the binary).
+pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    Server::bind(cfg).await?.run(shutdown).await
+}

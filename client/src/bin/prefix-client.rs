@@ -1,0 +1,212 @@
+//! `prefix-client`: one-shot commands and JSON Lines replay against a
+//! prefix-index server. Every command prints JSON, in the `replay` format.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use prefix_client::replay::{self, KeyOptions, KeySource, Line};
+use prefix_client::{Client, ClientConfig, TlsConfig};
+use tokio::io::{AsyncWriteExt, BufReader};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Query and update a prefix-index server")]
+struct Cli {
+    /// Server address (host:port).
+    #[arg(
+        long,
+        global = true,
+        env = "PREFIX_INDEX_SERVER",
+        default_value = "127.0.0.1:7070"
+    )]
+    server: String,
+    /// PEM CA certificate(s) to trust: the server's self-signed cert.pem, or
+    /// the CA that signed its certificate.
+    #[arg(
+        long,
+        global = true,
+        env = "PREFIX_INDEX_CA",
+        default_value = "prefix-index-data/cert.pem"
+    )]
+    ca: PathBuf,
+    /// Client certificate for mutual TLS (with --key).
+    #[arg(long, global = true, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Private key of --cert.
+    #[arg(long, global = true, requires = "cert")]
+    key: Option<PathBuf>,
+    /// Name the server's certificate must hold [default: the host of
+    /// --server, or localhost for an IP address].
+    #[arg(long, global = true)]
+    server_name: Option<String>,
+    /// Bytes per text block.
+    #[arg(long, global = true, default_value_t = 64)]
+    block_bytes: usize,
+    /// Token ids per token block.
+    #[arg(long, global = true, default_value_t = 16)]
+    block_tokens: usize,
+    /// How long each request may take (e.g. 500ms, 2s).
+    #[arg(long, global = true, default_value = "2s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+struct KeyArgs {
+    /// Prompt text, hashed in --block-bytes blocks.
+    #[arg(long)]
+    text: Option<String>,
+    /// Token ids, comma-separated, hashed in --block-tokens blocks.
+    #[arg(long, value_delimiter = ',')]
+    tokens: Option<Vec<u32>>,
+    /// Block hashes, comma-separated, used as they are.
+    #[arg(long, value_delimiter = ',')]
+    hashes: Option<Vec<u64>>,
+}
+
+impl From<KeyArgs> for KeySource {
+    fn from(k: KeyArgs) -> Self {
+        KeySource {
+            text: k.text,
+            tokens: k.tokens,
+            hashes: k.hashes,
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Each pod's matched leading blocks of a key.
+    Lookup {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Only these pods (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        candidates: Option<Vec<String>>,
+    },
+    /// Record that a pod holds every prefix of a key.
+    Insert {
+        /// Model name.
+        #[arg(long)]
+        model: String,
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Pod name.
+        #[arg(long)]
+        pod: String,
+    },
+    /// Forget a pod everywhere.
+    RemovePod {
+        /// Pod name.
+        pod: String,
+    },
+    /// Set a pod's KV-cache capacity in blocks.
+    SetPodCapacity {
+        /// Pod name.
+        pod: String,
+        /// Capacity in blocks.
+        blocks: u64,
+    },
+    /// Index statistics.
+    Stats,
+    /// Round trip to the server.
+    Ping,
+    /// Apply JSON Lines ops from FILE (or stdin), one JSON answer per line.
+    Replay {
+        /// Input file; stdin when absent or "-".
+        file: Option<PathBuf>,
+    },
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let addr = resolve(&cli.server).await?;
+    let server_name = cli.server_name.clone().unwrap_or_else(|| {
+        match cli.server.rsplit_once(':').map(|(h, _)| h) {
+            Some(h) if h.parse::<std::net::IpAddr>().is_err() && !h.starts_with('[') => h.into(),
+            _ => "localhost".into(),
+        }
+    });
+    let tls = TlsConfig::from_files(&cli.ca, cli.cert.as_deref(), cli.key.as_deref())
+        .with_context(|| format!("loading TLS material (--ca {})", cli.ca.display()))?;
+    let cfg = ClientConfig {
+        tls,
+        server_name,
+        deadline: cli.timeout,
+        connect_timeout: cli.timeout.max(Duration::from_secs(1)),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect(addr, cfg)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    let opts = KeyOptions {
+        block_bytes: cli.block_bytes,
+        block_tokens: cli.block_tokens,
+    };
+    let line = match cli.command {
+        Command::Replay { file } => {
+            let stdout = tokio::io::stdout();
+            let counts = match file.filter(|f| f.as_os_str() != "-") {
+                Some(path) => {
+                    let f = tokio::fs::File::open(&path)
+                        .await
+                        .with_context(|| format!("opening {}", path.display()))?;
+                    replay::replay(&client, &opts, BufReader::new(f), stdout).await?
+                }
+                None => {
+                    let stdin = BufReader::new(tokio::io::stdin());
+                    replay::replay(&client, &opts, stdin, stdout).await?
+                }
+            };
+            client.close().await;
+            eprintln!("{} lines, {} failed", counts.lines, counts.failed);
+            return Ok(());
+        }
+        Command::Lookup {
+            model,
+            key,
+            candidates,
+        } => Line::Lookup {
+            model,
+            key: key.into(),
+            candidates,
+        },
+        Command::Insert { model, key, pod } => Line::Insert {
+            model,
+            key: key.into(),
+            pod,
+        },
+        Command::RemovePod { pod } => Line::RemovePod { pod },
+        Command::SetPodCapacity { pod, blocks } => Line::SetPodCapacity { pod, blocks },
+        Command::Stats => Line::Stats,
+        Command::Ping => Line::Ping,
+    };
+    let out = replay::apply(&client, &line, &opts).await;
+    client.close().await;
+    let mut text = serde_json::to_vec(&out)?;
+    text.push(b'\n');
+    tokio::io::stdout().write_all(&text).await?;
+    if out["ok"] != serde_json::Value::Bool(true) {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Resolves host:port (the first address wins).
+async fn resolve(server: &str) -> anyhow::Result<SocketAddr> {
+    if let Ok(a) = server.parse() {
+        return Ok(a);
+    }
+    match tokio::net::lookup_host(server).await?.next() {
+        Some(a) => Ok(a),
+        None => bail!("{server} resolves to no address"),
+    }
+}

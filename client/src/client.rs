@@ -1,0 +1,435 @@
+//! [`Client`]: one server, many requests in flight, short deadlines,
+//! reconnection in the background.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::time::Instant;
+
+use crate::conn::Conn;
+use crate::error::{ClientError, ConnectError};
+use crate::tls::TlsConfig;
+use crate::wire::{self, Limits, Op, PodBlocks, Reply, Request, Response, WireStats};
+
+/// How a [`Client`] connects and how long it waits.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// What to trust and present.
+    pub tls: TlsConfig,
+    /// The name the server's certificate must carry. Default `localhost`,
+    /// which the server's self-signed certificate holds.
+    pub server_name: String,
+    /// How long each call waits for its answer. Default 2 ms: a gateway that
+    /// does not hear back in time routes on load alone rather than add
+    /// latency to the request it is placing.
+    pub deadline: Duration,
+    /// How long [`Client::connect`] and each reconnection attempt may take.
+    /// Default 5 s.
+    pub connect_timeout: Duration,
+    /// First pause before reconnecting after a failure; doubles per failed
+    /// attempt. Default 20 ms, so a restarted server is found quickly.
+    pub backoff_min: Duration,
+    /// Longest pause between reconnection attempts. Default 2 s.
+    pub backoff_max: Duration,
+    /// Long-lived QUIC streams per connection. Default 4: enough for the
+    /// server to work on two cores' worth of frames at once, few enough that
+    /// each stream's writes stay batched.
+    pub streams: usize,
+    /// Frames that may wait for each stream's writer. Default 4,096; past it
+    /// calls fail at once with `Unavailable`.
+    pub queue: usize,
+    /// Limits checked before sending (the server checks its own too).
+    pub limits: Limits,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            tls: TlsConfig::default(),
+            server_name: "localhost".into(),
+            deadline: Duration::from_millis(2),
+            connect_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(2),
+            streams: 4,
+            queue: 4096,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// The answer to a lookup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LookupResult {
+    /// Blocks in the key the server looked up (after its `max_key_blocks` cut).
+    pub key_blocks: u32,
+    /// Every pod holding at least one leading block, by blocks descending,
+    /// then pod name.
+    pub matches: Vec<PodBlocks>,
+}
+
+enum State {
+    Up(Arc<Conn>),
+    Down { reason: String },
+}
+
+struct Inner {
+    addr: SocketAddr,
+    cfg: ClientConfig,
+    endpoint: quinn::Endpoint,
+    state: Mutex<State>,
+    /// Wakes the reconnect task when a connection is found dead.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+/// A connection to one prefix-index server, shared by every task of a
+/// gateway: clones are cheap and share the connection.
+///
+/// Each call waits at most its deadline. While the server is unreachable,
+/// calls fail at once with [`ClientError::Disconnected`] and a background task
+/// reconnects with exponential backoff. Requires a tokio runtime.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("addr", &self.inner.addr)
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let State::Up(conn) = &*self.state.lock() {
+            conn.close();
+        }
+    }
+}
+
+impl Client {
+    /// Connects to `addr`, waiting up to `connect_timeout` for the first
+    /// connection.
+    pub async fn connect(addr: SocketAddr, cfg: ClientConfig) -> Result<Client, ConnectError> {
+        let inner = Inner::new(addr, cfg)?;
+        let conn = inner.dial().await?;
+        *inner.state.lock() = State::Up(conn);
+        Ok(Client::spawn(inner))
+    }
+
+    /// A client that connects in the background: calls fail with
+    /// [`ClientError::Disconnected`] until the server is reached. For gateways
+    /// that must start while the index server is down.
+    pub fn start(addr: SocketAddr, cfg: ClientConfig) -> Result<Client, ConnectError> {
+        let inner = Inner::new(addr, cfg)?;
+        *inner.state.lock() = State::Down {
+            reason: "connecting".into(),
+        };
+        let client = Client::spawn(inner);
+        client.inner.wake.notify_one();
+        Ok(client)
+    }
+
+    fn spawn(inner: Inner) -> Client {
+        let deadline = inner.cfg.deadline;
+        let inner = Arc::new(inner);
+        tokio::spawn(reconnect(Arc::downgrade(&inner), inner.wake.clone()));
+        Client { inner, deadline }
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// This client with another per-call deadline (sharing the connection).
+    pub fn with_deadline(&self, deadline: Duration) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            deadline,
+        }
+    }
+
+    /// Closes the connection politely and waits (up to a second) until the
+    /// server has been told, so it frees the connection at once. Calls on
+    /// any clone fail afterwards until the background task reconnects; use
+    /// it when the process is about to exit.
+    pub async fn close(&self) {
+        if let State::Up(conn) = &*self.inner.state.lock() {
+            conn.close();
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+
+    /// Whether a connection is up right now.
+    pub fn is_connected(&self) -> bool {
+        matches!(&*self.inner.state.lock(), State::Up(c) if !c.is_dead())
+    }
+
+    /// Every pod's matched leading blocks of `key` under `model` (or only the
+    /// `candidates`' matches).
+    pub async fn lookup(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+    ) -> Result<LookupResult, ClientError> {
+        let op = Op::Lookup {
+            model: model.into(),
+            key: key.to_vec(),
+            candidates: candidates.map(|c| c.iter().map(|s| s.to_string()).collect()),
+        };
+        match self.one(op).await? {
+            Reply::Lookup {
+                key_blocks,
+                matches,
+            } => Ok(LookupResult {
+                key_blocks,
+                matches,
+            }),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Records that `pod` holds every prefix of `key` under `model`.
+    pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
+        let op = Op::Insert {
+            model: model.into(),
+            key: key.to_vec(),
+            pod: pod.into(),
+        };
+        done(self.one(op).await?)
+    }
+
+    /// Forgets a pod everywhere; returns whether the server knew it.
+    pub async fn remove_pod(&self, pod: &str) -> Result<bool, ClientError> {
+        match self.one(Op::RemovePod { pod: pod.into() }).await? {
+            Reply::Removed(found) => Ok(found),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Sets a pod's KV-cache capacity in blocks.
+    pub async fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), ClientError> {
+        let op = Op::SetPodCapacity {
+            pod: pod.into(),
+            blocks,
+        };
+        done(self.one(op).await?)
+    }
+
+    /// The server's index statistics.
+    pub async fn stats(&self) -> Result<WireStats, ClientError> {
+        match self.one(Op::Stats).await? {
+            Reply::Stats(s) => Ok(s),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// A round trip that touches nothing.
+    pub async fn ping(&self) -> Result<(), ClientError> {
+        match self.one(Op::Ping).await? {
+            Reply::Pong => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Many operations in one frame, applied in order; one reply each, in
+    /// order. A failed op answers [`Reply::Error`] without failing the others.
+    pub async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
+        let n = ops.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        match self.call(Request::Batch(ops)).await? {
+            Response::Batch(replies) if replies.len() == n => Ok(replies),
+            other => Err(ClientError::Protocol(format!(
+                "expected {n} batch replies, got {other:?}"
+            ))),
+        }
+    }
+
+    async fn one(&self, op: Op) -> Result<Reply, ClientError> {
+        match self.call(Request::One(op)).await? {
+            Response::One(Reply::Error { code, message }) => {
+                Err(ClientError::Server { code, message })
+            }
+            Response::One(reply) => Ok(reply),
+            other => Err(ClientError::Protocol(format!(
+                "expected one reply, got {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends one request and waits for its answer until the deadline.
+    pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let limits = &self.inner.cfg.limits;
+        match &request {
+            Request::One(op) => wire::check_op(op, limits)?,
+            Request::Batch(ops) => {
+                if ops.len() > limits.max_batch {
+                    return Err(wire::WireError::BatchTooLarge {
+                        len: ops.len(),
+                        max: limits.max_batch,
+                    }
+                    .into());
+                }
+                // Ops are not checked one by one: the server answers a bad op
+                // with its own error and still applies the others.
+            }
+        }
+        let conn = self.inner.conn()?;
+        let id = conn.next_id();
+        let mut frame = Vec::new();
+        wire::encode_request(id, &request, &mut frame);
+        let len = frame.len() - wire::HEADER_LEN;
+        if len > limits.max_frame_bytes as usize {
+            return Err(wire::WireError::FrameTooLarge {
+                len: u32::try_from(len).unwrap_or(u32::MAX),
+                max: limits.max_frame_bytes,
+            }
+            .into());
+        }
+        let mut ticket = conn.send(id, frame)?;
+        let answer = tokio::time::timeout(self.deadline, &mut ticket.answer).await;
+        match answer {
+            Ok(Ok(answer)) => answer,
+            // The lane dropped our sender: the connection died under us.
+            Ok(Err(_)) => Err(conn.disconnected()),
+            Err(_) => {
+                conn.abandon(&ticket);
+                Err(ClientError::Timeout(self.deadline))
+            }
+        }
+    }
+}
+
+fn done(reply: Reply) -> Result<(), ClientError> {
+    match reply {
+        Reply::Done => Ok(()),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn unexpected(reply: Reply) -> ClientError {
+    ClientError::Protocol(format!("unexpected reply {reply:?}"))
+}
+
+impl Inner {
+    fn new(addr: SocketAddr, cfg: ClientConfig) -> Result<Inner, ConnectError> {
+        let quic = cfg.tls.quic_config()?;
+        let local: SocketAddr = if addr.is_ipv4() {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let mut endpoint = quinn::Endpoint::client(local)?;
+        endpoint.set_default_client_config(quic);
+        Ok(Inner {
+            addr,
+            cfg,
+            endpoint,
+            state: Mutex::new(State::Down {
+                reason: "not connected yet".into(),
+            }),
+            wake: Arc::default(),
+        })
+    }
+
+    /// The live connection, or why there is none. A dead one found here is
+    /// swapped out and the reconnect task woken.
+    fn conn(&self) -> Result<Arc<Conn>, ClientError> {
+        let mut state = self.state.lock();
+        match &*state {
+            State::Up(conn) if !conn.is_dead() => Ok(conn.clone()),
+            State::Up(conn) => {
+                let err = conn.disconnected();
+                *state = State::Down {
+                    reason: conn.reason(),
+                };
+                self.wake.notify_one();
+                Err(err)
+            }
+            State::Down { reason } => Err(ClientError::Disconnected {
+                addr: self.addr,
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// One connection attempt, bounded by `connect_timeout`.
+    async fn dial(&self) -> Result<Arc<Conn>, ConnectError> {
+        let refused = |reason: String| ConnectError::Refused {
+            addr: self.addr,
+            reason,
+        };
+        let attempt = async {
+            let connecting = self
+                .endpoint
+                .connect(self.addr, &self.cfg.server_name)
+                .map_err(|e| refused(e.to_string()))?;
+            let quic = connecting.await.map_err(|e| refused(e.to_string()))?;
+            Conn::start(quic, self.addr, self.cfg.streams, self.cfg.queue)
+                .await
+                .map_err(|e| refused(e.to_string()))
+        };
+        tokio::time::timeout(self.cfg.connect_timeout, attempt)
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                addr: self.addr,
+                timeout: self.cfg.connect_timeout,
+            })?
+    }
+}
+
+/// Background task: whenever the connection is down, reconnect with
+/// exponential backoff. Ends when the last [`Client`] clone is dropped.
+async fn reconnect(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        // Wait until woken, but also look every second: a connection can die
+        // without any call noticing (an idle client whose server restarted),
+        // and the client may have been dropped.
+        let _ = tokio::time::timeout(Duration::from_secs(1), wake.notified()).await;
+        let Some(me) = inner.upgrade() else { return };
+        let down = match &*me.state.lock() {
+            State::Up(conn) => conn.is_dead(),
+            State::Down { .. } => true,
+        };
+        if !down {
+            continue;
+        }
+        let mut backoff = me.cfg.backoff_min;
+        let mut first = true;
+        drop(me);
+        loop {
+            if !first {
+                tokio::time::sleep(backoff).await;
+            }
+            let Some(me) = inner.upgrade() else { return };
+            let started = Instant::now();
+            match me.dial().await {
+                Ok(conn) => {
+                    tracing::info!(addr = %me.addr, "connected");
+                    *me.state.lock() = State::Up(conn);
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(addr = %me.addr, error = %e, elapsed = ?started.elapsed(), "reconnect failed");
+                    *me.state.lock() = State::Down {
+                        reason: e.to_string(),
+                    };
+                    if !first {
+                        backoff = (backoff * 2).min(me.cfg.backoff_max);
+                    }
+                    first = false;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! JSON Lines operations, as `prefix-client replay` reads and writes them.
+//!
+//! One JSON object per input line, one per output line, in order; each op is
+//! applied before the next line is read. Input:
+//!
+//! ```text
+//! {"op":"insert","model":M,"text":T,"pod":P}      ("tokens":[..] or "hashes":[..] instead of "text")
+//! {"op":"lookup","model":M,"text":T,"candidates":[..]}   (candidates optional)
+//! {"op":"remove_pod","pod":P}
+//! {"op":"set_pod_capacity","pod":P,"blocks":N}
+//! {"op":"stats"}
+//! {"op":"ping"}
+//! ```
+//!
+//! Output: `{"ok":true,...}` or `{"ok":false,"error":"..."}`. A lookup answers
+//! `{"ok":true,"blocks":N,"matches":[{"pod":P,"blocks":K},...]}`: N is the
+//! key's block count, and matches lists every pod with K ≥ 1, by K descending
+//! then pod name. A line that fails (bad JSON, an unknown op, a server error,
+//! a timeout) answers its error and replay goes on with the next line.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::client::Client;
+use crate::key;
+
+/// How text and tokens become block hashes; every gateway of a model must
+/// agree on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOptions {
+    /// Bytes per text block (default 64).
+    pub block_bytes: usize,
+    /// Token ids per token block (default 16).
+    pub block_tokens: usize,
+}
+
+impl Default for KeyOptions {
+    fn default() -> Self {
+        KeyOptions {
+            block_bytes: key::TEXT_BLOCK_BYTES,
+            block_tokens: key::TOKEN_BLOCK_TOKENS,
+        }
+    }
+}
+
+/// A key given as text, token ids or ready hashes (exactly one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct KeySource {
+    /// Prompt text, hashed in `block_bytes` blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Token ids, hashed in `block_tokens` blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
+    /// Block hashes, used as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hashes: Option<Vec<u64>>,
+}
+
+impl KeySource {
+    /// The block hashes, or why there are none.
+    pub fn key(&self, opts: &KeyOptions) -> Result<Vec<u64>, String> {
+        match (&self.text, &self.tokens, &self.hashes) {
+            (Some(t), None, None) => Ok(key::text_key(t, opts.block_bytes)),
+            (None, Some(t), None) => Ok(key::token_key(t, opts.block_tokens)),
+            (None, None, Some(h)) => Ok(h.clone()),
+            (None, None, None) => Err("give one of \"text\", \"tokens\" or \"hashes\"".into()),
+            _ => Err("give only one of \"text\", \"tokens\" or \"hashes\"".into()),
+        }
+    }
+}
+
+/// One input line.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Line {
+    /// Record that `pod` holds the key.
+    Insert {
+        /// Model name.
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        key: KeySource,
+        /// Pod name.
+        pod: String,
+    },
+    /// Every pod's matched blocks of the key.
+    Lookup {
+        /// Model name.
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        key: KeySource,
+        /// Only these pods, if given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        candidates: Option<Vec<String>>,
+    },
+    /// Forget a pod.
+    RemovePod {
+        /// Pod name.
+        pod: String,
+    },
+    /// Set a pod's capacity.
+    SetPodCapacity {
+        /// Pod name.
+        pod: String,
+        /// Capacity in blocks.
+        blocks: u64,
+    },
+    /// Index statistics.
+    Stats,
+    /// Round trip.
+    Ping,
+}
+
+/// Applies one line's op and returns its output object.
+pub async fn apply(client: &Client, line: &Line, opts: &KeyOptions) -> Value {
+    match run(client, line, opts).await {
+        Ok(v) => v,
+        Err(e) => json!({ "ok": false, "error": e }),
+    }
+}
+
+async fn run(client: &Client, line: &Line, opts: &KeyOptions) -> Result<Value, String> {
+    let err = |e: crate::ClientError| e.to_string();
+    Ok(match line {
+        Line::Insert { model, key, pod } => {
+            client
+                .insert(model, &key.key(opts)?, pod)
+                .await
+                .map_err(err)?;
+            json!({ "ok": true })
+        }
+        Line::Lookup {
+            model,
+            key,
+            candidates,
+        } => {
+            let names: Option<Vec<&str>> = candidates
+                .as_ref()
+                .map(|c| c.iter().map(String::as_str).collect());
+            let r = client
+                .lookup(model, &key.key(opts)?, names.as_deref())
+                .await
+                .map_err(err)?;
+            let matches: Vec<Value> = r
+                .matches
+                .iter()
+                .map(|m| json!({ "pod": m.pod, "blocks": m.blocks }))
+                .collect();
+            json!({ "ok": true, "blocks": r.key_blocks, "matches": matches })
+        }
+        Line::RemovePod { pod } => {
+            let removed = client.remove_pod(pod).await.map_err(err)?;
+            json!({ "ok": true, "removed": removed })
+        }
+        Line::SetPodCapacity { pod, blocks } => {
+            client.set_pod_capacity(pod, *blocks).await.map_err(err)?;
+            json!({ "ok": true })
+        }
+        Line::Stats => {
+            let s = client.stats().await.map_err(err)?;
+            json!({
+                "ok": true,
+                "models": s.models,
+                "pods": s.pods,
+                "nodes": s.nodes,
+                "tree_blocks": s.tree_blocks,
+                "entries": s.entries,
+                "bytes": s.bytes,
+            })
+        }
+        Line::Ping => {
+            client.ping().await.map_err(err)?;
+            json!({ "ok": true })
+        }
+    })
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayCounts {
+    /// Lines read.
+    pub lines: u64,
+    /// Lines answered `"ok":false`.
+    pub failed: u64,
+}
+
+/// Reads JSON Lines from `input`, applies each, writes one output line each.
+/// Only I/O errors on `input` or `output` stop it.
+pub async fn replay<R, W>(
+    client: &Client,
+    opts: &KeyOptions,
+    input: R,
+    mut output: W,
+) -> std::io::Result<ReplayCounts>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut counts = ReplayCounts::default();
+    let mut lines = input.lines();
+    while let Some(text) = lines.next_line().await? {
+        counts.lines += 1;
+        let out = match serde_json::from_str::<Line>(&text) {
+            Ok(line) => apply(client, &line, opts).await,
+            Err(e) => json!({ "ok": false, "error": format!("bad line: {e}") }),
+        };
+        if out["ok"] != Value::Bool(true) {
+            counts.failed += 1;
+        }
+        let mut bytes = serde_json::to_vec(&out)?;
+        bytes.push(b'\n');
+        output.write_all(&bytes).await?;
+        // Flush per line so a process driving replay through a pipe sees each
+        // answer before it sends its next line.
+        output.flush().await?;
+    }
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse() {
+        let l: Line =
+            serde_json::from_str(r#"{"op":"insert","model":"m","text":"abc","pod":"p"}"#).unwrap();
+        assert_eq!(
+            l,
+            Line::Insert {
+                model: "m".into(),
+                key: KeySource {
+                    text: Some("abc".into()),
+                    ..KeySource::default()
+                },
+                pod: "p".into()
+            }
+        );
+        let l: Line = serde_json::from_str(
+            r#"{"op":"lookup","model":"m","hashes":[18446744073709551615],"candidates":["a"]}"#,
+        )
+        .unwrap();
+        let Line::Lookup {
+            key, candidates, ..
+        } = l
+        else {
+            panic!("{l:?}")
+        };
+        assert_eq!(key.key(&KeyOptions::default()).unwrap(), vec![u64::MAX]);
+        assert_eq!(candidates, Some(vec!["a".to_string()]));
+        assert!(serde_json::from_str::<Line>(r#"{"op":"drop_table"}"#).is_err());
+        assert!(serde_json::from_str::<Line>(r#"{"op":"remove_pod"}"#).is_err());
+        let both = KeySource {
+            text: Some("x".into()),
+            tokens: Some(vec![1]),
+            hashes: None,
+        };
+        assert!(both.key(&KeyOptions::default()).is_err());
+        assert!(KeySource::default().key(&KeyOptions::default()).is_err());
+    }
+
+    #[test]
+    fn keys_follow_the_block_sizes() {
+        let opts = KeyOptions {
+            block_bytes: 4,
+            block_tokens: 2,
+        };
+        let text = KeySource {
+            text: Some("abcdefghi".into()),
+            ..KeySource::default()
+        };
+        assert_eq!(text.key(&opts).unwrap().len(), 2);
+        let tokens = KeySource {
+            tokens: Some(vec![1, 2, 3, 4, 5]),
+            ..KeySource::default()
+        };
+        assert_eq!(tokens.key(&opts).unwrap(), key::token_key(&[1, 2, 3, 4], 2));
+    }
+}

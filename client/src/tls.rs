@@ -1,0 +1,122 @@
+//! TLS material for QUIC: PEM loading and the client's rustls configuration.
+//!
+//! QUIC always runs over TLS 1.3. A client trusts exactly the CA certificates
+//! it is given (the server's self-signed `cert.pem`, or the CA that signed the
+//! server's certificate) and, for mutual TLS, presents its own certificate.
+//! The server reuses [`load_certs`] and [`load_key`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+
+use crate::wire::ALPN;
+
+/// Why TLS material could not be loaded or used.
+#[derive(Debug, Error)]
+pub enum TlsError {
+    /// A PEM file could not be read or parsed.
+    #[error("{path}: {reason}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A PEM file held no certificate (or no key).
+    #[error("{0}: no certificate or key found")]
+    Empty(PathBuf),
+    /// rustls refused the material (a bad key, a CA it cannot use, ...).
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// The rustls configuration has no QUIC-capable cipher suite.
+    #[error("TLS configuration cannot carry QUIC: {0}")]
+    Quic(String),
+}
+
+/// Reads every certificate of a PEM file, in order.
+pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::Pem {
+            path: path.into(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty(path.into()));
+    }
+    Ok(certs)
+}
+
+/// Reads the first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => TlsError::Empty(path.into()),
+        e => TlsError::Pem {
+            path: path.into(),
+            reason: e.to_string(),
+        },
+    })
+}
+
+/// What a client trusts and presents.
+#[derive(Debug, Default)]
+pub struct TlsConfig {
+    /// CA certificates that may sign the server's certificate.
+    pub roots: Vec<CertificateDer<'static>>,
+    /// Certificate chain and key to present for mutual TLS.
+    pub identity: Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>,
+}
+
+impl Clone for TlsConfig {
+    fn clone(&self) -> Self {
+        TlsConfig {
+            roots: self.roots.clone(),
+            identity: self
+                .identity
+                .as_ref()
+                .map(|(chain, key)| (chain.clone(), key.clone_key())),
+        }
+    }
+}
+
+impl TlsConfig {
+    /// Trust the CA certificates in `ca` (a PEM file), and present
+    /// `cert`/`key` if both are given.
+    pub fn from_files(
+        ca: &Path,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Self, TlsError> {
+        let identity = match (cert, key) {
+            (Some(c), Some(k)) => Some((load_certs(c)?, load_key(k)?)),
+            _ => None,
+        };
+        Ok(TlsConfig {
+            roots: load_certs(ca)?,
+            identity,
+        })
+    }
+
+    /// The quinn client configuration: TLS 1.3, our ALPN, these roots.
+    pub fn quic_config(&self) -> Result<quinn::ClientConfig, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for ca in &self.roots {
+            roots.add(ca.clone())?;
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(roots);
+        let mut tls = match &self.identity {
+            Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key())?,
+            None => builder.with_no_client_auth(),
+        };
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
+            .map_err(|e| TlsError::Quic(e.to_string()))?;
+        Ok(quinn::ClientConfig::new(Arc::new(quic)))
+    }
+}

@@ -1,0 +1,434 @@
+//! Server configuration: flags, `PREFIX_INDEX_*` environment variables and an
+//! optional TOML file, in that order of precedence, over documented defaults.
+//!
+//! [`Settings`] is what a user may set (every field optional, the same names
+//! as flags and TOML keys); [`ServerConfig`] is the resolved configuration the
+//! server runs with. Every limit the server enforces is a field here.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use prefix_client::wire::{Limits, MAX_FRAME_CEILING};
+use prefix_index::IndexConfig;
+use serde::Deserialize;
+use thiserror::Error;
+
+/// A duration written the human way: `250ms`, `1s`, `5m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = humantime::DurationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        humantime::parse_duration(s).map(HumanDuration)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a user may set. Flags override the environment, which overrides the
+/// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Settings {
+    /// QUIC (UDP) address to serve on. [default: 127.0.0.1:7070]
+    #[arg(long, env = "PREFIX_INDEX_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
+    /// [default: 127.0.0.1:7071]
+    #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Directory for the generated certificate (and, later, snapshots).
+    /// [default: ./prefix-index-data]
+    #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// PEM certificate chain to serve; with --key. Without both, a
+    /// self-signed certificate is made and written to <data-dir>/cert.pem.
+    #[arg(long, env = "PREFIX_INDEX_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key of --cert.
+    #[arg(long, env = "PREFIX_INDEX_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// PEM CA certificates: when set, only clients presenting a certificate
+    /// signed by one of them may connect (mutual TLS).
+    #[arg(long, env = "PREFIX_INDEX_CLIENT_CA")]
+    pub client_ca: Option<PathBuf>,
+    /// Seconds an entry stays visible after its last insert. [default: 600]
+    #[arg(long, env = "PREFIX_INDEX_TTL")]
+    pub ttl: Option<u64>,
+    /// Blocks each pod caches until set_pod_capacity says otherwise.
+    /// [default: 31250]
+    #[arg(long, env = "PREFIX_INDEX_POD_CAPACITY")]
+    pub pod_capacity: Option<u64>,
+    /// Keys are cut to this many blocks; longer keys are refused on the wire.
+    /// [default: 2048]
+    #[arg(long, env = "PREFIX_INDEX_MAX_KEY_BLOCKS")]
+    pub max_key_blocks: Option<usize>,
+    /// Global bound on stored (pod, block) entries; about 13-19 bytes each.
+    /// [default: 16777216]
+    #[arg(long, env = "PREFIX_INDEX_MAX_BLOCKS")]
+    pub max_blocks: Option<u64>,
+    /// Distinct pods. [default: 4096]
+    #[arg(long, env = "PREFIX_INDEX_MAX_PODS")]
+    pub max_pods: Option<u32>,
+    /// Distinct models. [default: 1024]
+    #[arg(long, env = "PREFIX_INDEX_MAX_MODELS")]
+    pub max_models: Option<usize>,
+    /// Longest model or pod name in bytes. [default: 253]
+    #[arg(long, env = "PREFIX_INDEX_MAX_NAME_LEN")]
+    pub max_name_len: Option<usize>,
+    /// Largest request payload in bytes (at most 16 MiB). [default: 1048576]
+    #[arg(long, env = "PREFIX_INDEX_MAX_FRAME_BYTES")]
+    pub max_frame_bytes: Option<u32>,
+    /// Most ops in one batch. [default: 1024]
+    #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
+    pub max_batch: Option<usize>,
+    /// Most candidate pods in one lookup. [default: 1024]
+    #[arg(long, env = "PREFIX_INDEX_MAX_CANDIDATES")]
+    pub max_candidates: Option<usize>,
+    /// Concurrent client connections; more are refused. [default: 4096]
+    #[arg(long, env = "PREFIX_INDEX_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Concurrent streams per connection. [default: 64]
+    #[arg(long, env = "PREFIX_INDEX_MAX_STREAMS")]
+    pub max_streams: Option<u32>,
+    /// Close connections silent for this long. [default: 30s]
+    #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
+    pub idle_timeout: Option<HumanDuration>,
+    /// How often the maintenance task sweeps (TTL, capacities). [default: 1s]
+    #[arg(long, env = "PREFIX_INDEX_SWEEP_INTERVAL")]
+    pub sweep_interval: Option<HumanDuration>,
+    /// Nodes one sweep call may visit before it yields. [default: 65536]
+    #[arg(long, env = "PREFIX_INDEX_SWEEP_BUDGET")]
+    pub sweep_budget: Option<usize>,
+    /// Frames whose keys total more blocks than this run on the blocking pool,
+    /// so they do not hold up other connections. [default: 16384]
+    #[arg(long, env = "PREFIX_INDEX_INLINE_BLOCKS")]
+    pub inline_blocks: Option<usize>,
+    /// On shutdown, how long in-flight requests may take to finish.
+    /// [default: 5s]
+    #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<HumanDuration>,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The TOML file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML file did not parse.
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        source: Box<toml::de::Error>,
+    },
+    /// A value is out of range.
+    #[error("{name} = {value}: {why}")]
+    Invalid {
+        /// The setting.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        why: &'static str,
+    },
+}
+
+impl Settings {
+    /// Reads a TOML settings file.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        })
+    }
+
+    /// These settings, with `under`'s filling the gaps.
+    pub fn or(self, under: Settings) -> Settings {
+        macro_rules! pick {
+            ($($f:ident),*) => { Settings { $($f: self.$f.or(under.$f)),* } };
+        }
+        pick!(
+            listen,
+            metrics_listen,
+            data_dir,
+            cert,
+            key,
+            client_ca,
+            ttl,
+            pod_capacity,
+            max_key_blocks,
+            max_blocks,
+            max_pods,
+            max_models,
+            max_name_len,
+            max_frame_bytes,
+            max_batch,
+            max_candidates,
+            max_connections,
+            max_streams,
+            idle_timeout,
+            sweep_interval,
+            sweep_budget,
+            inline_blocks,
+            drain_timeout
+        )
+    }
+
+    /// The configuration these settings describe, defaults filled in.
+    pub fn resolve(self) -> Result<ServerConfig, ConfigError> {
+        let d = ServerConfig::default();
+        let metrics_listen = match self.metrics_listen.as_deref() {
+            None => d.metrics_listen,
+            Some("off") => None,
+            Some(s) => Some(s.parse().map_err(|_| ConfigError::Invalid {
+                name: "metrics-listen",
+                value: s.into(),
+                why: "not an address (host:port) or \"off\"",
+            })?),
+        };
+        let dur = |v: Option<HumanDuration>, d: Duration| v.map_or(d, |h| h.0);
+        let cfg = ServerConfig {
+            listen: self.listen.unwrap_or(d.listen),
+            metrics_listen,
+            data_dir: self.data_dir.unwrap_or(d.data_dir),
+            tls: match (self.cert, self.key) {
+                (Some(cert), Some(key)) => CertSource::Files { cert, key },
+                _ => CertSource::SelfSigned,
+            },
+            client_ca: self.client_ca,
+            index: IndexConfig {
+                ttl: self.ttl.map_or(d.index.ttl, Duration::from_secs),
+                pod_capacity: self.pod_capacity.unwrap_or(d.index.pod_capacity),
+                max_blocks: self.max_blocks.unwrap_or(d.index.max_blocks),
+                max_key_blocks: self.max_key_blocks.unwrap_or(d.index.max_key_blocks),
+                max_pods: self.max_pods.unwrap_or(d.index.max_pods),
+                max_models: self.max_models.unwrap_or(d.index.max_models),
+                max_name_len: self.max_name_len.unwrap_or(d.index.max_name_len),
+                ..d.index
+            },
+            max_frame_bytes: self.max_frame_bytes.unwrap_or(d.max_frame_bytes),
+            max_batch: self.max_batch.unwrap_or(d.max_batch),
+            max_candidates: self.max_candidates.unwrap_or(d.max_candidates),
+            max_connections: self.max_connections.unwrap_or(d.max_connections),
+            max_streams: self.max_streams.unwrap_or(d.max_streams),
+            idle_timeout: dur(self.idle_timeout, d.idle_timeout),
+            sweep_interval: dur(self.sweep_interval, d.sweep_interval),
+            sweep_budget: self.sweep_budget.unwrap_or(d.sweep_budget),
+            inline_blocks: self.inline_blocks.unwrap_or(d.inline_blocks),
+            drain_timeout: dur(self.drain_timeout, d.drain_timeout),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// Where the server's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertSource {
+    /// PEM files given by the operator.
+    Files {
+        /// Certificate chain.
+        cert: PathBuf,
+        /// Private key.
+        key: PathBuf,
+    },
+    /// A self-signed certificate for `localhost` and `127.0.0.1`, made once
+    /// and kept in the data directory (`cert.pem`, `key.pem`) so clients that
+    /// pinned it keep working across restarts.
+    SelfSigned,
+}
+
+/// The resolved configuration of a server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// QUIC address. Default `127.0.0.1:7070`: loopback until an operator
+    /// decides to expose it.
+    pub listen: SocketAddr,
+    /// HTTP address for metrics and probes, or none. Default `127.0.0.1:7071`.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Data directory. Default `./prefix-index-data`.
+    pub data_dir: PathBuf,
+    /// The server certificate. Default: self-signed.
+    pub tls: CertSource,
+    /// CA bundle for mutual TLS; none means any client may connect.
+    pub client_ca: Option<PathBuf>,
+    /// The index's own limits and policies (see [`IndexConfig`]).
+    pub index: IndexConfig,
+    /// Largest request payload. Default 1 MiB (a batch of 64 lookups of
+    /// 2,048-block keys); hard ceiling 16 MiB.
+    pub max_frame_bytes: u32,
+    /// Most ops per batch. Default 1,024.
+    pub max_batch: usize,
+    /// Most candidates per lookup. Default 1,024.
+    pub max_candidates: usize,
+    /// Concurrent connections. Default 4,096: a large gateway fleet, each
+    /// replica holding one connection, with room for tools.
+    pub max_connections: usize,
+    /// Concurrent bidirectional streams per connection. Default 64: clients
+    /// use a handful of long-lived streams (4 by default).
+    pub max_streams: u32,
+    /// Idle connections close after this. Default 30 s; clients that are
+    /// merely quiet keep the connection alive with QUIC pings.
+    pub idle_timeout: Duration,
+    /// Sweep period. Default 1 s: TTLs are minutes, so expiry lags by at most
+    /// a second, and capacity overshoot stays one second of inserts.
+    pub sweep_interval: Duration,
+    /// Nodes per sweep call. Default 65,536: a few milliseconds of work, after
+    /// which the task yields and continues.
+    pub sweep_budget: usize,
+    /// Frames with more key blocks than this run on tokio's blocking pool.
+    /// Default 16,384 (a few hundred microseconds of lookups).
+    pub inline_blocks: usize,
+    /// Time allowed for in-flight requests at shutdown. Default 5 s.
+    pub drain_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let limits = Limits::default();
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 7071))),
+            data_dir: PathBuf::from("prefix-index-data"),
+            tls: CertSource::SelfSigned,
+            client_ca: None,
+            index: IndexConfig::default(),
+            max_frame_bytes: limits.max_frame_bytes,
+            max_batch: limits.max_batch,
+            max_candidates: limits.max_candidates,
+            max_connections: 4096,
+            max_streams: 64,
+            idle_timeout: Duration::from_secs(30),
+            sweep_interval: Duration::from_secs(1),
+            sweep_budget: 65_536,
+            inline_blocks: 16_384,
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The wire limits this configuration enforces.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_frame_bytes: self.max_frame_bytes,
+            max_key_blocks: self.index.max_key_blocks,
+            max_batch: self.max_batch,
+            max_name_len: self.index.max_name_len,
+            max_candidates: self.max_candidates,
+        }
+    }
+
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |name, value: &dyn ToString, why| {
+            Err(ConfigError::Invalid {
+                name,
+                value: value.to_string(),
+                why,
+            })
+        };
+        if self.max_frame_bytes < 64 || self.max_frame_bytes > MAX_FRAME_CEILING {
+            return bad(
+                "max-frame-bytes",
+                &self.max_frame_bytes,
+                "must be 64 to 16777216",
+            );
+        }
+        if self.index.max_pods == 0 || self.index.max_pods > (1 << 20) - 1 {
+            return bad("max-pods", &self.index.max_pods, "must be 1 to 1048575");
+        }
+        if self.index.max_key_blocks == 0 {
+            return bad("max-key-blocks", &0, "must be at least 1");
+        }
+        if self.index.max_name_len == 0 {
+            return bad("max-name-len", &0, "must be at least 1");
+        }
+        if self.index.ttl.is_zero() {
+            return bad("ttl", &0, "must be at least 1 second");
+        }
+        if self.max_batch == 0 || self.max_connections == 0 || self.max_streams == 0 {
+            return bad(
+                "max-batch/max-connections/max-streams",
+                &0,
+                "must be at least 1",
+            );
+        }
+        if self.sweep_interval.is_zero() || self.sweep_budget == 0 {
+            return bad("sweep-interval/sweep-budget", &0, "must be positive");
+        }
+        if self.idle_timeout < Duration::from_secs(1) {
+            return bad(
+                "idle-timeout",
+                &format!("{:?}", self.idle_timeout),
+                "must be at least 1s",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_override_defaults() {
+        let file: Settings = toml::from_str(
+            r#"
+            listen = "0.0.0.0:9000"
+            ttl = 60
+            sweep-interval = "250ms"
+            metrics-listen = "off"
+            "#,
+        )
+        .unwrap();
+        let flags = Settings {
+            ttl: Some(30),
+            ..Settings::default()
+        };
+        let cfg = flags.or(file).resolve().unwrap();
+        assert_eq!(cfg.listen, "0.0.0.0:9000".parse().unwrap());
+        assert_eq!(cfg.index.ttl, Duration::from_secs(30));
+        assert_eq!(cfg.sweep_interval, Duration::from_millis(250));
+        assert_eq!(cfg.metrics_listen, None);
+        assert_eq!(cfg.index.pod_capacity, 31_250);
+        assert_eq!(cfg.tls, CertSource::SelfSigned);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        assert!(toml::from_str::<Settings>("tll = 5").is_err());
+        let s = Settings {
+            max_frame_bytes: Some(MAX_FRAME_CEILING + 1),
+            ..Settings::default()
+        };
+        assert!(matches!(s.resolve(), Err(ConfigError::Invalid { .. })));
+        let s = Settings {
+            metrics_listen: Some("nowhere".into()),
+            ..Settings::default()
+        };
+        assert!(s.resolve().is_err());
+        assert!(Settings::default().resolve().is_ok());
+    }
+}

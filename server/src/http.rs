@@ -1,0 +1,53 @@
+//! The small HTTP listener: `/metrics`, `/healthz`, `/readyz`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use prefix_index::Index;
+
+use crate::metrics::Metrics;
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct Probe {
+    /// The index, for sizes.
+    pub index: Arc<Index>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// True while the server accepts connections.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// The router.
+pub fn router(probe: Probe) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(probe)
+}
+
+async fn metrics(State(p): State<Probe>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        p.metrics.render(&p.index),
+    )
+}
+
+async fn readyz(State(p): State<Probe>) -> impl IntoResponse {
+    // Relaxed: a probe may see the change a moment late; nothing else is
+    // ordered by this flag.
+    if p.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}

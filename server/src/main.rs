@@ -1,0 +1,69 @@
+//! `prefix-server`: parse the configuration, set up logging, serve until
+//! SIGTERM or SIGINT.
+
+use anyhow::Context;
+use clap::Parser;
+use prefix_server::Settings;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The shared prefix index server for LLM inference gateways.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    /// TOML file with any of the settings below (kebab-case keys, e.g.
+    /// `listen = "0.0.0.0:7070"`); flags and environment win over it.
+    #[arg(long, env = "PREFIX_INDEX_CONFIG")]
+    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    settings: Settings,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let file = match &cli.config {
+        Some(path) => Settings::from_file(path)?,
+        None => Settings::default(),
+    };
+    let cfg = cli.settings.or(file).resolve()?;
+    prefix_server::run(cfg, shutdown_signal())
+        .await
+        .context("server failed")
+}
+
+/// Resolves at the first SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT"),
+        _ = term => tracing::info!("SIGTERM"),
+    }
+}

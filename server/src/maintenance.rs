@@ -1,0 +1,56 @@
+//! The maintenance task: sweeps the index every `sweep_interval`.
+//!
+//! Each tick runs one complete sweep pass (TTL expiry, removed pods, capacity
+//! and global-bound eviction, then freeing retired memory) in calls of at
+//! most `sweep_budget` nodes. Each call runs on tokio's blocking pool and the
+//! task yields between calls, so request handling never waits for it; readers
+//! never wait for it either (the index's lookups take no lock).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prefix_index::Index;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use crate::handler::now_ms;
+use crate::metrics::Metrics;
+
+/// Runs until `shutdown`.
+pub async fn run(
+    index: Arc<Index>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    budget: usize,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    // After a slow pass, wait a whole interval rather than sweep back to back.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        loop {
+            let idx = index.clone();
+            let started = Instant::now();
+            let call = tokio::task::spawn_blocking(move || idx.sweep(now_ms(), budget)).await;
+            let report = match call {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, "sweep failed");
+                    break;
+                }
+            };
+            metrics.sweep(&report, started.elapsed().as_secs_f64());
+            if report.expired + report.evicted + report.purged > 0 {
+                tracing::debug!(?report, "swept");
+            }
+            let unfinished = report.passes == 0 && report.visited >= budget as u64;
+            if !unfinished || shutdown.is_cancelled() {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! Prometheus metrics, rendered in the text format on `/metrics`.
+//!
+//! Request counters are resolved once per (op, outcome) pair at start, so the
+//! request path only adds to atomics; streams add a whole frame's counts at
+//! once. Index sizes are read from the index at scrape time.
+
+use prefix_client::wire::Op;
+use prefix_index::{Index, SweepReport};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Op labels, in [`op_slot`] order; `frame` counts frames refused before any
+/// op could be read.
+pub const OPS: [&str; 8] = [
+    "lookup",
+    "insert",
+    "remove_pod",
+    "set_pod_capacity",
+    "stats",
+    "ping",
+    "batch",
+    "frame",
+];
+/// Slot of the `batch` label (frame latency of batches).
+pub const BATCH: usize = 6;
+/// Slot of the `frame` label.
+pub const FRAME: usize = 7;
+
+/// The label slot of an op.
+pub fn op_slot(op: &Op) -> usize {
+    match op {
+        Op::Lookup { .. } => 0,
+        Op::Insert { .. } => 1,
+        Op::RemovePod { .. } => 2,
+        Op::SetPodCapacity { .. } => 3,
+        Op::Stats => 4,
+        Op::Ping => 5,
+    }
+}
+
+/// Ops counted by (op slot, failed?), added to the shared counters at once.
+#[derive(Debug, Default)]
+pub struct Tally(pub [[u64; 2]; OPS.len()]);
+
+impl Tally {
+    /// Counts one op.
+    pub fn add(&mut self, slot: usize, failed: bool) {
+        self.0[slot][usize::from(failed)] += 1;
+    }
+}
+
+/// Every metric of a server.
+pub struct Metrics {
+    registry: Registry,
+    requests: Vec<[Counter; 2]>,
+    latency: Vec<Histogram>,
+    /// Open client connections.
+    pub connections: Gauge,
+    /// Request frames being applied right now.
+    pub in_flight: Gauge,
+    /// Connections accepted since start.
+    pub connections_accepted: Counter,
+    /// Connections refused (over `max_connections`, or shutting down).
+    pub connections_refused: Counter,
+    /// Handshakes that failed (untrusted client certificate, wrong ALPN, ...).
+    pub handshakes_failed: Counter,
+    sweep_calls: Counter,
+    sweep_passes: Counter,
+    sweep_expired: Counter,
+    sweep_evicted: Counter,
+    sweep_purged: Counter,
+    sweep_unlinked: Counter,
+    sweep_seconds: Histogram,
+    index: [Gauge; 6],
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct OpLabels {
+    op: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct FrameLabels {
+    op: &'static str,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("prefix_index");
+        let requests_family = Family::<OpLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Operations handled, by op and outcome (a batch counts each op)",
+            requests_family.clone(),
+        );
+        let requests = OPS
+            .iter()
+            .map(|op| {
+                ["ok", "error"].map(|outcome| {
+                    requests_family
+                        .get_or_create(&OpLabels { op, outcome })
+                        .clone()
+                })
+            })
+            .collect();
+        // 1 µs to ~0.5 s, doubling.
+        let latency_family = Family::<FrameLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(1e-6, 2.0, 20))
+        });
+        registry.register(
+            "request_duration_seconds",
+            "Server time per frame, from decoded to answered, by op (batch for batches)",
+            latency_family.clone(),
+        );
+        let latency = OPS
+            .iter()
+            .map(|op| latency_family.get_or_create(&FrameLabels { op }).clone())
+            .collect();
+        let m = Metrics {
+            registry,
+            requests,
+            latency,
+            connections: Gauge::default(),
+            in_flight: Gauge::default(),
+            connections_accepted: Counter::default(),
+            connections_refused: Counter::default(),
+            handshakes_failed: Counter::default(),
+            sweep_calls: Counter::default(),
+            sweep_passes: Counter::default(),
+            sweep_expired: Counter::default(),
+            sweep_evicted: Counter::default(),
+            sweep_purged: Counter::default(),
+            sweep_unlinked: Counter::default(),
+            sweep_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
+            index: Default::default(),
+        };
+        m.register_rest()
+    }
+}
+
+impl Metrics {
+    fn register_rest(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "connections",
+            "Open client connections",
+            self.connections.clone(),
+        );
+        r.register(
+            "requests_in_flight",
+            "Request frames being applied right now",
+            self.in_flight.clone(),
+        );
+        r.register(
+            "connections_accepted",
+            "Connections accepted",
+            self.connections_accepted.clone(),
+        );
+        r.register(
+            "connections_refused",
+            "Connections refused: over max_connections or shutting down",
+            self.connections_refused.clone(),
+        );
+        r.register(
+            "handshakes_failed",
+            "TLS or QUIC handshakes that failed (untrusted certificate, wrong ALPN)",
+            self.handshakes_failed.clone(),
+        );
+        r.register("sweep_calls", "Sweep calls", self.sweep_calls.clone());
+        r.register(
+            "sweep_passes",
+            "Completed sweep passes over every model",
+            self.sweep_passes.clone(),
+        );
+        r.register(
+            "sweep_expired_entries",
+            "(pod, block) entries removed by TTL",
+            self.sweep_expired.clone(),
+        );
+        r.register(
+            "sweep_evicted_entries",
+            "(pod, block) entries evicted for pod capacity or max_blocks",
+            self.sweep_evicted.clone(),
+        );
+        r.register(
+            "sweep_purged_entries",
+            "(pod, block) entries of removed pods freed",
+            self.sweep_purged.clone(),
+        );
+        r.register(
+            "sweep_unlinked_nodes",
+            "Tree nodes unlinked by the sweep",
+            self.sweep_unlinked.clone(),
+        );
+        r.register(
+            "sweep_duration_seconds",
+            "Time of one sweep call",
+            self.sweep_seconds.clone(),
+        );
+        let names = [
+            ("index_models", "Models in the index"),
+            ("index_pods", "Live pods"),
+            ("index_nodes", "Tree nodes"),
+            ("index_tree_blocks", "Distinct blocks stored"),
+            (
+                "index_entries",
+                "Stored (pod, block) entries, bounded by max_blocks",
+            ),
+            ("index_bytes", "Heap bytes of the index"),
+        ];
+        for ((name, help), g) in names.iter().zip(&self.index) {
+            r.register(*name, *help, g.clone());
+        }
+        self
+    }
+
+    /// Adds a frame's op counts.
+    pub fn count(&self, tally: &Tally) {
+        for (slot, [ok, err]) in tally.0.iter().enumerate() {
+            if *ok > 0 {
+                self.requests[slot][0].inc_by(*ok);
+            }
+            if *err > 0 {
+                self.requests[slot][1].inc_by(*err);
+            }
+        }
+    }
+
+    /// Records one frame's server time.
+    pub fn observe(&self, slot: usize, seconds: f64) {
+        self.latency[slot].observe(seconds);
+    }
+
+    /// Records one sweep call.
+    pub fn sweep(&self, r: &SweepReport, seconds: f64) {
+        self.sweep_calls.inc();
+        self.sweep_passes.inc_by(r.passes);
+        self.sweep_expired.inc_by(r.expired);
+        self.sweep_evicted.inc_by(r.evicted);
+        self.sweep_purged.inc_by(r.purged);
+        self.sweep_unlinked.inc_by(r.unlinked);
+        self.sweep_seconds.observe(seconds);
+    }
+
+    /// The text exposition, with index sizes read now.
+    pub fn render(&self, index: &Index) -> String {
+        let s = index.stats();
+        let values = [s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes];
+        for (g, v) in self.index.iter().zip(values) {
+            g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

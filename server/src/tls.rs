@@ -1,0 +1,110 @@
+//! The server's TLS: its certificate (given, or self-signed and kept in the
+//! data directory) and, with a client CA, mutual TLS.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use prefix_client::wire::ALPN;
+use prefix_client::{load_certs, load_key, TlsError};
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use thiserror::Error;
+
+use crate::config::{CertSource, ServerConfig};
+
+/// Why the server's TLS could not be set up.
+#[derive(Debug, Error)]
+pub enum ServerTlsError {
+    /// Loading or using PEM material failed.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The self-signed certificate could not be made.
+    #[error("cannot generate a certificate: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// The data directory or a file in it could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The client CA bundle cannot verify clients.
+    #[error("client CA: {0}")]
+    ClientCa(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServerTlsError + '_ {
+    move |source| ServerTlsError::Io {
+        path: path.into(),
+        source,
+    }
+}
+
+/// The certificate chain and key to serve with.
+pub fn server_identity(
+    cfg: &ServerConfig,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServerTlsError> {
+    match &cfg.tls {
+        CertSource::Files { cert, key } => Ok((load_certs(cert)?, load_key(key)?)),
+        CertSource::SelfSigned => self_signed(&cfg.data_dir),
+    }
+}
+
+/// Loads `<dir>/cert.pem` and `<dir>/key.pem`, or makes them: a self-signed
+/// certificate for `localhost` and `127.0.0.1`. Kept across restarts so
+/// clients that trust `cert.pem` keep connecting.
+fn self_signed(
+    dir: &Path,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServerTlsError> {
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    if cert_path.exists() && key_path.exists() {
+        return Ok((load_certs(&cert_path)?, load_key(&key_path)?));
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])?;
+    write_private(&key_path, made.signing_key.serialize_pem().as_bytes())?;
+    std::fs::write(&cert_path, made.cert.pem()).map_err(io_err(&cert_path))?;
+    tracing::info!(cert = %cert_path.display(), "generated a self-signed certificate; clients pass it as --ca");
+    Ok((load_certs(&cert_path)?, load_key(&key_path)?))
+}
+
+/// Writes a file only its owner can read.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), ServerTlsError> {
+    use std::io::Write;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(path).map_err(io_err(path))?;
+    f.write_all(bytes).map_err(io_err(path))
+}
+
+/// The rustls configuration: TLS 1.3, our ALPN, and client verification when
+/// a client CA is configured.
+pub fn rustls_config(cfg: &ServerConfig) -> Result<rustls::ServerConfig, ServerTlsError> {
+    let (chain, key) = server_identity(cfg)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::from)?;
+    let builder = match &cfg.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in load_certs(ca)? {
+                roots.add(c).map_err(TlsError::from)?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| ServerTlsError::ClientCa(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut tls = builder
+        .with_single_cert(chain, key)
+        .map_err(TlsError::from)?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}

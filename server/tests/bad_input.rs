@@ -1,0 +1,176 @@
+//! Garbage, truncated, oversized and unknown frames, sent on raw QUIC
+//! streams: each gets its typed error, the index is untouched, and the server
+//! keeps serving a well-behaved client meanwhile.
+
+mod common;
+
+use prefix_client::wire::{
+    self, ErrorCode, Limits, Op, Reply, Request, Response, HEADER_LEN, MAX_FRAME_CEILING,
+};
+use prefix_client::TlsConfig;
+
+/// A raw QUIC connection speaking our ALPN.
+async fn raw(server: &common::TestServer) -> quinn::Connection {
+    let tls = TlsConfig::from_files(&server.ca, None, None).unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(tls.quic_config().unwrap());
+    ep.connect(server.addr, "localhost").unwrap().await.unwrap()
+}
+
+/// Sends `bytes` on a new stream, finishes it, and reads every answer frame
+/// until the server ends the stream.
+async fn exchange(conn: &quinn::Connection, bytes: &[u8]) -> Vec<(u64, Response)> {
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(bytes).await.unwrap();
+    let _ = send.finish();
+    let all = recv.read_to_end(64 << 20).await.unwrap();
+    let limits = Limits {
+        max_frame_bytes: MAX_FRAME_CEILING,
+        ..Limits::default()
+    };
+    let mut at = 0;
+    let mut out = Vec::new();
+    while let Some(f) = wire::split_frame(&all[at..], &limits).unwrap() {
+        out.push((
+            f.header.request_id,
+            wire::decode_response(f.payload).unwrap(),
+        ));
+        at += f.used;
+    }
+    assert_eq!(at, all.len(), "trailing bytes in the answers");
+    out
+}
+
+fn code_of(r: &Response) -> Option<ErrorCode> {
+    match r {
+        Response::One(Reply::Error { code, .. }) => ErrorCode::from_u16(*code),
+        _ => None,
+    }
+}
+
+fn request(id: u64, r: &Request) -> Vec<u8> {
+    let mut out = Vec::new();
+    wire::encode_request(id, r, &mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_get_typed_errors_and_the_server_keeps_serving() {
+    let server = common::start(|cfg| cfg.max_frame_bytes = 4096).await;
+    let good = server.client().await;
+    good.insert("m", &[1, 2], "p").await.unwrap();
+    let conn = raw(&server).await;
+
+    // Garbage: not our magic. Answered, then the stream is closed.
+    let a = exchange(&conn, b"GET / HTTP/1.1\r\nHost: example\r\n\r\n").await;
+    assert_eq!(a.len(), 1);
+    assert_eq!(code_of(&a[0].1), Some(ErrorCode::BadVersion));
+
+    // A future protocol version.
+    let mut v2 = request(5, &Request::One(Op::Ping));
+    v2[2] = 2;
+    let a = exchange(&conn, &v2).await;
+    assert_eq!((a[0].0, code_of(&a[0].1)), (5, Some(ErrorCode::BadVersion)));
+
+    // An unknown frame kind.
+    let mut kind = request(6, &Request::One(Op::Ping));
+    kind[3] = 7;
+    let a = exchange(&conn, &kind).await;
+    assert_eq!(
+        (a[0].0, code_of(&a[0].1)),
+        (6, Some(ErrorCode::UnknownKind))
+    );
+
+    // Oversized: the header alone is refused; the payload is never read.
+    let mut big = request(7, &Request::One(Op::Ping));
+    big[4..8].copy_from_slice(&(1u32 << 30).to_le_bytes());
+    let a = exchange(&conn, &big).await;
+    assert_eq!(
+        (a[0].0, code_of(&a[0].1)),
+        (7, Some(ErrorCode::FrameTooLarge))
+    );
+
+    // Truncated: the stream ends inside a frame.
+    let whole = request(8, &Request::One(Op::Ping));
+    let a = exchange(&conn, &whole[..whole.len() - 1]).await;
+    assert_eq!((a[0].0, code_of(&a[0].1)), (8, Some(ErrorCode::Malformed)));
+    let a = exchange(&conn, &whole[..5]).await;
+    assert_eq!(code_of(&a[0].1), Some(ErrorCode::Malformed));
+
+    // An unknown op (a variant this version lacks), then a good frame on the
+    // same stream: the first is refused, the second answered.
+    let mut unknown = request(9, &Request::One(Op::Ping));
+    unknown[HEADER_LEN + 1] = 42;
+    unknown.extend(request(10, &Request::One(Op::Ping)));
+    let a = exchange(&conn, &unknown).await;
+    assert_eq!((a[0].0, code_of(&a[0].1)), (9, Some(ErrorCode::Malformed)));
+    assert_eq!(a[1], (10, Response::One(Reply::Pong)));
+
+    // Over-limit keys and names, and a batch over max_batch.
+    let long_key = Request::One(Op::Insert {
+        model: "m".into(),
+        key: vec![9; 3000],
+        pod: "q".into(),
+    });
+    let long_name = Request::One(Op::Insert {
+        model: "m".into(),
+        key: vec![9],
+        pod: "q".repeat(300),
+    });
+    let empty_model = Request::One(Op::Lookup {
+        model: String::new(),
+        key: vec![9],
+        candidates: None,
+    });
+    let mut bytes = request(11, &long_key);
+    bytes.extend(request(12, &long_name));
+    bytes.extend(request(13, &empty_model));
+    bytes.extend(request(14, &Request::Batch(vec![Op::Ping; 1025])));
+    let a = exchange(&conn, &bytes).await;
+    let got: Vec<_> = a.iter().map(|(id, r)| (*id, code_of(r))).collect();
+    assert_eq!(
+        got,
+        [
+            (11, Some(ErrorCode::KeyTooLong)),
+            (12, Some(ErrorCode::BadName)),
+            (13, Some(ErrorCode::BadName)),
+            (14, Some(ErrorCode::BatchTooLarge)),
+        ]
+    );
+
+    // A response frame sent to the server.
+    let mut resp = Vec::new();
+    wire::encode_response(15, &Response::One(Reply::Pong), &mut resp);
+    let a = exchange(&conn, &resp).await;
+    assert_eq!(
+        (a[0].0, code_of(&a[0].1)),
+        (15, Some(ErrorCode::UnknownKind))
+    );
+
+    // Nothing above changed the index; the good client was served throughout
+    // and still is.
+    let s = good.stats().await.unwrap();
+    assert_eq!((s.entries, s.pods, s.models), (2, 1, 1));
+    assert_eq!(
+        good.lookup("m", &[1, 2], None).await.unwrap().matches.len(),
+        1
+    );
+    let metrics = server.metrics.render(&server.index);
+    assert!(
+        metrics.contains("prefix_index_requests_total{op=\"frame\",outcome=\"error\"} 9"),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stream_does_not_close_the_connection() {
+    let server = common::start(|_| {}).await;
+    let conn = raw(&server).await;
+    let a = exchange(&conn, &[0xFF; 40]).await;
+    assert_eq!(code_of(&a[0].1), Some(ErrorCode::BadVersion));
+    // Same connection, new stream: fine.
+    let a = exchange(&conn, &request(1, &Request::One(Op::Ping))).await;
+    assert_eq!(a, [(1, Response::One(Reply::Pong))]);
+    server.shutdown().await;
+}

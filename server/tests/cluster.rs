@@ -1,0 +1,83 @@
+//! Three servers, models placed by rendezvous hashing of their names.
+
+mod common;
+
+use prefix_client::wire::{Op, Reply};
+use prefix_client::{place, Cluster, TlsConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_spread_over_three_servers() {
+    let servers = [
+        common::start(|_| {}).await,
+        common::start(|_| {}).await,
+        common::start(|_| {}).await,
+    ];
+    // Each test server made its own self-signed certificate: trust all three.
+    let mut tls = TlsConfig::default();
+    for s in &servers {
+        tls.roots.extend(prefix_client::load_certs(&s.ca).unwrap());
+    }
+    let names: Vec<String> = (0..3).map(|i| format!("index-{i}")).collect();
+    let list: Vec<(String, std::net::SocketAddr)> = names
+        .iter()
+        .cloned()
+        .zip(servers.iter().map(|s| s.addr))
+        .collect();
+    let cfg = prefix_client::ClientConfig {
+        tls,
+        ..servers[0].client_config()
+    };
+    let cluster = Cluster::connect(&list, cfg).await.unwrap();
+
+    let models: Vec<String> = (0..30).map(|m| format!("model-{m}")).collect();
+    for m in &models {
+        cluster.insert(m, &[1, 2, 3], "pod-a").await.unwrap();
+    }
+    // Every model lives on exactly the server rendezvous hashing names, and
+    // every server got some.
+    let mut per_server = [0u64; 3];
+    for m in &models {
+        let home = place(m, &names).unwrap();
+        per_server[home] += 1;
+        for (i, s) in servers.iter().enumerate() {
+            let found = s.index.lookup(m, &[1, 2, 3], None, 0);
+            assert_eq!(found.len(), usize::from(i == home), "{m} on server {i}");
+        }
+        let r = cluster.lookup(m, &[1, 2], None).await.unwrap();
+        assert_eq!(r.matches[0].blocks, 2);
+    }
+    assert!(per_server.iter().all(|&n| n > 0), "{per_server:?}");
+    for (i, s) in servers.iter().enumerate() {
+        assert_eq!(s.index.stats().models, per_server[i]);
+    }
+
+    // A batch is split per server and answered in order.
+    let ops: Vec<Op> = models
+        .iter()
+        .map(|m| Op::Lookup {
+            model: m.clone(),
+            key: vec![1, 2, 3, 4],
+            candidates: None,
+        })
+        .collect();
+    let replies = cluster.batch(ops).await.unwrap();
+    assert_eq!(replies.len(), models.len());
+    assert!(replies
+        .iter()
+        .all(|r| matches!(r, Reply::Lookup { key_blocks: 4, matches } if matches[0].blocks == 3)));
+
+    // Pods are global: removal reaches every server.
+    assert!(cluster.remove_pod("pod-a").await.unwrap());
+    for m in &models {
+        assert!(cluster
+            .lookup(m, &[1], None)
+            .await
+            .unwrap()
+            .matches
+            .is_empty());
+    }
+    assert_eq!(cluster.stats().await.unwrap().pods, 0);
+    for s in servers {
+        s.shutdown().await;
+    }
+}
