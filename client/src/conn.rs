@@ -5,9 +5,9 @@
 //! writes whatever has queued up in one go, and a reader task, which splits the
 //! answers into frames and hands each to the caller waiting on its request id.
 //! Many requests are thus in flight on each lane at once; the server may answer
-//! them in any order. Several lanes keep one slow frame from holding up others
-//! (QUIC orders bytes only within a stream) and let the server work on them in
-//! parallel.
+//! them in any order (it answers heavy frames when they are done). More lanes
+//! spread a client's frames over more server tasks, at the price of smaller
+//! writes.
 //!
 //! When either task of any lane fails, or the server finishes a lane, the
 //! connection is marked dead and every waiting caller gets

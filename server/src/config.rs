@@ -67,7 +67,7 @@ pub struct Settings {
     /// [default: 31250]
     #[arg(long, env = "PREFIX_INDEX_POD_CAPACITY")]
     pub pod_capacity: Option<u64>,
-    /// Keys are cut to this many blocks; longer keys are refused on the wire.
+    /// Longest key in blocks; longer keys are refused (KeyTooLong).
     /// [default: 2048]
     #[arg(long, env = "PREFIX_INDEX_MAX_KEY_BLOCKS")]
     pub max_key_blocks: Option<usize>,

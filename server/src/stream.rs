@@ -44,9 +44,23 @@ pub async fn serve_connection(
 /// Largest chunk read at once.
 const READ_CHUNK: usize = 256 << 10;
 
+/// Heavy frames one stream may have on the blocking pool at once. Past it the
+/// stream stops reading until one finishes: back-pressure on that client
+/// alone.
+const HEAVY_PER_STREAM: usize = 4;
+
+/// What woke a stream task.
+enum Event {
+    Read(Result<Option<quinn::Chunk>, quinn::ReadError>),
+    Heavy(Result<(u64, Vec<u8>), tokio::task::JoinError>),
+}
+
 /// Serves one stream: read what has arrived, answer every whole frame in it,
-/// write the answers in one go, repeat. At shutdown, answers what has already
-/// arrived, then finishes the stream and waits for the client to acknowledge.
+/// write the answers in one go, repeat. Heavy frames run on the blocking pool
+/// and are answered when done, possibly after frames that came later (the
+/// client matches answers by request id), so they hold up neither other
+/// connections nor this stream. At shutdown, answers what has already arrived,
+/// then finishes the stream and waits for the client to acknowledge.
 async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
@@ -56,54 +70,66 @@ async fn serve_stream(
 ) {
     let mut inbox = Inbox::default();
     let mut out = Vec::with_capacity(64 << 10);
-    let mut draining = false;
+    let mut heavy = Heavy::default();
+    let (mut reading, mut draining) = (true, false);
     loop {
-        let read = if draining {
-            // Only what is already here: a zero timeout polls the read once.
-            match tokio::time::timeout(Duration::ZERO, recv.read_chunk(READ_CHUNK, true)).await {
-                Ok(r) => r,
-                Err(_) => break,
-            }
-        } else {
-            tokio::select! {
-                biased;
-                r = recv.read_chunk(READ_CHUNK, true) => r,
-                _ = shutdown.cancelled() => {
-                    draining = true;
-                    continue;
-                }
-            }
-        };
-        let chunk = match read {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => {
-                // The client finished its side; answer a frame it cut short.
-                if let Some((id, e)) = inbox.truncated() {
-                    handler.refused();
-                    encode_error(id, &e, &mut out);
-                }
-                break;
-            }
-            Err(e) => {
-                tracing::debug!(reason = %e, "stream ended");
-                return;
-            }
-        };
-        inbox.push(&chunk.bytes);
-        let fatal = answer(&handler, &mut inbox, &mut out).await;
         if !out.is_empty() {
             if send.write_all(&out).await.is_err() {
                 return;
             }
             out.clear();
         }
-        if let Some(code) = fatal {
-            let _ = recv.stop(u32::from(code).into());
+        if !reading && heavy.tasks.is_empty() {
             break;
         }
-    }
-    if !out.is_empty() && send.write_all(&out).await.is_err() {
-        return;
+        let event = if !reading || heavy.tasks.len() >= HEAVY_PER_STREAM {
+            match heavy.tasks.join_next().await {
+                Some(done) => Event::Heavy(done),
+                None => continue,
+            }
+        } else if draining {
+            // Only what is already here: a zero timeout polls the read once.
+            match tokio::time::timeout(Duration::ZERO, recv.read_chunk(READ_CHUNK, true)).await {
+                Ok(r) => Event::Read(r),
+                Err(_) => {
+                    reading = false;
+                    continue;
+                }
+            }
+        } else {
+            tokio::select! {
+                biased;
+                Some(done) = heavy.tasks.join_next(), if !heavy.tasks.is_empty() => Event::Heavy(done),
+                r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
+                _ = shutdown.cancelled() => {
+                    draining = true;
+                    continue;
+                }
+            }
+        };
+        match event {
+            Event::Heavy(done) => heavy.finished(done, &handler, &mut out),
+            Event::Read(Ok(Some(chunk))) => {
+                inbox.push(&chunk.bytes);
+                if let Some(code) = answer(&handler, &mut inbox, &mut out, &mut heavy) {
+                    let _ = recv.stop(u32::from(code).into());
+                    reading = false;
+                }
+            }
+            Event::Read(Ok(None)) => {
+                // The client finished its side; answer a frame it cut short.
+                if let Some((id, e)) = inbox.truncated() {
+                    handler.refused();
+                    encode_error(id, &e, &mut out);
+                }
+                reading = false;
+            }
+            Event::Read(Err(e)) => {
+                // The connection is gone: nobody to answer.
+                tracing::debug!(reason = %e, "stream ended");
+                return;
+            }
+        }
     }
     let _ = send.finish();
     // Wait until the client has acknowledged the answers (or stops the
@@ -114,9 +140,63 @@ async fn serve_stream(
     let _ = tokio::time::timeout(patience, send.stopped()).await;
 }
 
-/// Answers every whole frame in the inbox into `out`. Returns the error code
-/// if the stream's framing is lost and it must close.
-async fn answer(handler: &Arc<Handler>, inbox: &mut Inbox, out: &mut Vec<u8>) -> Option<u16> {
+/// A stream's heavy frames on the blocking pool.
+#[derive(Default)]
+struct Heavy {
+    tasks: tokio::task::JoinSet<(u64, Vec<u8>)>,
+    /// Request id of each task, to answer even if one fails.
+    ids: std::collections::HashMap<tokio::task::Id, u64>,
+}
+
+impl Heavy {
+    fn start(&mut self, handler: &Arc<Handler>, id: u64, request: prefix_client::wire::Request) {
+        let h = handler.clone();
+        let task = self.tasks.spawn_blocking(move || {
+            let mut buf = Vec::new();
+            h.serve(id, &request, &mut buf);
+            (id, buf)
+        });
+        self.ids.insert(task.id(), id);
+    }
+
+    fn finished(
+        &mut self,
+        done: Result<(u64, Vec<u8>), tokio::task::JoinError>,
+        handler: &Handler,
+        out: &mut Vec<u8>,
+    ) {
+        match done {
+            Ok((id, bytes)) => {
+                self.ids.retain(|_, v| *v != id);
+                out.extend_from_slice(&bytes);
+            }
+            Err(e) => {
+                let id = self.ids.remove(&e.id()).unwrap_or(0);
+                tracing::error!(error = %e, request_id = id, "request task failed");
+                handler.refused();
+                let msg = format!("the server failed on this request: {e}");
+                prefix_client::wire::encode_response(
+                    id,
+                    &prefix_client::wire::Response::One(prefix_client::wire::Reply::Error {
+                        code: prefix_client::wire::ErrorCode::Internal as u16,
+                        message: msg,
+                    }),
+                    out,
+                );
+            }
+        }
+    }
+}
+
+/// Answers every whole frame in the inbox into `out`, starting heavy ones on
+/// the blocking pool. Returns the error code if the stream's framing is lost
+/// and it must close.
+fn answer(
+    handler: &Arc<Handler>,
+    inbox: &mut Inbox,
+    out: &mut Vec<u8>,
+    heavy: &mut Heavy,
+) -> Option<u16> {
     loop {
         match inbox.next(&handler.limits) {
             Next::Wait => return None,
@@ -124,20 +204,7 @@ async fn answer(handler: &Arc<Handler>, inbox: &mut Inbox, out: &mut Vec<u8>) ->
                 if handler.is_heavy(&request) {
                     // A big batch of long keys takes milliseconds: run it off
                     // the async workers so other connections are not held up.
-                    let h = handler.clone();
-                    let mut buf = std::mem::take(out);
-                    let done = tokio::task::spawn_blocking(move || {
-                        h.serve(id, &request, &mut buf);
-                        buf
-                    })
-                    .await;
-                    match done {
-                        Ok(buf) => *out = buf,
-                        Err(e) => {
-                            tracing::error!(error = %e, "request task failed");
-                            return Some(prefix_client::wire::ErrorCode::Internal as u16);
-                        }
-                    }
+                    heavy.start(handler, id, request);
                 } else {
                     handler.serve(id, &request, out);
                 }

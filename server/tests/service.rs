@@ -304,6 +304,30 @@ async fn shutdown_drains_requests_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_frame_does_not_hold_up_the_next_one() {
+    // One stream: the heavy batch goes to the blocking pool and the ping sent
+    // after it on the same stream is answered first.
+    let (server, c, lookups) = deep_index(600).await;
+    c.ping().await.unwrap();
+    let mut overtaken = false;
+    for _attempt in 0..20 {
+        let (c2, batch) = (c.clone(), lookups.clone());
+        let call = tokio::spawn(async move { c2.batch(batch).await });
+        while !call.is_finished() && server.metrics.in_flight.get() == 0 {
+            tokio::task::yield_now().await;
+        }
+        c.ping().await.unwrap();
+        overtaken |= !call.is_finished();
+        assert_eq!(call.await.unwrap().unwrap().len(), 600);
+        if overtaken {
+            break;
+        }
+    }
+    assert!(overtaken, "the ping never overtook the heavy batch");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_reconnects_after_a_restart() {
     let first = common::start(|_| {}).await;
     let addr = first.addr;
