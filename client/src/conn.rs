@@ -202,7 +202,10 @@ async fn write_lane(
         {
             let mut waiting = pending.lock();
             while let Some(out) = next.take() {
-                if dead.flag.load(Ordering::Acquire) {
+                if out.answer.is_closed() {
+                    // The caller gave up (its deadline passed) while the
+                    // frame queued: sending it would only add load.
+                } else if dead.flag.load(Ordering::Acquire) {
                     // Acquire: pairs with `Dead::set`. The reader is gone, so
                     // nobody would answer: fail now instead of at the deadline.
                     let _ = out.answer.send(Err(ClientError::Disconnected {

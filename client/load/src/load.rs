@@ -1,0 +1,434 @@
+//! The load generator: closed loop (a fixed number of requests in flight) or
+//! open loop (a fixed arrival rate, latency counted from each request's
+//! scheduled time so queueing in the generator or server is not hidden).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use prefix_client::wire::{Op, Reply};
+use prefix_client::{Client, ClientError};
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::workload::Request;
+
+/// What to send and how.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Gateway identities; each has its own connections and sessions.
+    pub gateways: usize,
+    /// Connections per gateway.
+    pub connections: usize,
+    /// Closed loop: requests in flight per connection.
+    pub in_flight: usize,
+    /// Open loop: frames per second over all connections.
+    pub rate: Option<f64>,
+    /// Ops per frame (1 sends single ops).
+    pub batch: usize,
+    /// Fraction of ops that are lookups; the rest insert.
+    pub lookups: f64,
+    /// Pods that inserts name (sessions stick to one).
+    pub pods: usize,
+    /// Model name.
+    pub model: String,
+    /// Measured time.
+    pub duration: Duration,
+    /// Unmeasured time first.
+    pub warmup: Duration,
+}
+
+/// Where requests come from: a prepared list, sent in order (cycling), either
+/// as fast as the loop allows or at the requests' own times scaled by `speed`.
+/// Preparing them first keeps key building (text hashing for chat) out of the
+/// measured loop, so the generator spends its CPU on sending.
+#[derive(Clone)]
+pub struct Source {
+    /// The requests.
+    pub requests: Arc<Vec<Request>>,
+    /// Replay at `at_ms / speed`; 0 ignores the times.
+    pub speed: f64,
+}
+
+/// The result, as printed and as `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Ops (lookups and inserts) answered per second of measured time.
+    pub ops_per_sec: f64,
+    /// Frame latency percentiles in microseconds.
+    pub p50_us: u64,
+    /// 90th percentile.
+    pub p90_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Slowest frame.
+    pub max_us: u64,
+    /// Ops that failed for another reason than a timeout.
+    pub errors: u64,
+    /// Frames that passed their deadline.
+    pub timeouts: u64,
+    /// Ops answered in the measured time.
+    pub ops: u64,
+    /// Frames answered in the measured time.
+    pub frames: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+}
+
+/// Per-worker tallies, merged at the end.
+struct Tally {
+    hist: Histogram<u64>,
+    ops: u64,
+    frames: u64,
+    errors: u64,
+    timeouts: u64,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            // 1 µs to 60 s at 3 significant digits.
+            hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds"),
+            ops: 0,
+            frames: 0,
+            errors: 0,
+            timeouts: 0,
+        }
+    }
+
+    fn merge(&mut self, o: &Tally) {
+        let _ = self.hist.add(&o.hist);
+        self.ops += o.ops;
+        self.frames += o.frames;
+        self.errors += o.errors;
+        self.timeouts += o.timeouts;
+    }
+}
+
+/// Shared run state.
+struct Run {
+    plan: Plan,
+    start: Instant,
+    measure_from: Instant,
+    stop: AtomicBool,
+    /// Ops done (measured or not), for the progress bar.
+    done: AtomicU64,
+    /// Next request of the source.
+    cursor: AtomicUsize,
+    source: Source,
+}
+
+/// Builds the ops of one frame from workload requests.
+struct Maker {
+    rng: rand::rngs::SmallRng,
+}
+
+impl Maker {
+    fn new(seed: u64) -> Maker {
+        use rand::SeedableRng;
+        Maker {
+            rng: rand::rngs::SmallRng::seed_from_u64(seed ^ 0x9e37_79b9),
+        }
+    }
+
+    fn op(&mut self, run: &Run, gateway: usize) -> Op {
+        use rand::Rng;
+        let plan = &run.plan;
+        // Relaxed: a ticket counter, no data hangs on it.
+        let i = run.cursor.fetch_add(1, Ordering::Relaxed);
+        let r = &run.source.requests[i % run.source.requests.len()];
+        if self.rng.random::<f64>() < plan.lookups {
+            Op::Lookup {
+                model: plan.model.clone(),
+                key: r.key.clone(),
+                candidates: None,
+            }
+        } else {
+            Op::Insert {
+                model: plan.model.clone(),
+                key: r.key.clone(),
+                pod: format!("pod-{}", (r.session as usize + gateway) % plan.pods.max(1)),
+            }
+        }
+    }
+
+    fn frame(&mut self, run: &Run, gateway: usize) -> Vec<Op> {
+        (0..run.plan.batch.max(1))
+            .map(|_| self.op(run, gateway))
+            .collect()
+    }
+}
+
+/// What became of one frame.
+enum Outcome {
+    /// Sent before the measured time began.
+    Warmup,
+    /// Answered after `us` microseconds; `failed` of its `ops` were refused.
+    Answered { us: u64, ops: u64, failed: u64 },
+    /// Passed its deadline.
+    Timeout,
+    /// Failed whole (disconnected, refused, ...).
+    Failed { ops: u64 },
+}
+
+impl Tally {
+    fn record(&mut self, o: Outcome) {
+        match o {
+            Outcome::Warmup => {}
+            Outcome::Answered { us, ops, failed } => {
+                let _ = self.hist.record(us.max(1));
+                self.ops += ops - failed;
+                self.frames += 1;
+                self.errors += failed;
+            }
+            Outcome::Timeout => self.timeouts += 1,
+            Outcome::Failed { ops } => self.errors += ops,
+        }
+    }
+}
+
+/// Sends one frame; latency counts from `scheduled`.
+async fn send(client: &Client, ops: Vec<Op>, scheduled: Instant, run: &Run) -> Outcome {
+    let n = ops.len() as u64;
+    let result = if n == 1 {
+        let op = ops.into_iter().next().expect("one op");
+        let request = prefix_client::wire::Request::One(op);
+        client.call(request).await.map(|r| match r {
+            prefix_client::wire::Response::One(Reply::Error { .. }) => 1,
+            _ => 0,
+        })
+    } else {
+        client.batch(ops).await.map(|replies| {
+            replies
+                .iter()
+                .filter(|r| matches!(r, Reply::Error { .. }))
+                .count() as u64
+        })
+    };
+    let end = Instant::now();
+    // Relaxed: progress display only.
+    run.done.fetch_add(n, Ordering::Relaxed);
+    if scheduled < run.measure_from {
+        return Outcome::Warmup;
+    }
+    match result {
+        Ok(failed) => Outcome::Answered {
+            us: end.duration_since(scheduled).as_micros() as u64,
+            ops: n,
+            failed,
+        },
+        Err(ClientError::Timeout(_)) => Outcome::Timeout,
+        Err(e) => {
+            tracing::debug!(error = %e, "request failed");
+            Outcome::Failed { ops: n }
+        }
+    }
+}
+
+/// Runs the plan against `clients` (one per connection, gateway-major) and
+/// returns the summary. `progress` is called about every 200 ms with the
+/// elapsed time and ops done.
+pub async fn run(
+    plan: Plan,
+    source: Source,
+    clients: Vec<(usize, Client)>,
+    mut progress: impl FnMut(Duration, u64) + Send + 'static,
+) -> Summary {
+    let start = Instant::now();
+    let run = Arc::new(Run {
+        measure_from: start + plan.warmup,
+        start,
+        stop: AtomicBool::new(false),
+        done: AtomicU64::new(0),
+        cursor: AtomicUsize::new(0),
+        source: source.clone(),
+        plan: plan.clone(),
+    });
+    let end = start + plan.warmup + plan.duration;
+    let reporter = {
+        let run = run.clone();
+        tokio::spawn(async move {
+            // Relaxed: a stop flag polled for display only.
+            while !run.stop.load(Ordering::Relaxed) {
+                progress(run.start.elapsed(), run.done.load(Ordering::Relaxed));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let mut workers = tokio::task::JoinSet::new();
+    match plan.rate {
+        Some(rate) => open_loop(&run, clients, rate, end, &mut workers),
+        None if source.speed > 0.0 => trace_loop(&run, clients, end, &mut workers),
+        None => {
+            for (c, (gateway, client)) in clients.into_iter().enumerate() {
+                for slot in 0..plan.in_flight.max(1) {
+                    let (run, client) = (run.clone(), client.clone());
+                    let mut maker = Maker::new((c * 1000 + slot) as u64);
+                    workers.spawn(async move {
+                        let mut tally = Tally::new();
+                        while Instant::now() < end {
+                            let ops = maker.frame(&run, gateway);
+                            tally.record(send(&client, ops, Instant::now(), &run).await);
+                        }
+                        tally
+                    });
+                }
+            }
+        }
+    }
+    let mut total = Tally::new();
+    while let Some(t) = workers.join_next().await {
+        if let Ok(t) = t {
+            total.merge(&t);
+        }
+    }
+    // Relaxed: see the reporter.
+    run.stop.store(true, Ordering::Relaxed);
+    let _ = reporter.await;
+    let seconds = plan.duration.as_secs_f64().max(1e-9);
+    let h = &total.hist;
+    let q = |p: f64| {
+        if h.is_empty() {
+            0
+        } else {
+            h.value_at_quantile(p)
+        }
+    };
+    Summary {
+        ops_per_sec: total.ops as f64 / seconds,
+        p50_us: q(0.5),
+        p90_us: q(0.9),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us: if h.is_empty() { 0 } else { h.max() },
+        errors: total.errors,
+        timeouts: total.timeouts,
+        ops: total.ops,
+        frames: total.frames,
+        seconds,
+    }
+}
+
+/// Largest number of frames an open-loop connection may have in flight; past
+/// it, scheduled frames are counted as errors rather than queued without
+/// bound.
+const OPEN_LOOP_CAP: usize = 100_000;
+
+/// Open loop: a pacing thread computes every frame's scheduled time (its
+/// `nanosleep` is precise to tens of microseconds, tokio's timer to a
+/// millisecond) and hands them to one dispatcher per connection, which sends
+/// each at once on its own task.
+fn open_loop(
+    run: &Arc<Run>,
+    clients: Vec<(usize, Client)>,
+    rate: f64,
+    end: Instant,
+    workers: &mut tokio::task::JoinSet<Tally>,
+) {
+    let n = clients.len().max(1);
+    let mut senders = Vec::with_capacity(n);
+    for (c, (gateway, client)) in clients.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel::<Instant>();
+        senders.push(tx);
+        workers.spawn(dispatch(
+            run.clone(),
+            client,
+            gateway,
+            Maker::new(c as u64),
+            rx,
+        ));
+    }
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+    let start = run.start;
+    std::thread::spawn(move || {
+        let mut k: u64 = 0;
+        loop {
+            let at = start + interval.mul_f64(k as f64);
+            if at >= end {
+                break;
+            }
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            if senders[(k as usize) % n].send(at).is_err() {
+                break;
+            }
+            k += 1;
+        }
+    });
+}
+
+/// Trace replay at the trace's own pace (scaled by `speed`).
+fn trace_loop(
+    run: &Arc<Run>,
+    clients: Vec<(usize, Client)>,
+    end: Instant,
+    workers: &mut tokio::task::JoinSet<Tally>,
+) {
+    let n = clients.len().max(1);
+    let mut senders = Vec::with_capacity(n);
+    for (c, (gateway, client)) in clients.into_iter().enumerate() {
+        let (tx, rx) = mpsc::unbounded_channel::<Instant>();
+        senders.push(tx);
+        workers.spawn(dispatch(
+            run.clone(),
+            client,
+            gateway,
+            Maker::new(c as u64),
+            rx,
+        ));
+    }
+    let (requests, speed, start) = (run.source.requests.clone(), run.source.speed, run.start);
+    std::thread::spawn(move || {
+        for (k, r) in requests.iter().enumerate() {
+            let at = start + Duration::from_secs_f64(r.at_ms as f64 / 1000.0 / speed);
+            if at >= end {
+                break;
+            }
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            if senders[k % n].send(at).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+async fn dispatch(
+    run: Arc<Run>,
+    client: Client,
+    gateway: usize,
+    mut maker: Maker,
+    mut schedule: mpsc::UnboundedReceiver<Instant>,
+) -> Tally {
+    let mut tally = Tally::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(at) = schedule.recv().await {
+        let ops = maker.frame(&run, gateway);
+        while let Some(done) = tasks.try_join_next() {
+            if let Ok(o) = done {
+                tally.record(o);
+            }
+        }
+        if tasks.len() >= OPEN_LOOP_CAP {
+            tally.record(Outcome::Failed {
+                ops: ops.len() as u64,
+            });
+            continue;
+        }
+        let (run, client) = (run.clone(), client.clone());
+        tasks.spawn(async move { send(&client, ops, at, &run).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(o) = done {
+            tally.record(o);
+        }
+    }
+    tally
+}

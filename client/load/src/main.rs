@@ -1,0 +1,380 @@
+//! `prefix-load`: load tester, trace replay and routing simulation for the
+//! prefix-index service.
+//!
+//! `prefix-load --embedded` starts a server in this process on a free loopback
+//! port and loads it (a one-command demo); `--echo` starts a bare quinn echo
+//! server instead (the transport baseline); otherwise it loads `--server`.
+//! `prefix-load simulate` replays a trace through the index as G gateways
+//! routing to P pods and reports hit ratios per routing policy.
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use prefix_client::{Client, ClientConfig, TlsConfig};
+
+mod embedded;
+mod load;
+mod simulate;
+mod workload;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Parser)]
+#[command(version, about = "Load tester and routing simulator for prefix-index")]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Replay a trace through the index as G gateways routing to P pods, and
+    /// report block hit ratio and load imbalance per routing policy.
+    Simulate(SimArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SimArgs {
+    /// Trace file [default: ../shared/traces/mooncake_conversation.jsonl].
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Gateway counts to simulate.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+    gateways: Vec<usize>,
+    /// Policies to simulate.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = simulate::Policy::ALL)]
+    policies: Vec<simulate::Policy>,
+    /// Pods.
+    #[arg(long, default_value_t = 16)]
+    pods: usize,
+    /// Each pod's KV cache in blocks (Mooncake blocks are 512 tokens).
+    #[arg(long, default_value_t = 4096)]
+    capacity: usize,
+    /// Requests that define a pod's current load.
+    #[arg(long, default_value_t = 64)]
+    window: usize,
+    /// Weight of load against prefix match (see the formula in the docs).
+    #[arg(long, default_value_t = 0.5)]
+    balance: f64,
+    /// Use the server at this address instead of an in-process index.
+    #[arg(long)]
+    server: Option<SocketAddr>,
+    /// CA certificate of --server.
+    #[arg(long, default_value = "prefix-index-data/cert.pem")]
+    ca: PathBuf,
+    /// Write an SVG plot of hit ratio against gateways here.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WorkloadKind {
+    /// Synthetic chat sessions (text keys hashed by the client library).
+    Chat,
+    /// A Mooncake JSON Lines trace (`hash_ids` are the keys).
+    Trace,
+}
+
+#[derive(Debug, clap::Args)]
+struct LoadArgs {
+    /// Server to load.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    server: SocketAddr,
+    /// CA certificate of --server.
+    #[arg(long, default_value = "prefix-index-data/cert.pem")]
+    ca: PathBuf,
+    /// Start a server in this process on a free loopback port and load it.
+    #[arg(long)]
+    embedded: bool,
+    /// Start a bare quinn echo server (same framing, canned answers, no
+    /// index) in this process and load it: the transport baseline.
+    #[arg(long, conflicts_with = "embedded")]
+    echo: bool,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = WorkloadKind::Chat)]
+    workload: WorkloadKind,
+    /// Trace file for --workload trace [default: ../shared/traces/mooncake_conversation.jsonl].
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Trace clock scale: 2 replays twice as fast; 0 replays as fast as the
+    /// closed loop allows.
+    #[arg(long, default_value_t = 0.0)]
+    speed: f64,
+    /// Chat: shared system prompts.
+    #[arg(long, default_value_t = 32)]
+    systems: usize,
+    /// Chat: sessions.
+    #[arg(long, default_value_t = 2000)]
+    sessions: usize,
+    /// Chat: requests prepared before the run (sent in a cycle).
+    #[arg(long, default_value_t = 50_000)]
+    requests: usize,
+    /// Chat: longest prompt in 64-byte blocks (a session starts over past it).
+    #[arg(long, default_value_t = 512)]
+    max_blocks: usize,
+    /// Chat: Zipf exponent of session popularity.
+    #[arg(long, default_value_t = 1.1)]
+    zipf: f64,
+    /// Gateway identities (each with its own connections and sessions).
+    #[arg(long, default_value_t = 1)]
+    gateways: usize,
+    /// Connections per gateway.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
+    /// Closed loop: requests in flight per connection.
+    #[arg(long, default_value_t = 32)]
+    in_flight: usize,
+    /// Open loop: frames per second over all connections (latency counted
+    /// from each frame's scheduled time).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Ops per frame.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Fraction of ops that are lookups (the rest are inserts).
+    #[arg(long, default_value_t = 0.9)]
+    mix: f64,
+    /// Pods that inserts name.
+    #[arg(long, default_value_t = 16)]
+    pods: usize,
+    /// Measured time.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Unmeasured time before it.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Per-request deadline (the library's default is a gateway's 2 ms).
+    #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration)]
+    deadline: Duration,
+    /// Print the summary as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    match cli.command {
+        None => rt.block_on(load_main(cli.load)),
+        Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
+    }
+}
+
+async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
+    let (addr, tls, _server) = if a.embedded {
+        let s = embedded::server(|_| {}).await?;
+        (s.addr, s.tls.clone(), Some(s))
+    } else if a.echo {
+        let s = embedded::echo(a.pods.min(16)).await?;
+        (s.addr, s.tls.clone(), Some(s))
+    } else {
+        let tls = TlsConfig::from_files(&a.ca, None, None)
+            .with_context(|| format!("loading --ca {}", a.ca.display()))?;
+        (a.server, tls, None)
+    };
+    let requests = match a.workload {
+        WorkloadKind::Chat => {
+            let mut chat = workload::Chat::new(1, a.systems, a.sessions, a.zipf, a.max_blocks);
+            (0..a.requests).map(|_| chat.next()).collect()
+        }
+        WorkloadKind::Trace => {
+            let path = a.trace.clone().unwrap_or_else(workload::default_trace);
+            workload::load_trace(&path)?
+        }
+    };
+    let source = load::Source {
+        requests: Arc::new(requests),
+        speed: if a.workload == WorkloadKind::Trace {
+            a.speed
+        } else {
+            0.0
+        },
+    };
+    let cfg = ClientConfig {
+        tls,
+        deadline: a.deadline,
+        limits: prefix_client::wire::Limits {
+            max_frame_bytes: prefix_client::wire::MAX_FRAME_CEILING,
+            max_batch: 4096,
+            ..Default::default()
+        },
+        ..ClientConfig::default()
+    };
+    let mut clients = Vec::new();
+    for g in 0..a.gateways.max(1) {
+        for _ in 0..a.connections.max(1) {
+            let c = Client::connect(addr, cfg.clone())
+                .await
+                .with_context(|| format!("connecting to {addr}"))?;
+            clients.push((g, c));
+        }
+    }
+    let plan = load::Plan {
+        gateways: a.gateways.max(1),
+        connections: a.connections.max(1),
+        in_flight: a.in_flight,
+        rate: a.rate,
+        batch: a.batch.max(1),
+        lookups: a.mix.clamp(0.0, 1.0),
+        pods: a.pods.max(1),
+        model: "llama-3-8b".into(),
+        duration: a.duration,
+        warmup: a.warmup,
+    };
+    let total = plan.warmup + plan.duration;
+    let bar = if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(total.as_millis() as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {elapsed}/{duration} {msg}")
+                .expect("valid template"),
+        );
+        Some(bar)
+    } else {
+        None
+    };
+    let b2 = bar.clone();
+    let mut last = (Duration::ZERO, 0u64);
+    let summary = load::run(plan.clone(), source, clients, move |t, ops| {
+        if let Some(b) = &b2 {
+            let rate = (ops - last.1) as f64 / (t - last.0).as_secs_f64().max(1e-3);
+            last = (t, ops);
+            b.set_position(t.as_millis() as u64);
+            b.set_message(format!("{:.0} ops/s", rate));
+        }
+    })
+    .await;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_table(&a, &plan, &summary);
+    }
+    Ok(())
+}
+
+async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
+    let path = a.trace.clone().unwrap_or_else(workload::default_trace);
+    let trace = workload::load_trace(&path)?;
+    let backend = match a.server {
+        None => simulate::Backend::Embedded,
+        Some(addr) => {
+            let cfg = ClientConfig {
+                tls: TlsConfig::from_files(&a.ca, None, None)?,
+                deadline: Duration::from_secs(5),
+                ..ClientConfig::default()
+            };
+            simulate::Backend::Remote(Client::connect(addr, cfg).await?)
+        }
+    };
+    let cfg = simulate::SimConfig {
+        pods: a.pods.max(1),
+        capacity: a.capacity.max(1),
+        window: a.window.max(1),
+        balance: a.balance,
+        seed: 7,
+    };
+    let bound = simulate::upper_bound(&trace);
+    // Distinct names per run keep runs apart on a shared server.
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as usize % 100_000);
+    let mut results = Vec::new();
+    for (k, &policy) in a.policies.iter().enumerate() {
+        for (j, &g) in a.gateways.iter().enumerate() {
+            let id = run_id * 100 + k * 10 + j;
+            results.push(simulate::simulate(&trace, g, policy, &cfg, &backend, id).await?);
+        }
+    }
+    if let Some(p) = &a.plot {
+        simulate::plot(&results, bound, p)?;
+    }
+    if a.json {
+        let out = serde_json::json!({ "upper_bound": bound, "results": results });
+        println!("{out}");
+        return Ok(());
+    }
+    println!(
+        "{} requests, {} pods x {} blocks, load window {}, balance {}; upper bound (one unbounded cache) {:.3}",
+        trace.len(),
+        cfg.pods,
+        cfg.capacity,
+        cfg.window,
+        cfg.balance,
+        bound
+    );
+    println!("| policy | gateways | hit ratio | of 1-gateway | of bound | imbalance (max/mean) |");
+    println!("|---|---|---|---|---|---|");
+    for r in &results {
+        let one = results
+            .iter()
+            .find(|o| o.policy == r.policy && o.gateways == 1)
+            .map_or(f64::NAN, |o| r.hit_ratio / o.hit_ratio);
+        println!(
+            "| {} | {} | {:.3} | {:.2} | {:.2} | {:.2} |",
+            r.policy.name(),
+            r.gateways,
+            r.hit_ratio,
+            one,
+            r.hit_ratio / bound,
+            r.imbalance
+        );
+    }
+    Ok(())
+}
+
+fn print_table(a: &LoadArgs, p: &load::Plan, s: &load::Summary) {
+    let target = if a.embedded {
+        "embedded server".to_string()
+    } else if a.echo {
+        "embedded echo server (no index)".to_string()
+    } else {
+        a.server.to_string()
+    };
+    let mode = match p.rate {
+        Some(r) => format!("open loop, {r:.0} frames/s"),
+        None => format!("closed loop, {} in flight per connection", p.in_flight),
+    };
+    println!("target        {target}");
+    println!(
+        "load          {:?} workload, {} gateway(s) x {} connection(s), {mode}, {} op(s)/frame, {:.0}% lookups",
+        a.workload,
+        p.gateways,
+        p.connections,
+        p.batch,
+        p.lookups * 100.0
+    );
+    println!(
+        "measured      {:.1} s after {:?} warm-up",
+        s.seconds, p.warmup
+    );
+    println!("ops/s         {:.0}", s.ops_per_sec);
+    println!(
+        "latency (µs)  p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+        s.p50_us, s.p90_us, s.p99_us, s.p999_us, s.max_us
+    );
+    println!(
+        "errors        {}   timeouts {} (deadline {:?})",
+        s.errors, s.timeouts, a.deadline
+    );
+}

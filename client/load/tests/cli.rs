@@ -1,0 +1,79 @@
+//! `prefix-load` end to end: the one-command demo and the echo baseline run
+//! by themselves on loopback and print the documented JSON summary.
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_prefix-load"))
+        .args(args)
+        .output()
+        .expect("prefix-load runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+#[test]
+fn embedded_and_echo_runs_report_every_field() {
+    for target in ["--embedded", "--echo"] {
+        let v = run(&[
+            target,
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--deadline",
+            "5s",
+            "--sessions",
+            "50",
+            "--requests",
+            "500",
+            "--batch",
+            "4",
+            "--json",
+        ]);
+        for key in [
+            "ops_per_sec",
+            "p50_us",
+            "p90_us",
+            "p99_us",
+            "p999_us",
+            "max_us",
+            "errors",
+            "timeouts",
+        ] {
+            assert!(v.get(key).is_some(), "{target}: no {key} in {v}");
+        }
+        assert!(v["ops"].as_u64().unwrap() > 0, "{target}: {v}");
+        assert_eq!(v["errors"], 0, "{target}: {v}");
+        assert_eq!(v["timeouts"], 0, "{target}: {v}");
+        assert!(v["p50_us"].as_u64() <= v["p99_us"].as_u64());
+    }
+}
+
+#[test]
+fn open_loop_runs_at_its_rate() {
+    let v = run(&[
+        "--embedded",
+        "--rate",
+        "500",
+        "--duration",
+        "1s",
+        "--warmup",
+        "0s",
+        "--deadline",
+        "5s",
+        "--requests",
+        "200",
+        "--sessions",
+        "20",
+        "--json",
+    ]);
+    // 500 frames a second for a second: the count is set by the schedule,
+    // not by how fast this machine is.
+    let frames = v["frames"].as_u64().unwrap();
+    assert!((450..=501).contains(&frames), "{v}");
+}
