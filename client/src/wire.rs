@@ -411,6 +411,68 @@ fn encode_frame<T: Encode>(kind: u8, request_id: u64, msg: &T, out: &mut Vec<u8>
     out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
 }
 
+/// Writes a response frame piece by piece, from borrowed data: the server's
+/// path for lookup answers, which would otherwise copy every pod name into an
+/// owned [`Reply`] only to encode it. The bytes are exactly those of
+/// [`encode_response`] for the equivalent [`Response`].
+pub struct ResponseWriter<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+}
+
+impl<'a> ResponseWriter<'a> {
+    fn begin(out: &'a mut Vec<u8>, request_id: u64) -> Self {
+        let start = out.len();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&[VERSION, 2, 0, 0, 0, 0]);
+        out.extend_from_slice(&request_id.to_le_bytes());
+        ResponseWriter { out, start }
+    }
+
+    fn put<T: Encode>(&mut self, v: T) {
+        // Encoding into a Vec cannot fail (see `encode_frame`).
+        let _ = bincode::encode_into_std_write(v, self.out, config());
+    }
+
+    /// Starts a [`Response::One`]; write exactly one reply next.
+    pub fn one(out: &'a mut Vec<u8>, request_id: u64) -> Self {
+        let mut w = Self::begin(out, request_id);
+        w.put(0u32);
+        w
+    }
+
+    /// Starts a [`Response::Batch`] of `replies` replies; write exactly that
+    /// many next.
+    pub fn batch(out: &'a mut Vec<u8>, request_id: u64, replies: usize) -> Self {
+        let mut w = Self::begin(out, request_id);
+        w.put(1u32);
+        w.put(replies as u64);
+        w
+    }
+
+    /// Writes a [`Reply::Lookup`] listing `matches` (pod name, blocks).
+    pub fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
+        self.put(0u32);
+        self.put(key_blocks);
+        self.put(matches.len() as u64);
+        for (pod, blocks) in matches {
+            self.put(*pod);
+            self.put(*blocks);
+        }
+    }
+
+    /// Writes any reply.
+    pub fn reply(&mut self, reply: &Reply) {
+        self.put(reply);
+    }
+
+    /// Completes the frame (fills in its length).
+    pub fn finish(self) {
+        let len = u32::try_from(self.out.len() - self.start - HEADER_LEN).unwrap_or(u32::MAX);
+        self.out[self.start + 4..self.start + 8].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
 /// Appends a request frame to `out`.
 pub fn encode_request(request_id: u64, request: &Request, out: &mut Vec<u8>) {
     encode_frame(1, request_id, request, out);
@@ -576,6 +638,40 @@ mod tests {
             (Kind::Response, u64::MAX)
         );
         assert_eq!(decode_response(f.payload).unwrap(), resp);
+    }
+
+    #[test]
+    fn the_response_writer_matches_the_derived_encoding() {
+        let lookup = Reply::Lookup {
+            key_blocks: 300,
+            matches: vec![
+                PodBlocks {
+                    pod: "pod-a".into(),
+                    blocks: 300,
+                },
+                PodBlocks {
+                    pod: "b".into(),
+                    blocks: 1,
+                },
+            ],
+        };
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        encode_response(9, &Response::One(lookup.clone()), &mut want);
+        let mut w = ResponseWriter::one(&mut got, 9);
+        w.lookup(300, &[("pod-a", 300), ("b", 1)]);
+        w.finish();
+        assert_eq!(got, want);
+
+        let batch = Response::Batch(vec![lookup, Reply::Done, Reply::Pong]);
+        let (mut want, mut got) = (Vec::new(), vec![1, 2, 3]);
+        want.extend_from_slice(&[1, 2, 3]);
+        encode_response(u64::MAX, &batch, &mut want);
+        let mut w = ResponseWriter::batch(&mut got, u64::MAX, 3);
+        w.lookup(300, &[("pod-a", 300), ("b", 1)]);
+        w.reply(&Reply::Done);
+        w.reply(&Reply::Pong);
+        w.finish();
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prefix_client::wire::{
-    self, ErrorCode, Kind, Limits, Op, PodBlocks, Reply, Request, Response, WireError, WireStats,
-    HEADER_LEN,
+    self, ErrorCode, Kind, Limits, Op, Reply, Request, Response, ResponseWriter, WireError,
+    WireStats, HEADER_LEN,
 };
-use prefix_index::{Index, InsertError, PodError, Reader};
+use prefix_index::{Index, InsertError, Match, PodError, Reader};
 use smallvec::SmallVec;
 
 use crate::metrics::{self, Metrics, Tally};
@@ -195,27 +195,27 @@ impl Handler {
         let now = now_ms();
         let reader = self.index.reader();
         let mut tally = Tally::default();
-        let (response, slot) = match request {
+        let mut scratch = Vec::new();
+        let slot = match request {
             Request::One(op) => {
-                let reply = self.apply(op, now, &reader);
+                let mut w = ResponseWriter::one(out, id);
+                let failed = self.apply(op, now, &reader, &mut scratch, &mut w);
+                w.finish();
                 let slot = metrics::op_slot(op);
-                tally.add(slot, matches!(reply, Reply::Error { .. }));
-                (Response::One(reply), slot)
+                tally.add(slot, failed);
+                slot
             }
             Request::Batch(ops) => {
-                let replies = ops
-                    .iter()
-                    .map(|op| {
-                        let reply = self.apply(op, now, &reader);
-                        tally.add(metrics::op_slot(op), matches!(reply, Reply::Error { .. }));
-                        reply
-                    })
-                    .collect();
-                (Response::Batch(replies), metrics::BATCH)
+                let mut w = ResponseWriter::batch(out, id, ops.len());
+                for op in ops {
+                    let failed = self.apply(op, now, &reader, &mut scratch, &mut w);
+                    tally.add(metrics::op_slot(op), failed);
+                }
+                w.finish();
+                metrics::BATCH
             }
         };
         drop(reader);
-        wire::encode_response(id, &response, out);
         self.metrics.count(&tally);
         self.metrics.observe(slot, started.elapsed().as_secs_f64());
         self.metrics.in_flight.dec();
@@ -228,36 +228,51 @@ impl Handler {
         self.metrics.count(&tally);
     }
 
-    /// Applies one op.
-    fn apply(&self, op: &Op, now: u64, reader: &Reader<'_>) -> Reply {
+    /// Applies one op and writes its reply; returns whether it failed.
+    fn apply(
+        &self,
+        op: &Op,
+        now: u64,
+        reader: &Reader<'_>,
+        scratch: &mut Vec<Match>,
+        w: &mut ResponseWriter<'_>,
+    ) -> bool {
+        if let Op::Lookup {
+            model,
+            key,
+            candidates,
+        } = op
+        {
+            if let Err(e) = wire::check_op(op, &self.limits) {
+                w.reply(&e.to_reply());
+                return true;
+            }
+            let names: Option<SmallVec<[&str; 16]>> = candidates
+                .as_ref()
+                .map(|c| c.iter().map(String::as_str).collect());
+            scratch.clear();
+            let key_blocks = reader.lookup_into(model, key, names.as_deref(), now, scratch);
+            // Names are borrowed from the index for as long as the reader
+            // pins it: no copy until they are encoded.
+            let matches: SmallVec<[(&str, u32); 16]> = scratch
+                .iter()
+                .filter_map(|m| Some((reader.pod_name(m.pod)?, m.blocks)))
+                .collect();
+            w.lookup(key_blocks, &matches);
+            return false;
+        }
+        let reply = self.apply_write(op, now);
+        w.reply(&reply);
+        matches!(reply, Reply::Error { .. })
+    }
+
+    /// Applies an op other than a lookup.
+    fn apply_write(&self, op: &Op, now: u64) -> Reply {
         if let Err(e) = wire::check_op(op, &self.limits) {
             return e.to_reply();
         }
         match op {
-            Op::Lookup {
-                model,
-                key,
-                candidates,
-            } => {
-                let names: Option<SmallVec<[&str; 16]>> = candidates
-                    .as_ref()
-                    .map(|c| c.iter().map(String::as_str).collect());
-                let found = reader.lookup(model, key, names.as_deref(), now);
-                let matches = found
-                    .matches
-                    .iter()
-                    .filter_map(|m| {
-                        Some(PodBlocks {
-                            pod: reader.pod_name(m.pod)?.to_owned(),
-                            blocks: m.blocks,
-                        })
-                    })
-                    .collect();
-                Reply::Lookup {
-                    key_blocks: found.key_blocks,
-                    matches,
-                }
-            }
+            Op::Lookup { .. } => error(ErrorCode::Internal, "lookup on the write path"),
             Op::Insert { model, key, pod } => match self.index.insert(model, key, pod, now) {
                 Ok(()) => Reply::Done,
                 Err(InsertError::Pod(e)) => pod_error(&e),
@@ -289,6 +304,7 @@ impl Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefix_client::wire::PodBlocks;
     use prefix_index::IndexConfig;
 
     fn handler() -> Handler {

@@ -62,7 +62,7 @@ fn canned(request: &Request, pods: usize) -> Response {
         key_blocks: 32,
         matches: (0..pods)
             .map(|i| PodBlocks {
-                pod: format!("pod-{i:02}"),
+                pod: format!("pod-{i}"),
                 blocks: 32 - i as u32,
             })
             .collect(),

@@ -101,6 +101,9 @@ struct LoadArgs {
     /// index) in this process and load it: the transport baseline.
     #[arg(long, conflicts_with = "embedded")]
     echo: bool,
+    /// --embedded: the server's sweep interval.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    sweep_interval: Duration,
     /// Workload.
     #[arg(long, value_enum, default_value_t = WorkloadKind::Chat)]
     workload: WorkloadKind,
@@ -145,9 +148,13 @@ struct LoadArgs {
     /// Fraction of ops that are lookups (the rest are inserts).
     #[arg(long, default_value_t = 0.9)]
     mix: f64,
-    /// Pods that inserts name.
+    /// Pods that inserts name (and that the echo server's answers list).
     #[arg(long, default_value_t = 16)]
     pods: usize,
+    /// Before the run, insert every prepared request for every pod, so that
+    /// lookups find --pods pods each (as the echo server's answers list).
+    #[arg(long)]
+    prefill: bool,
     /// Measured time.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -181,10 +188,11 @@ fn main() -> anyhow::Result<()> {
 
 async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     let (addr, tls, _server) = if a.embedded {
-        let s = embedded::server(|_| {}).await?;
+        let interval = a.sweep_interval;
+        let s = embedded::server(|c| c.sweep_interval = interval).await?;
         (s.addr, s.tls.clone(), Some(s))
     } else if a.echo {
-        let s = embedded::echo(a.pods.min(16)).await?;
+        let s = embedded::echo(a.pods).await?;
         (s.addr, s.tls.clone(), Some(s))
     } else {
         let tls = TlsConfig::from_files(&a.ca, None, None)
@@ -228,6 +236,9 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
             clients.push((g, c));
         }
     }
+    if a.prefill && !a.echo {
+        prefill(&clients[0].1, &source.requests, a.pods).await?;
+    }
     let plan = load::Plan {
         gateways: a.gateways.max(1),
         connections: a.connections.max(1),
@@ -236,7 +247,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         batch: a.batch.max(1),
         lookups: a.mix.clamp(0.0, 1.0),
         pods: a.pods.max(1),
-        model: "llama-3-8b".into(),
+        model: MODEL.into(),
         duration: a.duration,
         warmup: a.warmup,
     };
@@ -272,6 +283,36 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Inserts every request's key for every pod, in batches.
+async fn prefill(
+    client: &Client,
+    requests: &[workload::Request],
+    pods: usize,
+) -> anyhow::Result<()> {
+    let client = client.with_deadline(Duration::from_secs(30));
+    let ops: Vec<prefix_client::wire::Op> = requests
+        .iter()
+        .flat_map(|r| {
+            (0..pods).map(|p| prefix_client::wire::Op::Insert {
+                model: MODEL.into(),
+                key: r.key.clone(),
+                pod: format!("pod-{p}"),
+            })
+        })
+        .collect();
+    for chunk in ops.chunks(1024) {
+        for reply in client.batch(chunk.to_vec()).await? {
+            if let prefix_client::wire::Reply::Error { message, .. } = reply {
+                anyhow::bail!("prefill failed: {message}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The model every load-test op names.
+const MODEL: &str = "llama-3-8b";
 
 async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
     let path = a.trace.clone().unwrap_or_else(workload::default_trace);
