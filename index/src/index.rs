@@ -270,6 +270,19 @@ impl Index {
         report
     }
 
+    /// Whether [`Index::sweep`] has work at time `now`, cheaply (a look at
+    /// each pod's counters, no tree walk). It has when a pass is under way or
+    /// has cutoffs pending, a live pod holds more blocks than its capacity,
+    /// stored entries exceed `max_blocks × evict_to`, a removed pod still
+    /// awaits purging, or `ttl / 8` has passed since the last pass began while
+    /// anything is stored. Expired entries are invisible to lookups at once;
+    /// the periodic pass only frees their memory, so it need not run often.
+    /// A maintenance loop can tick often and sweep only when this says so:
+    /// a full pass costs time in proportion to the whole index.
+    pub fn sweep_due(&self, now: u64) -> bool {
+        self.sweeper.lock().due(&self.sh, now)
+    }
+
     /// Advances the epoch and frees every retired object whose grace period
     /// has passed; returns the bytes freed. The sweep calls it; tests and
     /// shutdown may too.

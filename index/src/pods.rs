@@ -333,6 +333,12 @@ impl Pods {
             .store(blocks, Ordering::Relaxed);
     }
 
+    /// Whether a removed pod's id still waits to be freed (its entries purged
+    /// and grace periods passed), which takes sweep passes.
+    pub(crate) fn removals_pending(&self) -> bool {
+        !self.writer.lock().dead.is_empty()
+    }
+
     /// Ids in use (live or dead and not yet freed), for the sweep's capacity pass.
     pub(crate) fn ids_in_use(&self) -> std::ops::Range<u32> {
         0..self.writer.lock().next

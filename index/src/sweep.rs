@@ -184,6 +184,8 @@ struct Frame {
 #[derive(Default)]
 pub(crate) struct Sweeper {
     in_pass: bool,
+    /// When the last pass began (the `now` of that call).
+    last_pass: Option<u64>,
     trees: Vec<Arc<Tree>>,
     tree: usize,
     frames: Vec<Frame>,
@@ -216,6 +218,7 @@ impl Sweeper {
         loop {
             if !self.in_pass {
                 self.begin_pass(sh, trees());
+                self.last_pass = Some(now);
                 fresh = true;
             }
             if !self.walk(sh, now, &mut budget, guard, &mut report) {
@@ -228,6 +231,30 @@ impl Sweeper {
             }
         }
         report
+    }
+
+    /// Whether a call would have work: see `Index::sweep_due`.
+    pub(crate) fn due(&self, sh: &Shared, now: u64) -> bool {
+        if self.in_pass || !self.next_cutoffs.is_empty() || self.next_global.is_some() {
+            return true;
+        }
+        if Counters::get(&sh.counters.entries) > sh.global_target() || sh.pods.removals_pending() {
+            return true;
+        }
+        let over = sh
+            .pods
+            .ids_in_use()
+            .any(|id| sh.pods.is_live(id) && sh.pods.blocks(id) > sh.pods.capacity(id));
+        if over {
+            return true;
+        }
+        let stored =
+            Counters::get(&sh.counters.entries) > 0 || Counters::get(&sh.counters.nodes) > 0;
+        let expiry_period = (sh.ttl_ms / 8).max(1);
+        stored
+            && self
+                .last_pass
+                .is_none_or(|t| now.saturating_sub(t) >= expiry_period)
     }
 
     fn begin_pass(&mut self, sh: &Shared, trees: Vec<Arc<Tree>>) {

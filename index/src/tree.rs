@@ -655,6 +655,46 @@ mod tests {
     }
 
     #[test]
+    fn sweep_due_says_when_a_pass_has_work() {
+        let index = Index::new(IndexConfig {
+            ttl: std::time::Duration::from_secs(80),
+            ..IndexConfig::default()
+        });
+        assert!(!index.sweep_due(T0), "an empty index has nothing to sweep");
+        index.insert("m", &[1, 2, 3], "a", T0).unwrap();
+        // Nothing swept yet: one pass to start the expiry clock.
+        assert!(index.sweep_due(T0));
+        index.sweep(T0, usize::MAX);
+        assert!(!index.sweep_due(T0 + 1), "under capacity, nothing removed");
+        // ttl / 8 = 10 s later, a pass frees what expired meanwhile.
+        assert!(!index.sweep_due(T0 + 9_999));
+        assert!(index.sweep_due(T0 + 10_000));
+        index.sweep(T0 + 10_000, usize::MAX);
+        assert!(!index.sweep_due(T0 + 10_001));
+        // Over capacity: due until the sweep has evicted down to it.
+        index.set_pod_capacity("a", 1).unwrap();
+        assert!(index.sweep_due(T0 + 10_001));
+        index.sweep(T0 + 10_001, usize::MAX);
+        assert_eq!(index.pod_blocks("a"), 1);
+        assert!(!index.sweep_due(T0 + 10_002));
+        // A removed pod: due until its entries are purged and its id freed.
+        index.remove_pod("a");
+        assert!(index.sweep_due(T0 + 10_002));
+        for t in 0..8 {
+            index.sweep(T0 + 10_003 + t, usize::MAX);
+        }
+        assert!(!index.sweep_due(T0 + 10_020));
+        // A budget too small to finish: still due after the call.
+        for i in 0..50u64 {
+            index.insert("m", &[i, i + 100], "b", T0 + 10_020).unwrap();
+        }
+        index.sweep(T0 + 10_021, usize::MAX);
+        index.set_pod_capacity("b", 10).unwrap();
+        index.sweep(T0 + 10_022, 3);
+        assert!(index.sweep_due(T0 + 10_022));
+    }
+
+    #[test]
     fn max_blocks_refuses_inserts_and_the_sweep_makes_room() {
         let index = Index::new(IndexConfig {
             max_blocks: 100,

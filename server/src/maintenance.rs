@@ -1,8 +1,9 @@
-//! The maintenance task: sweeps the index every `sweep_interval`.
+//! The maintenance task: sweeps the index when it has work.
 //!
-//! Each tick runs one complete sweep pass (TTL expiry, removed pods, capacity
-//! and global-bound eviction, then freeing retired memory) in calls of at
-//! most `sweep_budget` nodes. Each call runs on tokio's blocking pool and the
+//! Every `sweep_interval` it asks the index whether a sweep is due (a cheap
+//! look at counters, see `Index::sweep_due`); if so it runs one complete pass
+//! (TTL expiry, removed pods, capacity and global-bound eviction, then freeing
+//! retired memory) in calls of at most `sweep_budget` nodes. Each call runs on tokio's blocking pool and the
 //! task yields between calls, so request handling never waits for it; readers
 //! never wait for it either (the index's lookups take no lock).
 
@@ -31,6 +32,12 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // A pass costs time in proportion to the whole index; run one only
+        // when it has work (a pod over capacity, the global bound, a removed
+        // pod, or memory of expired entries to free every ttl/8).
+        if !index.sweep_due(now_ms()) {
+            continue;
         }
         loop {
             let idx = index.clone();

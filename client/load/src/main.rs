@@ -101,6 +101,9 @@ struct LoadArgs {
     /// index) in this process and load it: the transport baseline.
     #[arg(long, conflicts_with = "embedded")]
     echo: bool,
+    /// --embedded: the server's pod capacity in blocks.
+    #[arg(long, default_value_t = 31_250)]
+    pod_capacity: u64,
     /// --embedded: the server's sweep interval.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
@@ -188,8 +191,12 @@ fn main() -> anyhow::Result<()> {
 
 async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     let (addr, tls, _server) = if a.embedded {
-        let interval = a.sweep_interval;
-        let s = embedded::server(|c| c.sweep_interval = interval).await?;
+        let (interval, capacity) = (a.sweep_interval, a.pod_capacity);
+        let s = embedded::server(|c| {
+            c.sweep_interval = interval;
+            c.index.pod_capacity = capacity;
+        })
+        .await?;
         (s.addr, s.tls.clone(), Some(s))
     } else if a.echo {
         let s = embedded::echo(a.pods).await?;
