@@ -117,6 +117,12 @@ impl TlsConfig {
         tls.alpn_protocols = vec![ALPN.to_vec()];
         let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
             .map_err(|e| TlsError::Quic(e.to_string()))?;
-        Ok(quinn::ClientConfig::new(Arc::new(quic)))
+        let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
+        let mut transport = quinn::TransportConfig::default();
+        // A quiet gateway keeps its connection: ping well inside the server's
+        // idle timeout (30 s by default).
+        transport.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+        cfg.transport_config(Arc::new(transport));
+        Ok(cfg)
     }
 }

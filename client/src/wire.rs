@@ -466,6 +466,22 @@ impl<'a> ResponseWriter<'a> {
         self.put(reply);
     }
 
+    /// Payload bytes written so far.
+    pub fn len(&self) -> usize {
+        self.out.len() - self.start - HEADER_LEN
+    }
+
+    /// Whether no payload byte has been written (never true after `one` or
+    /// `batch`, which write the variant).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops the frame written so far, leaving the buffer as it was.
+    pub fn abandon(self) {
+        self.out.truncate(self.start);
+    }
+
     /// Completes the frame (fills in its length).
     pub fn finish(self) {
         let len = u32::try_from(self.out.len() - self.start - HEADER_LEN).unwrap_or(u32::MAX);

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use prefix_client::wire::{
     self, ErrorCode, Kind, Limits, Op, Reply, Request, Response, ResponseWriter, WireError,
-    WireStats, HEADER_LEN,
+    WireStats, HEADER_LEN, MAX_FRAME_CEILING,
 };
 use prefix_index::{Index, InsertError, Match, PodError, Reader};
 use smallvec::SmallVec;
@@ -136,6 +136,23 @@ pub fn encode_error(id: u64, error: &WireError, out: &mut Vec<u8>) {
     wire::encode_response(id, &Response::One(error.to_reply()), out);
 }
 
+/// Counts a frame in `requests_in_flight` while it lives, even if applying
+/// it panics.
+struct InFlight<'a>(&'a Metrics);
+
+impl<'a> InFlight<'a> {
+    fn new(m: &'a Metrics) -> Self {
+        m.in_flight.inc();
+        InFlight(m)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
+}
+
 /// Applies requests to the index.
 pub struct Handler {
     /// The index.
@@ -171,11 +188,18 @@ fn pod_error(e: &PodError) -> Reply {
 }
 
 impl Handler {
-    /// Key blocks a request carries: how heavy it is to serve.
+    /// How heavy a request is to serve, in key blocks or their equivalent:
+    /// candidate names are hashed like blocks, and changing the pod table
+    /// (removing a pod, naming a new one for its capacity) copies it, which
+    /// counts as 1,024.
     pub fn weight(request: &Request) -> usize {
         let op_weight = |op: &Op| match op {
-            Op::Lookup { key, .. } | Op::Insert { key, .. } => key.len(),
-            _ => 1,
+            Op::Lookup {
+                key, candidates, ..
+            } => key.len() + candidates.as_ref().map_or(0, Vec::len),
+            Op::Insert { key, .. } => key.len(),
+            Op::RemovePod { .. } | Op::SetPodCapacity { .. } => 1024,
+            Op::Stats | Op::Ping => 1,
         };
         match request {
             Request::One(op) => op_weight(op),
@@ -189,8 +213,14 @@ impl Handler {
     }
 
     /// Applies a request and appends its response frame to `out`.
+    ///
+    /// An answer is at most [`MAX_FRAME_CEILING`] bytes, the most a client
+    /// accepts: a batch whose answers would pass it (many lookups each listing
+    /// hundreds of pods) stops there and is answered `FrameTooLarge` instead;
+    /// its ops before that point were applied. This also bounds the memory one
+    /// request can make the server build.
     pub fn serve(&self, id: u64, request: &Request, out: &mut Vec<u8>) {
-        self.metrics.in_flight.inc();
+        let _in_flight = InFlight::new(&self.metrics);
         let started = Instant::now();
         let now = now_ms();
         let reader = self.index.reader();
@@ -207,18 +237,34 @@ impl Handler {
             }
             Request::Batch(ops) => {
                 let mut w = ResponseWriter::batch(out, id, ops.len());
-                for op in ops {
+                let mut too_large = None;
+                for (i, op) in ops.iter().enumerate() {
                     let failed = self.apply(op, now, &reader, &mut scratch, &mut w);
                     tally.add(metrics::op_slot(op), failed);
+                    if w.len() > MAX_FRAME_CEILING as usize {
+                        too_large = Some(i + 1);
+                        break;
+                    }
                 }
-                w.finish();
+                match too_large {
+                    None => w.finish(),
+                    Some(applied) => {
+                        w.abandon();
+                        let message = format!(
+                            "the answers would exceed {MAX_FRAME_CEILING} bytes; the first \
+                             {applied} of {} ops were applied; send smaller batches",
+                            ops.len()
+                        );
+                        let reply = error(ErrorCode::FrameTooLarge, message);
+                        wire::encode_response(id, &Response::One(reply), out);
+                    }
+                }
                 metrics::BATCH
             }
         };
         drop(reader);
         self.metrics.count(&tally);
         self.metrics.observe(slot, started.elapsed().as_secs_f64());
-        self.metrics.in_flight.dec();
     }
 
     /// Counts a frame refused before any op was read.
@@ -488,6 +534,33 @@ mod tests {
         let (id, e) = inbox.truncated().unwrap();
         assert_eq!((id, e.code()), (11, ErrorCode::Malformed));
         assert_eq!(Inbox::default().truncated(), None);
+    }
+
+    #[test]
+    fn an_answer_past_the_frame_ceiling_is_refused_not_built() {
+        let h = handler();
+        // 2,000 pods with 250-byte names: each lookup lists ~0.5 MB.
+        for p in 0..2000 {
+            let pod = format!("{p:0>250}");
+            h.index.insert("m", &[1], &pod, now_ms()).unwrap();
+        }
+        let lookup = Op::Lookup {
+            model: "m".into(),
+            key: vec![1],
+            candidates: None,
+        };
+        let mut out = vec![7];
+        h.serve(3, &Request::Batch(vec![lookup; 64]), &mut out);
+        assert_eq!(out[0], 7, "what was in the buffer stays");
+        assert!(out.len() < 1 << 20, "the large answer was dropped");
+        let (id, r) = answer(&out[1..]);
+        assert_eq!(id, 3);
+        let Response::One(Reply::Error { code, message }) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(ErrorCode::from_u16(code), Some(ErrorCode::FrameTooLarge));
+        assert!(message.contains("of 64 ops were applied"), "{message}");
+        assert_eq!(h.metrics.in_flight.get(), 0);
     }
 
     #[test]

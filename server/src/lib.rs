@@ -199,8 +199,15 @@ impl Server {
         }
         self.endpoint.close(0u32.into(), b"server shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-        if let Some(h) = http {
-            let _ = h.await;
+        if let Some(mut h) = http {
+            // A peer that sent half a request would keep the HTTP server's
+            // graceful shutdown waiting; give it a second, then stop it.
+            if tokio::time::timeout(Duration::from_secs(1), &mut h)
+                .await
+                .is_err()
+            {
+                h.abort();
+            }
         }
         tracing::info!("stopped");
         Ok(())

@@ -7,6 +7,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::future::Future;
+
+use prefix_client::wire::ErrorCode;
+
 use crate::handler::{encode_error, Handler, Inbox, Next};
 
 /// Serves one accepted connection: every bidirectional stream the client
@@ -49,10 +53,13 @@ const READ_CHUNK: usize = 256 << 10;
 /// alone.
 const HEAVY_PER_STREAM: usize = 4;
 
+/// At shutdown, reads of already-arrived data a stream may still make.
+const DRAIN_READS: usize = 64;
+
 /// What woke a stream task.
 enum Event {
     Read(Result<Option<quinn::Chunk>, quinn::ReadError>),
-    Heavy(Result<(u64, Vec<u8>), tokio::task::JoinError>),
+    Heavy(Result<(tokio::task::Id, (u64, Vec<u8>)), tokio::task::JoinError>),
 }
 
 /// Serves one stream: read what has arrived, answer every whole frame in it,
@@ -72,6 +79,7 @@ async fn serve_stream(
     let mut out = Vec::with_capacity(64 << 10);
     let mut heavy = Heavy::default();
     let (mut reading, mut draining) = (true, false);
+    let mut drained = 0;
     loop {
         if !out.is_empty() {
             if send.write_all(&out).await.is_err() {
@@ -82,16 +90,27 @@ async fn serve_stream(
         if !reading && heavy.tasks.is_empty() {
             break;
         }
+        if !draining && shutdown.is_cancelled() {
+            draining = true;
+        }
         let event = if !reading || heavy.tasks.len() >= HEAVY_PER_STREAM {
-            match heavy.tasks.join_next().await {
+            match heavy.tasks.join_next_with_id().await {
                 Some(done) => Event::Heavy(done),
                 None => continue,
             }
         } else if draining {
-            // Only what is already here: a zero timeout polls the read once.
-            match tokio::time::timeout(Duration::ZERO, recv.read_chunk(READ_CHUNK, true)).await {
-                Ok(r) => Event::Read(r),
-                Err(_) => {
+            // Only what has already arrived: poll the read once. A client
+            // that keeps sending could otherwise hold the drain open, so
+            // stop after a bounded amount too.
+            drained += 1;
+            let polled = {
+                let mut read = std::pin::pin!(recv.read_chunk(READ_CHUNK, true));
+                std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await
+            };
+            match polled {
+                std::task::Poll::Ready(r) if drained <= DRAIN_READS => Event::Read(r),
+                _ => {
+                    let _ = recv.stop(u32::from(ErrorCode::Unavailable as u16).into());
                     reading = false;
                     continue;
                 }
@@ -99,12 +118,12 @@ async fn serve_stream(
         } else {
             tokio::select! {
                 biased;
-                Some(done) = heavy.tasks.join_next(), if !heavy.tasks.is_empty() => Event::Heavy(done),
-                r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
                 _ = shutdown.cancelled() => {
                     draining = true;
                     continue;
                 }
+                Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
+                r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
             }
         };
         match event {
@@ -161,13 +180,13 @@ impl Heavy {
 
     fn finished(
         &mut self,
-        done: Result<(u64, Vec<u8>), tokio::task::JoinError>,
+        done: Result<(tokio::task::Id, (u64, Vec<u8>)), tokio::task::JoinError>,
         handler: &Handler,
         out: &mut Vec<u8>,
     ) {
         match done {
-            Ok((id, bytes)) => {
-                self.ids.retain(|_, v| *v != id);
+            Ok((task, (_, bytes))) => {
+                self.ids.remove(&task);
                 out.extend_from_slice(&bytes);
             }
             Err(e) => {
