@@ -317,10 +317,7 @@ pub async fn run(
 /// bound.
 const OPEN_LOOP_CAP: usize = 100_000;
 
-/// Open loop: a pacing thread computes every frame's scheduled time (its
-/// `nanosleep` is precise to tens of microseconds, tokio's timer to a
-/// millisecond) and hands them to one dispatcher per connection, which sends
-/// each at once on its own task.
+/// Open loop: frames at `rate` per second over all connections.
 fn open_loop(
     run: &Arc<Run>,
     clients: Vec<(usize, Client)>,
@@ -328,38 +325,10 @@ fn open_loop(
     end: Instant,
     workers: &mut tokio::task::JoinSet<Tally>,
 ) {
-    let n = clients.len().max(1);
-    let mut senders = Vec::with_capacity(n);
-    for (c, (gateway, client)) in clients.into_iter().enumerate() {
-        let (tx, rx) = mpsc::unbounded_channel::<Instant>();
-        senders.push(tx);
-        workers.spawn(dispatch(
-            run.clone(),
-            client,
-            gateway,
-            Maker::new(c as u64),
-            rx,
-        ));
-    }
     let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
     let start = run.start;
-    std::thread::spawn(move || {
-        let mut k: u64 = 0;
-        loop {
-            let at = start + interval.mul_f64(k as f64);
-            if at >= end {
-                break;
-            }
-            let now = Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
-            }
-            if senders[(k as usize) % n].send(at).is_err() {
-                break;
-            }
-            k += 1;
-        }
-    });
+    let times = (0u64..).map(move |k| start + interval.mul_f64(k as f64));
+    paced(run, clients, end, workers, times);
 }
 
 /// Trace replay at the trace's own pace (scaled by `speed`).
@@ -369,23 +338,34 @@ fn trace_loop(
     end: Instant,
     workers: &mut tokio::task::JoinSet<Tally>,
 ) {
+    let (requests, speed, start) = (run.source.requests.clone(), run.source.speed, run.start);
+    let times = (0..requests.len())
+        .map(move |i| start + Duration::from_secs_f64(requests[i].at_ms as f64 / 1000.0 / speed));
+    paced(run, clients, end, workers, times);
+}
+
+/// Sends a frame at each of `times` (until `end`), round-robin over the
+/// connections. A pacing thread waits for each time (its `nanosleep` is
+/// precise to tens of microseconds, tokio's timer to a millisecond) and hands
+/// it to the connection's dispatcher, which sends the frame at once on its own
+/// task; latency counts from the scheduled time.
+fn paced(
+    run: &Arc<Run>,
+    clients: Vec<(usize, Client)>,
+    end: Instant,
+    workers: &mut tokio::task::JoinSet<Tally>,
+    times: impl Iterator<Item = Instant> + Send + 'static,
+) {
     let n = clients.len().max(1);
     let mut senders = Vec::with_capacity(n);
     for (c, (gateway, client)) in clients.into_iter().enumerate() {
         let (tx, rx) = mpsc::unbounded_channel::<Instant>();
         senders.push(tx);
-        workers.spawn(dispatch(
-            run.clone(),
-            client,
-            gateway,
-            Maker::new(c as u64),
-            rx,
-        ));
+        let maker = Maker::new(c as u64);
+        workers.spawn(dispatch(run.clone(), client, gateway, maker, rx));
     }
-    let (requests, speed, start) = (run.source.requests.clone(), run.source.speed, run.start);
     std::thread::spawn(move || {
-        for (k, r) in requests.iter().enumerate() {
-            let at = start + Duration::from_secs_f64(r.at_ms as f64 / 1000.0 / speed);
+        for (k, at) in times.enumerate() {
             if at >= end {
                 break;
             }
