@@ -166,6 +166,19 @@ pub struct WireStats {
     pub bytes: u64,
 }
 
+impl From<prefix_index::Stats> for WireStats {
+    fn from(s: prefix_index::Stats) -> Self {
+        WireStats {
+            models: s.models,
+            pods: s.pods,
+            nodes: s.nodes,
+            tree_blocks: s.tree_blocks,
+            entries: s.entries,
+            bytes: s.bytes,
+        }
+    }
+}
+
 /// The answer to one [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub enum Reply {

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use prefix_client::wire::{
     self, ErrorCode, Kind, Limits, Op, Reply, Request, Response, ResponseWriter, WireError,
-    WireStats, HEADER_LEN, MAX_FRAME_CEILING,
+    HEADER_LEN, MAX_FRAME_CEILING,
 };
 use prefix_index::{Index, InsertError, Match, PodError, Reader};
 use smallvec::SmallVec;
@@ -283,16 +283,16 @@ impl Handler {
         scratch: &mut Vec<Match>,
         w: &mut ResponseWriter<'_>,
     ) -> bool {
+        if let Err(e) = wire::check_op(op, &self.limits) {
+            w.reply(&e.to_reply());
+            return true;
+        }
         if let Op::Lookup {
             model,
             key,
             candidates,
         } = op
         {
-            if let Err(e) = wire::check_op(op, &self.limits) {
-                w.reply(&e.to_reply());
-                return true;
-            }
             let names: Option<SmallVec<[&str; 16]>> = candidates
                 .as_ref()
                 .map(|c| c.iter().map(String::as_str).collect());
@@ -312,11 +312,8 @@ impl Handler {
         matches!(reply, Reply::Error { .. })
     }
 
-    /// Applies an op other than a lookup.
+    /// Applies an op other than a lookup (already checked against the limits).
     fn apply_write(&self, op: &Op, now: u64) -> Reply {
-        if let Err(e) = wire::check_op(op, &self.limits) {
-            return e.to_reply();
-        }
         match op {
             Op::Lookup { .. } => error(ErrorCode::Internal, "lookup on the write path"),
             Op::Insert { model, key, pod } => match self.index.insert(model, key, pod, now) {
@@ -331,17 +328,7 @@ impl Handler {
                 Ok(()) => Reply::Done,
                 Err(e) => pod_error(&e),
             },
-            Op::Stats => {
-                let s = self.index.stats();
-                Reply::Stats(WireStats {
-                    models: s.models,
-                    pods: s.pods,
-                    nodes: s.nodes,
-                    tree_blocks: s.tree_blocks,
-                    entries: s.entries,
-                    bytes: s.bytes,
-                })
-            }
+            Op::Stats => Reply::Stats(self.index.stats().into()),
             Op::Ping => Reply::Pong,
         }
     }

@@ -21,6 +21,23 @@ pub struct Embedded {
     _dir: tempfile::TempDir,
 }
 
+impl Embedded {
+    /// A started server whose certificate is in `dir`.
+    fn new(
+        addr: SocketAddr,
+        stop: oneshot::Sender<()>,
+        dir: tempfile::TempDir,
+    ) -> anyhow::Result<Self> {
+        let tls = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None)?;
+        Ok(Embedded {
+            addr,
+            tls,
+            _stop: stop,
+            _dir: dir,
+        })
+    }
+}
+
 fn config(dir: &tempfile::TempDir) -> ServerConfig {
     ServerConfig {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -46,13 +63,7 @@ pub async fn server(tweak: impl FnOnce(&mut ServerConfig)) -> anyhow::Result<Emb
     tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
-    let tls = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None)?;
-    Ok(Embedded {
-        addr,
-        tls,
-        _stop: stop,
-        _dir: dir,
-    })
+    Embedded::new(addr, stop, dir)
 }
 
 /// The canned answer of the echo server: a lookup reply listing `pods` pods,
@@ -104,13 +115,7 @@ pub async fn echo(pods: usize) -> anyhow::Result<Embedded> {
         }
         endpoint.close(0u32.into(), b"done");
     });
-    let tls = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None)?;
-    Ok(Embedded {
-        addr,
-        tls,
-        _stop: stop,
-        _dir: dir,
-    })
+    Embedded::new(addr, stop, dir)
 }
 
 async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, pods: usize) {
