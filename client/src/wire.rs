@@ -36,6 +36,7 @@ pub const HEADER_LEN: usize = 16;
 const MAGIC: [u8; 2] = *b"PI";
 /// The most bytes bincode may reserve while decoding one payload, whatever its
 /// length fields say: 64 MiB, four times the largest `max_frame_bytes` we accept.
+/// Small payloads get much less (see [`decode_budget`]).
 pub const DECODE_CEILING: usize = 64 << 20;
 /// The largest `max_frame_bytes` a configuration may set: 16 MiB.
 pub const MAX_FRAME_CEILING: u32 = 16 << 20;
@@ -512,9 +513,34 @@ pub fn encode_response(request_id: u64, response: &Response, out: &mut Vec<u8>) 
     encode_frame(2, request_id, response, out);
 }
 
+/// The most bytes decoding a payload of `len` bytes may reserve. Bincode
+/// reserves a container's memory from its length field before reading its
+/// elements, against this budget; so it must be generous enough for real
+/// payloads (every element costs at least one byte on the wire and at most
+/// 128 in memory, an `Op` in a batch: 128 × `len` suffices), and small enough
+/// that a short frame with a huge length field cannot make the server
+/// reserve megabytes. It is at most max(1 MiB, 1024 × `len`), and never more
+/// than [`DECODE_CEILING`].
+pub fn decode_budget(len: usize) -> usize {
+    match len {
+        0..=8_192 => 1 << 20,
+        8_193..=65_536 => 8 << 20,
+        _ => DECODE_CEILING,
+    }
+}
+
 fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, WireError> {
-    let (msg, used) = bincode::decode_from_slice(payload, config())
-        .map_err(|e| WireError::Malformed(e.to_string()))?;
+    fn with<const N: usize, T: Decode<()>>(
+        p: &[u8],
+    ) -> Result<(T, usize), bincode::error::DecodeError> {
+        bincode::decode_from_slice(p, bincode::config::standard().with_limit::<N>())
+    }
+    let decoded = match decode_budget(payload.len()) {
+        b if b == 1 << 20 => with::<{ 1 << 20 }, T>(payload),
+        b if b == 8 << 20 => with::<{ 8 << 20 }, T>(payload),
+        _ => with::<DECODE_CEILING, T>(payload),
+    };
+    let (msg, used) = decoded.map_err(|e| WireError::Malformed(e.to_string()))?;
     if used != payload.len() {
         return Err(WireError::Malformed(format!(
             "{} bytes left over",

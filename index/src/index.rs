@@ -36,7 +36,7 @@ impl Shared {
     }
 }
 
-type ModelMap = HashMap<Box<str>, Arc<Tree>, ahash::RandomState>;
+pub(crate) type ModelMap = HashMap<Box<str>, Arc<Tree>, ahash::RandomState>;
 
 /// A `LocalHandle` of our private collector, kept per thread.
 struct Handle(LocalHandle);
@@ -54,7 +54,7 @@ unsafe impl Send for Handle {}
 /// an argument: milliseconds on any clock the caller keeps monotonic (the
 /// server uses Unix-epoch milliseconds, so snapshots keep their ages).
 pub struct Index {
-    sh: Shared,
+    pub(crate) sh: Shared,
     models: AtomicPtr<ModelMap>,
     model_writer: Mutex<()>,
     sweeper: Mutex<Sweeper>,
@@ -106,7 +106,7 @@ impl Index {
         &self.sh.cfg
     }
 
-    fn pin(&self) -> Guard {
+    pub(crate) fn pin(&self) -> Guard {
         self.handles
             .get_or(|| Handle(self.collector.register()))
             .0
@@ -121,7 +121,7 @@ impl Index {
         }
     }
 
-    fn models<'g>(&self, _guard: &'g Guard) -> &'g ModelMap {
+    pub(crate) fn models<'g>(&self, _guard: &'g Guard) -> &'g ModelMap {
         // Acquire: pairs with the Release swap that published the map.
         let map = self.models.load(Ordering::Acquire);
         // SAFETY: maps are retired through the epoch; never null.

@@ -344,6 +344,17 @@ impl Pods {
         0..self.writer.lock().next
     }
 
+    /// Every live pod's name and id (a snapshot writes them).
+    pub(crate) fn live<'g>(&self, guard: &'g Guard) -> impl Iterator<Item = (&'g str, u32)> {
+        self.map(guard).iter().map(|(name, &id)| (&**name, id))
+    }
+
+    /// The capacity new pods start with.
+    pub(crate) fn default_capacity(&self) -> u64 {
+        // Relaxed: a setting; nothing is ordered by it.
+        self.default_capacity.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn live_count(&self, guard: &Guard) -> usize {
         self.map(guard).len()
     }

@@ -6,11 +6,14 @@ mod common;
 use std::time::Duration;
 
 use common::Model;
-use prefix_index::{Index, IndexConfig};
+use prefix_index::{Index, IndexConfig, Snapshot};
 use proptest::prelude::*;
 
 const TTL: u64 = 50;
 const PODS: [&str; 4] = ["a", "b", "pod-c", "pod-d"];
+/// More pods than fit the lookup's 64-bit rank word.
+static MANY: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| (0..70).map(|i| format!("pod-{i:02}")).collect());
 const MODELS: [&str; 2] = ["m1", "m2"];
 
 #[derive(Debug, Clone)]
@@ -35,6 +38,10 @@ enum Op {
     /// none visible to lookups (so it is only generated without capacities).
     PartialSweep(usize),
     Advance(u64),
+    /// Snapshot the index, restore it into a fresh one, and go on with that.
+    Restart,
+    /// A jump far past the TTL (every entry expires at once).
+    Jump,
 }
 
 fn key() -> impl Strategy<Value = Vec<u64>> {
@@ -43,26 +50,38 @@ fn key() -> impl Strategy<Value = Vec<u64>> {
 }
 
 fn op(with_capacity: bool) -> impl Strategy<Value = Op> {
+    op_with(with_capacity, PODS.len(), false)
+}
+
+fn op_with(with_capacity: bool, pods: usize, restarts: bool) -> impl Strategy<Value = Op> {
     let cap_weight = if with_capacity { 2 } else { 0 };
     let partial_weight = if with_capacity { 0 } else { 2 };
+    let restart_weight = if restarts { 2 } else { 0 };
     prop_oneof![
-        8 => (0..MODELS.len(), key(), 0..PODS.len()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
-        6 => (0..MODELS.len(), key(), prop::option::of(prop::collection::vec(0..PODS.len(), 0..3)))
+        8 => (0..MODELS.len(), key(), 0..pods).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
+        6 => (0..MODELS.len(), key(), prop::option::of(prop::collection::vec(0..pods, 0..3)))
             .prop_map(|(model, key, cands)| Op::Lookup { model, key, cands }),
-        1 => (0..PODS.len()).prop_map(Op::RemovePod),
-        cap_weight => (0..PODS.len(), 0u64..12).prop_map(|(pod, blocks)| Op::SetCapacity { pod, blocks }),
+        1 => (0..pods).prop_map(Op::RemovePod),
+        cap_weight => (0..pods, 0u64..12).prop_map(|(pod, blocks)| Op::SetCapacity { pod, blocks }),
         2 => Just(Op::Sweep),
         partial_weight => (1usize..4).prop_map(Op::PartialSweep),
         2 => (0..2 * TTL).prop_map(Op::Advance),
+        restart_weight => Just(Op::Restart),
+        (restart_weight / 2) => Just(Op::Jump),
     ]
 }
 
 fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
-    let index = Index::new(IndexConfig {
+    run_with(ops, default_capacity, &PODS)
+}
+
+fn run_with(ops: Vec<Op>, default_capacity: u64, pods: &[&str]) -> Result<(), TestCaseError> {
+    let cfg = IndexConfig {
         ttl: Duration::from_millis(TTL),
         pod_capacity: default_capacity,
         ..IndexConfig::default()
-    });
+    };
+    let mut index = Index::new(cfg.clone());
     let mut model = Model::new(TTL, default_capacity);
     // Every op moves time on, so no two inserts share a timestamp.
     let mut now = 1_000;
@@ -70,8 +89,8 @@ fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
         now += 1;
         match op {
             Op::Insert { model: m, key, pod } => {
-                index.insert(MODELS[m], &key, PODS[pod], now).unwrap();
-                model.insert(MODELS[m], &key, PODS[pod], now);
+                index.insert(MODELS[m], &key, pods[pod], now).unwrap();
+                model.insert(MODELS[m], &key, pods[pod], now);
             }
             Op::Lookup {
                 model: m,
@@ -79,18 +98,18 @@ fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
                 cands,
             } => {
                 let names: Option<Vec<&str>> =
-                    cands.map(|c| c.into_iter().map(|i| PODS[i]).collect());
+                    cands.map(|c| c.into_iter().map(|i| pods[i]).collect());
                 let got = index.lookup(MODELS[m], &key, names.as_deref(), now);
                 let want = model.lookup(MODELS[m], &key, names.as_deref(), now);
                 prop_assert_eq!(got, want, "lookup {:?} {:?} at {}", MODELS[m], key, now);
             }
             Op::RemovePod(p) => {
-                index.remove_pod(PODS[p]);
-                model.remove_pod(PODS[p]);
+                index.remove_pod(pods[p]);
+                model.remove_pod(pods[p]);
             }
             Op::SetCapacity { pod, blocks } => {
-                index.set_pod_capacity(PODS[pod], blocks).unwrap();
-                model.set_capacity(PODS[pod], blocks);
+                index.set_pod_capacity(pods[pod], blocks).unwrap();
+                model.set_capacity(pods[pod], blocks);
             }
             Op::Sweep => {
                 index.sweep(now, usize::MAX);
@@ -102,7 +121,7 @@ fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
                     model.tree_blocks(),
                     "tree blocks after sweep"
                 );
-                for p in PODS {
+                for &p in pods {
                     let want: u64 = model
                         .prefixes
                         .values()
@@ -116,6 +135,14 @@ fn run(ops: Vec<Op>, default_capacity: u64) -> Result<(), TestCaseError> {
                 index.sweep(now, budget);
             }
             Op::Advance(ms) => now += ms,
+            Op::Jump => now += 10 * TTL,
+            Op::Restart => {
+                let mut bytes = Vec::new();
+                index.write_snapshot(&mut bytes, now).unwrap();
+                let fresh = Index::new(cfg.clone());
+                Snapshot::parse(&bytes).unwrap().restore(&fresh, now);
+                index = fresh;
+            }
         }
         // Every lookup of every stored prefix agrees, not only the sampled ones.
         for (m, tree) in &model.prefixes {
@@ -140,6 +167,12 @@ proptest! {
     #[test]
     fn matches_the_model_with_capacities(ops in prop::collection::vec(op(true), 1..80)) {
         run(ops, 10)?;
+    }
+
+    #[test]
+    fn matches_the_model_across_restarts_and_jumps(ops in prop::collection::vec(op_with(true, 70, true), 1..120)) {
+        let pods: Vec<&str> = MANY.iter().map(String::as_str).collect();
+        run_with(ops, 10, &pods)?;
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use prefix_client::wire::{Limits, MAX_FRAME_CEILING};
 use prefix_index::IndexConfig;
+
+use crate::access::{Identity, Roles};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -45,7 +47,7 @@ pub struct Settings {
     /// [default: 127.0.0.1:7071]
     #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
-    /// Directory for the generated certificate (and, later, snapshots).
+    /// Directory for the generated certificate and the index snapshot.
     /// [default: ./prefix-index-data]
     #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -116,6 +118,31 @@ pub struct Settings {
     /// [default: 5s]
     #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<HumanDuration>,
+    /// How often the index is written to <data-dir>/index.snapshot (it is
+    /// also written at shutdown and read back at start); "0s" turns
+    /// snapshots off. [default: 30s]
+    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_INTERVAL")]
+    pub snapshot_interval: Option<HumanDuration>,
+    /// Heavy requests (see --inline-blocks) one connection may have running
+    /// at once; past it, its streams stop reading until one finishes.
+    /// [default: 16]
+    #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
+    /// Bytes a connection may send ahead of what the server has read (its
+    /// QUIC receive window): the memory one connection can make the server
+    /// buffer. [default: 4194304]
+    #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
+    pub connection_window: Option<u32>,
+    /// A client identity that may only look up (and ask stats, ping):
+    /// sha256:<hex>, cn:<name> or subject:<dn>. Repeat the flag; in the
+    /// environment separate them with ';'. Needs --client-ca.
+    #[arg(long = "reader", env = "PREFIX_INDEX_READERS", value_delimiter = ';')]
+    pub readers: Option<Vec<String>>,
+    /// A client identity that may also insert, remove pods and set
+    /// capacities (same forms as --reader). With either list set, clients
+    /// matching neither may do nothing.
+    #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
+    pub writers: Option<Vec<String>>,
 }
 
 /// Why the configuration is unusable.
@@ -190,7 +217,12 @@ impl Settings {
             sweep_interval,
             sweep_budget,
             inline_blocks,
-            drain_timeout
+            drain_timeout,
+            snapshot_interval,
+            max_in_flight,
+            connection_window,
+            readers,
+            writers
         )
     }
 
@@ -236,10 +268,35 @@ impl Settings {
             sweep_budget: self.sweep_budget.unwrap_or(d.sweep_budget),
             inline_blocks: self.inline_blocks.unwrap_or(d.inline_blocks),
             drain_timeout: dur(self.drain_timeout, d.drain_timeout),
+            snapshot_interval: match self.snapshot_interval {
+                None => d.snapshot_interval,
+                Some(h) if h.0.is_zero() => None,
+                Some(h) => Some(h.0),
+            },
+            max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
+            connection_window: self.connection_window.unwrap_or(d.connection_window),
+            roles: Roles {
+                readers: identities("reader", self.readers)?,
+                writers: identities("writer", self.writers)?,
+            },
         };
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+/// Parses a list of client identities.
+fn identities(name: &'static str, list: Option<Vec<String>>) -> Result<Vec<Identity>, ConfigError> {
+    list.unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            s.parse().map_err(|_| ConfigError::Invalid {
+                name,
+                value: s,
+                why: "expected sha256:<64 hex digits>, cn:<name> or subject:<dn>",
+            })
+        })
+        .collect()
 }
 
 /// Where the server's certificate comes from.
@@ -301,6 +358,22 @@ pub struct ServerConfig {
     pub inline_blocks: usize,
     /// Time allowed for in-flight requests at shutdown. Default 5 s.
     pub drain_timeout: Duration,
+    /// Snapshot period, or none for no snapshots at all. Default 30 s: a
+    /// crash loses at most that much of inserts, and at the default bound
+    /// (16 M entries) writing takes a few seconds of one core per period.
+    pub snapshot_interval: Option<Duration>,
+    /// Heavy requests running at once per connection. Default 16: enough to
+    /// keep both blocking-pool cores busy from one client, not enough for one
+    /// client to queue thousands of milliseconds-long tasks.
+    pub max_in_flight: usize,
+    /// QUIC receive window per connection, in bytes. Default 4 MiB: ample
+    /// for loopback and datacenter round trips, and 4,096 connections can
+    /// then buffer at most 16 GiB only if every one of them is stalled with a
+    /// full window (size it down with `max_connections` on small machines).
+    pub connection_window: u32,
+    /// Roles of client identities (see [`crate::access`]). Default: none,
+    /// every connected client may write.
+    pub roles: Roles,
 }
 
 impl Default for ServerConfig {
@@ -323,6 +396,10 @@ impl Default for ServerConfig {
             sweep_budget: 65_536,
             inline_blocks: 16_384,
             drain_timeout: Duration::from_secs(5),
+            snapshot_interval: Some(Duration::from_secs(30)),
+            max_in_flight: 16,
+            connection_window: 4 << 20,
+            roles: Roles::default(),
         }
     }
 }
@@ -382,6 +459,23 @@ impl ServerConfig {
                 "idle-timeout",
                 &format!("{:?}", self.idle_timeout),
                 "must be at least 1s",
+            );
+        }
+        if self.max_in_flight == 0 {
+            return bad("max-in-flight", &0, "must be at least 1");
+        }
+        if self.connection_window < 65_536 {
+            return bad(
+                "connection-window",
+                &self.connection_window,
+                "must be at least 65536",
+            );
+        }
+        if self.roles.enabled() && self.client_ca.is_none() {
+            return bad(
+                "reader/writer",
+                &"set",
+                "roles name client certificates: they need --client-ca (mutual TLS)",
             );
         }
         Ok(())

@@ -27,6 +27,7 @@ use prefix_client::wire::{
 use prefix_index::{Index, InsertError, Match, PodError, Reader};
 use smallvec::SmallVec;
 
+use crate::access::Access;
 use crate::metrics::{self, Metrics, Tally};
 
 /// The next thing a stream's bytes hold.
@@ -187,6 +188,24 @@ fn pod_error(e: &PodError) -> Reply {
     }
 }
 
+/// The refusal of an op the client may not do, if it may not.
+fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
+    match access {
+        Access::Write => None,
+        Access::Read => match op {
+            Op::Lookup { .. } | Op::Stats | Op::Ping => None,
+            Op::Insert { .. } | Op::RemovePod { .. } | Op::SetPodCapacity { .. } => Some(error(
+                ErrorCode::Forbidden,
+                "this client's certificate is a reader: it may look up but not change the index",
+            )),
+        },
+        Access::Denied(who) => Some(error(
+            ErrorCode::Forbidden,
+            format!("{who} has no role on this server (see --reader and --writer)"),
+        )),
+    }
+}
+
 impl Handler {
     /// How heavy a request is to serve, in key blocks or their equivalent:
     /// candidate names are hashed like blocks, and changing the pod table
@@ -219,7 +238,11 @@ impl Handler {
     /// hundreds of pods) stops there and is answered `FrameTooLarge` instead;
     /// its ops before that point were applied. This also bounds the memory one
     /// request can make the server build.
-    pub fn serve(&self, id: u64, request: &Request, out: &mut Vec<u8>) {
+    ///
+    /// `access` is what the connection's client may do (see
+    /// [`crate::access`]); ops it may not do are refused one by one with
+    /// `Forbidden` and change nothing.
+    pub fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
         let _in_flight = InFlight::new(&self.metrics);
         let started = Instant::now();
         let now = now_ms();
@@ -229,7 +252,7 @@ impl Handler {
         let slot = match request {
             Request::One(op) => {
                 let mut w = ResponseWriter::one(out, id);
-                let failed = self.apply(op, now, &reader, &mut scratch, &mut w);
+                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
                 w.finish();
                 let slot = metrics::op_slot(op);
                 tally.add(slot, failed);
@@ -239,7 +262,7 @@ impl Handler {
                 let mut w = ResponseWriter::batch(out, id, ops.len());
                 let mut too_large = None;
                 for (i, op) in ops.iter().enumerate() {
-                    let failed = self.apply(op, now, &reader, &mut scratch, &mut w);
+                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
                     tally.add(metrics::op_slot(op), failed);
                     if w.len() > MAX_FRAME_CEILING as usize {
                         too_large = Some(i + 1);
@@ -278,11 +301,16 @@ impl Handler {
     fn apply(
         &self,
         op: &Op,
+        access: &Access,
         now: u64,
         reader: &Reader<'_>,
         scratch: &mut Vec<Match>,
         w: &mut ResponseWriter<'_>,
     ) -> bool {
+        if let Some(refusal) = forbidden(op, access) {
+            w.reply(&refusal);
+            return true;
+        }
         if let Err(e) = wire::check_op(op, &self.limits) {
             w.reply(&e.to_reply());
             return true;
@@ -373,7 +401,7 @@ mod tests {
             let mut out = Vec::new();
             match inbox.next(&h.limits) {
                 Next::Wait => return answers,
-                Next::Request { id, request } => h.serve(id, &request, &mut out),
+                Next::Request { id, request } => h.serve(id, &request, &Access::Write, &mut out),
                 Next::Refuse { id, error } | Next::Fatal { id, error } => {
                     encode_error(id, &error, &mut out)
                 }
@@ -537,7 +565,12 @@ mod tests {
             candidates: None,
         };
         let mut out = vec![7];
-        h.serve(3, &Request::Batch(vec![lookup; 64]), &mut out);
+        h.serve(
+            3,
+            &Request::Batch(vec![lookup; 64]),
+            &Access::Write,
+            &mut out,
+        );
         assert_eq!(out[0], 7, "what was in the buffer stays");
         assert!(out.len() < 1 << 20, "the large answer was dropped");
         let (id, r) = answer(&out[1..]);
@@ -565,5 +598,57 @@ mod tests {
         assert_eq!(Handler::weight(&batch), 120);
         assert!(h.is_heavy(&batch));
         assert!(!h.is_heavy(&Request::One(Op::Ping)));
+    }
+
+    use proptest::prelude::Strategy as _;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            std::env::var("FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(500)
+        ))]
+        /// A stream of valid frames and garbage, cut at arbitrary points:
+        /// the framing never panics, every answer is a well-formed response
+        /// frame, and after a fatal error the stream is not read further.
+        #[test]
+        fn arbitrary_streams_get_well_formed_answers(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+                    (0u64..4, 0u64..4).prop_map(|(a, b)| frame(a, &Request::One(Op::Insert {
+                        model: "m".into(), key: vec![a, b], pod: "p".into(),
+                    }))),
+                    proptest::prelude::any::<u64>().prop_map(|id| frame(id, &Request::One(Op::Ping))),
+                ],
+                1..12,
+            ),
+            cuts in proptest::collection::vec(1usize..40, 1..20),
+        ) {
+            let h = handler();
+            let mut inbox = Inbox::default();
+            let bytes: Vec<u8> = parts.concat();
+            let mut at = 0;
+            let mut sizes = cuts.iter().cycle();
+            'feed: while at < bytes.len() {
+                let n = (*sizes.next().unwrap()).min(bytes.len() - at);
+                inbox.push(&bytes[at..at + n]);
+                at += n;
+                loop {
+                    let mut out = Vec::new();
+                    match inbox.next(&h.limits) {
+                        Next::Wait => break,
+                        Next::Request { id, request } => h.serve(id, &request, &Access::Write, &mut out),
+                        Next::Refuse { id, error } => encode_error(id, &error, &mut out),
+                        Next::Fatal { id, error } => {
+                            encode_error(id, &error, &mut out);
+                            let _ = answer(&out);
+                            break 'feed;
+                        }
+                    }
+                    let _ = answer(&out);
+                }
+            }
+            let _ = inbox.truncated();
+            proptest::prop_assert!(h.index.stats().entries <= 2 * 16);
+        }
     }
 }

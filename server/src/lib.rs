@@ -7,6 +7,8 @@
 //! - [`maintenance`]: the sweep task (TTL, capacities, freeing memory).
 //! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
+//! - [`access`]: roles of client certificates (readers and writers).
+//! - [`snapshot`]: the index saved to the data directory and restored.
 //!
 //! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
 //! ports back); [`Server::run`] serves until the shutdown future resolves,
@@ -32,11 +34,13 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub mod access;
 pub mod config;
 pub mod handler;
 mod http;
 pub mod maintenance;
 pub mod metrics;
+pub mod snapshot;
 mod stream;
 pub mod tls;
 
@@ -86,7 +90,9 @@ impl Server {
         transport
             .max_concurrent_bidi_streams(cfg.max_streams.into())
             .max_concurrent_uni_streams(0u32.into())
-            .max_idle_timeout(cfg.idle_timeout.try_into().ok());
+            .max_idle_timeout(cfg.idle_timeout.try_into().ok())
+            .receive_window(cfg.connection_window.into())
+            .stream_receive_window(cfg.connection_window.min(1 << 20).into());
         server_config.transport_config(Arc::new(transport));
         let bind_err = |addr| move |source| ServerError::Bind { addr, source };
         let endpoint =
@@ -99,9 +105,21 @@ impl Server {
             ),
             None => None,
         };
+        let index = Arc::new(Index::new(cfg.index.clone()));
+        let metrics = Arc::<Metrics>::default();
+        if cfg.snapshot_interval.is_some() {
+            let (i, m, dir) = (index.clone(), metrics.clone(), cfg.data_dir.clone());
+            // Reading and replaying a large snapshot takes seconds: keep it
+            // off the async workers.
+            let loaded =
+                tokio::task::spawn_blocking(move || snapshot::load_and_report(&i, &dir, &m));
+            if let Err(e) = loaded.await {
+                tracing::error!(error = %e, "restoring the snapshot failed; starting empty");
+            }
+        }
         Ok(Server {
-            index: Arc::new(Index::new(cfg.index.clone())),
-            metrics: Arc::default(),
+            index,
+            metrics,
             cfg,
             endpoint,
             http,
@@ -150,6 +168,15 @@ impl Server {
             self.cfg.sweep_budget,
             token.clone(),
         ));
+        if let Some(every) = self.cfg.snapshot_interval {
+            tracker.spawn(snapshot::run(
+                self.index.clone(),
+                self.cfg.data_dir.clone(),
+                self.metrics.clone(),
+                every,
+                token.clone(),
+            ));
+        }
         let http = self.http.map(|listener| {
             let app = http::router(http::Probe {
                 index: self.index.clone(),
@@ -199,6 +226,11 @@ impl Server {
         }
         self.endpoint.close(0u32.into(), b"server shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        if self.cfg.snapshot_interval.is_some() {
+            // Every answered insert is in it: the drain is over.
+            snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)
+                .await;
+        }
         if let Some(mut h) = http {
             // A peer that sent half a request would keep the HTTP server's
             // graceful shutdown waiting; give it a second, then stop it.
@@ -224,6 +256,7 @@ async fn accept_loop(
     tracker: TaskTracker,
 ) {
     let open = Arc::new(());
+    let roles = Arc::new(cfg.roles.clone());
     while let Some(incoming) = endpoint.accept().await {
         // Every connection task holds a clone of `open`.
         if Arc::strong_count(&open) > cfg.max_connections {
@@ -239,6 +272,7 @@ async fn accept_loop(
             tracker.clone(),
         );
         let held = open.clone();
+        let (roles, max_in_flight) = (roles.clone(), cfg.max_in_flight);
         tracker.spawn(async move {
             let _held = held;
             let conn = match incoming.await {
@@ -251,7 +285,7 @@ async fn accept_loop(
             };
             metrics.connections_accepted.inc();
             metrics.connections.inc();
-            stream::serve_connection(conn, handler, token, tracker2).await;
+            stream::serve_connection(conn, handler, &roles, max_in_flight, token, tracker2).await;
             metrics.connections.dec();
         });
     }

@@ -5,7 +5,7 @@
 //! once. Index sizes are read from the index at scrape time.
 
 use prefix_client::wire::Op;
-use prefix_index::{Index, SweepReport};
+use prefix_index::{Index, SweepReport, WriteSummary};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -75,6 +75,14 @@ pub struct Metrics {
     sweep_purged: Counter,
     sweep_unlinked: Counter,
     sweep_seconds: Histogram,
+    snapshots: Counter,
+    /// Snapshots that could not be written, and a snapshot refused at start.
+    pub snapshot_failures: Counter,
+    snapshot_bytes: Gauge,
+    snapshot_entries: Gauge,
+    snapshot_seconds: Histogram,
+    /// Resident memory of the process, read at scrape time (Linux).
+    resident_bytes: Gauge,
     index: [Gauge; 6],
 }
 
@@ -137,6 +145,12 @@ impl Default for Metrics {
             sweep_purged: Counter::default(),
             sweep_unlinked: Counter::default(),
             sweep_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
+            snapshots: Counter::default(),
+            snapshot_failures: Counter::default(),
+            snapshot_bytes: Gauge::default(),
+            snapshot_entries: Gauge::default(),
+            snapshot_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
+            resident_bytes: Gauge::default(),
             index: Default::default(),
         };
         m.register_rest()
@@ -202,6 +216,36 @@ impl Metrics {
             "Time of one sweep call",
             self.sweep_seconds.clone(),
         );
+        r.register(
+            "snapshots_written",
+            "Snapshots written to the data directory",
+            self.snapshots.clone(),
+        );
+        r.register(
+            "snapshot_failures",
+            "Snapshots that could not be written, or refused at start",
+            self.snapshot_failures.clone(),
+        );
+        r.register(
+            "snapshot_bytes",
+            "Size of the last snapshot written",
+            self.snapshot_bytes.clone(),
+        );
+        r.register(
+            "snapshot_entries",
+            "(pod, node) entries in the last snapshot written",
+            self.snapshot_entries.clone(),
+        );
+        r.register(
+            "snapshot_duration_seconds",
+            "Time to write one snapshot",
+            self.snapshot_seconds.clone(),
+        );
+        r.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the server process",
+            self.resident_bytes.clone(),
+        );
         let names = [
             ("index_models", "Models in the index"),
             ("index_pods", "Live pods"),
@@ -236,6 +280,14 @@ impl Metrics {
         self.latency[slot].observe(seconds);
     }
 
+    /// Records one snapshot written.
+    pub fn snapshot(&self, s: &WriteSummary, seconds: f64) {
+        self.snapshots.inc();
+        self.snapshot_bytes.set(s.bytes as i64);
+        self.snapshot_entries.set(s.entries as i64);
+        self.snapshot_seconds.observe(seconds);
+    }
+
     /// Records one sweep call.
     pub fn sweep(&self, r: &SweepReport, seconds: f64) {
         self.sweep_calls.inc();
@@ -254,9 +306,21 @@ impl Metrics {
         for (g, v) in self.index.iter().zip(values) {
             g.set(i64::try_from(v).unwrap_or(i64::MAX));
         }
+        if let Some(rss) = resident_bytes() {
+            self.resident_bytes
+                .set(i64::try_from(rss).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Resident memory of this process: the second field of `/proc/self/statm`
+/// (pages) times the page size, which is 4 KiB on the platforms we ship for.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
 }

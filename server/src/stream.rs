@@ -11,7 +11,22 @@ use std::future::Future;
 
 use prefix_client::wire::ErrorCode;
 
+use prefix_client::wire::Request;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::access::{Access, Roles};
 use crate::handler::{encode_error, Handler, Inbox, Next};
+
+/// What every stream of one connection shares.
+struct Shared {
+    conn: quinn::Connection,
+    handler: Arc<Handler>,
+    /// What the client may do, from its certificate.
+    access: Arc<Access>,
+    /// Heavy requests the connection may still start (`max_in_flight`).
+    permits: Arc<Semaphore>,
+    shutdown: CancellationToken,
+}
 
 /// Serves one accepted connection: every bidirectional stream the client
 /// opens gets its own task. Returns when the client closes the connection or
@@ -19,9 +34,26 @@ use crate::handler::{encode_error, Handler, Inbox, Next};
 pub async fn serve_connection(
     conn: quinn::Connection,
     handler: Arc<Handler>,
+    roles: &Roles,
+    max_in_flight: usize,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
+    let certs = conn.peer_identity().and_then(|any| {
+        any.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
+            .ok()
+    });
+    let access = roles.access(certs.as_deref().map(Vec::as_slice));
+    if let Access::Denied(who) = &access {
+        tracing::warn!(remote = %conn.remote_address(), client = %who, "a client with no role connected; its requests will be refused");
+    }
+    let shared = Arc::new(Shared {
+        conn: conn.clone(),
+        handler,
+        access: Arc::new(access),
+        permits: Arc::new(Semaphore::new(max_in_flight)),
+        shutdown: shutdown.clone(),
+    });
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -29,13 +61,7 @@ pub async fn serve_connection(
         };
         match accepted {
             Ok((send, recv)) => {
-                tracker.spawn(serve_stream(
-                    send,
-                    recv,
-                    conn.clone(),
-                    handler.clone(),
-                    shutdown.clone(),
-                ));
+                tracker.spawn(serve_stream(send, recv, shared.clone()));
             }
             Err(e) => {
                 tracing::debug!(remote = %conn.remote_address(), reason = %e, "connection ended");
@@ -48,11 +74,6 @@ pub async fn serve_connection(
 /// Largest chunk read at once.
 const READ_CHUNK: usize = 256 << 10;
 
-/// Heavy frames one stream may have on the blocking pool at once. Past it the
-/// stream stops reading until one finishes: back-pressure on that client
-/// alone.
-const HEAVY_PER_STREAM: usize = 4;
-
 /// At shutdown, reads of already-arrived data a stream may still make.
 const DRAIN_READS: usize = 64;
 
@@ -60,25 +81,34 @@ const DRAIN_READS: usize = 64;
 enum Event {
     Read(Result<Option<quinn::Chunk>, quinn::ReadError>),
     Heavy(Result<(tokio::task::Id, (u64, Vec<u8>)), tokio::task::JoinError>),
+    /// A heavy-request permit for the frame waiting for one.
+    Permit(OwnedSemaphorePermit),
 }
 
 /// Serves one stream: read what has arrived, answer every whole frame in it,
 /// write the answers in one go, repeat. Heavy frames run on the blocking pool
 /// and are answered when done, possibly after frames that came later (the
 /// client matches answers by request id), so they hold up neither other
-/// connections nor this stream. At shutdown, answers what has already arrived,
-/// then finishes the stream and waits for the client to acknowledge.
+/// connections nor this stream. A connection runs at most `max_in_flight`
+/// heavy frames at once; a stream whose next heavy frame finds none free stops
+/// reading until one is (back-pressure on that client alone). At shutdown,
+/// answers what has already arrived, then finishes the stream and waits for
+/// the client to acknowledge.
 async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    conn: quinn::Connection,
-    handler: Arc<Handler>,
-    shutdown: CancellationToken,
+    shared: Arc<Shared>,
 ) {
+    let Shared {
+        conn,
+        handler,
+        shutdown,
+        ..
+    } = &*shared;
     let mut inbox = Inbox::default();
     let mut out = Vec::with_capacity(64 << 10);
-    let mut heavy = Heavy::default();
-    let (mut reading, mut draining) = (true, false);
+    let mut heavy = Heavy::new(&shared);
+    let (mut reading, mut draining, mut ended) = (true, false, false);
     let mut drained = 0;
     loop {
         if !out.is_empty() {
@@ -87,13 +117,19 @@ async fn serve_stream(
             }
             out.clear();
         }
-        if !reading && heavy.tasks.is_empty() {
+        if !reading && heavy.tasks.is_empty() && heavy.waiting.is_none() {
             break;
         }
         if !draining && shutdown.is_cancelled() {
             draining = true;
         }
-        let event = if !reading || heavy.tasks.len() >= HEAVY_PER_STREAM {
+        let event = if heavy.waiting.is_some() {
+            let permits = heavy.permits.clone();
+            tokio::select! {
+                Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
+                Ok(p) = permits.acquire_owned() => Event::Permit(p),
+            }
+        } else if !reading {
             match heavy.tasks.join_next_with_id().await {
                 Some(done) => Event::Heavy(done),
                 None => continue,
@@ -127,27 +163,34 @@ async fn serve_stream(
             }
         };
         match event {
-            Event::Heavy(done) => heavy.finished(done, &handler, &mut out),
-            Event::Read(Ok(Some(chunk))) => {
-                inbox.push(&chunk.bytes);
-                if let Some(code) = answer(&handler, &mut inbox, &mut out, &mut heavy) {
-                    let _ = recv.stop(u32::from(code).into());
-                    reading = false;
-                }
-            }
+            Event::Heavy(done) => heavy.finished(done, handler, &mut out),
+            Event::Permit(permit) => heavy.resume(permit),
+            Event::Read(Ok(Some(chunk))) => inbox.push(&chunk.bytes),
             Event::Read(Ok(None)) => {
-                // The client finished its side; answer a frame it cut short.
-                if let Some((id, e)) = inbox.truncated() {
-                    handler.refused();
-                    encode_error(id, &e, &mut out);
-                }
                 reading = false;
+                ended = true;
             }
             Event::Read(Err(e)) => {
                 // The connection is gone: nobody to answer.
                 tracing::debug!(reason = %e, "stream ended");
                 return;
             }
+        }
+        if heavy.waiting.is_some() {
+            continue;
+        }
+        if let Some(code) = answer(handler, &mut inbox, &mut out, &mut heavy) {
+            let _ = recv.stop(u32::from(code).into());
+            reading = false;
+            ended = false;
+        }
+        if ended && heavy.waiting.is_none() {
+            // The client finished its side; answer a frame it cut short.
+            if let Some((id, e)) = inbox.truncated() {
+                handler.refused();
+                encode_error(id, &e, &mut out);
+            }
+            ended = false;
         }
     }
     let _ = send.finish();
@@ -160,19 +203,58 @@ async fn serve_stream(
 }
 
 /// A stream's heavy frames on the blocking pool.
-#[derive(Default)]
 struct Heavy {
     tasks: tokio::task::JoinSet<(u64, Vec<u8>)>,
     /// Request id of each task, to answer even if one fails.
     ids: std::collections::HashMap<tokio::task::Id, u64>,
+    /// A heavy frame read while the connection had no permit free; the
+    /// stream reads nothing more until it starts.
+    waiting: Option<(u64, Request)>,
+    permits: Arc<Semaphore>,
+    handler: Arc<Handler>,
+    access: Arc<Access>,
 }
 
 impl Heavy {
-    fn start(&mut self, handler: &Arc<Handler>, id: u64, request: prefix_client::wire::Request) {
-        let h = handler.clone();
+    fn new(shared: &Shared) -> Heavy {
+        Heavy {
+            tasks: tokio::task::JoinSet::new(),
+            ids: std::collections::HashMap::new(),
+            waiting: None,
+            permits: shared.permits.clone(),
+            handler: shared.handler.clone(),
+            access: shared.access.clone(),
+        }
+    }
+
+    /// Starts a heavy frame if the connection has a permit free; otherwise
+    /// parks it (and returns false: read no further frames for now).
+    fn start(&mut self, id: u64, request: Request) -> bool {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(permit) => {
+                self.spawn(permit, id, request);
+                true
+            }
+            Err(_) => {
+                self.waiting = Some((id, request));
+                false
+            }
+        }
+    }
+
+    /// Starts the parked frame with a permit that came free.
+    fn resume(&mut self, permit: OwnedSemaphorePermit) {
+        if let Some((id, request)) = self.waiting.take() {
+            self.spawn(permit, id, request);
+        }
+    }
+
+    fn spawn(&mut self, permit: OwnedSemaphorePermit, id: u64, request: Request) {
+        let (h, access) = (self.handler.clone(), self.access.clone());
         let task = self.tasks.spawn_blocking(move || {
+            let _permit = permit;
             let mut buf = Vec::new();
-            h.serve(id, &request, &mut buf);
+            h.serve(id, &request, &access, &mut buf);
             (id, buf)
         });
         self.ids.insert(task.id(), id);
@@ -208,10 +290,11 @@ impl Heavy {
 }
 
 /// Answers every whole frame in the inbox into `out`, starting heavy ones on
-/// the blocking pool. Returns the error code if the stream's framing is lost
-/// and it must close.
+/// the blocking pool, until the inbox is empty or a heavy frame has to wait
+/// for a permit. Returns the error code if the stream's framing is lost and it
+/// must close.
 fn answer(
-    handler: &Arc<Handler>,
+    handler: &Handler,
     inbox: &mut Inbox,
     out: &mut Vec<u8>,
     heavy: &mut Heavy,
@@ -223,9 +306,11 @@ fn answer(
                 if handler.is_heavy(&request) {
                     // A big batch of long keys takes milliseconds: run it off
                     // the async workers so other connections are not held up.
-                    heavy.start(handler, id, request);
+                    if !heavy.start(id, request) {
+                        return None;
+                    }
                 } else {
-                    handler.serve(id, &request, out);
+                    handler.serve(id, &request, &heavy.access, out);
                 }
             }
             Next::Refuse { id, error } => {

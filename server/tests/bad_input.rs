@@ -7,15 +7,6 @@ mod common;
 use prefix_client::wire::{
     self, ErrorCode, Limits, Op, Reply, Request, Response, HEADER_LEN, MAX_FRAME_CEILING,
 };
-use prefix_client::TlsConfig;
-
-/// A raw QUIC connection speaking our ALPN.
-async fn raw(server: &common::TestServer) -> quinn::Connection {
-    let tls = TlsConfig::from_files(&server.ca, None, None).unwrap();
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(tls.quic_config().unwrap());
-    ep.connect(server.addr, "localhost").unwrap().await.unwrap()
-}
 
 /// Sends `bytes` on a new stream, finishes it, and reads every answer frame
 /// until the server ends the stream.
@@ -59,7 +50,7 @@ async fn bad_frames_get_typed_errors_and_the_server_keeps_serving() {
     let server = common::start(|cfg| cfg.max_frame_bytes = 4096).await;
     let good = server.client().await;
     good.insert("m", &[1, 2], "p").await.unwrap();
-    let conn = raw(&server).await;
+    let conn = common::raw(&server).await;
 
     // Garbage: not our magic. Answered, then the stream is closed.
     let a = exchange(&conn, b"GET / HTTP/1.1\r\nHost: example\r\n\r\n").await;
@@ -166,7 +157,7 @@ async fn bad_frames_get_typed_errors_and_the_server_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stream_does_not_close_the_connection() {
     let server = common::start(|_| {}).await;
-    let conn = raw(&server).await;
+    let conn = common::raw(&server).await;
     let a = exchange(&conn, &[0xFF; 40]).await;
     assert_eq!(code_of(&a[0].1), Some(ErrorCode::BadVersion));
     // Same connection, new stream: fine.

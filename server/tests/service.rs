@@ -103,28 +103,17 @@ async fn every_operation_end_to_end() {
     assert_eq!(replies[3], Reply::Pong);
 
     // Metrics and probes answer over HTTP.
-    let metrics = http_get(server.metrics_addr.unwrap(), "/metrics").await;
+    let metrics = common::http_get(server.metrics_addr.unwrap(), "/metrics").await;
     assert!(metrics.contains("prefix_index_requests_total{op=\"lookup\",outcome=\"ok\"}"));
     assert!(metrics.contains("prefix_index_index_entries"));
     assert!(metrics.contains("prefix_index_sweep_calls_total"));
-    assert!(http_get(server.metrics_addr.unwrap(), "/readyz")
+    assert!(common::http_get(server.metrics_addr.unwrap(), "/readyz")
         .await
         .starts_with("HTTP/1.1 200"));
-    assert!(http_get(server.metrics_addr.unwrap(), "/healthz")
+    assert!(common::http_get(server.metrics_addr.unwrap(), "/healthz")
         .await
         .starts_with("HTTP/1.1 200"));
     server.shutdown().await;
-}
-
-/// A bare HTTP/1.1 GET (the test needs no HTTP client crate for this).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -131,3 +131,113 @@ async fn mutual_tls_admits_only_signed_clients() {
     assert_eq!(server.index.stats().entries, 1);
     server.shutdown().await;
 }
+
+/// `sha256:<hex>` of a PEM certificate file, as an operator would compute it
+/// (`openssl x509 -noout -fingerprint -sha256`).
+fn fingerprint(pem: &Path) -> String {
+    let der = prefix_client::load_certs(pem).unwrap().remove(0);
+    let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
+    let hex: Vec<String> = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+    format!("sha256:{}", hex.join(":"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("gateways");
+    let ca_path = ca.write(dir.path(), "clients-ca.pem");
+    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
+    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
+    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
+    let writer_id = fingerprint(&rw_cert);
+
+    let server = common::start(|cfg| {
+        cfg.client_ca = Some(ca_path.clone());
+        cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
+        cfg.roles.writers = vec![writer_id.parse().unwrap()];
+    })
+    .await;
+    let connect = async |cert: &Path, key: &Path| {
+        let cfg = prefix_client::ClientConfig {
+            tls: TlsConfig::from_files(&server.ca, Some(cert), Some(key)).unwrap(),
+            ..server.client_config()
+        };
+        Client::connect(server.addr, cfg).await.unwrap()
+    };
+    let writer = connect(&rw_cert, &rw_key).await;
+    let reader = connect(&ro_cert, &ro_key).await;
+    let stranger = connect(&other_cert, &other_key).await;
+
+    writer.insert("m", &[1, 2, 3], "pod-a").await.unwrap();
+    writer.set_pod_capacity("pod-a", 100).await.unwrap();
+    let before = server.index.stats();
+
+    // The reader looks up, pings and reads stats...
+    let found = reader.lookup("m", &[1, 2, 3], None).await.unwrap();
+    assert_eq!(found.matches.len(), 1);
+    reader.ping().await.unwrap();
+    reader.stats().await.unwrap();
+    // ...but every write is refused with Forbidden, and changes nothing.
+    let forbidden = |e: ClientError, what: &str| match e {
+        ClientError::Server { code, message } => {
+            assert_eq!(
+                code,
+                prefix_client::wire::ErrorCode::Forbidden as u16,
+                "{what}: {message}"
+            );
+            message
+        }
+        other => panic!("{what}: {other}"),
+    };
+    let msg = forbidden(
+        reader.insert("m", &[9, 9], "pod-b").await.unwrap_err(),
+        "insert",
+    );
+    assert!(msg.contains("reader"), "{msg}");
+    forbidden(reader.remove_pod("pod-a").await.unwrap_err(), "remove_pod");
+    forbidden(
+        reader.set_pod_capacity("pod-a", 1).await.unwrap_err(),
+        "set_pod_capacity",
+    );
+    // In a batch, the reader's lookups are answered and its insert refused.
+    use prefix_client::wire::{Op, Reply};
+    let replies = reader
+        .batch(vec![
+            Op::Lookup {
+                model: "m".into(),
+                key: vec![1, 2],
+                candidates: None,
+            },
+            Op::Insert {
+                model: "m".into(),
+                key: vec![7],
+                pod: "pod-c".into(),
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(&replies[0], Reply::Lookup { matches, .. } if matches.len() == 1));
+    assert!(
+        matches!(&replies[1], Reply::Error { code, .. } if *code == prefix_client::wire::ErrorCode::Forbidden as u16)
+    );
+
+    // A certificate signed by the CA but on neither list may do nothing; the
+    // refusal names its fingerprint so the operator can add it.
+    let msg = forbidden(
+        stranger.lookup("m", &[1], None).await.unwrap_err(),
+        "lookup",
+    );
+    let hex = fingerprint(&other_cert)[7..]
+        .replace(':', "")
+        .to_lowercase();
+    assert!(msg.contains(&hex), "{msg}");
+    forbidden(
+        stranger.insert("m", &[5], "pod-x").await.unwrap_err(),
+        "insert",
+    );
+
+    let after = server.index.stats();
+    assert_eq!((after.entries, after.pods), (before.entries, before.pods));
+    assert_eq!(server.index.pod_blocks("pod-a"), 3);
+    server.shutdown().await;
+}

@@ -49,6 +49,9 @@ pub struct Source {
     pub requests: Arc<Vec<Request>>,
     /// Replay at `at_ms / speed`; 0 ignores the times.
     pub speed: f64,
+    /// Make every op's key distinct (each block mixed with the op's number)
+    /// and spread inserts over every pod: a flood of new keys.
+    pub unique: bool,
 }
 
 /// The result, as printed and as `--json`.
@@ -140,17 +143,23 @@ impl Maker {
         // Relaxed: a ticket counter, no data hangs on it.
         let i = run.cursor.fetch_add(1, Ordering::Relaxed);
         let r = &run.source.requests[i % run.source.requests.len()];
+        let (key, session) = if run.source.unique {
+            let mix = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            (r.key.iter().map(|b| b ^ mix).collect(), i as u64)
+        } else {
+            (r.key.clone(), r.session)
+        };
         if self.rng.random::<f64>() < plan.lookups {
             Op::Lookup {
                 model: plan.model.clone(),
-                key: r.key.clone(),
+                key,
                 candidates: None,
             }
         } else {
             Op::Insert {
                 model: plan.model.clone(),
-                key: r.key.clone(),
-                pod: format!("pod-{}", (r.session as usize + gateway) % plan.pods.max(1)),
+                key,
+                pod: format!("pod-{}", (session as usize + gateway) % plan.pods.max(1)),
             }
         }
     }

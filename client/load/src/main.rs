@@ -158,6 +158,10 @@ struct LoadArgs {
     /// lookups find --pods pods each (as the echo server's answers list).
     #[arg(long)]
     prefill: bool,
+    /// Make every op's key new (a flood of distinct keys, inserts spread over
+    /// --pods pods): for memory bounds, with --mix 0.
+    #[arg(long)]
+    unique: bool,
     /// Measured time.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -217,6 +221,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         }
     };
     let source = load::Source {
+        unique: a.unique,
         requests: Arc::new(requests),
         speed: if a.workload == WorkloadKind::Trace {
             a.speed

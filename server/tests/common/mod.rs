@@ -2,8 +2,9 @@
 //! that trust them.
 #![allow(dead_code)]
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -109,4 +110,140 @@ pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("never happened: {what}");
+}
+
+/// A bare HTTP/1.1 GET (the test needs no HTTP client crate for this).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// The value of a counter or gauge on `/metrics` (0 if absent).
+pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let body = http_get(addr, "/metrics").await;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A raw QUIC connection speaking our ALPN, for tests that misbehave.
+pub async fn raw(server: &TestServer) -> quinn::Connection {
+    let tls = TlsConfig::from_files(&server.ca, None, None).unwrap();
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(tls.quic_config().unwrap());
+    ep.connect(server.addr, "localhost").unwrap().await.unwrap()
+}
+
+/// A server process on fixed loopback ports (so a restart keeps its address).
+pub struct Proc {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+}
+
+pub fn free_ports() -> (SocketAddr, SocketAddr) {
+    let udp = UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let tcp = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    (udp, tcp)
+}
+
+impl Proc {
+    pub fn start(dir: &Path, addr: SocketAddr, http: SocketAddr, snapshot_interval: &str) -> Proc {
+        Proc::start_with(dir, addr, http, &["--snapshot-interval", snapshot_interval])
+    }
+
+    /// Starts the binary with these extra flags.
+    pub fn start_with(dir: &Path, addr: SocketAddr, http: SocketAddr, flags: &[&str]) -> Proc {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("server.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_prefix-server"))
+            .args(["--listen", &addr.to_string()])
+            .args(["--metrics-listen", &http.to_string()])
+            .arg("--data-dir")
+            .arg(dir)
+            .args(flags)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Proc {
+            child,
+            addr,
+            dir: dir.into(),
+        }
+    }
+
+    /// A client, once the server answers (it may still be restoring).
+    pub async fn client(&mut self) -> Client {
+        for _ in 0..500 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("server exited: {status}; log:\n{}", self.log());
+            }
+            let ca = self.dir.join("cert.pem");
+            if ca.exists() {
+                let cfg = ClientConfig {
+                    tls: TlsConfig::from_files(&ca, None, None).unwrap(),
+                    deadline: Duration::from_secs(10),
+                    ..ClientConfig::default()
+                };
+                if let Ok(c) = Client::connect(self.addr, cfg).await {
+                    if c.ping().await.is_ok() {
+                        return c;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        panic!("server never answered; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
+    pub async fn wait(&mut self) -> ExitStatus {
+        for _ in 0..1500 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("server did not exit; log:\n{}", self.log());
+    }
+
+    /// Resident memory of the process, from `/proc/<pid>/statm` (Linux).
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.child.id())).ok()?;
+        Some(statm.split_whitespace().nth(1)?.parse::<u64>().ok()? * 4096)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

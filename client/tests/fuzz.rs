@@ -1,0 +1,284 @@
+//! The decoders under a fuzzer (proptest, on stable): arbitrary bytes, and
+//! valid frames cut and mutated. Nothing may panic, every failure is a typed
+//! [`WireError`], and no input may make the decoder reserve memory out of
+//! proportion to its length (a counting allocator records the largest single
+//! allocation).
+//!
+//! `cargo test` runs a few thousand cases; the long run is
+//! `FUZZ_CASES=1000000 cargo test --release -p prefix-client --test fuzz -- --include-ignored`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use prefix_client::wire::{
+    decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
+    split_frame, Limits, Op, PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
+};
+use proptest::prelude::*;
+
+/// The system allocator, recording the largest request per thread-less
+/// window (tests read and reset it around one decode).
+struct Counting;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator unchanged; only records sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // Relaxed: a statistic, read after the decode on the same thread.
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        // Relaxed: as in `alloc`.
+        LARGEST.fetch_max(new, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// Tests run on several threads; the allocation check needs this one alone.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn cases(default: u32) -> u32 {
+    std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs every decoder on `bytes` and checks the allocation bound.
+fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let limits = Limits::default();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    LARGEST.store(0, Ordering::Relaxed);
+    let outcomes: [Result<(), WireError>; 4] = [
+        decode_header(bytes, &limits).map(drop),
+        split_frame(bytes, &limits).map(drop),
+        decode_request(bytes, &limits).map(drop),
+        decode_response(bytes).map(drop),
+    ];
+    let largest = LARGEST.load(Ordering::Relaxed);
+    let bound = decode_budget(bytes.len()) + 4096;
+    prop_assert!(
+        largest <= bound,
+        "{} input bytes made a {largest}-byte allocation (bound {bound})",
+        bytes.len()
+    );
+    for r in outcomes {
+        if let Err(e) = r {
+            // Typed, with a code and a message.
+            let _ = (e.code(), e.to_string());
+        }
+    }
+    // A frame, when one splits off, decodes as a request or fails typed.
+    if let Ok(Some(frame)) = split_frame(bytes, &limits) {
+        let _ = decode_request(frame.payload, &limits);
+    }
+    Ok(())
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z0-9-]{1,12}"
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = prop::collection::vec(any::<u64>(), 0..40);
+    prop_oneof![
+        (
+            name(),
+            key.clone(),
+            prop::option::of(prop::collection::vec(name(), 0..4))
+        )
+            .prop_map(|(model, key, candidates)| Op::Lookup {
+                model,
+                key,
+                candidates
+            }),
+        (name(), key, name()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
+        name().prop_map(|pod| Op::RemovePod { pod }),
+        (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
+        Just(Op::Stats),
+        Just(Op::Ping),
+    ]
+}
+
+fn request() -> impl Strategy<Value = Request> {
+    prop_oneof![
+        op().prop_map(Request::One),
+        prop::collection::vec(op(), 0..12).prop_map(Request::Batch),
+    ]
+}
+
+fn reply() -> impl Strategy<Value = Reply> {
+    prop_oneof![
+        (
+            any::<u32>(),
+            prop::collection::vec((name(), any::<u32>()), 0..5)
+        )
+            .prop_map(|(k, m)| {
+                Reply::Lookup {
+                    key_blocks: k,
+                    matches: m
+                        .into_iter()
+                        .map(|(pod, blocks)| PodBlocks { pod, blocks })
+                        .collect(),
+                }
+            }),
+        Just(Reply::Done),
+        any::<bool>().prop_map(Reply::Removed),
+        Just(Reply::Pong),
+        (any::<u16>(), ".{0,20}").prop_map(|(code, message)| Reply::Error { code, message }),
+    ]
+}
+
+/// A mutation of a valid frame: flip bits, cut, splice in a length-like run.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Cut(usize),
+    Splice(usize, Vec<u8>),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
+        any::<usize>().prop_map(Mutation::Cut),
+        // 0xfb..0xfd are bincode's varint markers for 2-, 4- and 8-byte
+        // lengths: the way to claim a huge container in a few bytes.
+        (
+            any::<usize>(),
+            prop::collection::vec(prop_oneof![Just(0xfdu8), Just(0xffu8), any::<u8>()], 1..10)
+        )
+            .prop_map(|(i, b)| Mutation::Splice(i, b)),
+    ]
+}
+
+fn mutate(mut bytes: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
+    for m in muts {
+        if bytes.is_empty() {
+            break;
+        }
+        match m {
+            Mutation::Flip(i, x) => {
+                let i = i % bytes.len();
+                bytes[i] ^= x;
+            }
+            Mutation::Cut(i) => bytes.truncate(i % bytes.len()),
+            Mutation::Splice(i, run) => {
+                let i = i % bytes.len();
+                bytes.splice(i..i, run.iter().copied());
+            }
+        }
+    }
+    bytes
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(1500)))]
+
+    #[test]
+    fn arbitrary_bytes_fail_typed_and_small(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        decode_all(&bytes)?;
+        // The same bytes behind a valid header: they reach the payload decoders.
+        let mut framed = Vec::new();
+        encode_request(1, &Request::One(Op::Ping), &mut framed);
+        framed.truncate(HEADER_LEN);
+        framed[4..8].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+        framed.extend_from_slice(&bytes);
+        decode_all(&framed)?;
+    }
+
+    #[test]
+    fn valid_requests_round_trip_and_mutants_fail_typed(
+        id in any::<u64>(),
+        req in request(),
+        muts in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let limits = Limits::default();
+        let mut bytes = Vec::new();
+        encode_request(id, &req, &mut bytes);
+        let frame = split_frame(&bytes, &limits).unwrap().unwrap();
+        prop_assert_eq!(decode_request(frame.payload, &limits).unwrap(), req);
+        decode_all(&mutate(bytes.clone(), &muts))?;
+        decode_all(&mutate(bytes[HEADER_LEN..].to_vec(), &muts))?;
+    }
+
+    #[test]
+    fn valid_responses_round_trip_and_mutants_fail_typed(
+        id in any::<u64>(),
+        replies in prop::collection::vec(reply(), 1..6),
+        muts in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let resp = Response::Batch(replies);
+        let mut bytes = Vec::new();
+        encode_response(id, &resp, &mut bytes);
+        prop_assert_eq!(decode_response(&bytes[HEADER_LEN..]).unwrap(), resp);
+        decode_all(&mutate(bytes[HEADER_LEN..].to_vec(), &muts))?;
+    }
+}
+
+/// The classic attack, spelled out: a few bytes claiming a 32 MiB name, a key
+/// of 4 Mi blocks (32 MiB), or a batch of 2^32 ops. The first two fit under
+/// the 64 MiB ceiling, so only the budget scaled to the payload stops them.
+#[test]
+fn huge_length_fields_in_tiny_frames_are_refused_cheaply() {
+    let limits = Limits::default();
+    // Request::One, Op::Insert, model length 0xfc (u32) 32 Mi.
+    let mut name_bomb = vec![0u8, 1, 0xfc];
+    name_bomb.extend_from_slice(&(32u32 << 20).to_le_bytes());
+    // Request::One, Op::Lookup, model "m", key length 0xfc (u32) 4 Mi.
+    let mut key_bomb = vec![0u8, 0, 1, b'm', 0xfc];
+    key_bomb.extend_from_slice(&(4u32 << 20).to_le_bytes());
+    // Request::Batch with 2^32 - 1 ops.
+    let mut batch_bomb = vec![1u8, 0xfc];
+    batch_bomb.extend_from_slice(&u32::MAX.to_le_bytes());
+    for bomb in [name_bomb, key_bomb, batch_bomb] {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        LARGEST.store(0, Ordering::Relaxed);
+        let e = decode_request(&bomb, &limits).unwrap_err();
+        let largest = LARGEST.load(Ordering::Relaxed);
+        assert!(matches!(e, WireError::Malformed(_)), "{e}");
+        assert!(
+            largest <= 1 << 20,
+            "{largest} bytes reserved for {} input bytes",
+            bomb.len()
+        );
+    }
+}
+
+/// The long run: `FUZZ_CASES` (default 200,000) cases of each property.
+#[test]
+#[ignore = "long fuzzing run; see the module docs"]
+fn long_run() {
+    let n = cases(200_000);
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(n));
+    runner
+        .run(&prop::collection::vec(any::<u8>(), 0..4096), |b| {
+            decode_all(&b)
+        })
+        .unwrap();
+    runner
+        .run(
+            &(
+                any::<u64>(),
+                request(),
+                prop::collection::vec(mutation(), 1..6),
+            ),
+            |(id, req, muts)| {
+                let mut bytes = Vec::new();
+                encode_request(id, &req, &mut bytes);
+                decode_all(&mutate(bytes.clone(), &muts))?;
+                decode_all(&mutate(bytes[HEADER_LEN..].to_vec(), &muts))
+            },
+        )
+        .unwrap();
+}

@@ -1,0 +1,788 @@
+//! Snapshots: the index's content written to bytes and read back, so a
+//! restarted server answers as before.
+//!
+//! A snapshot is **logical**: live pods (with capacities that differ from the
+//! default) and, per model, the tree's nodes in pre-order with their visible
+//! `(pod, last used)` entries. Restoring replays them as inserts at their own
+//! times, so the restored tree is rebuilt by the same code (and keeps the same
+//! invariants) as a live one, and entry ages survive: an entry that had 10 s of
+//! TTL left when written has 10 s left minus the downtime when read.
+//!
+//! Writing walks the trees under an epoch guard while writers go on, so a
+//! snapshot is *fuzzy*: an insert concurrent with it may or may not be in it,
+//! like with any online dump. Nothing is locked; readers are not disturbed.
+//!
+//! # Format (version 1)
+//!
+//! ```text
+//! magic "PFXSNAP\0" | bincode records ... | xxh3-64 of everything before, u64 LE
+//! records: Header { version, written_at, default_capacity }
+//!          Pod { name, capacity }*                 (pod refs are their order)
+//!          ( Model { name }  Node { parent, edge, entries }* )*
+//!          End { pods, models, nodes }
+//! ```
+//!
+//! `Node::parent` is the index of the parent among the model's nodes (or
+//! `ROOT`), and nodes come in pre-order, so a reader rebuilds each node's key
+//! with one path stack. [`Snapshot::parse`] checks everything (checksum, magic,
+//! version, references, the pre-order, the end counts) before anything is
+//! applied, so a damaged file is refused whole, never half restored.
+
+use std::io::{self, Write};
+
+use bincode::{Decode, Encode};
+use thiserror::Error;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::node::Node;
+use crate::Index;
+
+/// The first eight bytes of every snapshot.
+pub const MAGIC: [u8; 8] = *b"PFXSNAP\0";
+/// The format version this crate writes and reads.
+pub const VERSION: u32 = 1;
+/// `Node::parent` of a child of the root.
+const ROOT: u32 = u32::MAX;
+/// Marks an entry covered by a child's entry with the same time (restore
+/// skips it: the child's insert refreshes it). Pod refs stay below 2^31.
+const COVERED: u32 = 1 << 31;
+/// Largest single record read back: bounds what a corrupt length can allocate.
+const RECORD_LIMIT: usize = 64 << 20;
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<RECORD_LIMIT>()
+}
+
+/// One record, as read.
+#[derive(Debug, Encode, Decode)]
+enum Record {
+    Header {
+        version: u32,
+        written_at: u64,
+        default_capacity: u64,
+    },
+    Pod {
+        name: String,
+        capacity: u64,
+    },
+    Model {
+        name: String,
+    },
+    Node {
+        parent: u32,
+        edge: Vec<u64>,
+        entries: Vec<(u32, u64)>,
+    },
+    End {
+        pods: u32,
+        models: u32,
+        nodes: u64,
+    },
+}
+
+/// One record, as written (borrowed; the same encoding as [`Record`]).
+#[derive(Clone, Copy, Encode)]
+enum RecordRef<'a> {
+    Header {
+        version: u32,
+        written_at: u64,
+        default_capacity: u64,
+    },
+    Pod {
+        name: &'a str,
+        capacity: u64,
+    },
+    Model {
+        name: &'a str,
+    },
+    Node {
+        parent: u32,
+        edge: &'a [u64],
+        entries: &'a [(u32, u64)],
+    },
+    End {
+        pods: u32,
+        models: u32,
+        nodes: u64,
+    },
+}
+
+/// Why bytes are not a snapshot this version can restore.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// Shorter than magic and checksum.
+    #[error("snapshot truncated: {len} bytes")]
+    Truncated {
+        /// Bytes present.
+        len: usize,
+    },
+    /// The first bytes are not [`MAGIC`].
+    #[error("not a prefix-index snapshot (bad magic)")]
+    BadMagic,
+    /// The checksum does not match the content.
+    #[error("snapshot checksum mismatch (file damaged or truncated)")]
+    Checksum,
+    /// Written by another format version.
+    #[error("snapshot format version {found} (this build reads {VERSION})")]
+    Version {
+        /// The version in the file.
+        found: u32,
+    },
+    /// A record could not be decoded.
+    #[error("snapshot record at byte {offset} cannot be decoded: {reason}")]
+    Decode {
+        /// Where the record starts.
+        offset: usize,
+        /// The decoder's message.
+        reason: String,
+    },
+    /// The records decode but do not form a snapshot.
+    #[error("snapshot is inconsistent: {0}")]
+    Invalid(&'static str),
+}
+
+/// What a write produced.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Live pods written.
+    pub pods: u64,
+    /// Models written.
+    pub models: u64,
+    /// Nodes written.
+    pub nodes: u64,
+    /// `(pod, node)` entries written.
+    pub entries: u64,
+    /// Bytes written.
+    pub bytes: u64,
+}
+
+/// What a restore did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreSummary {
+    /// Pods in the snapshot.
+    pub pods: u64,
+    /// Inserts replayed.
+    pub inserts: u64,
+    /// Entries not restored because their TTL had passed by `now`.
+    pub expired: u64,
+    /// Inserts or pods the index refused (its limits are now lower than when
+    /// the snapshot was written, e.g. `max_blocks` or `max_pods`).
+    pub refused: u64,
+}
+
+/// Feeds everything written into a hash on its way out.
+struct Hashing<W> {
+    inner: W,
+    hash: Xxh3,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Hashing<W> {
+    fn record(&mut self, r: &RecordRef<'_>) -> io::Result<()> {
+        bincode::encode_into_std_write(r, self, bincode::config::standard())
+            .map(drop)
+            .map_err(io::Error::other)
+    }
+}
+
+impl Index {
+    /// Writes a snapshot of everything visible at `now` (ms) to `out` (give it
+    /// a buffered writer). Runs beside readers and writers without stopping
+    /// them; entries expired at `now` and removed pods are left out.
+    pub fn write_snapshot(&self, out: impl Write, now: u64) -> io::Result<WriteSummary> {
+        let mut w = Hashing {
+            inner: out,
+            hash: Xxh3::new(),
+            bytes: 0,
+        };
+        let mut sum = WriteSummary::default();
+        w.write_all(&MAGIC)?;
+        let sh = &self.sh;
+        w.record(&RecordRef::Header {
+            version: VERSION,
+            written_at: now,
+            default_capacity: sh.pods.default_capacity(),
+        })?;
+        let guard = self.pin();
+        // Pod id → its position in the pod list (u32::MAX: not written).
+        let mut refs: Vec<u32> = Vec::new();
+        let mut pods: Vec<(&str, u32)> = sh.pods.live(&guard).collect();
+        pods.sort_unstable();
+        for &(name, id) in &pods {
+            let id = id as usize;
+            if refs.len() <= id {
+                refs.resize(id + 1, u32::MAX);
+            }
+            refs[id] = sum.pods as u32;
+            w.record(&RecordRef::Pod {
+                name,
+                capacity: sh.pods.capacity(id as u32),
+            })?;
+            sum.pods += 1;
+        }
+        let mut models: Vec<_> = self.models(&guard).iter().collect();
+        models.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut entries = Vec::new();
+        for (name, tree) in models {
+            w.record(&RecordRef::Model { name })?;
+            sum.models += 1;
+            let mut written = 0u32;
+            // (node, index of its parent in this model's list), pre-order.
+            let mut stack: Vec<(*mut Node, u32)> = Vec::new();
+            push_children(tree.root_ptr(), ROOT, &mut stack);
+            while let Some((ptr, parent)) = stack.pop() {
+                // SAFETY: pinned by `guard`; nodes and tables are retired
+                // through the epoch, so every pointer read under it is valid.
+                let node = unsafe { &*ptr };
+                entries.clear();
+                for (pod, time) in node.pods.entries() {
+                    let visible = now.saturating_sub(time) <= sh.ttl_ms && sh.pods.is_live(pod);
+                    match refs.get(pod as usize) {
+                        Some(&r) if visible && r != u32::MAX => entries.push((r, time)),
+                        _ => {}
+                    }
+                }
+                // pods(parent) ⊇ pods(child): nothing visible here, nothing below.
+                if entries.is_empty() {
+                    continue;
+                }
+                w.record(&RecordRef::Node {
+                    parent,
+                    edge: &node.edge,
+                    entries: &entries,
+                })?;
+                sum.entries += entries.len() as u64;
+                push_children(ptr, written, &mut stack);
+                written += 1;
+            }
+            sum.nodes += u64::from(written);
+        }
+        w.record(&RecordRef::End {
+            pods: sum.pods as u32,
+            models: sum.models as u32,
+            nodes: sum.nodes,
+        })?;
+        let digest = w.hash.digest();
+        w.inner.write_all(&digest.to_le_bytes())?;
+        w.inner.flush()?;
+        sum.bytes = w.bytes + 8;
+        Ok(sum)
+    }
+}
+
+/// Pushes `node`'s children (in table order) with `index` as their parent.
+fn push_children(node: *mut Node, index: u32, stack: &mut Vec<(*mut Node, u32)>) {
+    // SAFETY: the caller is pinned (see `write_snapshot`).
+    let children = unsafe { &(*node).children };
+    let (slots, _) = children.shape();
+    for i in 0..slots {
+        // SAFETY: as above.
+        let c = unsafe { children.slot(i) };
+        if !c.is_null() {
+            stack.push((c, index));
+        }
+    }
+}
+
+/// One node as read: (parent, edge, entries as (pod ref, time)).
+type NodeRecord = (u32, Vec<u64>, Vec<(u32, u64)>);
+
+/// A model's nodes as read.
+#[derive(Debug)]
+struct ModelNodes {
+    name: String,
+    /// In pre-order.
+    nodes: Vec<NodeRecord>,
+}
+
+/// A parsed, fully validated snapshot, ready to restore.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// When it was written (ms, the writer's clock).
+    pub written_at: u64,
+    default_capacity: u64,
+    pods: Vec<(String, u64)>,
+    models: Vec<ModelNodes>,
+}
+
+impl Snapshot {
+    /// Checks and decodes a whole snapshot. Never panics and never allocates
+    /// more than the input justifies: every failure is a [`SnapshotError`].
+    pub fn parse(bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+        if bytes.len() < MAGIC.len() + 8 {
+            return Err(SnapshotError::Truncated { len: bytes.len() });
+        }
+        if bytes[..MAGIC.len()] != MAGIC {
+            return Err(SnapshotError::BadMagic);
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        let mut digest = [0; 8];
+        digest.copy_from_slice(sum);
+        if xxhash_rust::xxh3::xxh3_64(body) != u64::from_le_bytes(digest) {
+            return Err(SnapshotError::Checksum);
+        }
+        let mut at = MAGIC.len();
+        let mut next = || -> Result<Option<Record>, SnapshotError> {
+            if at == body.len() {
+                return Ok(None);
+            }
+            let (r, n) = bincode::decode_from_slice(&body[at..], config()).map_err(|e| {
+                SnapshotError::Decode {
+                    offset: at,
+                    reason: e.to_string(),
+                }
+            })?;
+            at += n;
+            Ok(Some(r))
+        };
+        let Some(Record::Header {
+            version,
+            written_at,
+            default_capacity,
+        }) = next()?
+        else {
+            return Err(SnapshotError::Invalid("no header"));
+        };
+        if version != VERSION {
+            return Err(SnapshotError::Version { found: version });
+        }
+        let mut snap = Snapshot {
+            written_at,
+            default_capacity,
+            pods: Vec::new(),
+            models: Vec::new(),
+        };
+        // Parents still open on the pre-order path of the current model.
+        let mut path: Vec<u32> = Vec::new();
+        loop {
+            match next()? {
+                None => return Err(SnapshotError::Invalid("no end record")),
+                Some(Record::Header { .. }) => return Err(SnapshotError::Invalid("two headers")),
+                Some(Record::Pod { name, capacity }) => {
+                    if !snap.models.is_empty() {
+                        return Err(SnapshotError::Invalid("pod after the first model"));
+                    }
+                    if snap.pods.len() >= COVERED as usize {
+                        return Err(SnapshotError::Invalid("too many pods"));
+                    }
+                    snap.pods.push((name, capacity));
+                }
+                Some(Record::Model { name }) => {
+                    path.clear();
+                    snap.models.push(ModelNodes {
+                        name,
+                        nodes: Vec::new(),
+                    });
+                }
+                Some(Record::Node {
+                    parent,
+                    edge,
+                    entries,
+                }) => {
+                    let Some(model) = snap.models.last_mut() else {
+                        return Err(SnapshotError::Invalid("node before any model"));
+                    };
+                    if edge.is_empty() {
+                        return Err(SnapshotError::Invalid("node with an empty edge"));
+                    }
+                    if entries.iter().any(|&(p, _)| p as usize >= snap.pods.len()) {
+                        return Err(SnapshotError::Invalid("entry names an unknown pod"));
+                    }
+                    if parent != ROOT {
+                        while path.last().is_some_and(|&p| p != parent) {
+                            path.pop();
+                        }
+                        if path.is_empty() {
+                            return Err(SnapshotError::Invalid("nodes not in pre-order"));
+                        }
+                    } else {
+                        path.clear();
+                    }
+                    let Ok(index) = u32::try_from(model.nodes.len()) else {
+                        return Err(SnapshotError::Invalid("too many nodes in a model"));
+                    };
+                    path.push(index);
+                    model.nodes.push((parent, edge, entries));
+                }
+                Some(Record::End {
+                    pods,
+                    models,
+                    nodes,
+                }) => {
+                    let total: usize = snap.models.iter().map(|m| m.nodes.len()).sum();
+                    if at != body.len() {
+                        return Err(SnapshotError::Invalid("data after the end record"));
+                    }
+                    if pods as usize != snap.pods.len()
+                        || models as usize != snap.models.len()
+                        || nodes != total as u64
+                    {
+                        return Err(SnapshotError::Invalid("end record counts differ"));
+                    }
+                    return Ok(snap);
+                }
+            }
+        }
+    }
+
+    /// Models in the snapshot.
+    pub fn models(&self) -> usize {
+        self.models.len()
+    }
+
+    /// Replays the snapshot into `index` (normally empty) at time `now` (ms):
+    /// pods and their capacities first, then one insert per entry that no
+    /// child entry covers, at the entry's own time. Entries expired by `now`
+    /// are skipped. Limits of `index` apply; what it refuses is counted.
+    pub fn restore(mut self, index: &Index, now: u64) -> RestoreSummary {
+        let mut sum = RestoreSummary {
+            pods: self.pods.len() as u64,
+            ..RestoreSummary::default()
+        };
+        let ttl = index.sh.ttl_ms;
+        for (name, capacity) in &self.pods {
+            let explicit = *capacity != self.default_capacity;
+            // Pods with the default capacity are created by their first insert
+            // and take today's default; only explicit capacities are restored.
+            if explicit && index.set_pod_capacity(name, *capacity).is_err() {
+                sum.refused += 1;
+            }
+        }
+        for model in &mut self.models {
+            // Mark entries that a child repeats with the same time: the child's
+            // insert refreshes the parent to that time, so one insert per chain.
+            for i in 0..model.nodes.len() {
+                let parent = model.nodes[i].0;
+                if parent == ROOT {
+                    continue;
+                }
+                let (before, after) = model.nodes.split_at_mut(i);
+                for &(pod, time) in &after[0].2 {
+                    if let Some(e) = before[parent as usize]
+                        .2
+                        .iter_mut()
+                        .find(|e| e.0 & !COVERED == pod && e.1 == time)
+                    {
+                        e.0 |= COVERED;
+                    }
+                }
+            }
+            // Rebuild keys with one stack: (node index, key length after it).
+            let mut key: Vec<u64> = Vec::new();
+            let mut open: Vec<(u32, usize)> = Vec::new();
+            for (i, (parent, edge, entries)) in model.nodes.iter().enumerate() {
+                while open.last().is_some_and(|&(n, _)| n != *parent) {
+                    open.pop();
+                }
+                key.truncate(open.last().map_or(0, |&(_, len)| len));
+                key.extend_from_slice(edge);
+                open.push((i as u32, key.len()));
+                for &(pod, time) in entries {
+                    if pod & COVERED != 0 {
+                        continue;
+                    }
+                    if now.saturating_sub(time) > ttl {
+                        sum.expired += 1;
+                        continue;
+                    }
+                    let name = &self.pods[pod as usize].0;
+                    match index.insert(&model.name, &key, name, time.min(now)) {
+                        Ok(()) => sum.inserts += 1,
+                        Err(_) => sum.refused += 1,
+                    }
+                }
+            }
+        }
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::IndexConfig;
+
+    const T0: u64 = 1_700_000_000_000;
+
+    fn cfg() -> IndexConfig {
+        IndexConfig {
+            ttl: Duration::from_secs(60),
+            ..IndexConfig::default()
+        }
+    }
+
+    fn snapshot(index: &Index, now: u64) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let sum = index.write_snapshot(&mut bytes, now).unwrap();
+        assert_eq!(sum.bytes, bytes.len() as u64);
+        bytes
+    }
+
+    /// A small index with shared prefixes, several pods per node, two
+    /// models, differing times and an explicit capacity.
+    fn sample() -> (Index, Vec<(&'static str, Vec<u64>)>) {
+        let index = Index::new(cfg());
+        let keys = vec![
+            ("m1", vec![1, 2, 3, 4]),
+            ("m1", vec![1, 2, 3, 9, 9]),
+            ("m1", vec![1, 2]),
+            ("m1", vec![7]),
+            ("m2", vec![1, 2, 3, 4]),
+        ];
+        index.insert("m1", &keys[0].1, "pod-a", T0).unwrap();
+        index.insert("m1", &keys[1].1, "pod-b", T0 + 10).unwrap();
+        index.insert("m1", &keys[2].1, "pod-a", T0 + 20).unwrap();
+        index.insert("m1", &keys[2].1, "pod-c", T0 + 5).unwrap();
+        index.insert("m1", &keys[3].1, "pod-b", T0 + 1).unwrap();
+        index.insert("m2", &keys[4].1, "pod-c", T0 + 3).unwrap();
+        index.set_pod_capacity("pod-b", 77).unwrap();
+        index.set_pod_capacity("idle", 5).unwrap();
+        (index, keys)
+    }
+
+    #[test]
+    fn a_restored_index_answers_every_lookup_the_same() {
+        let (index, keys) = sample();
+        let bytes = snapshot(&index, T0 + 30);
+        let restored = Index::new(cfg());
+        let snap = Snapshot::parse(&bytes).unwrap();
+        assert_eq!(snap.written_at, T0 + 30);
+        let sum = snap.restore(&restored, T0 + 40);
+        assert_eq!(sum.refused, 0);
+        assert_eq!(sum.expired, 0);
+        for (model, key) in &keys {
+            for at in [T0 + 40, T0 + 60_004, T0 + 60_015, T0 + 60_025] {
+                for cut in 1..=key.len() {
+                    assert_eq!(
+                        restored.lookup(model, &key[..cut], None, at),
+                        index.lookup(model, &key[..cut], None, at),
+                        "{model} {:?} at {at}",
+                        &key[..cut]
+                    );
+                }
+            }
+        }
+        for pod in ["pod-a", "pod-b", "pod-c"] {
+            assert_eq!(restored.pod_blocks(pod), index.pod_blocks(pod), "{pod}");
+        }
+        assert_eq!(restored.stats().entries, index.stats().entries);
+        assert_eq!(restored.stats().tree_blocks, index.stats().tree_blocks);
+        // Explicit capacities come back, even for a pod with no entries.
+        let again = snapshot(&restored, T0 + 40);
+        let sum = Snapshot::parse(&again)
+            .unwrap()
+            .restore(&Index::new(cfg()), T0 + 40);
+        assert_eq!(sum.pods, 4);
+        assert_eq!(restored.stats().pods, 4);
+    }
+
+    #[test]
+    fn ages_survive_a_restart() {
+        let index = Index::new(cfg());
+        index.insert("m", &[1, 2], "p", T0).unwrap();
+        let bytes = snapshot(&index, T0 + 1_000);
+        // Restored 30 s later: 29 s of TTL left, not 60.
+        let later = Index::new(cfg());
+        Snapshot::parse(&bytes)
+            .unwrap()
+            .restore(&later, T0 + 31_000);
+        assert_eq!(
+            later.lookup("m", &[1, 2], None, T0 + 59_000),
+            vec![("p".into(), 2)]
+        );
+        assert!(later.lookup("m", &[1, 2], None, T0 + 60_001).is_empty());
+        // Restored after the TTL: nothing comes back.
+        let late = Index::new(cfg());
+        let sum = Snapshot::parse(&bytes).unwrap().restore(&late, T0 + 60_001);
+        assert_eq!((sum.inserts, sum.expired), (0, 1));
+        assert_eq!(late.stats().entries, 0);
+    }
+
+    #[test]
+    fn removed_pods_and_expired_entries_are_not_written() {
+        let index = Index::new(cfg());
+        index.insert("m", &[1, 2], "gone", T0).unwrap();
+        index.insert("m", &[1, 3], "old", T0).unwrap();
+        index.insert("m", &[1, 4], "kept", T0 + 50_000).unwrap();
+        index.remove_pod("gone");
+        let snap = Snapshot::parse(&snapshot(&index, T0 + 60_500)).unwrap();
+        let names: Vec<&str> = snap.pods.iter().map(|p| p.0.as_str()).collect();
+        assert_eq!(names, ["kept", "old"], "a removed pod is not written");
+        let restored = Index::new(cfg());
+        let sum = snap.restore(&restored, T0 + 60_500);
+        assert_eq!(sum.inserts, 1);
+        assert_eq!(restored.stats().entries, 2);
+    }
+
+    #[test]
+    fn every_truncation_and_every_flipped_byte_is_refused() {
+        let (index, _) = sample();
+        let bytes = snapshot(&index, T0 + 30);
+        for len in 0..bytes.len() {
+            assert!(
+                Snapshot::parse(&bytes[..len]).is_err(),
+                "truncated to {len}"
+            );
+        }
+        for i in 0..bytes.len() {
+            let mut bad = bytes.clone();
+            bad[i] ^= 0x40;
+            assert!(Snapshot::parse(&bad).is_err(), "byte {i} flipped");
+        }
+    }
+
+    /// Signs arbitrary records the way a writer would, to reach the checks
+    /// behind the checksum.
+    fn signed(records: &[RecordRef<'_>]) -> Vec<u8> {
+        let mut w = Hashing {
+            inner: Vec::new(),
+            hash: Xxh3::new(),
+            bytes: 0,
+        };
+        w.write_all(&MAGIC).unwrap();
+        for r in records {
+            w.record(r).unwrap();
+        }
+        let digest = w.hash.digest();
+        let mut bytes = w.inner;
+        bytes.extend_from_slice(&digest.to_le_bytes());
+        bytes
+    }
+
+    #[test]
+    fn well_signed_nonsense_is_refused_with_a_reason() {
+        let header = RecordRef::Header {
+            version: VERSION,
+            written_at: T0,
+            default_capacity: 1,
+        };
+        let pod = RecordRef::Pod {
+            name: "p",
+            capacity: 1,
+        };
+        let model = RecordRef::Model { name: "m" };
+        let node = |parent, entries| RecordRef::Node {
+            parent,
+            edge: &[1, 2],
+            entries,
+        };
+        let end = |nodes| RecordRef::End {
+            pods: 1,
+            models: 1,
+            nodes,
+        };
+        let good = [(0, T0)];
+        let cases: Vec<(Vec<RecordRef<'_>>, &str)> = vec![
+            (vec![pod, end(0)], "no header"),
+            (
+                vec![
+                    RecordRef::Header {
+                        version: 9,
+                        written_at: 0,
+                        default_capacity: 0,
+                    },
+                    end(0),
+                ],
+                "version 9",
+            ),
+            (vec![header, pod, model, node(ROOT, &good)], "no end record"),
+            (
+                vec![header, pod, model, node(ROOT, &[(5, T0)]), end(1)],
+                "unknown pod",
+            ),
+            (
+                vec![
+                    header,
+                    pod,
+                    model,
+                    node(ROOT, &good),
+                    node(3, &good),
+                    end(2),
+                ],
+                "not in pre-order",
+            ),
+            (
+                vec![header, pod, model, node(ROOT, &good), end(7)],
+                "counts differ",
+            ),
+            (
+                vec![header, pod, node(ROOT, &good), end(1)],
+                "before any model",
+            ),
+        ];
+        for (records, why) in cases {
+            let err = Snapshot::parse(&signed(&records)).unwrap_err();
+            assert!(err.to_string().contains(why), "{why}: got {err}");
+        }
+        let fine = signed(&[
+            header,
+            pod,
+            model,
+            node(ROOT, &good),
+            node(0, &good),
+            end(2),
+        ]);
+        let index = Index::new(cfg());
+        let sum = Snapshot::parse(&fine).unwrap().restore(&index, T0);
+        assert_eq!(
+            sum.inserts, 1,
+            "the parent's entry is covered by its child's"
+        );
+        assert_eq!(
+            index.lookup("m", &[1, 2, 1, 2], None, T0),
+            vec![("p".into(), 4)]
+        );
+    }
+
+    #[test]
+    fn a_snapshot_taken_under_concurrent_writes_holds_everything_written_before() {
+        let index = Index::new(cfg());
+        for i in 0..2_000u64 {
+            index.insert("m", &[i % 7, i, i + 1], "early", T0).unwrap();
+        }
+        let bytes = std::thread::scope(|s| {
+            let writer = s.spawn(|| {
+                for i in 0..20_000u64 {
+                    let pod = ["w0", "w1", "w2"][i as usize % 3];
+                    index
+                        .insert("m", &[i % 7, i % 300, i], pod, T0 + i)
+                        .unwrap();
+                }
+            });
+            let mut last = Vec::new();
+            while !writer.is_finished() {
+                last = snapshot(&index, T0 + 30_000);
+                Snapshot::parse(&last).expect("a snapshot under writes parses");
+            }
+            last
+        });
+        let restored = Index::new(cfg());
+        Snapshot::parse(&bytes)
+            .unwrap()
+            .restore(&restored, T0 + 30_000);
+        for i in 0..2_000u64 {
+            assert!(
+                restored
+                    .lookup("m", &[i % 7, i, i + 1], Some(&["early"]), T0 + 30_000)
+                    .iter()
+                    .any(|(_, b)| *b == 3),
+                "key {i}"
+            );
+        }
+    }
+}

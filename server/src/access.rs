@@ -1,0 +1,243 @@
+//! Who may do what: client identities from mutual TLS mapped to roles.
+//!
+//! Mutual TLS (`--client-ca`) decides who may connect. Roles decide what a
+//! connected client may do: identities listed as **readers** may look up, ask
+//! for stats and ping; identities listed as **writers** may also insert,
+//! remove pods and set capacities. When neither list is set, every connected
+//! client is a writer (the behaviour without roles). When either is set, a
+//! client matching neither list may do nothing: every request it sends is
+//! refused with `Forbidden`, naming its certificate so the operator can add it.
+//!
+//! An identity is written `sha256:<hex of the DER certificate's SHA-256>`
+//! (pins one certificate), `cn:<common name>` (any certificate the CA issued
+//! with that subject common name) or `subject:<distinguished name>` (the whole
+//! subject, as RFC 4514 text, e.g. `subject:CN=gw-1,O=infra`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use rustls_pki_types::CertificateDer;
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+/// One way of naming a client certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The SHA-256 of the certificate's DER bytes.
+    Sha256([u8; 32]),
+    /// The subject's common name.
+    CommonName(String),
+    /// The whole subject, as RFC 4514 text.
+    Subject(String),
+}
+
+impl FromStr for Identity {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, value) = s.split_once(':').ok_or_else(|| {
+            format!("identity {s:?}: expected sha256:<hex>, cn:<name> or subject:<dn>")
+        })?;
+        match kind {
+            "sha256" => {
+                let hex: String = value.chars().filter(|c| *c != ':').collect();
+                let mut out = [0u8; 32];
+                if hex.len() != 64 || !hex.is_ascii() {
+                    return Err(format!("identity {s:?}: a SHA-256 is 64 hex digits"));
+                }
+                for (i, byte) in out.iter_mut().enumerate() {
+                    *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+                        .map_err(|_| format!("identity {s:?}: not hexadecimal"))?;
+                }
+                Ok(Identity::Sha256(out))
+            }
+            "cn" if !value.is_empty() => Ok(Identity::CommonName(value.into())),
+            "subject" if !value.is_empty() => Ok(Identity::Subject(normalise_dn(value))),
+            _ => Err(format!(
+                "identity {s:?}: expected sha256:<hex>, cn:<name> or subject:<dn>"
+            )),
+        }
+    }
+}
+
+/// Distinguished names compare without the spaces people put after commas.
+fn normalise_dn(dn: &str) -> String {
+    dn.split(',').map(str::trim).collect::<Vec<_>>().join(",")
+}
+
+/// What a connection may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// Every operation.
+    Write,
+    /// Lookups, stats and ping.
+    Read,
+    /// Nothing; the text describes the certificate (or its absence).
+    Denied(String),
+}
+
+/// The identities of a client certificate, as read from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    sha256: [u8; 32],
+    common_names: Vec<String>,
+    subject: Option<String>,
+}
+
+impl Peer {
+    /// Reads a client's leaf certificate.
+    pub fn from_der(der: &CertificateDer<'_>) -> Peer {
+        let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
+        let mut sha256 = [0; 32];
+        sha256.copy_from_slice(digest.as_ref());
+        // The TLS layer has already verified this certificate against the
+        // client CA; if it still does not parse here, it matches by hash only.
+        let (common_names, subject) = match X509Certificate::from_der(der.as_ref()) {
+            Ok((_, cert)) => (
+                cert.subject()
+                    .iter_common_name()
+                    .filter_map(|cn| cn.as_str().ok().map(String::from))
+                    .collect(),
+                Some(normalise_dn(&cert.subject().to_string())),
+            ),
+            Err(_) => (Vec::new(), None),
+        };
+        Peer {
+            sha256,
+            common_names,
+            subject,
+        }
+    }
+
+    fn matches(&self, id: &Identity) -> bool {
+        match id {
+            Identity::Sha256(h) => *h == self.sha256,
+            Identity::CommonName(cn) => self.common_names.iter().any(|c| c == cn),
+            Identity::Subject(dn) => self.subject.as_ref() == Some(dn),
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:")?;
+        for b in self.sha256 {
+            write!(f, "{b:02x}")?;
+        }
+        if let Some(s) = &self.subject {
+            write!(f, " (subject {s})")?;
+        }
+        Ok(())
+    }
+}
+
+/// The configured roles.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Roles {
+    /// Identities that may only read.
+    pub readers: Vec<Identity>,
+    /// Identities that may read and write.
+    pub writers: Vec<Identity>,
+}
+
+impl Roles {
+    /// Whether any role is configured (otherwise everyone connected writes).
+    pub fn enabled(&self) -> bool {
+        !self.readers.is_empty() || !self.writers.is_empty()
+    }
+
+    /// What a connection whose client presented `certs` (leaf first) may do.
+    /// Writers win when a certificate matches both lists.
+    pub fn access(&self, certs: Option<&[CertificateDer<'_>]>) -> Access {
+        if !self.enabled() {
+            return Access::Write;
+        }
+        let Some(leaf) = certs.and_then(<[_]>::first) else {
+            return Access::Denied("a client without a certificate".into());
+        };
+        let peer = Peer::from_der(leaf);
+        if self.writers.iter().any(|id| peer.matches(id)) {
+            Access::Write
+        } else if self.readers.iter().any(|id| peer.matches(id)) {
+            Access::Read
+        } else {
+            Access::Denied(peer.to_string())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(cn: &str) -> CertificateDer<'static> {
+        let mut params = rcgen::CertificateParams::new(vec!["client".into()]).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "infra");
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    fn hash(der: &CertificateDer<'_>) -> String {
+        Peer::from_der(der).to_string()[..71].to_owned()
+    }
+
+    #[test]
+    fn identities_parse_and_bad_ones_are_refused() {
+        let h = format!("sha256:{}", "ab".repeat(32));
+        assert!(matches!(h.parse::<Identity>(), Ok(Identity::Sha256(b)) if b == [0xab; 32]));
+        let colons = format!("sha256:{}", vec!["AB"; 32].join(":"));
+        assert_eq!(colons.parse::<Identity>(), h.parse::<Identity>());
+        assert_eq!(
+            "cn:gw-1".parse::<Identity>(),
+            Ok(Identity::CommonName("gw-1".into()))
+        );
+        assert_eq!(
+            "subject:CN=gw-1, O=infra".parse::<Identity>(),
+            Ok(Identity::Subject("CN=gw-1,O=infra".into()))
+        );
+        for bad in [
+            "gw-1",
+            "cn:",
+            "sha256:abc",
+            "sha256:zz",
+            "md5:00",
+            "subject:",
+        ] {
+            assert!(bad.parse::<Identity>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn certificates_map_to_roles() {
+        let (reader, writer, stranger) = (cert("gw-ro"), cert("gw-rw"), cert("other"));
+        let roles = Roles {
+            readers: vec!["cn:gw-ro".parse().unwrap()],
+            writers: vec![hash(&writer).parse().unwrap()],
+        };
+        assert_eq!(
+            roles.access(Some(std::slice::from_ref(&reader))),
+            Access::Read
+        );
+        assert_eq!(roles.access(Some(&[writer])), Access::Write);
+        let Access::Denied(who) = roles.access(Some(std::slice::from_ref(&stranger))) else {
+            panic!("a stranger got in");
+        };
+        assert!(
+            who.contains(&hash(&stranger)) && who.contains("CN=other"),
+            "{who}"
+        );
+        assert!(matches!(roles.access(None), Access::Denied(_)));
+        // By whole subject, and the writer list wins over the reader list.
+        let both = Roles {
+            readers: vec!["cn:gw-ro".parse().unwrap()],
+            writers: vec!["subject:CN=gw-ro,O=infra".parse().unwrap()],
+        };
+        assert_eq!(both.access(Some(&[reader])), Access::Write);
+        // Without roles, everyone connected writes.
+        assert_eq!(Roles::default().access(None), Access::Write);
+    }
+}
