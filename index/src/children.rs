@@ -229,6 +229,30 @@ impl<T: Keyed> Children<T> {
         }
     }
 
+    /// Appends every child of the current table to `out`, all read from that
+    /// one table: a table replaced meanwhile (it grew, or was rebuilt) stays
+    /// valid under the caller's guard, so a walk sees each child that table
+    /// held once, never a mix of two tables' slots.
+    ///
+    /// # Safety
+    /// As for [`Children::get`].
+    pub(crate) unsafe fn collect(&self, out: &mut Vec<*mut T>) {
+        // Acquire: as in `get`.
+        let table = self.table.load(Ordering::Acquire);
+        if table.is_null() {
+            return;
+        }
+        // SAFETY: as in `get`.
+        let table = unsafe { &*table };
+        for slot in table.slots.iter() {
+            // Acquire: as in `get`.
+            let p = slot.ptr.load(Ordering::Acquire);
+            if !p.is_null() && p != tombstone() {
+                out.push(p);
+            }
+        }
+    }
+
     /// Adds `child`, whose key is not in the table. Returns the bytes of a new
     /// table if it allocated one, and the old table to retire in that case.
     ///

@@ -11,6 +11,8 @@
 //! Writing walks the trees under an epoch guard while writers go on, so a
 //! snapshot is *fuzzy*: an insert concurrent with it may or may not be in it,
 //! like with any online dump. Nothing is locked; readers are not disturbed.
+//! The guard is held for the whole write, so memory retired meanwhile is
+//! freed only after it (a full default index takes about 2 s).
 //!
 //! # Format (version 1)
 //!
@@ -285,16 +287,11 @@ impl Index {
 
 /// Pushes `node`'s children (in table order) with `index` as their parent.
 fn push_children(node: *mut Node, index: u32, stack: &mut Vec<(*mut Node, u32)>) {
-    // SAFETY: the caller is pinned (see `write_snapshot`).
-    let children = unsafe { &(*node).children };
-    let (slots, _) = children.shape();
-    for i in 0..slots {
-        // SAFETY: as above.
-        let c = unsafe { children.slot(i) };
-        if !c.is_null() {
-            stack.push((c, index));
-        }
-    }
+    let mut children = Vec::new();
+    // SAFETY: the caller is pinned (see `write_snapshot`), and children and
+    // tables are retired through the epoch.
+    unsafe { (*node).children.collect(&mut children) };
+    stack.extend(children.into_iter().map(|c| (c, index)));
 }
 
 /// One node as read: (parent, edge, entries as (pod ref, time)).
@@ -411,8 +408,9 @@ impl Snapshot {
                     } else {
                         path.clear();
                     }
-                    let Ok(index) = u32::try_from(model.nodes.len()) else {
-                        return Err(SnapshotError::Invalid("too many nodes in a model"));
+                    let index = match u32::try_from(model.nodes.len()) {
+                        Ok(i) if i != ROOT => i,
+                        _ => return Err(SnapshotError::Invalid("too many nodes in a model")),
                     };
                     path.push(index);
                     model.nodes.push((parent, edge, entries));
@@ -464,19 +462,25 @@ impl Snapshot {
         for model in &mut self.models {
             // Mark entries that a child repeats with the same time: the child's
             // insert refreshes the parent to that time, so one insert per chain.
+            // If the index refuses that child's insert (its limits shrank), the
+            // parent's prefix is still recorded: inserts write top-down, so
+            // a refusal comes after the shorter prefixes are in.
+            for node in &mut model.nodes {
+                node.2.sort_unstable();
+            }
             for i in 0..model.nodes.len() {
                 let parent = model.nodes[i].0;
                 if parent == ROOT {
                     continue;
                 }
                 let (before, after) = model.nodes.split_at_mut(i);
+                let up = &mut before[parent as usize].2;
                 for &(pod, time) in &after[0].2 {
-                    if let Some(e) = before[parent as usize]
-                        .2
-                        .iter_mut()
-                        .find(|e| e.0 & !COVERED == pod && e.1 == time)
-                    {
-                        e.0 |= COVERED;
+                    // Sorted by pod ref (the COVERED bit is above every ref).
+                    if let Ok(j) = up.binary_search_by_key(&pod, |e| e.0 & !COVERED) {
+                        if up[j].1 == time {
+                            up[j].0 |= COVERED;
+                        }
                     }
                 }
             }

@@ -9,9 +9,11 @@
 //! refused with `Forbidden`, naming its certificate so the operator can add it.
 //!
 //! An identity is written `sha256:<hex of the DER certificate's SHA-256>`
-//! (pins one certificate), `cn:<common name>` (any certificate the CA issued
-//! with that subject common name) or `subject:<distinguished name>` (the whole
-//! subject, as RFC 4514 text, e.g. `subject:CN=gw-1,O=infra`).
+//! (pins one certificate) or `cn:<common name>` (any certificate the CA issued
+//! whose subject has that common name, so a reissued certificate keeps its
+//! role). Common names are compared as whole attribute values, never as text
+//! rendered from the subject, so a name containing `,` or `=` cannot pass for
+//! another subject.
 
 use std::fmt;
 use std::str::FromStr;
@@ -24,23 +26,20 @@ use x509_parser::prelude::{FromDer, X509Certificate};
 pub enum Identity {
     /// The SHA-256 of the certificate's DER bytes.
     Sha256([u8; 32]),
-    /// The subject's common name.
+    /// A common name of the subject.
     CommonName(String),
-    /// The whole subject, as RFC 4514 text.
-    Subject(String),
 }
 
 impl FromStr for Identity {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (kind, value) = s.split_once(':').ok_or_else(|| {
-            format!("identity {s:?}: expected sha256:<hex>, cn:<name> or subject:<dn>")
-        })?;
+        let expected = || format!("identity {s:?}: expected sha256:<hex> or cn:<name>");
+        let (kind, value) = s.split_once(':').ok_or_else(expected)?;
         match kind {
             "sha256" => {
                 let hex: String = value.chars().filter(|c| *c != ':').collect();
                 let mut out = [0u8; 32];
-                if hex.len() != 64 || !hex.is_ascii() {
+                if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(format!("identity {s:?}: a SHA-256 is 64 hex digits"));
                 }
                 for (i, byte) in out.iter_mut().enumerate() {
@@ -50,17 +49,9 @@ impl FromStr for Identity {
                 Ok(Identity::Sha256(out))
             }
             "cn" if !value.is_empty() => Ok(Identity::CommonName(value.into())),
-            "subject" if !value.is_empty() => Ok(Identity::Subject(normalise_dn(value))),
-            _ => Err(format!(
-                "identity {s:?}: expected sha256:<hex>, cn:<name> or subject:<dn>"
-            )),
+            _ => Err(expected()),
         }
     }
-}
-
-/// Distinguished names compare without the spaces people put after commas.
-fn normalise_dn(dn: &str) -> String {
-    dn.split(',').map(str::trim).collect::<Vec<_>>().join(",")
 }
 
 /// What a connection may do.
@@ -79,6 +70,7 @@ pub enum Access {
 pub struct Peer {
     sha256: [u8; 32],
     common_names: Vec<String>,
+    /// The subject as text, only to name the certificate in messages.
     subject: Option<String>,
 }
 
@@ -96,7 +88,7 @@ impl Peer {
                     .iter_common_name()
                     .filter_map(|cn| cn.as_str().ok().map(String::from))
                     .collect(),
-                Some(normalise_dn(&cert.subject().to_string())),
+                Some(cert.subject().to_string()),
             ),
             Err(_) => (Vec::new(), None),
         };
@@ -111,7 +103,6 @@ impl Peer {
         match id {
             Identity::Sha256(h) => *h == self.sha256,
             Identity::CommonName(cn) => self.common_names.iter().any(|c| c == cn),
-            Identity::Subject(dn) => self.subject.as_ref() == Some(dn),
         }
     }
 }
@@ -195,17 +186,16 @@ mod tests {
             "cn:gw-1".parse::<Identity>(),
             Ok(Identity::CommonName("gw-1".into()))
         );
-        assert_eq!(
-            "subject:CN=gw-1, O=infra".parse::<Identity>(),
-            Ok(Identity::Subject("CN=gw-1,O=infra".into()))
-        );
+        // `from_str_radix` alone would take a sign: "+a" is not a hex pair.
+        let plus = format!("sha256:+a{}", "a".repeat(62));
         for bad in [
             "gw-1",
             "cn:",
             "sha256:abc",
             "sha256:zz",
             "md5:00",
-            "subject:",
+            "subject:CN=gw-1",
+            &plus,
         ] {
             assert!(bad.parse::<Identity>().is_err(), "{bad}");
         }
@@ -231,12 +221,18 @@ mod tests {
             "{who}"
         );
         assert!(matches!(roles.access(None), Access::Denied(_)));
-        // By whole subject, and the writer list wins over the reader list.
+        // The writer list wins over the reader list.
         let both = Roles {
             readers: vec!["cn:gw-ro".parse().unwrap()],
-            writers: vec!["subject:CN=gw-ro,O=infra".parse().unwrap()],
+            writers: vec![hash(&reader).parse().unwrap()],
         };
-        assert_eq!(both.access(Some(&[reader])), Access::Write);
+        assert_eq!(
+            both.access(Some(std::slice::from_ref(&reader))),
+            Access::Write
+        );
+        // A common name is matched whole: "gw-ro,O=infra" is not "gw-ro".
+        let tricky = cert("gw-ro,O=infra");
+        assert!(matches!(roles.access(Some(&[tricky])), Access::Denied(_)));
         // Without roles, everyone connected writes.
         assert_eq!(Roles::default().access(None), Access::Write);
     }

@@ -134,7 +134,7 @@ pub struct Settings {
     #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
     pub connection_window: Option<u32>,
     /// A client identity that may only look up (and ask stats, ping):
-    /// sha256:<hex>, cn:<name> or subject:<dn>. Repeat the flag; in the
+    /// sha256:<hex> or cn:<common name>. Repeat the flag; in the
     /// environment separate them with ';'. Needs --client-ca.
     #[arg(long = "reader", env = "PREFIX_INDEX_READERS", value_delimiter = ';')]
     pub readers: Option<Vec<String>>,
@@ -293,7 +293,7 @@ fn identities(name: &'static str, list: Option<Vec<String>>) -> Result<Vec<Ident
             s.parse().map_err(|_| ConfigError::Invalid {
                 name,
                 value: s,
-                why: "expected sha256:<64 hex digits>, cn:<name> or subject:<dn>",
+                why: "expected sha256:<64 hex digits> or cn:<common name>",
             })
         })
         .collect()
@@ -461,8 +461,8 @@ impl ServerConfig {
                 "must be at least 1s",
             );
         }
-        if self.max_in_flight == 0 {
-            return bad("max-in-flight", &0, "must be at least 1");
+        if self.max_in_flight == 0 || self.max_in_flight > 65_536 {
+            return bad("max-in-flight", &self.max_in_flight, "must be 1 to 65536");
         }
         if self.connection_window < 65_536 {
             return bad(

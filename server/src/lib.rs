@@ -75,6 +75,9 @@ pub struct Server {
     http: Option<tokio::net::TcpListener>,
     index: Arc<Index>,
     metrics: Arc<Metrics>,
+    /// The snapshot period, unless snapshots are off (by config, or because
+    /// an unreadable snapshot is in the way).
+    snapshots: Option<Duration>,
 }
 
 impl Server {
@@ -107,19 +110,26 @@ impl Server {
         };
         let index = Arc::new(Index::new(cfg.index.clone()));
         let metrics = Arc::<Metrics>::default();
-        if cfg.snapshot_interval.is_some() {
+        let mut snapshots = cfg.snapshot_interval;
+        if snapshots.is_some() {
             let (i, m, dir) = (index.clone(), metrics.clone(), cfg.data_dir.clone());
             // Reading and replaying a large snapshot takes seconds: keep it
             // off the async workers.
             let loaded =
                 tokio::task::spawn_blocking(move || snapshot::load_and_report(&i, &dir, &m));
-            if let Err(e) = loaded.await {
-                tracing::error!(error = %e, "restoring the snapshot failed; starting empty");
+            match loaded.await {
+                Ok(true) => {}
+                Ok(false) => snapshots = None,
+                Err(e) => {
+                    tracing::error!(error = %e, "restoring the snapshot failed; snapshots are off");
+                    snapshots = None;
+                }
             }
         }
         Ok(Server {
             index,
             metrics,
+            snapshots,
             cfg,
             endpoint,
             http,
@@ -168,7 +178,7 @@ impl Server {
             self.cfg.sweep_budget,
             token.clone(),
         ));
-        if let Some(every) = self.cfg.snapshot_interval {
+        if let Some(every) = self.snapshots {
             tracker.spawn(snapshot::run(
                 self.index.clone(),
                 self.cfg.data_dir.clone(),
@@ -226,7 +236,7 @@ impl Server {
         }
         self.endpoint.close(0u32.into(), b"server shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-        if self.cfg.snapshot_interval.is_some() {
+        if self.snapshots.is_some() {
             // Every answered insert is in it: the drain is over.
             snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)
                 .await;

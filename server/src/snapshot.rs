@@ -55,8 +55,14 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotFileError + '_ {
     }
 }
 
+/// One save at a time in this process: the periodic task's last save may
+/// still run (on the blocking pool, which cannot be cancelled) when shutdown
+/// starts the final one; the final one then waits and renames last.
+static SAVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Writes `index` atomically to `<dir>/index.snapshot`.
 pub fn save(index: &Index, dir: &Path, now: u64) -> Result<WriteSummary, SnapshotFileError> {
+    let _one_at_a_time = SAVING.lock().unwrap_or_else(|e| e.into_inner());
     fs::create_dir_all(dir).map_err(io(dir))?;
     let path = dir.join(FILE);
     let tmp = dir.join(format!("{FILE}.tmp"));
@@ -96,6 +102,14 @@ pub enum Loaded {
     },
 }
 
+impl Loaded {
+    /// Whether new snapshots may be written: not while a snapshot that could
+    /// not be read is still in place (writing would destroy it).
+    pub fn may_save(&self) -> bool {
+        !matches!(self, Loaded::SetAside { moved_to: None, .. })
+    }
+}
+
 /// Restores `<dir>/index.snapshot` into `index`, if there is one. A bad
 /// snapshot is moved aside and reported, and `index` is left empty.
 pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
@@ -131,10 +145,13 @@ pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
     }
 }
 
-/// Loads at start and logs what happened.
-pub fn load_and_report(index: &Index, dir: &Path, metrics: &Metrics) {
+/// Loads at start and logs what happened; returns whether snapshots may be
+/// written (see [`Loaded::may_save`]).
+pub fn load_and_report(index: &Index, dir: &Path, metrics: &Metrics) -> bool {
     let started = Instant::now();
-    match load(index, dir, now_ms()) {
+    let loaded = load(index, dir, now_ms());
+    let may_save = loaded.may_save();
+    match loaded {
         Loaded::Missing => tracing::info!(dir = %dir.display(), "no snapshot; starting empty"),
         Loaded::Restored { summary, age } => tracing::info!(
             pods = summary.pods,
@@ -152,8 +169,15 @@ pub fn load_and_report(index: &Index, dir: &Path, metrics: &Metrics) {
                 moved_to = %moved_to.as_deref().map_or_else(|| "(left in place)".into(), |p| p.display().to_string()),
                 "the snapshot cannot be restored; starting empty"
             );
+            if !may_save {
+                tracing::error!(
+                    "the unreadable snapshot could not be moved aside: no snapshot will be \
+                     written over it until it is moved or removed and the server restarted"
+                );
+            }
         }
     }
+    may_save
 }
 
 /// Writes one snapshot on the blocking pool and records it.

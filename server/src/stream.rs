@@ -109,6 +109,9 @@ async fn serve_stream(
     let mut out = Vec::with_capacity(64 << 10);
     let mut heavy = Heavy::new(&shared);
     let (mut reading, mut draining, mut ended) = (true, false, false);
+    // Once the framing is lost, nothing more of this stream is served: not
+    // even frames already buffered behind the bad one.
+    let mut fatal = false;
     let mut drained = 0;
     loop {
         if !out.is_empty() {
@@ -176,13 +179,14 @@ async fn serve_stream(
                 return;
             }
         }
-        if heavy.waiting.is_some() {
+        if heavy.waiting.is_some() || fatal {
             continue;
         }
         if let Some(code) = answer(handler, &mut inbox, &mut out, &mut heavy) {
             let _ = recv.stop(u32::from(code).into());
             reading = false;
             ended = false;
+            fatal = true;
         }
         if ended && heavy.waiting.is_none() {
             // The client finished its side; answer a frame it cut short.

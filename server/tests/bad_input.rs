@@ -165,3 +165,42 @@ async fn a_closed_stream_does_not_close_the_connection() {
     assert_eq!(a, [(1, Response::One(Reply::Pong))]);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_behind_a_fatal_frame_is_served_even_after_heavy_work_finishes() {
+    // Every frame is heavy here, so the stream has work on the blocking pool
+    // when the fatal frame arrives; finishing it must not resume the stream.
+    let server = common::start(|cfg| cfg.inline_blocks = 1).await;
+    let conn = common::raw(&server).await;
+    let heavy = Request::Batch(
+        (0..64)
+            .map(|i| Op::Lookup {
+                model: "m".into(),
+                key: (0..512).map(|b| b * 64 + i).collect(),
+                candidates: None,
+            })
+            .collect(),
+    );
+    let mut bytes = request(1, &heavy);
+    // A response frame sent to the server: the stream's framing is lost.
+    let mut fatal = Vec::new();
+    wire::encode_response(2, &Response::One(Reply::Pong), &mut fatal);
+    bytes.extend(fatal);
+    bytes.extend(request(
+        3,
+        &Request::One(Op::Insert {
+            model: "m".into(),
+            key: vec![7, 7],
+            pod: "behind-the-fatal-frame".into(),
+        }),
+    ));
+    let answers = exchange(&conn, &bytes).await;
+    let ids: Vec<u64> = answers.iter().map(|a| a.0).collect();
+    assert!(ids.contains(&1) && ids.contains(&2), "{ids:?}");
+    assert!(
+        !ids.contains(&3),
+        "a frame behind the fatal one was served: {ids:?}"
+    );
+    assert_eq!(server.index.stats().entries, 0);
+    server.shutdown().await;
+}
