@@ -244,7 +244,8 @@ impl Index {
             let mut written = 0u32;
             // (node, index of its parent in this model's list), pre-order.
             let mut stack: Vec<(*mut Node, u32)> = Vec::new();
-            push_children(tree.root_ptr(), ROOT, &mut stack);
+            // SAFETY: the root lives as long as the tree; we are pinned.
+            unsafe { push_children(tree.root_ptr(), ROOT, &mut stack) };
             while let Some((ptr, parent)) = stack.pop() {
                 // SAFETY: pinned by `guard`; nodes and tables are retired
                 // through the epoch, so every pointer read under it is valid.
@@ -267,7 +268,8 @@ impl Index {
                     entries: &entries,
                 })?;
                 sum.entries += entries.len() as u64;
-                push_children(ptr, written, &mut stack);
+                // SAFETY: `ptr` was read under `guard`, which we still hold.
+                unsafe { push_children(ptr, written, &mut stack) };
                 written += 1;
             }
             sum.nodes += u64::from(written);
@@ -286,10 +288,13 @@ impl Index {
 }
 
 /// Pushes `node`'s children (in table order) with `index` as their parent.
-fn push_children(node: *mut Node, index: u32, stack: &mut Vec<(*mut Node, u32)>) {
+///
+/// # Safety
+/// `node` is valid, and the caller is pinned in the epoch through which
+/// nodes and child tables are retired.
+unsafe fn push_children(node: *mut Node, index: u32, stack: &mut Vec<(*mut Node, u32)>) {
     let mut children = Vec::new();
-    // SAFETY: the caller is pinned (see `write_snapshot`), and children and
-    // tables are retired through the epoch.
+    // SAFETY: per the contract.
     unsafe { (*node).children.collect(&mut children) };
     stack.extend(children.into_iter().map(|c| (c, index)));
 }
