@@ -247,8 +247,9 @@ impl Index {
             // SAFETY: the root lives as long as the tree; we are pinned.
             unsafe { push_children(tree.root_ptr(), ROOT, &mut stack) };
             while let Some((ptr, parent)) = stack.pop() {
-                // SAFETY: pinned by `guard`; nodes and tables are retired
-                // through the epoch, so every pointer read under it is valid.
+                // Nodes and tables are retired through the epoch, so every
+                // pointer read under the guard stays valid while it is held.
+                // SAFETY: pinned by `guard` for the whole walk.
                 let node = unsafe { &*ptr };
                 entries.clear();
                 for (pod, time) in node.pods.entries() {
