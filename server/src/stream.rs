@@ -127,7 +127,7 @@ async fn serve_stream(
             draining = true;
         }
         let event = if heavy.waiting.is_some() {
-            let permits = heavy.permits.clone();
+            let permits = heavy.shared.permits.clone();
             tokio::select! {
                 Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
                 Ok(p) = permits.acquire_owned() => Event::Permit(p),
@@ -214,27 +214,24 @@ struct Heavy {
     /// A heavy frame read while the connection had no permit free; the
     /// stream reads nothing more until it starts.
     waiting: Option<(u64, Request)>,
-    permits: Arc<Semaphore>,
-    handler: Arc<Handler>,
-    access: Arc<Access>,
+    /// The connection's handler, access and permits.
+    shared: Arc<Shared>,
 }
 
 impl Heavy {
-    fn new(shared: &Shared) -> Heavy {
+    fn new(shared: &Arc<Shared>) -> Heavy {
         Heavy {
             tasks: tokio::task::JoinSet::new(),
             ids: std::collections::HashMap::new(),
             waiting: None,
-            permits: shared.permits.clone(),
-            handler: shared.handler.clone(),
-            access: shared.access.clone(),
+            shared: shared.clone(),
         }
     }
 
     /// Starts a heavy frame if the connection has a permit free; otherwise
     /// parks it (and returns false: read no further frames for now).
     fn start(&mut self, id: u64, request: Request) -> bool {
-        match self.permits.clone().try_acquire_owned() {
+        match self.shared.permits.clone().try_acquire_owned() {
             Ok(permit) => {
                 self.spawn(permit, id, request);
                 true
@@ -254,11 +251,11 @@ impl Heavy {
     }
 
     fn spawn(&mut self, permit: OwnedSemaphorePermit, id: u64, request: Request) {
-        let (h, access) = (self.handler.clone(), self.access.clone());
+        let shared = self.shared.clone();
         let task = self.tasks.spawn_blocking(move || {
             let _permit = permit;
             let mut buf = Vec::new();
-            h.serve(id, &request, &access, &mut buf);
+            shared.handler.serve(id, &request, &shared.access, &mut buf);
             (id, buf)
         });
         self.ids.insert(task.id(), id);
@@ -314,7 +311,7 @@ fn answer(
                         return None;
                     }
                 } else {
-                    handler.serve(id, &request, &heavy.access, out);
+                    handler.serve(id, &request, &heavy.shared.access, out);
                 }
             }
             Next::Refuse { id, error } => {
