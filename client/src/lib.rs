@@ -32,6 +32,7 @@ mod client;
 mod cluster;
 mod conn;
 mod error;
+mod pod_name;
 pub mod replay;
 mod tls;
 pub mod wire;

@@ -27,6 +27,8 @@
 use bincode::{Decode, Encode};
 use thiserror::Error;
 
+pub use crate::pod_name::PodName;
+
 /// The QUIC ALPN of this protocol version.
 pub const ALPN: &[u8] = b"prefix-index/1";
 /// The frame format version this module speaks.
@@ -144,8 +146,8 @@ pub enum Request {
 /// One pod's answer to a lookup.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct PodBlocks {
-    /// The pod.
-    pub pod: String,
+    /// The pod (on the wire, a string).
+    pub pod: PodName,
     /// Leading blocks of the key it holds.
     pub blocks: u32,
 }

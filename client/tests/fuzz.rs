@@ -129,7 +129,10 @@ fn reply() -> impl Strategy<Value = Reply> {
                     key_blocks: k,
                     matches: m
                         .into_iter()
-                        .map(|(pod, blocks)| PodBlocks { pod, blocks })
+                        .map(|(pod, blocks)| PodBlocks {
+                            pod: pod.into(),
+                            blocks,
+                        })
                         .collect(),
                 }
             }),

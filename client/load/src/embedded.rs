@@ -73,7 +73,7 @@ fn canned(request: &Request, pods: usize) -> Response {
         key_blocks: 32,
         matches: (0..pods)
             .map(|i| PodBlocks {
-                pod: format!("pod-{i}"),
+                pod: format!("pod-{i}").into(),
                 blocks: 32 - i as u32,
             })
             .collect(),

@@ -6,6 +6,8 @@
 //! server instead (the transport baseline); otherwise it loads `--server`.
 //! `prefix-load simulate` replays a trace through the index as G gateways
 //! routing to P pods and reports hit ratios per routing policy.
+//! `prefix-load stalls` measures how long the machine itself keeps threads
+//! from running, the floor under any latency measured on it.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -20,6 +22,7 @@ use prefix_client::{Client, ClientConfig, TlsConfig};
 mod embedded;
 mod load;
 mod simulate;
+mod stalls;
 mod workload;
 
 #[global_allocator]
@@ -39,6 +42,22 @@ enum Command {
     /// Replay a trace through the index as G gateways routing to P pods, and
     /// report block hit ratio and load imbalance per routing policy.
     Simulate(SimArgs),
+    /// Measure how long the machine itself keeps threads from running (the
+    /// floor under any latency measured here), then exit.
+    Stalls(StallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct StallArgs {
+    /// Probing threads [default: one per core].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// How long to probe.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Print the result as one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -190,6 +209,18 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
+        Some(Command::Stalls(a)) => {
+            let threads = a
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let report = stalls::run(threads, a.duration);
+            if a.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                stalls::print(&report);
+            }
+            Ok(())
+        }
     }
 }
 
