@@ -1,14 +1,14 @@
-//! The wire codec alone: what one frame costs to encode and decode, apart
-//! from the transport.
+//! The wire codec alone: what one frame costs to decode, apart from the
+//! transport.
 //!
 //! `decode_lookup_answer` decodes the answer to a batch of 16 lookups, each
 //! naming 16 pods (the shape of the `prefix-load --batch 16` runs), and
 //! compares the client's [`PodName`] (names of up to 24 bytes kept inline)
 //! with the same bytes decoded into one `String` per pod, as the client did
-//! before: a mirror of the wire types with `String` names, decoded by the
-//! same bincode configuration in the same run. Names come in two lengths:
-//! `short` (`pod-07`, or an `ip:port` endpoint) fits inline, `long` (a
-//! Deployment's pod name, 33 bytes) does not.
+//! before: a mirror of the wire types with `String` names, decoded by bincode
+//! with the same format (standard, varints) in the same run. Names come in two
+//! lengths: `short` (`pod-07`, 6 bytes) fits inline, `long` (31 bytes, a
+//! Deployment's pod name) does not.
 
 use bincode::Decode;
 use criterion::{Criterion, Throughput};

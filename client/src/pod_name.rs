@@ -4,12 +4,15 @@
 //! gateway decodes millions of pod names a second under load. Decoding each
 //! into a `String` was the client's largest cost: a profile of a 16-lookup
 //! batch run put 15% of all CPU in it, an allocation, a copy and a free per
-//! pod per answer. A [`PodName`] keeps names of up to 24 bytes inline (pod
-//! names are DNS labels, usually far shorter), so decoding one is a copy and
-//! a UTF-8 check. Sharing one `Arc<str>` per name instead was measured too
-//! and cost as much: every clone and drop moved the reference count's cache
-//! line between the decoding core and the consuming one. The bytes on the
-//! wire are a string's, unchanged.
+//! pod per answer. A [`PodName`] keeps names of up to 24 bytes inline
+//! (StatefulSet pods such as `vllm-3`, `ip:port` endpoints), so decoding one
+//! is a copy and a UTF-8 check; longer ones (a Deployment's pods are named
+//! `<deployment>-<hash>-<suffix>`, often past 24 bytes) go to the heap, still
+//! without the zeroed copy `String` decoding makes. Sharing one `Arc<str>` per
+//! name instead was measured too and cost as much: every clone and drop moved
+//! the reference count's cache line between the decoding core and the
+//! consuming one. The bytes on the wire are a string's, unchanged; this and
+//! `wire.rs` are the only places that touch bincode.
 
 use std::borrow::Borrow;
 use std::fmt;
@@ -132,10 +135,12 @@ impl Encode for PodName {
     }
 }
 
-/// Decoded as a `String` is, against the same allocation budget.
+/// Decoded as a `String` is: a `u64` length that must fit a `usize`, charged
+/// against the decode budget before anything is read or allocated.
 impl<Context> Decode<Context> for PodName {
     fn decode<D: Decoder<Context = Context>>(decoder: &mut D) -> Result<Self, DecodeError> {
-        let len = usize::decode(decoder)?;
+        let len = u64::decode(decoder)?;
+        let len = usize::try_from(len).map_err(|_| DecodeError::OutsideUsizeRange(len))?;
         decoder.claim_container_read::<u8>(len)?;
         let utf8 = |bytes: &[u8]| {
             std::str::from_utf8(bytes)
@@ -143,8 +148,12 @@ impl<Context> Decode<Context> for PodName {
                 .map_err(|inner| DecodeError::Utf8 { inner })
         };
         let name = match decoder.reader().peek_read(len) {
-            // A slice reader (every decode of ours): no copy but the name's.
+            // All of the name is in the reader's buffer: copy it once.
             Some(bytes) => utf8(bytes)?,
+            // A reader that cannot lend its bytes, or fewer than `len` left
+            // (a cut frame, which then fails with `UnexpectedEnd`): read
+            // through a buffer, as `String` decoding does. The budget claimed
+            // above bounds it.
             None => {
                 let mut bytes = vec![0u8; len];
                 decoder.reader().read(&mut bytes)?;
@@ -182,6 +191,16 @@ mod tests {
             assert_eq!(as_name, as_string);
             assert_eq!(decode(&as_name).unwrap(), name);
         }
+    }
+
+    #[test]
+    fn a_reader_without_a_buffer_decodes_the_same() {
+        let cfg = bincode::config::standard().with_limit::<{ 1 << 20 }>();
+        let bytes = bincode::encode_to_vec("pod-a", cfg).unwrap();
+        let name: PodName = bincode::decode_from_std_read(&mut &bytes[..], cfg).unwrap();
+        assert_eq!(name, "pod-a");
+        let cut = bincode::decode_from_std_read::<PodName, _, _>(&mut &bytes[..3], cfg);
+        assert!(cut.is_err());
     }
 
     #[test]

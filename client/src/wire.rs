@@ -16,9 +16,9 @@
 //! stream and answered in any order. A [`Request`] carries one [`Op`] or a batch
 //! of them; a [`Response`] carries one [`Reply`] per op, in order.
 //!
-//! All encoding lives in this module (bincode 2.0.1, standard config,
-//! little-endian varints): a maintained bincode-compatible codec can replace it
-//! without touching anything else. Decoding never trusts a length field: frames
+//! All encoding lives in this module and in [`PodName`]'s own impls (bincode
+//! 2.0.1, standard config, little-endian varints): a maintained
+//! bincode-compatible codec can replace it without touching anything else. Decoding never trusts a length field: frames
 //! over [`Limits::max_frame_bytes`] are refused from the header alone, and
 //! bincode runs with a hard allocation ceiling ([`DECODE_CEILING`]) so a short
 //! frame cannot make it reserve a huge vector. Every failure is a [`WireError`]

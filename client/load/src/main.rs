@@ -213,7 +213,7 @@ fn main() -> anyhow::Result<()> {
             let threads = a
                 .threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-            let report = stalls::run(threads, a.duration);
+            let report = stalls::run(threads, a.duration)?;
             if a.json {
                 println!("{}", serde_json::to_string(&report)?);
             } else {
