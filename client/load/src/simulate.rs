@@ -175,7 +175,7 @@ impl Idx {
                 .await?
                 .matches
                 .into_iter()
-                .map(|m| (m.pod.to_string(), m.blocks))
+                .map(|m| (m.pod.into(), m.blocks))
                 .collect(),
         })
     }
