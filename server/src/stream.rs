@@ -1,18 +1,15 @@
 //! The async side of a connection: accept streams, move bytes between QUIC
 //! and the [`Handler`], drain on shutdown.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use prefix_client::wire::{ErrorCode, Request};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-use std::future::Future;
-
-use prefix_client::wire::ErrorCode;
-
-use prefix_client::wire::Request;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::access::{Access, Roles};
 use crate::handler::{encode_error, Handler, Inbox, Next};
@@ -30,7 +27,8 @@ struct Shared {
 
 /// Serves one accepted connection: every bidirectional stream the client
 /// opens gets its own task. Returns when the client closes the connection or
-/// at shutdown (the stream tasks then drain on their own).
+/// at shutdown, once every stream that had arrived by then has its task (the
+/// stream tasks then drain on their own).
 pub async fn serve_connection(
     conn: quinn::Connection,
     handler: Arc<Handler>,
@@ -56,7 +54,18 @@ pub async fn serve_connection(
     });
     loop {
         let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return,
+            // Shutdown first: from then on the drain below takes every
+            // stream that has arrived.
+            biased;
+            _ = shutdown.cancelled() => {
+                // Streams that arrived before shutdown, with requests on
+                // them, but that this loop had not accepted yet: the drain
+                // answers them like those already running.
+                while let Poll::Ready(Ok((send, recv))) = poll_once(conn.accept_bi()).await {
+                    tracker.spawn(serve_stream(send, recv, shared.clone()));
+                }
+                return;
+            }
             s = conn.accept_bi() => s,
         };
         match accepted {
@@ -69,6 +78,12 @@ pub async fn serve_connection(
             }
         }
     }
+}
+
+/// Polls `fut` once: what is ready now, without waiting for more.
+async fn poll_once<F: Future>(fut: F) -> Poll<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
 }
 
 /// Largest chunk read at once.
@@ -142,12 +157,8 @@ async fn serve_stream(
             // that keeps sending could otherwise hold the drain open, so
             // stop after a bounded amount too.
             drained += 1;
-            let polled = {
-                let mut read = std::pin::pin!(recv.read_chunk(READ_CHUNK, true));
-                std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await
-            };
-            match polled {
-                std::task::Poll::Ready(r) if drained <= DRAIN_READS => Event::Read(r),
+            match poll_once(recv.read_chunk(READ_CHUNK, true)).await {
+                Poll::Ready(r) if drained <= DRAIN_READS => Event::Read(r),
                 _ => {
                     let _ = recv.stop(u32::from(ErrorCode::Unavailable as u16).into());
                     reading = false;
@@ -325,5 +336,81 @@ fn answer(
                 return Some(error.code() as u16);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ServerConfig;
+    use prefix_client::wire::{self, Op, Reply, Response};
+    use prefix_client::TlsConfig;
+
+    /// A server-side connection, not yet served, and its client side.
+    async fn pair(dir: &tempfile::TempDir) -> (ServerConfig, quinn::Connection, quinn::Connection) {
+        let cfg = ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            metrics_listen: None,
+            data_dir: dir.path().into(),
+            ..ServerConfig::default()
+        };
+        let tls = crate::tls::rustls_config(&cfg).unwrap();
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
+        let server =
+            quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), cfg.listen)
+                .unwrap();
+        let trust = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None).unwrap();
+        let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        client.set_default_client_config(trust.quic_config().unwrap());
+        let connecting = client
+            .connect(server.local_addr().unwrap(), "localhost")
+            .unwrap();
+        let (ours, theirs) = tokio::join!(
+            async { server.accept().await.unwrap().await.unwrap() },
+            async { connecting.await.unwrap() }
+        );
+        (cfg, ours, theirs)
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_arrived_before_shutdown_is_answered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, conn, client) = pair(&dir).await;
+        let (mut send, mut recv) = client.open_bi().await.unwrap();
+        let mut frame = Vec::new();
+        wire::encode_request(7, &wire::Request::One(Op::Ping), &mut frame);
+        send.write_all(&frame).await.unwrap();
+        send.finish().unwrap();
+        // The request is in the server's connection, not yet accepted by
+        // anyone, when shutdown has already begun.
+        let mut waited = 0;
+        while conn.stats().frame_rx.stream == 0 {
+            waited += 1;
+            assert!(waited < 10_000, "the request never reached the server");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
+        let tracker = TaskTracker::new();
+        let handler = Arc::new(Handler {
+            index: Arc::new(prefix_index::Index::new(cfg.index.clone())),
+            limits: cfg.limits(),
+            metrics: Arc::new(crate::metrics::Metrics::default()),
+            inline_blocks: cfg.inline_blocks,
+        });
+        serve_connection(conn, handler, &cfg.roles, 4, shutdown, tracker.clone()).await;
+        tracker.close();
+        tracker.wait().await;
+
+        let answer = recv.read_to_end(1 << 20).await.unwrap();
+        let f = wire::split_frame(&answer, &cfg.limits())
+            .unwrap()
+            .expect("a whole frame");
+        assert_eq!(f.header.request_id, 7);
+        assert_eq!(
+            wire::decode_response(f.payload).unwrap(),
+            Response::One(Reply::Pong)
+        );
+        assert_eq!(f.used, answer.len(), "one answer only");
     }
 }

@@ -1,15 +1,23 @@
 //! In-process servers for one-command runs: the real server, or a bare quinn
 //! echo server that answers every request frame with a canned response of the
 //! real server's size, so the transport can be measured without the index.
+//!
+//! Each runs on a runtime of its own, as it would in its own process: its
+//! tasks never share a worker with the load generator's, and its threads
+//! (all named [`SERVER_THREAD`]) can be told apart to measure its CPU time
+//! (see [`crate::cpu`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use prefix_client::wire::{self, Limits, PodBlocks, Reply, Request, Response, MAX_FRAME_CEILING};
+use prefix_client::wire::{self, Limits, Reply, Request, MAX_FRAME_CEILING};
 use prefix_client::TlsConfig;
 use prefix_server::{Server, ServerConfig};
+use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
+
+use crate::cpu::SERVER_THREAD;
 
 /// A running in-process server; stops when dropped.
 pub struct Embedded {
@@ -17,14 +25,16 @@ pub struct Embedded {
     pub addr: SocketAddr,
     /// TLS trusting its certificate.
     pub tls: TlsConfig,
+    _runtime: ServerRuntime,
     _stop: oneshot::Sender<()>,
     _dir: tempfile::TempDir,
 }
 
 impl Embedded {
-    /// A started server whose certificate is in `dir`.
+    /// A server started on `runtime` whose certificate is in `dir`.
     fn new(
         addr: SocketAddr,
+        runtime: ServerRuntime,
         stop: oneshot::Sender<()>,
         dir: tempfile::TempDir,
     ) -> anyhow::Result<Self> {
@@ -32,10 +42,48 @@ impl Embedded {
         Ok(Embedded {
             addr,
             tls,
+            _runtime: runtime,
             _stop: stop,
             _dir: dir,
         })
     }
+}
+
+/// An in-process server's runtime. It is dropped inside the load
+/// generator's runtime (also on an early error), where waiting for the
+/// server's tasks to finish is not allowed, so it shuts down in the
+/// background; nothing of a load test's server needs a graceful end (its
+/// data directory is deleted next).
+struct ServerRuntime(Option<Runtime>);
+
+impl std::ops::Deref for ServerRuntime {
+    type Target = Runtime;
+
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for ServerRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A runtime with `threads` workers for one in-process server.
+fn runtime(threads: usize) -> anyhow::Result<ServerRuntime> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .thread_name(SERVER_THREAD)
+        // Longer than any run: a blocking-pool thread that exits would take
+        // its CPU time out of the server's count (see `crate::cpu`).
+        .thread_keep_alive(std::time::Duration::from_secs(24 * 3600))
+        .enable_all()
+        .build()
+        .context("starting the embedded server's runtime")?;
+    Ok(ServerRuntime(Some(rt)))
 }
 
 fn config(dir: &tempfile::TempDir) -> ServerConfig {
@@ -50,57 +98,76 @@ fn config(dir: &tempfile::TempDir) -> ServerConfig {
     }
 }
 
-/// Starts the real server on a free loopback port.
-pub async fn server(tweak: impl FnOnce(&mut ServerConfig)) -> anyhow::Result<Embedded> {
+/// Starts the real server on a free loopback port, on a runtime of its own
+/// with `threads` workers.
+pub async fn server(
+    threads: usize,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> anyhow::Result<Embedded> {
     let dir = tempfile::tempdir()?;
     let mut cfg = config(&dir);
     tweak(&mut cfg);
-    let server = Server::bind(cfg)
-        .await
-        .context("starting the embedded server")?;
-    let addr = server.local_addr();
+    let rt = runtime(threads)?;
     let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run(async move {
-        let _ = stopped.await;
-    }));
-    Embedded::new(addr, stop, dir)
+    // Bound inside its runtime, so the QUIC endpoint's driver runs there.
+    let addr = rt
+        .spawn(async move {
+            let server = Server::bind(cfg)
+                .await
+                .context("starting the embedded server")?;
+            let addr = server.local_addr();
+            tokio::spawn(server.run(async move {
+                let _ = stopped.await;
+            }));
+            anyhow::Ok(addr)
+        })
+        .await??;
+    Embedded::new(addr, rt, stop, dir)
 }
 
-/// The canned answer of the echo server: a lookup reply listing `pods` pods,
-/// or `Done`, per op, the sizes the real server sends.
-fn canned(request: &Request, pods: usize) -> Response {
-    let lookup = || Reply::Lookup {
-        key_blocks: 32,
-        matches: (0..pods)
-            .map(|i| PodBlocks {
-                pod: format!("pod-{i}").into(),
-                blocks: 32 - i as u32,
-            })
-            .collect(),
+/// Appends the echo server's canned answer to `request`: per op, a lookup
+/// reply listing `matches` or `Done`, the sizes the real server sends,
+/// written the way the real server writes its lookup answers.
+fn canned(id: u64, request: &Request, matches: &[(&str, u32)], out: &mut Vec<u8>) {
+    let reply = |w: &mut wire::ResponseWriter<'_>, op: &wire::Op| match op {
+        wire::Op::Lookup { .. } => w.lookup(32, matches),
+        _ => w.reply(&Reply::Done),
     };
-    let reply = |op: &wire::Op| match op {
-        wire::Op::Lookup { .. } => lookup(),
-        _ => Reply::Done,
+    let w = match request {
+        Request::One(op) => {
+            let mut w = wire::ResponseWriter::one(out, id);
+            reply(&mut w, op);
+            w
+        }
+        Request::Batch(ops) => {
+            let mut w = wire::ResponseWriter::batch(out, id, ops.len());
+            for op in ops {
+                reply(&mut w, op);
+            }
+            w
+        }
     };
-    match request {
-        Request::One(op) => Response::One(reply(op)),
-        Request::Batch(ops) => Response::Batch(ops.iter().map(reply).collect()),
-    }
+    w.finish();
 }
 
 /// Starts a bare quinn echo server: same TLS, ALPN, framing and codec as the
-/// real one, no index. Every request frame is decoded and answered with
-/// [`canned`] replies naming `pods` pods.
-pub async fn echo(pods: usize) -> anyhow::Result<Embedded> {
+/// real one, no index, on a runtime of its own with `threads` workers. Every
+/// request frame is decoded and answered with [`canned`] replies naming
+/// `pods` pods (`pod-0`, `pod-1`, ...).
+pub async fn echo(threads: usize, pods: usize) -> anyhow::Result<Embedded> {
     let dir = tempfile::tempdir()?;
     let cfg = config(&dir);
     let tls = prefix_server::tls::rustls_config(&cfg)?;
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
-    let endpoint =
-        quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), cfg.listen)?;
+    let rt = runtime(threads)?;
+    let endpoint = {
+        // Made inside its runtime, so the endpoint's driver runs there.
+        let _inside = rt.enter();
+        quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), cfg.listen)?
+    };
     let addr = endpoint.local_addr()?;
     let (stop, mut stopped) = oneshot::channel::<()>();
-    tokio::spawn(async move {
+    rt.spawn(async move {
         loop {
             let incoming = tokio::select! {
                 _ = &mut stopped => break,
@@ -115,26 +182,34 @@ pub async fn echo(pods: usize) -> anyhow::Result<Embedded> {
         }
         endpoint.close(0u32.into(), b"done");
     });
-    Embedded::new(addr, stop, dir)
+    Embedded::new(addr, rt, stop, dir)
 }
 
+/// Reads frames the way the real server does (its [`Inbox`]), so the two
+/// differ only in what they answer.
+///
+/// [`Inbox`]: prefix_server::handler::Inbox
 async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, pods: usize) {
+    use prefix_server::handler::{Inbox, Next};
     let limits = Limits {
         max_frame_bytes: MAX_FRAME_CEILING,
         max_batch: usize::MAX,
         ..Limits::default()
     };
-    let (mut buf, mut out) = (Vec::new(), Vec::new());
+    let names: Vec<String> = (0..pods).map(|i| format!("pod-{i}")).collect();
+    let matches: Vec<(&str, u32)> = (0..pods)
+        .map(|i| (names[i].as_str(), 32u32.saturating_sub(i as u32)))
+        .collect();
+    let (mut inbox, mut out) = (Inbox::default(), Vec::new());
     while let Ok(Some(chunk)) = recv.read_chunk(256 << 10, true).await {
-        buf.extend_from_slice(&chunk.bytes);
-        let mut at = 0;
-        while let Ok(Some(f)) = wire::split_frame(&buf[at..], &limits) {
-            at += f.used;
-            if let Ok(req) = wire::decode_request(f.payload, &limits) {
-                wire::encode_response(f.header.request_id, &canned(&req, pods), &mut out);
+        inbox.push(&chunk.bytes);
+        loop {
+            match inbox.next(&limits) {
+                Next::Request { id, request } => canned(id, &request, &matches, &mut out),
+                Next::Refuse { .. } => {}
+                Next::Wait | Next::Fatal { .. } => break,
             }
         }
-        buf.drain(..at);
         if send.write_all(&out).await.is_err() {
             return;
         }

@@ -12,6 +12,7 @@ use prefix_client::{Client, ClientError};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::cpu::{CpuTimes, CpuUse};
 use crate::workload::Request;
 
 /// What to send and how.
@@ -37,6 +38,8 @@ pub struct Plan {
     pub duration: Duration,
     /// Unmeasured time first.
     pub warmup: Duration,
+    /// The server runs in this process (its CPU time is measured apart).
+    pub embedded: bool,
 }
 
 /// Where requests come from: a prepared list, sent in order (cycling), either
@@ -79,6 +82,10 @@ pub struct Summary {
     pub frames: u64,
     /// Measured seconds.
     pub seconds: f64,
+    /// Where the CPU went in the measured time (absent where it cannot be
+    /// read).
+    #[serde(flatten)]
+    pub cpu: Option<CpuUse>,
 }
 
 /// Per-worker tallies, merged at the end.
@@ -267,6 +274,15 @@ pub async fn run(
             }
         })
     };
+    // CPU time over the measured window only.
+    let measure_from = run.measure_from;
+    let cpu_window = tokio::spawn(async move {
+        tokio::time::sleep_until(measure_from.into()).await;
+        let before = (Instant::now(), CpuTimes::now()?);
+        tokio::time::sleep_until(end.into()).await;
+        let after = (Instant::now(), CpuTimes::now()?);
+        Some((before, after))
+    });
     let mut workers = tokio::task::JoinSet::new();
     match plan.rate {
         Some(rate) => open_loop(&run, clients, rate, end, &mut workers),
@@ -298,6 +314,16 @@ pub async fn run(
     run.stop.store(true, Ordering::Relaxed);
     let _ = reporter.await;
     let seconds = plan.duration.as_secs_f64().max(1e-9);
+    let cpu = match cpu_window.await {
+        Ok(Some(((t0, before), (t1, after)))) => Some(CpuUse::between(
+            before,
+            after,
+            (t1 - t0).as_secs_f64(),
+            total.ops,
+            plan.embedded,
+        )),
+        _ => None,
+    };
     let h = &total.hist;
     let q = |p: f64| {
         if h.is_empty() {
@@ -318,6 +344,7 @@ pub async fn run(
         ops: total.ops,
         frames: total.frames,
         seconds,
+        cpu,
     }
 }
 

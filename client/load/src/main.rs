@@ -4,6 +4,9 @@
 //! `prefix-load --embedded` starts a server in this process on a free loopback
 //! port and loads it (a one-command demo); `--echo` starts a bare quinn echo
 //! server instead (the transport baseline); otherwise it loads `--server`.
+//! Either in-process server runs on a runtime of its own, as in its own
+//! process, and the summary splits the CPU time between it and the load
+//! generator.
 //! `prefix-load simulate` replays a trace through the index as G gateways
 //! routing to P pods and reports hit ratios per routing policy.
 //! `prefix-load stalls` measures how long the machine itself keeps threads
@@ -19,6 +22,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 
+mod cpu;
 mod embedded;
 mod load;
 mod simulate;
@@ -120,6 +124,15 @@ struct LoadArgs {
     /// index) in this process and load it: the transport baseline.
     #[arg(long, conflicts_with = "embedded")]
     echo: bool,
+    /// --embedded or --echo: the in-process server's worker threads
+    /// [default: half the cores, at least 1].
+    #[arg(long)]
+    server_threads: Option<usize>,
+    /// The load generator's worker threads [default: with --embedded or
+    /// --echo, the cores the server does not take (at least 1); otherwise
+    /// one per core].
+    #[arg(long)]
+    load_threads: Option<usize>,
     /// --embedded: the server's pod capacity in blocks.
     #[arg(long, default_value_t = 31_250)]
     pod_capacity: u64,
@@ -204,15 +217,14 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.load.split().1)
         .enable_all()
         .build()?;
     match cli.command {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
         Some(Command::Stalls(a)) => {
-            let threads = a
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+            let threads = a.threads.unwrap_or_else(cores);
             let report = stalls::run(threads, a.duration)?;
             if a.json {
                 println!("{}", serde_json::to_string(&report)?);
@@ -224,17 +236,38 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+impl LoadArgs {
+    /// Worker threads of the in-process server and of the load generator.
+    /// With a server in this process they split the machine by default, as
+    /// two processes given cores of their own would: on a 2-core machine one
+    /// each. Two full pools on the same cores measured worse in both
+    /// throughput and tail (4 workers on 2 cores switch more;
+    /// `docs/benchmarks.md`). Against a remote server the generator takes
+    /// every core.
+    fn split(&self) -> (usize, usize) {
+        let here = self.embedded || self.echo;
+        let server = self.server_threads.unwrap_or(cores() / 2).max(1);
+        let rest = if here {
+            cores().saturating_sub(server)
+        } else {
+            cores()
+        };
+        (server, self.load_threads.unwrap_or(rest).max(1))
+    }
+}
+
 async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
+    let threads = a.split().0;
     let (addr, tls, _server) = if a.embedded {
         let (interval, capacity) = (a.sweep_interval, a.pod_capacity);
-        let s = embedded::server(|c| {
+        let s = embedded::server(threads, |c| {
             c.sweep_interval = interval;
             c.index.pod_capacity = capacity;
         })
         .await?;
         (s.addr, s.tls.clone(), Some(s))
     } else if a.echo {
-        let s = embedded::echo(a.pods).await?;
+        let s = embedded::echo(threads, a.pods).await?;
         (s.addr, s.tls.clone(), Some(s))
     } else {
         let tls = TlsConfig::from_files(&a.ca, None, None)
@@ -293,6 +326,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         model: MODEL.into(),
         duration: a.duration,
         warmup: a.warmup,
+        embedded: a.embedded || a.echo,
     };
     let total = plan.warmup + plan.duration;
     let bar = if std::io::stderr().is_terminal() {
@@ -352,6 +386,11 @@ async fn prefill(
         }
     }
     Ok(())
+}
+
+/// This machine's cores (1 if unknown).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The model every load-test op names.
@@ -461,4 +500,13 @@ fn print_table(a: &LoadArgs, p: &load::Plan, s: &load::Summary) {
         "errors        {}   timeouts {} (deadline {:?})",
         s.errors, s.timeouts, a.deadline
     );
+    if let Some(c) = &s.cpu {
+        if let (Some(cores), Some(per_op)) = (c.server_cpu_cores, c.server_cpu_us_per_op) {
+            println!("server CPU    {cores:.2} cores, {per_op:.2} µs per op");
+        }
+        println!(
+            "load CPU      {:.2} cores, {:.2} µs per op (generator and client library)",
+            c.load_cpu_cores, c.load_cpu_us_per_op
+        );
+    }
 }

@@ -51,6 +51,17 @@ fn embedded_and_echo_runs_report_every_field() {
         assert_eq!(v["errors"], 0, "{target}: {v}");
         assert_eq!(v["timeouts"], 0, "{target}: {v}");
         assert!(v["p50_us"].as_u64() <= v["p99_us"].as_u64());
+        // The in-process server's threads did the serving, the rest the
+        // sending: each side was charged some CPU time for it.
+        for key in [
+            "server_cpu_cores",
+            "server_cpu_us_per_op",
+            "load_cpu_cores",
+            "load_cpu_us_per_op",
+        ] {
+            let x = v[key].as_f64();
+            assert!(x.is_some_and(|x| x > 0.0), "{target}: {key} in {v}");
+        }
     }
 }
 
