@@ -282,7 +282,8 @@ async fn accept_loop(
             tracker.clone(),
         );
         let held = open.clone();
-        let (roles, max_in_flight) = (roles.clone(), cfg.max_in_flight);
+        let (roles, max_in_flight, max_streams) =
+            (roles.clone(), cfg.max_in_flight, cfg.max_streams);
         tracker.spawn(async move {
             let _held = held;
             let conn = match incoming.await {
@@ -295,7 +296,16 @@ async fn accept_loop(
             };
             metrics.connections_accepted.inc();
             metrics.connections.inc();
-            stream::serve_connection(conn, handler, &roles, max_in_flight, token, tracker2).await;
+            stream::serve_connection(
+                conn,
+                handler,
+                &roles,
+                max_in_flight,
+                max_streams,
+                token,
+                tracker2,
+            )
+            .await;
             metrics.connections.dec();
         });
     }

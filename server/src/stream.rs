@@ -34,6 +34,7 @@ pub async fn serve_connection(
     handler: Arc<Handler>,
     roles: &Roles,
     max_in_flight: usize,
+    max_streams: u32,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -60,8 +61,13 @@ pub async fn serve_connection(
             _ = shutdown.cancelled() => {
                 // Streams that arrived before shutdown, with requests on
                 // them, but that this loop had not accepted yet: the drain
-                // answers them like those already running.
-                while let Poll::Ready(Ok((send, recv))) = poll_once(conn.accept_bi()).await {
+                // answers them like those already running. The client may
+                // have opened at most `max_streams` (quinn's credit); stop
+                // there even if streams ending meanwhile let it open more.
+                for _ in 0..max_streams {
+                    let Poll::Ready(Ok((send, recv))) = poll_once(conn.accept_bi()).await else {
+                        break;
+                    };
                     tracker.spawn(serve_stream(send, recv, shared.clone()));
                 }
                 return;
@@ -398,7 +404,16 @@ mod tests {
             metrics: Arc::new(crate::metrics::Metrics::default()),
             inline_blocks: cfg.inline_blocks,
         });
-        serve_connection(conn, handler, &cfg.roles, 4, shutdown, tracker.clone()).await;
+        serve_connection(
+            conn,
+            handler,
+            &cfg.roles,
+            4,
+            cfg.max_streams,
+            shutdown,
+            tracker.clone(),
+        )
+        .await;
         tracker.close();
         tracker.wait().await;
 

@@ -24,6 +24,9 @@ use serde::Serialize;
 /// blocking pool).
 pub const SERVER_THREAD: &str = "prefix-server";
 
+// The kernel keeps 15 bytes of a thread's name; a longer one would never match.
+const _: () = assert!(SERVER_THREAD.len() <= 15);
+
 /// CPU time used so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuTimes {
@@ -43,9 +46,10 @@ impl CpuTimes {
 #[cfg(target_os = "linux")]
 fn read() -> procfs::ProcResult<CpuTimes> {
     let me = procfs::process::Process::myself()?;
-    let tick = Duration::from_secs(1) / procfs::ticks_per_second().max(1) as u32;
-    let used = |s: &procfs::process::Stat| tick * (s.utime + s.stime) as u32;
-    let total = used(&me.stat()?);
+    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    let used = |s: &procfs::process::Stat| {
+        Duration::from_nanos(s.utime.saturating_add(s.stime).saturating_mul(tick_ns))
+    };
     let mut server = Duration::ZERO;
     for task in me.tasks()? {
         // A thread may exit between the listing and the read: skip it.
@@ -56,6 +60,8 @@ fn read() -> procfs::ProcResult<CpuTimes> {
             server += used(&stat);
         }
     }
+    // Read last, so it already counts every tick the threads above had.
+    let total = used(&me.stat()?);
     Ok(CpuTimes { total, server })
 }
 
@@ -139,9 +145,11 @@ mod tests {
     }
 
     #[test]
-    fn a_server_thread_that_exited_never_makes_load_negative() {
-        // The server's live threads now add up to less than before (one
-        // exited), and the process total grew by less than the server's sum.
+    fn load_is_never_negative() {
+        // Two readings whose server part grew more than the process total
+        // (ticks charged between the reads of one reading, or a server thread
+        // that exited and took its time out of the server's sum but not the
+        // total's): the load side is then zero, not negative.
         let before = CpuTimes {
             total: Duration::from_secs(10),
             server: Duration::from_secs(2),
@@ -159,29 +167,37 @@ mod tests {
     #[test]
     fn reads_this_process_and_its_named_threads() {
         let before = CpuTimes::now().expect("/proc is readable on Linux");
-        // Keep a thread named like the server busy for a while.
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let spin = std::thread::Builder::new()
-            .name(SERVER_THREAD.into())
-            .spawn(move || {
-                let start = std::time::Instant::now();
-                let mut x = 0u64;
-                while start.elapsed() < Duration::from_millis(300) {
-                    x = std::hint::black_box(x.wrapping_add(1));
-                }
-                // Still alive (and counted) when read below.
-                let _ = wait.recv();
-                x
-            })
-            .expect("thread starts");
-        std::thread::sleep(Duration::from_millis(400));
-        let after = CpuTimes::now().expect("/proc is readable on Linux");
-        drop(done);
+        // A thread named like the server spins until it has been charged
+        // CPU time; it stays alive (and counted) until told to stop.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spin = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(SERVER_THREAD.into())
+                .spawn(move || {
+                    let mut x = 0u64;
+                    // Relaxed: a stop flag; nothing else is published.
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        x = std::hint::black_box(x.wrapping_add(1));
+                    }
+                    x
+                })
+                .expect("thread starts")
+        };
+        let mut after = before;
+        for _ in 0..3_000 {
+            after = CpuTimes::now().expect("/proc is readable on Linux");
+            if after.server > before.server {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Relaxed: see the loop.
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         spin.join().expect("spinner");
-        assert!(after.total >= before.total);
-        // It ran on a core for most of its 300 ms: at least one tick was
-        // charged to it, whatever else the machine was doing.
         assert!(after.server > before.server, "{before:?} -> {after:?}");
+        // The total is read after the threads, so it includes their ticks.
+        assert!(after.total >= before.total);
         assert!(after.total - before.total >= after.server - before.server);
     }
 }

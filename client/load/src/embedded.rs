@@ -25,8 +25,10 @@ pub struct Embedded {
     pub addr: SocketAddr,
     /// TLS trusting its certificate.
     pub tls: TlsConfig,
-    _runtime: ServerRuntime,
+    // Dropped in this order: the stop signal starts the server's shutdown,
+    // then its runtime ends every task, then its directory goes.
     _stop: oneshot::Sender<()>,
+    _runtime: ServerRuntime,
     _dir: tempfile::TempDir,
 }
 
@@ -42,8 +44,8 @@ impl Embedded {
         Ok(Embedded {
             addr,
             tls,
-            _runtime: runtime,
             _stop: stop,
+            _runtime: runtime,
             _dir: dir,
         })
     }
@@ -94,6 +96,9 @@ fn config(dir: &tempfile::TempDir) -> ServerConfig {
         // Load tests may send the largest batches.
         max_frame_bytes: MAX_FRAME_CEILING,
         max_batch: 4096,
+        // Nothing to keep: no snapshot work in the server's CPU time, and
+        // none left writing into the directory when it is deleted.
+        snapshot_interval: None,
         ..ServerConfig::default()
     }
 }
@@ -185,12 +190,12 @@ pub async fn echo(threads: usize, pods: usize) -> anyhow::Result<Embedded> {
     Embedded::new(addr, rt, stop, dir)
 }
 
-/// Reads frames the way the real server does (its [`Inbox`]), so the two
-/// differ only in what they answer.
+/// Reads frames the way the real server does (its [`Inbox`]) and refuses
+/// bad ones the same way, so the two differ only in what they answer.
 ///
 /// [`Inbox`]: prefix_server::handler::Inbox
 async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, pods: usize) {
-    use prefix_server::handler::{Inbox, Next};
+    use prefix_server::handler::{encode_error, Inbox, Next};
     let limits = Limits {
         max_frame_bytes: MAX_FRAME_CEILING,
         max_batch: usize::MAX,
@@ -206,8 +211,15 @@ async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, p
         loop {
             match inbox.next(&limits) {
                 Next::Request { id, request } => canned(id, &request, &matches, &mut out),
-                Next::Refuse { .. } => {}
-                Next::Wait | Next::Fatal { .. } => break,
+                Next::Refuse { id, error } => encode_error(id, &error, &mut out),
+                Next::Fatal { id, error } => {
+                    // The framing is lost: answer this one, end the stream.
+                    encode_error(id, &error, &mut out);
+                    let _ = send.write_all(&out).await;
+                    let _ = recv.stop(u32::from(error.code() as u16).into());
+                    return;
+                }
+                Next::Wait => break,
             }
         }
         if send.write_all(&out).await.is_err() {

@@ -274,14 +274,16 @@ pub async fn run(
             }
         })
     };
-    // CPU time over the measured window only.
+    // CPU time over the measured window only. Reading `/proc` is file I/O:
+    // on the blocking pool, not on a worker that is sending load.
     let measure_from = run.measure_from;
     let cpu_window = tokio::spawn(async move {
+        let read = || tokio::task::spawn_blocking(|| (Instant::now(), CpuTimes::now()));
         tokio::time::sleep_until(measure_from.into()).await;
-        let before = (Instant::now(), CpuTimes::now()?);
+        let (t0, before) = read().await.ok()?;
         tokio::time::sleep_until(end.into()).await;
-        let after = (Instant::now(), CpuTimes::now()?);
-        Some((before, after))
+        let (t1, after) = read().await.ok()?;
+        Some(((t0, before?), (t1, after?)))
     });
     let mut workers = tokio::task::JoinSet::new();
     match plan.rate {

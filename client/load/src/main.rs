@@ -126,13 +126,13 @@ struct LoadArgs {
     echo: bool,
     /// --embedded or --echo: the in-process server's worker threads
     /// [default: half the cores, at least 1].
-    #[arg(long)]
-    server_threads: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    server_threads: Option<u16>,
     /// The load generator's worker threads [default: with --embedded or
     /// --echo, the cores the server does not take (at least 1); otherwise
     /// one per core].
-    #[arg(long)]
-    load_threads: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    load_threads: Option<u16>,
     /// --embedded: the server's pod capacity in blocks.
     #[arg(long, default_value_t = 31_250)]
     pod_capacity: u64,
@@ -246,17 +246,20 @@ impl LoadArgs {
     /// every core.
     fn split(&self) -> (usize, usize) {
         let here = self.embedded || self.echo;
-        let server = self.server_threads.unwrap_or(cores() / 2).max(1);
+        let server = self.server_threads.map_or(cores() / 2, usize::from).max(1);
         let rest = if here {
             cores().saturating_sub(server)
         } else {
             cores()
         };
-        (server, self.load_threads.unwrap_or(rest).max(1))
+        (server, self.load_threads.map_or(rest, usize::from).max(1))
     }
 }
 
 async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
+    if a.server_threads.is_some() && !(a.embedded || a.echo) {
+        anyhow::bail!("--server-threads needs --embedded or --echo (the server runs elsewhere)");
+    }
     let threads = a.split().0;
     let (addr, tls, _server) = if a.embedded {
         let (interval, capacity) = (a.sweep_interval, a.pod_capacity);
