@@ -6,12 +6,14 @@
 
 use prefix_client::wire::Op;
 use prefix_index::{Index, SweepReport, WriteSummary};
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 
 /// Op labels, in [`op_slot`] order; `frame` counts frames refused before any
 /// op could be read.
@@ -246,6 +248,7 @@ impl Metrics {
             "Resident memory of the server process",
             self.resident_bytes.clone(),
         );
+        r.register_collector(Box::new(ProcessCpu));
         let names = [
             ("index_models", "Models in the index"),
             ("index_pods", "Live pods"),
@@ -315,6 +318,43 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// `process_cpu_seconds_total`: the CPU time (user and system) this process
+/// has used, read at each scrape. Over the request counters it gives the
+/// server's CPU time per op, the figure that sizes a server
+/// (`docs/operations.md`); `prefix-load --metrics` reads it so.
+#[derive(Debug)]
+struct ProcessCpu;
+
+impl Collector for ProcessCpu {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        // Where it cannot be read (no `/proc`), the metric is left out.
+        let Some(seconds) = cpu_seconds() else {
+            return Ok(());
+        };
+        let counter = ConstCounter::new(seconds);
+        let metric = encoder.encode_descriptor(
+            "process_cpu",
+            "User and system CPU time of the server process",
+            Some(&Unit::Seconds),
+            counter.metric_type(),
+        )?;
+        counter.encode(metric)
+    }
+}
+
+/// User plus system CPU time of this process, in seconds.
+#[cfg(target_os = "linux")]
+fn cpu_seconds() -> Option<f64> {
+    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    let ticks = stat.utime.saturating_add(stat.stime);
+    Some(ticks as f64 / procfs::ticks_per_second().max(1) as f64)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn cpu_seconds() -> Option<f64> {
+    None
 }
 
 /// Resident memory of this process: the second field of `/proc/self/statm`

@@ -107,6 +107,16 @@ async fn every_operation_end_to_end() {
     assert!(metrics.contains("prefix_index_requests_total{op=\"lookup\",outcome=\"ok\"}"));
     assert!(metrics.contains("prefix_index_index_entries"));
     assert!(metrics.contains("prefix_index_sweep_calls_total"));
+    #[cfg(target_os = "linux")]
+    {
+        // The server has done work by now: some CPU time was charged.
+        let cpu = common::metric(
+            server.metrics_addr.unwrap(),
+            "prefix_index_process_cpu_seconds_total",
+        )
+        .await;
+        assert!(cpu > 0.0, "{metrics}");
+    }
     assert!(common::http_get(server.metrics_addr.unwrap(), "/readyz")
         .await
         .starts_with("HTTP/1.1 200"));

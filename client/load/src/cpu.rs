@@ -1,14 +1,18 @@
-//! CPU time of this process over the measured window, split between the
-//! embedded server's threads and the rest (the load generator and its
-//! client library).
+//! CPU time over the measured window, split between the server and the load
+//! generator (with its client library).
 //!
 //! On a machine that the server shares with its load generator, ops per
 //! second says how fast the pair went, not what the server costs. The
 //! server's CPU time per op does: it sizes a server (cores for a given rate,
 //! see `docs/operations.md`) and it is the number a change to the server's
-//! path has to move. The embedded servers run on their own runtime whose
-//! threads are all named [`SERVER_THREAD`]; every other thread of the process
-//! counts as load generator.
+//! path has to move. Where the server's time comes from ([`Probe`]):
+//! - in this process (`--embedded`, `--echo`): the servers run on their own
+//!   runtime whose threads are all named [`SERVER_THREAD`]; every other thread
+//!   of the process counts as load generator;
+//! - another process (`--server` with `--metrics`): its
+//!   `prefix_index_process_cpu_seconds_total`, scraped from its metrics
+//!   listener at both ends of the window;
+//! - otherwise only this process's time is known.
 //!
 //! The kernel reports CPU time in clock ticks (10 ms at the usual 100 Hz), so
 //! a window of a few seconds resolves to a fraction of a percent. A server
@@ -70,38 +74,100 @@ fn read() -> Result<CpuTimes, ()> {
     Err(())
 }
 
+/// Where the server's CPU time is read.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// The server runs in this process, on threads named [`SERVER_THREAD`].
+    InProcess,
+    /// The server runs elsewhere; its metrics page (this URL) gives its CPU
+    /// time.
+    Metrics(String),
+    /// The server runs elsewhere, unmeasured: only this process is read.
+    LoadOnly,
+}
+
+/// CPU time used so far, by the load generator and (if known) the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    /// By this process, less the in-process server's threads.
+    pub load: Duration,
+    /// By the server.
+    pub server: Option<Duration>,
+}
+
+impl Probe {
+    /// Reads now, or `None` where this process's time cannot be read. May
+    /// block (files, an HTTP request): call it off the async workers. A
+    /// metrics page that does not answer leaves `server` out.
+    pub fn read(&self) -> Option<Reading> {
+        let own = CpuTimes::now()?;
+        Some(match self {
+            Probe::InProcess => Reading {
+                load: own.total.saturating_sub(own.server),
+                server: Some(own.server),
+            },
+            Probe::Metrics(url) => Reading {
+                load: own.total,
+                server: match scrape(url) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no CPU time from the server's metrics");
+                        None
+                    }
+                },
+            },
+            Probe::LoadOnly => Reading {
+                load: own.total,
+                server: None,
+            },
+        })
+    }
+}
+
+/// The server's metric of its CPU time.
+pub const CPU_METRIC: &str = "prefix_index_process_cpu_seconds_total";
+
+/// The server's CPU time, from its metrics page at `url`.
+pub fn scrape(url: &str) -> anyhow::Result<Duration> {
+    use anyhow::Context;
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let page = agent
+        .get(url)
+        .call()
+        .and_then(|mut r| r.body_mut().read_to_string())
+        .with_context(|| format!("reading {url}"))?;
+    let seconds = cpu_seconds(&page).with_context(|| format!("no {CPU_METRIC} in {url}"))?;
+    Duration::try_from_secs_f64(seconds).with_context(|| format!("{CPU_METRIC} = {seconds}"))
+}
+
+/// The value of [`CPU_METRIC`] in a Prometheus text page.
+fn cpu_seconds(page: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix(CPU_METRIC)?.strip_prefix(' '))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
 /// Where the CPU went in a measured window, as printed and in `--json`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CpuUse {
-    /// Cores the embedded server kept busy on average (`None` against a
-    /// server in another process).
+    /// Cores the server kept busy on average (`None` where unknown).
     pub server_cpu_cores: Option<f64>,
-    /// The embedded server's CPU time per op answered, in microseconds.
+    /// The server's CPU time per op answered, in microseconds.
     pub server_cpu_us_per_op: Option<f64>,
-    /// Cores the rest of the process (load generator, client library) kept
-    /// busy on average.
+    /// Cores the load generator (with its client library) kept busy on
+    /// average.
     pub load_cpu_cores: f64,
-    /// The rest's CPU time per op answered, in microseconds.
+    /// The load generator's CPU time per op answered, in microseconds.
     pub load_cpu_us_per_op: f64,
 }
 
 impl CpuUse {
     /// The use between two readings `seconds` apart, in which `ops` ops were
-    /// answered; `embedded` says whether the server ran in this process.
-    pub fn between(
-        before: CpuTimes,
-        after: CpuTimes,
-        seconds: f64,
-        ops: u64,
-        embedded: bool,
-    ) -> CpuUse {
-        let server = after.server.saturating_sub(before.server).as_secs_f64();
-        let load = after
-            .total
-            .saturating_sub(before.total)
-            .as_secs_f64()
-            .max(server)
-            - server;
+    /// answered.
+    pub fn between(before: Reading, after: Reading, seconds: f64, ops: u64) -> CpuUse {
         let seconds = seconds.max(1e-9);
         let per_op = |t: f64| {
             if ops == 0 {
@@ -110,9 +176,14 @@ impl CpuUse {
                 t * 1e6 / ops as f64
             }
         };
+        let server = match (before.server, after.server) {
+            (Some(b), Some(a)) => Some(a.saturating_sub(b).as_secs_f64()),
+            _ => None,
+        };
+        let load = after.load.saturating_sub(before.load).as_secs_f64();
         CpuUse {
-            server_cpu_cores: embedded.then(|| server / seconds),
-            server_cpu_us_per_op: embedded.then(|| per_op(server)),
+            server_cpu_cores: server.map(|t| t / seconds),
+            server_cpu_us_per_op: server.map(per_op),
             load_cpu_cores: load / seconds,
             load_cpu_us_per_op: per_op(load),
         }
@@ -125,42 +196,61 @@ mod tests {
 
     #[test]
     fn splits_the_window_between_server_and_load() {
-        let at = |total_ms, server_ms| CpuTimes {
-            total: Duration::from_millis(total_ms),
-            server: Duration::from_millis(server_ms),
+        let at = |load_ms, server_ms: Option<u64>| Reading {
+            load: Duration::from_millis(load_ms),
+            server: server_ms.map(Duration::from_millis),
         };
-        // 2 s in which the server used 1.5 s of CPU and the rest 1 s, over
+        // 2 s in which the server used 1.5 s of CPU and the load 1 s, over
         // 500,000 ops.
-        let u = CpuUse::between(at(1_000, 400), at(3_500, 1_900), 2.0, 500_000, true);
+        let u = CpuUse::between(at(600, Some(400)), at(1_600, Some(1_900)), 2.0, 500_000);
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
         assert!(close(u.server_cpu_cores, 0.75), "{u:?}");
         assert!(close(u.server_cpu_us_per_op, 3.0), "{u:?}");
         assert!(close(Some(u.load_cpu_cores), 0.5), "{u:?}");
         assert!(close(Some(u.load_cpu_us_per_op), 2.0), "{u:?}");
-        // Against a remote server every thread here is load.
-        let remote = CpuUse::between(at(1_000, 0), at(3_500, 0), 2.0, 500_000, false);
-        assert_eq!(remote.server_cpu_cores, None);
-        assert_eq!(remote.server_cpu_us_per_op, None);
-        assert!(close(Some(remote.load_cpu_cores), 1.25), "{remote:?}");
+        // A server time missing at either end (unmeasured, or a scrape that
+        // failed) leaves the server out, not a wrong figure.
+        for (b, a) in [(None, None), (Some(400), None), (None, Some(1_900))] {
+            let u = CpuUse::between(at(600, b), at(1_600, a), 2.0, 500_000);
+            assert_eq!(u.server_cpu_cores, None);
+            assert_eq!(u.server_cpu_us_per_op, None);
+            assert!(close(Some(u.load_cpu_cores), 0.5), "{u:?}");
+        }
     }
 
     #[test]
-    fn load_is_never_negative() {
-        // Two readings whose server part grew more than the process total
-        // (ticks charged between the reads of one reading, or a server thread
-        // that exited and took its time out of the server's sum but not the
-        // total's): the load side is then zero, not negative.
-        let before = CpuTimes {
-            total: Duration::from_secs(10),
-            server: Duration::from_secs(2),
+    fn times_that_go_backwards_count_as_zero() {
+        // A server thread that exited takes its time out of the server's
+        // live sum (and puts it in the load's difference); a restarted
+        // remote server starts its counter again. Neither gives a negative.
+        let before = Reading {
+            load: Duration::from_secs(10),
+            server: Some(Duration::from_secs(4)),
         };
-        let after = CpuTimes {
-            total: Duration::from_secs(11),
-            server: Duration::from_secs(4),
+        let after = Reading {
+            load: Duration::from_secs(9),
+            server: Some(Duration::from_secs(2)),
         };
-        let u = CpuUse::between(before, after, 1.0, 0, true);
+        let u = CpuUse::between(before, after, 1.0, 0);
         assert_eq!(u.load_cpu_cores, 0.0);
+        assert_eq!(u.server_cpu_cores, Some(0.0));
         assert_eq!(u.server_cpu_us_per_op, Some(0.0));
+    }
+
+    #[test]
+    fn finds_the_cpu_metric_in_a_metrics_page() {
+        let page = "# HELP prefix_index_process_cpu_seconds User and system CPU time\n\
+                    # TYPE prefix_index_process_cpu_seconds counter\n\
+                    # UNIT prefix_index_process_cpu_seconds seconds\n\
+                    prefix_index_process_cpu_seconds_total_other 9.0\n\
+                    prefix_index_process_cpu_seconds_total 12.34\n\
+                    # EOF\n";
+        assert_eq!(cpu_seconds(page), Some(12.34));
+        assert_eq!(cpu_seconds("# EOF\n"), None);
+        assert_eq!(
+            cpu_seconds("prefix_index_process_cpu_seconds_total x\n"),
+            None
+        );
     }
 
     #[cfg(target_os = "linux")]

@@ -12,7 +12,7 @@ use prefix_client::{Client, ClientError};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use crate::cpu::{CpuTimes, CpuUse};
+use crate::cpu::{CpuUse, Probe};
 use crate::workload::Request;
 
 /// What to send and how.
@@ -38,8 +38,8 @@ pub struct Plan {
     pub duration: Duration,
     /// Unmeasured time first.
     pub warmup: Duration,
-    /// The server runs in this process (its CPU time is measured apart).
-    pub embedded: bool,
+    /// Where the server's CPU time is read.
+    pub cpu: Probe,
 }
 
 /// Where requests come from: a prepared list, sent in order (cycling), either
@@ -276,9 +276,12 @@ pub async fn run(
     };
     // CPU time over the measured window only. Reading `/proc` is file I/O:
     // on the blocking pool, not on a worker that is sending load.
-    let measure_from = run.measure_from;
+    let (measure_from, probe) = (run.measure_from, plan.cpu.clone());
     let cpu_window = tokio::spawn(async move {
-        let read = || tokio::task::spawn_blocking(|| (Instant::now(), CpuTimes::now()));
+        let read = || {
+            let probe = probe.clone();
+            tokio::task::spawn_blocking(move || (Instant::now(), probe.read()))
+        };
         tokio::time::sleep_until(measure_from.into()).await;
         let (t0, before) = read().await.ok()?;
         tokio::time::sleep_until(end.into()).await;
@@ -322,7 +325,6 @@ pub async fn run(
             after,
             (t1 - t0).as_secs_f64(),
             total.ops,
-            plan.embedded,
         )),
         _ => None,
     };

@@ -117,6 +117,11 @@ struct LoadArgs {
     /// CA certificate of --server.
     #[arg(long, default_value = "prefix-index-data/cert.pem")]
     ca: PathBuf,
+    /// --server's metrics listener (its --metrics-listen): the summary then
+    /// gives the server's CPU time per op, from its
+    /// `prefix_index_process_cpu_seconds_total`.
+    #[arg(long, conflicts_with_all = ["embedded", "echo"])]
+    metrics: Option<SocketAddr>,
     /// Start a server in this process on a free loopback port and load it.
     #[arg(long)]
     embedded: bool,
@@ -318,6 +323,19 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     if a.prefill && !a.echo {
         prefill(&clients[0].1, &source.requests, a.pods).await?;
     }
+    let cpu = if a.embedded || a.echo {
+        cpu::Probe::InProcess
+    } else if let Some(m) = a.metrics {
+        let url = format!("http://{m}/metrics");
+        // Fail now rather than print a summary without the figure asked for.
+        let scraped = url.clone();
+        tokio::task::spawn_blocking(move || cpu::scrape(&scraped))
+            .await?
+            .context("--metrics")?;
+        cpu::Probe::Metrics(url)
+    } else {
+        cpu::Probe::LoadOnly
+    };
     let plan = load::Plan {
         gateways: a.gateways.max(1),
         connections: a.connections.max(1),
@@ -329,7 +347,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         model: MODEL.into(),
         duration: a.duration,
         warmup: a.warmup,
-        embedded: a.embedded || a.echo,
+        cpu,
     };
     let total = plan.warmup + plan.duration;
     let bar = if std::io::stderr().is_terminal() {

@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-fn run(args: &[&str]) -> serde_json::Value {
+fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> serde_json::Value {
     let out = Command::new(env!("CARGO_BIN_EXE_prefix-load"))
         .args(args)
         .output()
@@ -16,25 +16,26 @@ fn run(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
+/// A short run of a small chat workload, with a deadline no loaded CI
+/// machine misses.
+const SHORT: [&str; 11] = [
+    "--duration",
+    "1s",
+    "--warmup",
+    "200ms",
+    "--deadline",
+    "5s",
+    "--sessions",
+    "50",
+    "--requests",
+    "500",
+    "--json",
+];
+
 #[test]
 fn embedded_and_echo_runs_report_every_field() {
     for target in ["--embedded", "--echo"] {
-        let v = run(&[
-            target,
-            "--duration",
-            "1s",
-            "--warmup",
-            "200ms",
-            "--deadline",
-            "5s",
-            "--sessions",
-            "50",
-            "--requests",
-            "500",
-            "--batch",
-            "4",
-            "--json",
-        ]);
+        let v = run(&[&[target, "--batch", "4"][..], &SHORT].concat());
         for key in [
             "ops_per_sec",
             "p50_us",
@@ -89,4 +90,51 @@ fn open_loop_runs_at_its_rate() {
     // not by how fast this machine is.
     let frames = v["frames"].as_u64().unwrap();
     assert!((450..=501).contains(&frames), "{v}");
+}
+
+/// Against a server in another process (here: this test's), `--metrics`
+/// reads the server's CPU time from its metrics listener.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_remote_servers_cpu_comes_from_its_metrics() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = prefix_server::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: dir.path().into(),
+        snapshot_interval: None,
+        ..prefix_server::ServerConfig::default()
+    };
+    let server = rt.block_on(prefix_server::Server::bind(cfg)).unwrap();
+    let (addr, metrics) = (server.local_addr(), server.metrics_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = rt.spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let ca = dir.path().join("cert.pem");
+    let args = |metrics: Option<std::net::SocketAddr>| {
+        let mut a: Vec<String> = ["--server", &addr.to_string(), "--ca", ca.to_str().unwrap()]
+            .into_iter()
+            .chain(SHORT)
+            .map(str::to_owned)
+            .collect();
+        if let Some(m) = metrics {
+            a.extend(["--metrics".to_owned(), m.to_string()]);
+        }
+        a
+    };
+    let with = run(&args(Some(metrics)));
+    let without = run(&args(None));
+    let _ = stop.send(());
+    rt.block_on(serving).unwrap().unwrap();
+    assert!(with["ops"].as_u64().unwrap() > 0, "{with}");
+    // The server answered every op of the window: it was charged for it.
+    for key in ["server_cpu_us_per_op", "load_cpu_us_per_op"] {
+        let x = with[key].as_f64();
+        assert!(x.is_some_and(|x| x > 0.0), "{key} in {with}");
+    }
+    // Without --metrics the server's share is unknown, not zero.
+    assert!(without["server_cpu_cores"].is_null(), "{without}");
+    assert!(without["load_cpu_cores"].is_number(), "{without}");
 }
