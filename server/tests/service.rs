@@ -109,7 +109,8 @@ async fn every_operation_end_to_end() {
     assert!(metrics.contains("prefix_index_sweep_calls_total"));
     #[cfg(target_os = "linux")]
     {
-        // The server has done work by now: some CPU time was charged.
+        // The metric is there, and counts (the "process" is this test's,
+        // which has done work by now).
         let cpu = common::metric(
             server.metrics_addr.unwrap(),
             "prefix_index_process_cpu_seconds_total",

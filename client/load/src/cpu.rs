@@ -86,28 +86,29 @@ pub enum Probe {
     LoadOnly,
 }
 
-/// CPU time used so far, by the load generator and (if known) the server.
+/// CPU time used so far, by the load generator and the server, each where
+/// known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
     /// By this process, less the in-process server's threads.
-    pub load: Duration,
+    pub load: Option<Duration>,
     /// By the server.
     pub server: Option<Duration>,
 }
 
 impl Probe {
-    /// Reads now, or `None` where this process's time cannot be read. May
-    /// block (files, an HTTP request): call it off the async workers. A
-    /// metrics page that does not answer leaves `server` out.
-    pub fn read(&self) -> Option<Reading> {
-        let own = CpuTimes::now()?;
-        Some(match self {
+    /// Reads now. May block (files, an HTTP request): call it off the async
+    /// workers. What cannot be read (no `/proc`; a metrics page that does not
+    /// answer) is left out.
+    pub fn read(&self) -> Reading {
+        let own = CpuTimes::now();
+        match self {
             Probe::InProcess => Reading {
-                load: own.total.saturating_sub(own.server),
-                server: Some(own.server),
+                load: own.map(|o| o.total.saturating_sub(o.server)),
+                server: own.map(|o| o.server),
             },
             Probe::Metrics(url) => Reading {
-                load: own.total,
+                load: own.map(|o| o.total),
                 server: match scrape(url) {
                     Ok(t) => Some(t),
                     Err(e) => {
@@ -117,12 +118,15 @@ impl Probe {
                 },
             },
             Probe::LoadOnly => Reading {
-                load: own.total,
+                load: own.map(|o| o.total),
                 server: None,
             },
-        })
+        }
     }
 }
+
+/// How long one read of a server's metrics page may take.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The server's metric of its CPU time.
 pub const CPU_METRIC: &str = "prefix_index_process_cpu_seconds_total";
@@ -131,7 +135,10 @@ pub const CPU_METRIC: &str = "prefix_index_process_cpu_seconds_total";
 pub fn scrape(url: &str) -> anyhow::Result<Duration> {
     use anyhow::Context;
     let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(5)))
+        .timeout_global(Some(SCRAPE_TIMEOUT))
+        // A metrics listener is reached directly, whatever proxy the
+        // environment names for other traffic.
+        .proxy(None)
         .build()
         .into();
     let page = agent
@@ -150,18 +157,19 @@ fn cpu_seconds(page: &str) -> Option<f64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// Where the CPU went in a measured window, as printed and in `--json`.
+/// Where the CPU went in a measured window, as printed and in `--json`
+/// (each `None` where unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CpuUse {
-    /// Cores the server kept busy on average (`None` where unknown).
+    /// Cores the server kept busy on average.
     pub server_cpu_cores: Option<f64>,
     /// The server's CPU time per op answered, in microseconds.
     pub server_cpu_us_per_op: Option<f64>,
     /// Cores the load generator (with its client library) kept busy on
     /// average.
-    pub load_cpu_cores: f64,
+    pub load_cpu_cores: Option<f64>,
     /// The load generator's CPU time per op answered, in microseconds.
-    pub load_cpu_us_per_op: f64,
+    pub load_cpu_us_per_op: Option<f64>,
 }
 
 impl CpuUse {
@@ -176,16 +184,15 @@ impl CpuUse {
                 t * 1e6 / ops as f64
             }
         };
-        let server = match (before.server, after.server) {
-            (Some(b), Some(a)) => Some(a.saturating_sub(b).as_secs_f64()),
-            _ => None,
-        };
-        let load = after.load.saturating_sub(before.load).as_secs_f64();
+        let used =
+            |b: Option<Duration>, a: Option<Duration>| Some(a?.saturating_sub(b?).as_secs_f64());
+        let server = used(before.server, after.server);
+        let load = used(before.load, after.load);
         CpuUse {
             server_cpu_cores: server.map(|t| t / seconds),
             server_cpu_us_per_op: server.map(per_op),
-            load_cpu_cores: load / seconds,
-            load_cpu_us_per_op: per_op(load),
+            load_cpu_cores: load.map(|t| t / seconds),
+            load_cpu_us_per_op: load.map(per_op),
         }
     }
 }
@@ -197,7 +204,7 @@ mod tests {
     #[test]
     fn splits_the_window_between_server_and_load() {
         let at = |load_ms, server_ms: Option<u64>| Reading {
-            load: Duration::from_millis(load_ms),
+            load: Some(Duration::from_millis(load_ms)),
             server: server_ms.map(Duration::from_millis),
         };
         // 2 s in which the server used 1.5 s of CPU and the load 1 s, over
@@ -206,16 +213,24 @@ mod tests {
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-9);
         assert!(close(u.server_cpu_cores, 0.75), "{u:?}");
         assert!(close(u.server_cpu_us_per_op, 3.0), "{u:?}");
-        assert!(close(Some(u.load_cpu_cores), 0.5), "{u:?}");
-        assert!(close(Some(u.load_cpu_us_per_op), 2.0), "{u:?}");
+        assert!(close(u.load_cpu_cores, 0.5), "{u:?}");
+        assert!(close(u.load_cpu_us_per_op, 2.0), "{u:?}");
         // A server time missing at either end (unmeasured, or a scrape that
         // failed) leaves the server out, not a wrong figure.
         for (b, a) in [(None, None), (Some(400), None), (None, Some(1_900))] {
             let u = CpuUse::between(at(600, b), at(1_600, a), 2.0, 500_000);
             assert_eq!(u.server_cpu_cores, None);
             assert_eq!(u.server_cpu_us_per_op, None);
-            assert!(close(Some(u.load_cpu_cores), 0.5), "{u:?}");
+            assert!(close(u.load_cpu_cores, 0.5), "{u:?}");
         }
+        // Likewise this process's own time, where `/proc` cannot be read.
+        let blind = Reading {
+            load: None,
+            server: Some(Duration::from_millis(400)),
+        };
+        let u = CpuUse::between(blind, at(1_600, Some(1_900)), 2.0, 500_000);
+        assert_eq!(u.load_cpu_cores, None);
+        assert!(close(u.server_cpu_cores, 0.75), "{u:?}");
     }
 
     #[test]
@@ -224,15 +239,15 @@ mod tests {
         // live sum (and puts it in the load's difference); a restarted
         // remote server starts its counter again. Neither gives a negative.
         let before = Reading {
-            load: Duration::from_secs(10),
+            load: Some(Duration::from_secs(10)),
             server: Some(Duration::from_secs(4)),
         };
         let after = Reading {
-            load: Duration::from_secs(9),
+            load: Some(Duration::from_secs(9)),
             server: Some(Duration::from_secs(2)),
         };
         let u = CpuUse::between(before, after, 1.0, 0);
-        assert_eq!(u.load_cpu_cores, 0.0);
+        assert_eq!(u.load_cpu_cores, Some(0.0));
         assert_eq!(u.server_cpu_cores, Some(0.0));
         assert_eq!(u.server_cpu_us_per_op, Some(0.0));
     }

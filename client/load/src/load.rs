@@ -278,15 +278,21 @@ pub async fn run(
     // on the blocking pool, not on a worker that is sending load.
     let (measure_from, probe) = (run.measure_from, plan.cpu.clone());
     let cpu_window = tokio::spawn(async move {
+        // Stamped halfway through the read: a scrape of a busy server's
+        // metrics page takes a while to be answered.
         let read = || {
             let probe = probe.clone();
-            tokio::task::spawn_blocking(move || (Instant::now(), probe.read()))
+            tokio::task::spawn_blocking(move || {
+                let start = Instant::now();
+                let reading = probe.read();
+                (start + (Instant::now() - start) / 2, reading)
+            })
         };
         tokio::time::sleep_until(measure_from.into()).await;
-        let (t0, before) = read().await.ok()?;
+        let before = read().await.ok()?;
         tokio::time::sleep_until(end.into()).await;
-        let (t1, after) = read().await.ok()?;
-        Some(((t0, before?), (t1, after?)))
+        let after = read().await.ok()?;
+        Some((before, after))
     });
     let mut workers = tokio::task::JoinSet::new();
     match plan.rate {

@@ -119,7 +119,8 @@ struct LoadArgs {
     ca: PathBuf,
     /// --server's metrics listener (its --metrics-listen): the summary then
     /// gives the server's CPU time per op, from its
-    /// `prefix_index_process_cpu_seconds_total`.
+    /// `prefix_index_process_cpu_seconds_total` (each read of the page may
+    /// take up to 5 s).
     #[arg(long, conflicts_with_all = ["embedded", "echo"])]
     metrics: Option<SocketAddr>,
     /// Start a server in this process on a free loopback port and load it.
@@ -311,6 +312,20 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         },
         ..ClientConfig::default()
     };
+    let cpu = if a.embedded || a.echo {
+        cpu::Probe::InProcess
+    } else if let Some(m) = a.metrics {
+        let url = format!("http://{m}/metrics");
+        // Fail before any load rather than print a summary without the
+        // figure asked for.
+        let scraped = url.clone();
+        tokio::task::spawn_blocking(move || cpu::scrape(&scraped))
+            .await?
+            .context("--metrics")?;
+        cpu::Probe::Metrics(url)
+    } else {
+        cpu::Probe::LoadOnly
+    };
     let mut clients = Vec::new();
     for g in 0..a.gateways.max(1) {
         for _ in 0..a.connections.max(1) {
@@ -323,19 +338,6 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     if a.prefill && !a.echo {
         prefill(&clients[0].1, &source.requests, a.pods).await?;
     }
-    let cpu = if a.embedded || a.echo {
-        cpu::Probe::InProcess
-    } else if let Some(m) = a.metrics {
-        let url = format!("http://{m}/metrics");
-        // Fail now rather than print a summary without the figure asked for.
-        let scraped = url.clone();
-        tokio::task::spawn_blocking(move || cpu::scrape(&scraped))
-            .await?
-            .context("--metrics")?;
-        cpu::Probe::Metrics(url)
-    } else {
-        cpu::Probe::LoadOnly
-    };
     let plan = load::Plan {
         gateways: a.gateways.max(1),
         connections: a.connections.max(1),
@@ -525,9 +527,10 @@ fn print_table(a: &LoadArgs, p: &load::Plan, s: &load::Summary) {
         if let (Some(cores), Some(per_op)) = (c.server_cpu_cores, c.server_cpu_us_per_op) {
             println!("server CPU    {cores:.2} cores, {per_op:.2} µs per op");
         }
-        println!(
-            "load CPU      {:.2} cores, {:.2} µs per op (generator and client library)",
-            c.load_cpu_cores, c.load_cpu_us_per_op
-        );
+        if let (Some(cores), Some(per_op)) = (c.load_cpu_cores, c.load_cpu_us_per_op) {
+            println!(
+                "load CPU      {cores:.2} cores, {per_op:.2} µs per op (generator and client library)"
+            );
+        }
     }
 }

@@ -32,6 +32,18 @@ const SHORT: [&str; 11] = [
     "--json",
 ];
 
+/// Neither side can have kept more cores busy than the machine has: a unit
+/// slip (ticks, milliseconds) would show here.
+#[cfg(target_os = "linux")]
+fn within_the_machine(v: &serde_json::Value) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    for key in ["server_cpu_cores", "load_cpu_cores"] {
+        let x = v[key].as_f64().unwrap_or(0.0);
+        // Ticks are 10 ms: allow one of them per core over a short window.
+        assert!(x <= cores * 1.1, "{key} = {x} on {cores} cores: {v}");
+    }
+}
+
 #[test]
 fn embedded_and_echo_runs_report_every_field() {
     for target in ["--embedded", "--echo"] {
@@ -65,6 +77,8 @@ fn embedded_and_echo_runs_report_every_field() {
             let x = v[key].as_f64();
             assert!(x.is_some_and(|x| x > 0.0), "{target}: {key} in {v}");
         }
+        #[cfg(target_os = "linux")]
+        within_the_machine(&v);
     }
 }
 
@@ -134,6 +148,7 @@ fn a_remote_servers_cpu_comes_from_its_metrics() {
         let x = with[key].as_f64();
         assert!(x.is_some_and(|x| x > 0.0), "{key} in {with}");
     }
+    within_the_machine(&with);
     // Without --metrics the server's share is unknown, not zero.
     assert!(without["server_cpu_cores"].is_null(), "{without}");
     assert!(without["load_cpu_cores"].is_number(), "{without}");
