@@ -357,10 +357,16 @@ fn cpu_seconds() -> Option<f64> {
     None
 }
 
-/// Resident memory of this process: the second field of `/proc/self/statm`
-/// (pages) times the page size, which is 4 KiB on the platforms we ship for.
+/// Resident memory of this process (procfs scales the kernel's page count by
+/// the real page size).
+#[cfg(target_os = "linux")]
 fn resident_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
-    Some(pages * 4096)
+    use procfs::WithCurrentSystemInfo;
+    let stat = procfs::process::Process::myself().ok()?.stat().ok()?;
+    Some(stat.rss_bytes().get())
+}
+
+#[cfg(not(target_os = "linux"))]
+fn resident_bytes() -> Option<u64> {
+    None
 }
