@@ -133,6 +133,12 @@ pub struct Settings {
     /// buffer. [default: 4194304]
     #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
     pub connection_window: Option<u32>,
+    /// Keep the workers polling the network for this long after the last
+    /// read instead of sleeping: lower latency when requests come one at a
+    /// time, for a worker core at 100% while they do. For servers with cores
+    /// of their own (see docs/operations.md); "0s" is off. [default: 0s]
+    #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
+    pub busy_poll: Option<HumanDuration>,
     /// A client identity that may only look up (and ask stats, ping):
     /// sha256:<hex> or cn:<common name>. Repeat the flag; in the
     /// environment separate them with ';'. Needs --client-ca.
@@ -221,6 +227,7 @@ impl Settings {
             snapshot_interval,
             max_in_flight,
             connection_window,
+            busy_poll,
             readers,
             writers
         )
@@ -275,6 +282,11 @@ impl Settings {
             },
             max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
             connection_window: self.connection_window.unwrap_or(d.connection_window),
+            busy_poll: match self.busy_poll {
+                None => d.busy_poll,
+                Some(h) if h.0.is_zero() => None,
+                Some(h) => Some(h.0),
+            },
             roles: Roles {
                 readers: identities("reader", self.readers)?,
                 writers: identities("writer", self.writers)?,
@@ -371,6 +383,11 @@ pub struct ServerConfig {
     /// then buffer at most 16 GiB only if every one of them is stalled with a
     /// full window (size it down with `max_connections` on small machines).
     pub connection_window: u32,
+    /// Busy polling (see [`crate::busy_poll`]): how long the workers keep
+    /// polling after the last read, or none to let them sleep. Default none:
+    /// spinning is worth a core per worker only on machines where wake-ups
+    /// are slow (virtual machines) and the cores are the server's alone.
+    pub busy_poll: Option<Duration>,
     /// Roles of client identities (see [`crate::access`]). Default: none,
     /// every connected client may write.
     pub roles: Roles,
@@ -399,6 +416,7 @@ impl Default for ServerConfig {
             snapshot_interval: Some(Duration::from_secs(30)),
             max_in_flight: 16,
             connection_window: 4 << 20,
+            busy_poll: None,
             roles: Roles::default(),
         }
     }
@@ -524,5 +542,22 @@ mod tests {
         };
         assert!(s.resolve().is_err());
         assert!(Settings::default().resolve().is_ok());
+    }
+
+    #[test]
+    fn busy_polling_is_off_by_default_and_0s_turns_it_off() {
+        let on = |toml_text: &str| {
+            toml::from_str::<Settings>(toml_text)
+                .unwrap()
+                .resolve()
+                .unwrap()
+                .busy_poll
+        };
+        assert_eq!(on(""), None);
+        assert_eq!(on(r#"busy-poll = "0s""#), None);
+        assert_eq!(
+            on(r#"busy-poll = "100ms""#),
+            Some(Duration::from_millis(100))
+        );
     }
 }

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub mod access;
+pub mod busy_poll;
 pub mod config;
 pub mod handler;
 mod http;
@@ -171,6 +172,11 @@ impl Server {
             metrics: self.metrics.clone(),
             inline_blocks: self.cfg.inline_blocks,
         });
+        let busy = self.cfg.busy_poll.map(|window| {
+            let busy = busy_poll::BusyPoll::new(window);
+            busy.start(&tracker, &token);
+            busy
+        });
         tracker.spawn(maintenance::run(
             self.index.clone(),
             self.metrics.clone(),
@@ -208,10 +214,17 @@ impl Server {
             "serving"
         );
 
+        let setup = Arc::new(stream::ConnSetup {
+            handler,
+            roles: self.cfg.roles.clone(),
+            max_in_flight: self.cfg.max_in_flight,
+            max_streams: self.cfg.max_streams,
+            busy,
+        });
         let accept = accept_loop(
             &self.endpoint,
             &self.cfg,
-            handler,
+            setup,
             self.metrics.clone(),
             token.clone(),
             tracker.clone(),
@@ -260,13 +273,12 @@ impl Server {
 async fn accept_loop(
     endpoint: &quinn::Endpoint,
     cfg: &ServerConfig,
-    handler: Arc<Handler>,
+    setup: Arc<stream::ConnSetup>,
     metrics: Arc<Metrics>,
     token: CancellationToken,
     tracker: TaskTracker,
 ) {
     let open = Arc::new(());
-    let roles = Arc::new(cfg.roles.clone());
     while let Some(incoming) = endpoint.accept().await {
         // Every connection task holds a clone of `open`.
         if Arc::strong_count(&open) > cfg.max_connections {
@@ -275,15 +287,13 @@ async fn accept_loop(
             incoming.refuse();
             continue;
         }
-        let (handler, metrics, token, tracker2) = (
-            handler.clone(),
+        let (setup, metrics, token, tracker2) = (
+            setup.clone(),
             metrics.clone(),
             token.clone(),
             tracker.clone(),
         );
         let held = open.clone();
-        let (roles, max_in_flight, max_streams) =
-            (roles.clone(), cfg.max_in_flight, cfg.max_streams);
         tracker.spawn(async move {
             let _held = held;
             let conn = match incoming.await {
@@ -296,16 +306,7 @@ async fn accept_loop(
             };
             metrics.connections_accepted.inc();
             metrics.connections.inc();
-            stream::serve_connection(
-                conn,
-                handler,
-                &roles,
-                max_in_flight,
-                max_streams,
-                token,
-                tracker2,
-            )
-            .await;
+            stream::serve_connection(conn, &setup, token, tracker2).await;
             metrics.connections.dec();
         });
     }

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access::{Access, Roles};
+use crate::busy_poll::BusyPoll;
 use crate::handler::{encode_error, Handler, Inbox, Next};
 
 /// What every stream of one connection shares.
@@ -23,6 +24,21 @@ struct Shared {
     /// Heavy requests the connection may still start (`max_in_flight`).
     permits: Arc<Semaphore>,
     shutdown: CancellationToken,
+    busy: Option<Arc<BusyPoll>>,
+}
+
+/// What every connection is served with.
+pub struct ConnSetup {
+    /// The protocol logic.
+    pub handler: Arc<Handler>,
+    /// Roles of client identities.
+    pub roles: Roles,
+    /// Heavy requests one connection may have running.
+    pub max_in_flight: usize,
+    /// Streams one connection may have open (quinn's credit).
+    pub max_streams: u32,
+    /// Told of every read, when busy polling is on.
+    pub busy: Option<Arc<BusyPoll>>,
 }
 
 /// Serves one accepted connection: every bidirectional stream the client
@@ -31,10 +47,7 @@ struct Shared {
 /// stream tasks then drain on their own).
 pub async fn serve_connection(
     conn: quinn::Connection,
-    handler: Arc<Handler>,
-    roles: &Roles,
-    max_in_flight: usize,
-    max_streams: u32,
+    setup: &ConnSetup,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -42,15 +55,16 @@ pub async fn serve_connection(
         any.downcast::<Vec<rustls_pki_types::CertificateDer<'static>>>()
             .ok()
     });
-    let access = roles.access(certs.as_deref().map(Vec::as_slice));
+    let access = setup.roles.access(certs.as_deref().map(Vec::as_slice));
     if let Access::Denied(who) = &access {
         tracing::warn!(remote = %conn.remote_address(), client = %who, "a client with no role connected; its requests will be refused");
     }
     let shared = Arc::new(Shared {
         conn: conn.clone(),
-        handler,
+        handler: setup.handler.clone(),
         access: Arc::new(access),
-        permits: Arc::new(Semaphore::new(max_in_flight)),
+        permits: Arc::new(Semaphore::new(setup.max_in_flight)),
+        busy: setup.busy.clone(),
         shutdown: shutdown.clone(),
     });
     loop {
@@ -64,7 +78,7 @@ pub async fn serve_connection(
                 // answers them like those already running. The client may
                 // have opened at most `max_streams` (quinn's credit); stop
                 // there even if streams ending meanwhile let it open more.
-                for _ in 0..max_streams {
+                for _ in 0..setup.max_streams {
                     let Poll::Ready(Ok((send, recv))) = poll_once(conn.accept_bi()).await else {
                         break;
                     };
@@ -185,7 +199,12 @@ async fn serve_stream(
         match event {
             Event::Heavy(done) => heavy.finished(done, handler, &mut out),
             Event::Permit(permit) => heavy.resume(permit),
-            Event::Read(Ok(Some(chunk))) => inbox.push(&chunk.bytes),
+            Event::Read(Ok(Some(chunk))) => {
+                if let Some(busy) = &shared.busy {
+                    busy.touch();
+                }
+                inbox.push(&chunk.bytes);
+            }
             Event::Read(Ok(None)) => {
                 reading = false;
                 ended = true;
@@ -404,16 +423,14 @@ mod tests {
             metrics: Arc::new(crate::metrics::Metrics::default()),
             inline_blocks: cfg.inline_blocks,
         });
-        serve_connection(
-            conn,
+        let setup = ConnSetup {
             handler,
-            &cfg.roles,
-            4,
-            cfg.max_streams,
-            shutdown,
-            tracker.clone(),
-        )
-        .await;
+            roles: cfg.roles.clone(),
+            max_in_flight: 4,
+            max_streams: cfg.max_streams,
+            busy: None,
+        };
+        serve_connection(conn, &setup, shutdown, tracker.clone()).await;
         tracker.close();
         tracker.wait().await;
 

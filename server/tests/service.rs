@@ -178,6 +178,26 @@ async fn concurrent_clients_lose_no_insert() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_polling_server_serves_idles_and_stops() {
+    // Spinners take every worker of this runtime; requests still get through
+    // (the spinners yield), before and after they park, and shutdown ends them.
+    let server = common::start(|cfg| cfg.busy_poll = Some(Duration::from_millis(20))).await;
+    let c = server.client().await;
+    c.insert("m", &[1, 2, 3], "p").await.unwrap();
+    assert_eq!(
+        c.lookup("m", &[1, 2], None).await.unwrap().matches,
+        [pb("p", 2)]
+    );
+    // Many windows without a read: the spinners have parked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        c.lookup("m", &[1, 2, 3], None).await.unwrap().matches,
+        [pb("p", 3)]
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_expiry_is_seen_over_the_network() {
     let server = common::start(|cfg| {
         cfg.index.ttl = Duration::from_secs(1);

@@ -13,11 +13,18 @@ use std::sync::Arc;
 use anyhow::Context;
 use prefix_client::wire::{self, Limits, Reply, Request, MAX_FRAME_CEILING};
 use prefix_client::TlsConfig;
+use prefix_server::busy_poll::BusyPoll;
 use prefix_server::{Server, ServerConfig};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cpu::SERVER_THREAD;
+
+/// The busy-polling window of in-process servers under `--busy-poll`:
+/// longer than any pause within a run.
+pub const BUSY_POLL_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A running in-process server; stops when dropped.
 pub struct Embedded {
@@ -158,8 +165,13 @@ fn canned(id: u64, request: &Request, matches: &[(&str, u32)], out: &mut Vec<u8>
 /// Starts a bare quinn echo server: same TLS, ALPN, framing and codec as the
 /// real one, no index, on a runtime of its own with `threads` workers. Every
 /// request frame is decoded and answered with [`canned`] replies naming
-/// `pods` pods (`pod-0`, `pod-1`, ...).
-pub async fn echo(threads: usize, pods: usize) -> anyhow::Result<Embedded> {
+/// `pods` pods (`pod-0`, `pod-1`, ...). With `busy_poll`, it busy-polls as
+/// the real server does.
+pub async fn echo(
+    threads: usize,
+    pods: usize,
+    busy_poll: Option<std::time::Duration>,
+) -> anyhow::Result<Embedded> {
     let dir = tempfile::tempdir()?;
     let cfg = config(&dir);
     let tls = prefix_server::tls::rustls_config(&cfg)?;
@@ -172,16 +184,24 @@ pub async fn echo(threads: usize, pods: usize) -> anyhow::Result<Embedded> {
     };
     let addr = endpoint.local_addr()?;
     let (stop, mut stopped) = oneshot::channel::<()>();
+    let busy = busy_poll.map(|window| {
+        let busy = BusyPoll::new(window);
+        let _inside = rt.enter();
+        // The runtime's shutdown ends them.
+        busy.start(&TaskTracker::new(), &CancellationToken::new());
+        busy
+    });
     rt.spawn(async move {
         loop {
             let incoming = tokio::select! {
                 _ = &mut stopped => break,
                 i = endpoint.accept() => match i { Some(i) => i, None => break },
             };
+            let busy = busy.clone();
             tokio::spawn(async move {
                 let Ok(conn) = incoming.await else { return };
                 while let Ok((send, recv)) = conn.accept_bi().await {
-                    tokio::spawn(echo_stream(send, recv, pods));
+                    tokio::spawn(echo_stream(send, recv, pods, busy.clone()));
                 }
             });
         }
@@ -194,7 +214,12 @@ pub async fn echo(threads: usize, pods: usize) -> anyhow::Result<Embedded> {
 /// bad ones the same way, so the two differ only in what they answer.
 ///
 /// [`Inbox`]: prefix_server::handler::Inbox
-async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, pods: usize) {
+async fn echo_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    pods: usize,
+    busy: Option<Arc<BusyPoll>>,
+) {
     use prefix_server::handler::{encode_error, Inbox, Next};
     let limits = Limits {
         max_frame_bytes: MAX_FRAME_CEILING,
@@ -207,6 +232,9 @@ async fn echo_stream(mut send: quinn::SendStream, mut recv: quinn::RecvStream, p
         .collect();
     let (mut inbox, mut out) = (Inbox::default(), Vec::new());
     while let Ok(Some(chunk)) = recv.read_chunk(256 << 10, true).await {
+        if let Some(busy) = &busy {
+            busy.touch();
+        }
         inbox.push(&chunk.bytes);
         loop {
             match inbox.next(&limits) {

@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use prefix_client::wire::{Op, Reply};
 use prefix_client::{Client, ClientError};
+use prefix_server::busy_poll::BusyPoll;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cpu::{CpuUse, Probe};
 use crate::workload::Request;
@@ -40,6 +43,10 @@ pub struct Plan {
     pub warmup: Duration,
     /// Where the server's CPU time is read.
     pub cpu: Probe,
+    /// Keep the generator's workers polling instead of sleeping, and pace
+    /// open-loop frames on a worker by polling the clock (see
+    /// [`prefix_server::busy_poll`]).
+    pub busy_poll: bool,
 }
 
 /// Where requests come from: a prepared list, sent in order (cycling), either
@@ -294,6 +301,12 @@ pub async fn run(
         let after = read().await.ok()?;
         Some((before, after))
     });
+    let spinners = (TaskTracker::new(), CancellationToken::new());
+    if plan.busy_poll {
+        // Spin for the whole run: the window never ends before it does.
+        BusyPoll::new(plan.warmup + plan.duration + Duration::from_secs(60))
+            .start(&spinners.0, &spinners.1);
+    }
     let mut workers = tokio::task::JoinSet::new();
     match plan.rate {
         Some(rate) => open_loop(&run, clients, rate, end, &mut workers),
@@ -321,6 +334,7 @@ pub async fn run(
             total.merge(&t);
         }
     }
+    spinners.1.cancel();
     // Relaxed: see the reporter.
     run.stop.store(true, Ordering::Relaxed);
     let _ = reporter.await;
@@ -394,7 +408,8 @@ fn trace_loop(
 /// connections. A pacing thread waits for each time (its `nanosleep` is
 /// precise to tens of microseconds, tokio's timer to a millisecond) and hands
 /// it to the connection's dispatcher, which sends the frame at once on its own
-/// task; latency counts from the scheduled time.
+/// task; latency counts from the scheduled time. With busy polling a task
+/// polling the clock paces instead.
 fn paced(
     run: &Arc<Run>,
     clients: Vec<(usize, Client)>,
@@ -409,6 +424,24 @@ fn paced(
         senders.push(tx);
         let maker = Maker::new(c as u64);
         workers.spawn(dispatch(run.clone(), client, gateway, maker, rx));
+    }
+    if run.plan.busy_poll {
+        // On a worker, polling the clock between other tasks: no thread to
+        // wake per frame.
+        tokio::spawn(async move {
+            for (k, at) in times.enumerate() {
+                if at >= end {
+                    break;
+                }
+                while Instant::now() < at {
+                    tokio::task::yield_now().await;
+                }
+                if senders[k % n].send(at).is_err() {
+                    break;
+                }
+            }
+        });
+        return;
     }
     std::thread::spawn(move || {
         for (k, at) in times.enumerate() {

@@ -145,6 +145,12 @@ struct LoadArgs {
     /// --embedded: the server's sweep interval.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     sweep_interval: Duration,
+    /// Busy polling: the generator's workers poll instead of sleeping and
+    /// pace --rate on a worker, and an in-process server gets
+    /// `--busy-poll 1s`. Every worker core then runs at 100%; see
+    /// docs/operations.md.
+    #[arg(long)]
+    busy_poll: bool,
     /// Workload.
     #[arg(long, value_enum, default_value_t = WorkloadKind::Chat)]
     workload: WorkloadKind,
@@ -268,15 +274,17 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     }
     let threads = a.split().0;
     let (addr, tls, _server) = if a.embedded {
-        let (interval, capacity) = (a.sweep_interval, a.pod_capacity);
+        let (interval, capacity, busy) = (a.sweep_interval, a.pod_capacity, a.busy_poll);
         let s = embedded::server(threads, |c| {
             c.sweep_interval = interval;
             c.index.pod_capacity = capacity;
+            c.busy_poll = busy.then_some(embedded::BUSY_POLL_WINDOW);
         })
         .await?;
         (s.addr, s.tls.clone(), Some(s))
     } else if a.echo {
-        let s = embedded::echo(threads, a.pods).await?;
+        let busy = a.busy_poll.then_some(embedded::BUSY_POLL_WINDOW);
+        let s = embedded::echo(threads, a.pods, busy).await?;
         (s.addr, s.tls.clone(), Some(s))
     } else {
         let tls = TlsConfig::from_files(&a.ca, None, None)
@@ -350,6 +358,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         duration: a.duration,
         warmup: a.warmup,
         cpu,
+        busy_poll: a.busy_poll,
     };
     let total = plan.warmup + plan.duration;
     let bar = if std::io::stderr().is_terminal() {

@@ -106,6 +106,20 @@ fn open_loop_runs_at_its_rate() {
     assert!((450..=501).contains(&frames), "{v}");
 }
 
+#[test]
+fn busy_polling_runs_answer_everything() {
+    for target in ["--embedded", "--echo"] {
+        let v = run(&[&[target, "--busy-poll", "--rate", "500"][..], &SHORT].concat());
+        assert!(v["ops"].as_u64().unwrap() > 0, "{target}: {v}");
+        assert_eq!(v["errors"], 0, "{target}: {v}");
+        assert_eq!(v["timeouts"], 0, "{target}: {v}");
+        // Paced by the spinning task rather than the thread: the count is
+        // still the schedule's.
+        let frames = v["frames"].as_u64().unwrap();
+        assert!((450..=501).contains(&frames), "{target}: {v}");
+    }
+}
+
 /// Against a server in another process (here: this test's), `--metrics`
 /// reads the server's CPU time from its metrics listener.
 #[cfg(target_os = "linux")]
