@@ -6,37 +6,43 @@
 //! interrupt through the hypervisor and a context switch: tens of
 //! microseconds, often more than the request's own work, and it comes back
 //! at every frame when frames arrive one at a time (measured in
-//! `docs/benchmarks.md`). A worker that never sleeps finds the packet on its
-//! next poll instead.
+//! `docs/benchmarks.md`). A worker that does not sleep finds the packet on
+//! its next poll instead.
 //!
-//! A [`BusyPoll`] runs one *spinner* task per worker. A spinner yields to
-//! the scheduler in a loop; tokio polls its I/O driver without blocking
-//! whenever a yielded task is waiting, so each turn is one non-blocking
-//! `epoll_wait` and whatever work it found. The serving path calls
-//! [`BusyPoll::touch`] on every read; once no read has come for the
-//! configured window the spinners park and the workers sleep as usual, so an
-//! idle server costs nothing. The next read wakes them.
+//! A [`BusyPoll`] starts as many *spinner* tasks as the runtime has workers.
+//! A spinner yields to the scheduler in a loop. A tokio worker whose only
+//! work is a yielded task polls the I/O driver with a zero timeout before
+//! running it again, so each turn is a non-blocking `epoll_wait` (by the one
+//! worker that holds the driver at that moment; the others just turn) and
+//! whatever work it found. tokio places tasks, not we: the spinners usually
+//! spread over the workers by work stealing, but a worker left without one
+//! sleeps as usual. The serving path calls [`BusyPoll::touch`] on every read;
+//! once no read has come for the configured window the spinners park and the
+//! workers sleep as usual, so an idle server costs nothing; the next read
+//! wakes them (that read itself takes the sleeping path).
 //!
 //! The price is CPU: while traffic flows, and for the window after it, every
 //! worker runs at 100% whatever the load. Give the server cores of its own.
 //!
-//! Everything here is a hint. A lost or late wake-up (the flags below use
-//! plain loads on the serving path) only means some requests take the
-//! sleeping path, as they would without busy polling; no request ever waits
-//! for a spinner.
+//! Everything here is a hint. A lost or late wake-up only means some requests
+//! take the sleeping path, as they would without busy polling: a request
+//! never waits for a spinner. The serving path's cost is two loads, a store
+//! about once per [`CHECK_EVERY`], and when spinners have parked, one
+//! `notify_waiters` (a short mutex inside tokio's `Notify`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How often a spinner looks at the activity flag. Short next to any useful
-/// window, long enough that the flag's cache line is not moved between cores
-/// on every turn.
-const CHECK_EVERY: Duration = Duration::from_micros(50);
+/// window (a window shorter than this acts as this long), long enough that
+/// the flag's cache line is not moved between cores on every turn.
+pub const CHECK_EVERY: Duration = Duration::from_micros(50);
 
 /// Shared state of one server's spinners.
 pub struct BusyPoll {
@@ -50,12 +56,21 @@ pub struct BusyPoll {
     last_active: AtomicU64,
     /// Some spinner is parked (or about to): the next read should wake them.
     parked: AtomicBool,
+    /// Where parked spinners wait.
     wake: Notify,
+    /// Spinners spinning right now (the others are parked or gone).
+    spinning: Gauge,
 }
 
 impl BusyPoll {
     /// Spinners keep polling for `window` after the last read.
     pub fn new(window: Duration) -> Arc<Self> {
+        Self::with_gauge(window, Gauge::default())
+    }
+
+    /// As [`BusyPoll::new`], counting the spinners spinning in `spinning`
+    /// (the server's metric).
+    pub fn with_gauge(window: Duration, spinning: Gauge) -> Arc<Self> {
         Arc::new(BusyPoll {
             window,
             origin: Instant::now(),
@@ -63,18 +78,30 @@ impl BusyPoll {
             last_active: AtomicU64::new(0),
             parked: AtomicBool::new(false),
             wake: Notify::new(),
+            spinning,
         })
     }
 
+    /// Spinners that never park: for a load generator, for the length of a
+    /// run.
+    pub fn always() -> Arc<Self> {
+        Self::new(Duration::MAX)
+    }
+
+    /// Spinners spinning right now.
+    pub fn spinning(&self) -> i64 {
+        self.spinning.get()
+    }
+
     /// Notes a read: keeps the spinners spinning, or wakes parked ones.
-    /// Called on the serving path; it costs two loads of a cache line that
-    /// is written about once per [`CHECK_EVERY`], and a store when it is.
     #[inline]
     pub fn touch(&self) {
-        // SeqCst here and in `spin` before parking: a spinner stores `parked`
-        // and then loads `seen`, we store `seen` and then load `parked`, so at
-        // least one of the two sees the other's store and a read is not left
-        // without a spinner (x86 compiles these loads to plain moves).
+        // SeqCst, here and in `spin` before parking: a spinner stores
+        // `parked` and then loads `seen`; we store `seen` (or find it already
+        // set: then it stays set until a spinner's SeqCst swap, which that
+        // spinner follows by spinning on) and then load `parked`. So at least
+        // one side sees the other, and a read is not left with every spinner
+        // parked. On x86 these loads are plain moves.
         if !self.seen.load(Ordering::SeqCst) {
             self.seen.store(true, Ordering::SeqCst);
         }
@@ -85,6 +112,9 @@ impl BusyPoll {
 
     /// Starts one spinner per worker of the current runtime, on `tracker`;
     /// they stop at `stop`.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
     pub fn start(self: &Arc<Self>, tracker: &TaskTracker, stop: &CancellationToken) {
         let workers = tokio::runtime::Handle::current().metrics().num_workers();
         for _ in 0..workers.max(1) {
@@ -97,30 +127,38 @@ impl BusyPoll {
         u64::try_from(at.duration_since(self.origin).as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// Marks `now` as a time of activity.
+    fn active_at(&self, now: Instant) {
+        // Relaxed: a timestamp only ever compared with the clock, by
+        // spinners; a stale read makes one spin a little longer or park a
+        // little early, nothing more.
+        self.last_active
+            .fetch_max(self.micros(now), Ordering::Relaxed);
+    }
+
     /// Whether a read came within the window before `now`; clears `seen`.
     fn active(&self, now: Instant) -> bool {
-        let t = self.micros(now);
-        // Relaxed: a hint (see the module docs); `touch` sets it again.
-        if self.seen.swap(false, Ordering::Relaxed) {
-            // Relaxed: only ever compared with the clock, by spinners.
-            self.last_active.fetch_max(t, Ordering::Relaxed);
+        // SeqCst: part of the pairing described in `touch`.
+        if self.seen.swap(false, Ordering::SeqCst) {
+            self.active_at(now);
             return true;
         }
         let window = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
-        // Relaxed: as above.
-        t.saturating_sub(self.last_active.load(Ordering::Relaxed)) <= window
+        // Relaxed: see `active_at`.
+        let last = self.last_active.load(Ordering::Relaxed);
+        self.micros(now).saturating_sub(last) <= window
     }
 
     /// One spinner: yield in a loop while reads keep coming, park when they
     /// stop, until `stop`.
     async fn spin(self: Arc<Self>, stop: CancellationToken) {
         // A spinner starts spinning: the window counts from now.
-        self.last_active
-            .fetch_max(self.micros(Instant::now()), Ordering::Relaxed);
+        self.active_at(Instant::now());
+        self.spinning.inc();
         let mut next_check = Instant::now();
         loop {
             if stop.is_cancelled() {
-                return;
+                break;
             }
             tokio::task::yield_now().await;
             let now = Instant::now();
@@ -131,24 +169,27 @@ impl BusyPoll {
             if self.active(now) {
                 continue;
             }
+            // Created before `parked` is set: `notify_waiters` reaches every
+            // `Notified` that exists when it is called, so a `touch` that
+            // sees the flag wakes this one.
             let notified = self.wake.notified();
-            let mut notified = std::pin::pin!(notified);
-            // Registered before `parked` is set, so a `touch` that sees the
-            // flag also reaches this waiter.
-            notified.as_mut().enable();
             // SeqCst: see `touch`.
             self.parked.store(true, Ordering::SeqCst);
             if self.seen.load(Ordering::SeqCst) {
-                // A read slipped in between: keep spinning.
+                // A read slipped in between: keep spinning. `parked` stays
+                // set: another spinner may have parked meanwhile and needs
+                // the next read to wake it (an extra wake-up costs nothing).
                 continue;
             }
+            self.spinning.dec();
             tokio::select! {
                 _ = notified => {}
                 _ = stop.cancelled() => return,
             }
-            self.last_active
-                .fetch_max(self.micros(Instant::now()), Ordering::Relaxed);
+            self.spinning.inc();
+            self.active_at(Instant::now());
         }
+        self.spinning.dec();
     }
 }
 
@@ -168,29 +209,31 @@ mod tests {
         .await
     }
 
-    /// Waits until the spinner has been polled `n` more times: it spins. A
-    /// parked one never gets there; the deadline only ends a failing test.
+    /// Fails the test after 20 s; a working spinner gets there in
+    /// milliseconds.
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(20)
+    }
+
+    /// Waits until the spinner has been polled `n` more times: it spins.
     fn keeps_polling(polls: &AtomicU64, n: u64) {
-        let (start, deadline) = (
-            polls.load(Ordering::Relaxed),
-            Instant::now() + Duration::from_secs(20),
-        );
+        let (start, deadline) = (polls.load(Ordering::Relaxed), deadline());
         while polls.load(Ordering::Relaxed) - start < n {
             assert!(Instant::now() < deadline, "the spinner stopped spinning");
             std::thread::sleep(Duration::from_millis(1));
         }
     }
 
-    /// Waits until the spinner goes 50 ms without a poll: it parked.
-    fn parks(polls: &AtomicU64) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let before = polls.load(Ordering::Relaxed);
-            std::thread::sleep(Duration::from_millis(50));
-            if polls.load(Ordering::Relaxed) == before {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the spinner never parked");
+    /// Waits until `busy` has `n` spinners spinning.
+    fn spinners(busy: &BusyPoll, n: i64) {
+        let deadline = deadline();
+        while busy.spinning() != n {
+            assert!(
+                Instant::now() < deadline,
+                "spinning: {} not {n}",
+                busy.spinning()
+            );
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -203,14 +246,16 @@ mod tests {
     }
 
     #[test]
-    fn spins_without_reads_until_the_window_ends() {
+    fn spins_within_the_window_without_reads() {
         let rt = one_worker();
-        let busy = BusyPoll::new(Duration::from_secs(3600));
+        let busy = BusyPoll::always();
         let (stop, polls) = (CancellationToken::new(), Arc::new(AtomicU64::new(0)));
-        let task = rt.spawn(counted(busy, stop.clone(), polls.clone()));
+        let task = rt.spawn(counted(busy.clone(), stop.clone(), polls.clone()));
         keeps_polling(&polls, 10_000);
+        assert_eq!(busy.spinning(), 1);
         stop.cancel();
         rt.block_on(task).unwrap();
+        assert_eq!(busy.spinning(), 0);
     }
 
     #[test]
@@ -219,7 +264,10 @@ mod tests {
         let busy = BusyPoll::new(Duration::from_millis(5));
         let (stop, polls) = (CancellationToken::new(), Arc::new(AtomicU64::new(0)));
         let task = rt.spawn(counted(busy.clone(), stop.clone(), polls.clone()));
-        parks(&polls);
+        // Started; with no read, parked after the window and then never
+        // polled.
+        keeps_polling(&polls, 1);
+        spinners(&busy, 0);
         let parked_at = polls.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
@@ -238,10 +286,12 @@ mod tests {
                 }
             }
         });
+        spinners(&busy, 1);
         keeps_polling(&polls, 10_000);
         reading.store(false, Ordering::Relaxed);
         reader.join().unwrap();
-        parks(&polls);
+        // Reads stop: it parks again.
+        spinners(&busy, 0);
         stop.cancel();
         rt.block_on(task).unwrap();
     }
@@ -253,17 +303,17 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
-        let busy = BusyPoll::new(Duration::from_secs(3600));
+        let busy = BusyPoll::always();
         let (tracker, stop) = (TaskTracker::new(), CancellationToken::new());
         rt.block_on(async {
             busy.start(&tracker, &stop);
             assert_eq!(tracker.len(), 2);
-            tokio::time::sleep(Duration::from_millis(20)).await;
             stop.cancel();
             tracker.close();
             tokio::time::timeout(Duration::from_secs(20), tracker.wait())
                 .await
                 .expect("spinners stop when told");
         });
+        assert_eq!(busy.spinning(), 0);
     }
 }

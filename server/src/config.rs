@@ -135,8 +135,9 @@ pub struct Settings {
     pub connection_window: Option<u32>,
     /// Keep the workers polling the network for this long after the last
     /// read instead of sleeping: lower latency when requests come one at a
-    /// time, for a worker core at 100% while they do. For servers with cores
-    /// of their own (see docs/operations.md); "0s" is off. [default: 0s]
+    /// time, for every worker's core at 100% while they come and for this
+    /// long after. For servers with cores of their own (see
+    /// docs/operations.md); "0s" is off. [default: 0s]
     #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
     pub busy_poll: Option<HumanDuration>,
     /// A client identity that may only look up (and ask stats, ping):

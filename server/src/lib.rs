@@ -8,6 +8,8 @@
 //! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
 //! - [`access`]: roles of client certificates (readers and writers).
+//! - [`busy_poll`]: optional spinning workers, for latency on machines where
+//!   waking a thread is slow.
 //! - [`snapshot`]: the index saved to the data directory and restored.
 //!
 //! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
@@ -173,7 +175,7 @@ impl Server {
             inline_blocks: self.cfg.inline_blocks,
         });
         let busy = self.cfg.busy_poll.map(|window| {
-            let busy = busy_poll::BusyPoll::new(window);
+            let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
             busy.start(&tracker, &token);
             busy
         });

@@ -64,6 +64,8 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Request frames being applied right now.
     pub in_flight: Gauge,
+    /// Busy-polling spinners spinning right now (see [`crate::busy_poll`]).
+    pub busy_spinners: Gauge,
     /// Connections accepted since start.
     pub connections_accepted: Counter,
     /// Connections refused (over `max_connections`, or shutting down).
@@ -137,6 +139,7 @@ impl Default for Metrics {
             latency,
             connections: Gauge::default(),
             in_flight: Gauge::default(),
+            busy_spinners: Gauge::default(),
             connections_accepted: Counter::default(),
             connections_refused: Counter::default(),
             handshakes_failed: Counter::default(),
@@ -171,6 +174,11 @@ impl Metrics {
             "requests_in_flight",
             "Request frames being applied right now",
             self.in_flight.clone(),
+        );
+        r.register(
+            "busy_poll_spinners",
+            "Busy-polling spinners spinning right now (each keeps a worker at 100%)",
+            self.busy_spinners.clone(),
         );
         r.register(
             "connections_accepted",

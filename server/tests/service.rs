@@ -180,21 +180,35 @@ async fn concurrent_clients_lose_no_insert() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_polling_server_serves_idles_and_stops() {
     // Spinners take every worker of this runtime; requests still get through
-    // (the spinners yield), before and after they park, and shutdown ends them.
-    let server = common::start(|cfg| cfg.busy_poll = Some(Duration::from_millis(20))).await;
+    // (the spinners yield), before and after they park. A drain that never
+    // times out makes shutdown wait for the spinners too: if they ignored it,
+    // the server would not stop.
+    let server = common::start(|cfg| {
+        cfg.busy_poll = Some(Duration::from_millis(20));
+        cfg.drain_timeout = Duration::from_secs(3600);
+    })
+    .await;
+    let spinners = server.metrics.busy_spinners.clone();
     let c = server.client().await;
     c.insert("m", &[1, 2, 3], "p").await.unwrap();
     assert_eq!(
         c.lookup("m", &[1, 2], None).await.unwrap().matches,
         [pb("p", 2)]
     );
-    // Many windows without a read: the spinners have parked.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No read for the window: every spinner parks.
+    common::eventually("the spinners park", async || spinners.get() == 0).await;
     assert_eq!(
         c.lookup("m", &[1, 2, 3], None).await.unwrap().matches,
         [pb("p", 3)]
     );
+    // Reads again: they spin again (both, one per worker), until reads stop.
+    common::eventually("the spinners spin", async || {
+        c.ping().await.unwrap();
+        spinners.get() == 2
+    })
+    .await;
     server.shutdown().await;
+    assert_eq!(spinners.get(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

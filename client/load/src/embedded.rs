@@ -17,13 +17,15 @@ use prefix_server::busy_poll::BusyPoll;
 use prefix_server::{Server, ServerConfig};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::cpu::SERVER_THREAD;
 
 /// The busy-polling window of in-process servers under `--busy-poll`:
-/// longer than any pause within a run.
+/// longer than any pause of a closed or open loop. (A trace replayed at its
+/// own pace can pause longer; the spinners then park, and the next frame
+/// takes the sleeping path.)
 pub const BUSY_POLL_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A running in-process server; stops when dropped.
@@ -33,8 +35,10 @@ pub struct Embedded {
     /// TLS trusting its certificate.
     pub tls: TlsConfig,
     // Dropped in this order: the stop signal starts the server's shutdown,
-    // then its runtime ends every task, then its directory goes.
+    // the echo server's spinners (if any) are told to stop, then the runtime
+    // ends every task, then the directory goes.
     _stop: oneshot::Sender<()>,
+    _spinners: Option<DropGuard>,
     _runtime: ServerRuntime,
     _dir: tempfile::TempDir,
 }
@@ -52,6 +56,7 @@ impl Embedded {
             addr,
             tls,
             _stop: stop,
+            _spinners: None,
             _runtime: runtime,
             _dir: dir,
         })
@@ -184,11 +189,11 @@ pub async fn echo(
     };
     let addr = endpoint.local_addr()?;
     let (stop, mut stopped) = oneshot::channel::<()>();
+    let stop_spinning = CancellationToken::new();
     let busy = busy_poll.map(|window| {
         let busy = BusyPoll::new(window);
         let _inside = rt.enter();
-        // The runtime's shutdown ends them.
-        busy.start(&TaskTracker::new(), &CancellationToken::new());
+        busy.start(&TaskTracker::new(), &stop_spinning);
         busy
     });
     rt.spawn(async move {
@@ -207,7 +212,9 @@ pub async fn echo(
         }
         endpoint.close(0u32.into(), b"done");
     });
-    Embedded::new(addr, rt, stop, dir)
+    let mut echo = Embedded::new(addr, rt, stop, dir)?;
+    echo._spinners = Some(stop_spinning.drop_guard());
+    Ok(echo)
 }
 
 /// Reads frames the way the real server does (its [`Inbox`]) and refuses

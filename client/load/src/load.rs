@@ -301,11 +301,11 @@ pub async fn run(
         let after = read().await.ok()?;
         Some((before, after))
     });
-    let spinners = (TaskTracker::new(), CancellationToken::new());
+    let (spinners, stop_spinning) = (TaskTracker::new(), CancellationToken::new());
+    // Stops them however this function ends.
+    let _stop_spinning = stop_spinning.clone().drop_guard();
     if plan.busy_poll {
-        // Spin for the whole run: the window never ends before it does.
-        BusyPoll::new(plan.warmup + plan.duration + Duration::from_secs(60))
-            .start(&spinners.0, &spinners.1);
+        BusyPoll::always().start(&spinners, &stop_spinning);
     }
     let mut workers = tokio::task::JoinSet::new();
     match plan.rate {
@@ -334,7 +334,9 @@ pub async fn run(
             total.merge(&t);
         }
     }
-    spinners.1.cancel();
+    stop_spinning.cancel();
+    spinners.close();
+    spinners.wait().await;
     // Relaxed: see the reporter.
     run.stop.store(true, Ordering::Relaxed);
     let _ = reporter.await;
