@@ -427,38 +427,35 @@ fn paced(
         let maker = Maker::new(c as u64);
         workers.spawn(dispatch(run.clone(), client, gateway, maker, rx));
     }
+    let due = times.take_while(move |&at| at < end).enumerate();
+    // False once the dispatcher is gone (the run is over).
+    let hand_over = move |k: usize, at: Instant| senders[k % n].send(at).is_ok();
     if run.plan.busy_poll {
         // On a worker, polling the clock between other tasks: no thread to
         // wake per frame.
         tokio::spawn(async move {
-            for (k, at) in times.enumerate() {
-                if at >= end {
-                    break;
-                }
+            for (k, at) in due {
                 while Instant::now() < at {
                     tokio::task::yield_now().await;
                 }
-                if senders[k % n].send(at).is_err() {
+                if !hand_over(k, at) {
                     break;
                 }
             }
         });
-        return;
+    } else {
+        std::thread::spawn(move || {
+            for (k, at) in due {
+                let now = Instant::now();
+                if at > now {
+                    std::thread::sleep(at - now);
+                }
+                if !hand_over(k, at) {
+                    break;
+                }
+            }
+        });
     }
-    std::thread::spawn(move || {
-        for (k, at) in times.enumerate() {
-            if at >= end {
-                break;
-            }
-            let now = Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
-            }
-            if senders[k % n].send(at).is_err() {
-                break;
-            }
-        }
-    });
 }
 
 async fn dispatch(
