@@ -361,11 +361,15 @@ impl Reader<'_> {
             return key_blocks;
         };
         let ids: Option<SmallVec<[u32; 16]>> = candidates.map(|names| {
-            names
+            let mut ids: SmallVec<[u32; 16]> = names
                 .iter()
                 .filter_map(|n| index.sh.pods.id(n, &self.guard))
                 .map(PodId::get)
-                .collect()
+                .collect();
+            // Sorted and without repeats: the tree counts them and searches them.
+            ids.sort_unstable();
+            ids.dedup();
+            ids
         });
         tree.lookup(&index.sh, key, ids.as_deref(), now, &self.guard, out);
         key_blocks

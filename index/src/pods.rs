@@ -404,6 +404,12 @@ impl Ranks {
     pub(crate) fn id(&self, rank: u32) -> u32 {
         self.by_rank[rank as usize]
     }
+
+    /// How many pods the table ranks (the live ones when it was built).
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.by_rank.len()
+    }
 }
 
 /// A raw box pointer moved to the reclaiming thread.

@@ -108,7 +108,8 @@ impl Tree {
 
     /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
     /// with its matched length, sorted by length descending then pod name.
-    /// One walk; no store to shared memory; no lock; no retry.
+    /// One walk; no store to shared memory; no lock; no retry. `candidates`
+    /// are pod ids, sorted, without repeats.
     pub(crate) fn lookup(
         &self,
         sh: &Shared,
@@ -144,10 +145,23 @@ impl Tree {
         // Within a node they are ordered by name rank through a bitmap: no
         // comparison sort on the hot path.
         let ranks = sh.pods.ranks(guard);
+        // Ranked pods (live in this snapshot) not found yet. Once it reaches
+        // zero the shallower nodes can add nothing, so their pod words (often
+        // chunks of their own, one cache miss each) are never read: with every
+        // pod on every node, only the deepest node's pods are. Pods the
+        // snapshot does not rank were added after it was taken, concurrently
+        // with this lookup, which may miss them (see the crate docs).
+        let mut wanted = match candidates {
+            None => ranks.len(),
+            Some(c) => c.iter().filter(|&&id| ranks.rank(id) < NOT_LIVE).count(),
+        };
         let mut seen = Seen::default();
         // Built on first need: fleets of 64 pods or fewer never touch it.
         let mut group: Option<Box<RankGroup>> = None;
         for &(n, blocks) in path.iter().rev() {
+            if wanted == 0 {
+                break;
+            }
             let mut first = 0u64;
             for (pod, time) in n.pods.entries() {
                 if seen.contains(pod) || now.saturating_sub(time) > sh.ttl_ms {
@@ -156,16 +170,22 @@ impl Tree {
                 let rank = ranks.rank(pod);
                 if rank == NOT_LIVE
                     || (rank == UNRANKED && !sh.pods.is_live(pod))
-                    || candidates.is_some_and(|c| !c.contains(&pod))
+                    || candidates.is_some_and(|c| c.binary_search(&pod).is_err())
                 {
                     continue;
                 }
                 seen.insert(pod);
+                if rank != UNRANKED {
+                    wanted = wanted.saturating_sub(1);
+                }
                 // Ranks below 64 (fleets of up to 64 pods) stay in a register.
                 if rank < 64 {
                     first |= 1 << rank;
                 } else {
                     group.get_or_insert_default().add(rank, pod);
+                }
+                if wanted == 0 {
+                    break;
                 }
             }
             while first != 0 {
@@ -583,6 +603,47 @@ mod tests {
         assert_eq!(cands, vec![("pod-9".into(), 3), ("zeta".into(), 3)]);
         assert!(index.lookup("m", &key, Some(&[]), T0).is_empty());
         assert!(index.lookup("other", &key, None, T0).is_empty());
+    }
+
+    /// A lookup stops reading shallower nodes once it has found every pod it
+    /// can answer: not before (a pod found only higher up still counts), with
+    /// candidates given twice, unknown or removed counted once or not at all.
+    #[test]
+    fn lookups_stop_early_only_once_every_answerable_pod_is_found() {
+        let index = idx();
+        let key = [1, 2, 3, 4, 5, 6];
+        index.insert("m", &key, "deep", T0).unwrap();
+        index.insert("m", &key[..4], "middle", T0).unwrap();
+        index.insert("m", &key[..1], "shallow", T0).unwrap();
+        index.insert("m", &key[..2], "gone", T0).unwrap();
+        // Expired at the deepest node, fresh higher up: found higher up.
+        index.insert("m", &key, "stale", T0 - 1_000_000).unwrap();
+        index.insert("m", &key[..3], "stale", T0).unwrap();
+        assert!(index.remove_pod("gone"));
+        let all = vec![
+            ("deep".into(), 6),
+            ("middle".into(), 4),
+            ("stale".into(), 3),
+            ("shallow".into(), 1),
+        ];
+        assert_eq!(named(&index, &key, T0), all);
+        let some = index.lookup(
+            "m",
+            &key,
+            Some(&["shallow", "deep", "deep", "gone", "nobody", "shallow"]),
+            T0,
+        );
+        assert_eq!(some, vec![("deep".into(), 6), ("shallow".into(), 1)]);
+        // Every pod on the deepest node: nothing higher up is needed.
+        for p in ["middle", "stale", "shallow"] {
+            index.insert("m", &key, p, T0).unwrap();
+        }
+        let deepest: Vec<_> = all.iter().map(|(p, _)| (p.clone(), 6)).collect();
+        let mut got = named(&index, &key, T0);
+        got.sort();
+        let mut want = deepest;
+        want.sort();
+        assert_eq!(got, want);
     }
 
     #[test]
