@@ -54,9 +54,9 @@
 //! once, walk down with `Acquire` loads only, record the path, then read each
 //! path node's entries bottom-up: a pod's answer is the depth of the deepest
 //! node where its entry is visible (not expired, pod not removed). Once every
-//! pod live in the pod table it reads (or every candidate) has an answer, the
-//! nodes above are not read: when every pod holds the whole key, only the
-//! deepest node's entries are. They take no lock, change no reference count, store to
+//! pod live in the pod table it reads (of any model) or every live candidate
+//! has an answer, the nodes above are not read: when every pod holds the
+//! whole key, only the deepest node's entries are. They take no lock, change no reference count, store to
 //! no shared memory, never retry.
 //!
 //! **Writers** never take a global lock. Refreshing a time is a lock-free CAS on

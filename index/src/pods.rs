@@ -167,6 +167,12 @@ impl Pods {
         );
         // Release: pairs with readers' Acquire load of the state.
         slot.state.store(LIVE, Ordering::Release);
+        // Ranked before named: whoever finds the id through the name map
+        // (an insert of the same name on the lock-free path, a lookup's
+        // candidates) can only then write or ask for it, and every rank table
+        // loaded after that ranks it. A lookup may thus treat a pod missing
+        // from its table as added concurrently (see `Tree::lookup`).
+        self.rank(w.next, guard, rec);
         self.publish(
             |m| {
                 m.insert(name.into(), id);
@@ -174,7 +180,6 @@ impl Pods {
             rec,
             guard,
         );
-        self.rank(w.next, guard, rec);
         Ok(PodId(id))
     }
 

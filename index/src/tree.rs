@@ -145,15 +145,20 @@ impl Tree {
         // Within a node they are ordered by name rank through a bitmap: no
         // comparison sort on the hot path.
         let ranks = sh.pods.ranks(guard);
-        // Ranked pods (live in this snapshot) not found yet. Once it reaches
-        // zero the shallower nodes can add nothing, so their pod words (often
-        // chunks of their own, one cache miss each) are never read: with every
-        // pod on every node, only the deepest node's pods are. Pods the
-        // snapshot does not rank were added after it was taken, concurrently
-        // with this lookup, which may miss them (see the crate docs).
+        // Ranked pods (live in this table, of any model) not found yet. Once
+        // it reaches zero the shallower nodes can add nothing, so their pod
+        // words (often chunks of their own, one cache miss each) are never
+        // read: with every pod on every node, only the deepest node's pods
+        // are. A pod the table does not rank (or ranks as not live) was
+        // named after the table was published (`Pods::intern` ranks before
+        // it names), so its inserts are concurrent with this lookup, which
+        // may miss them (see the crate docs).
         let mut wanted = match candidates {
             None => ranks.len(),
-            Some(c) => c.iter().filter(|&&id| ranks.rank(id) < NOT_LIVE).count(),
+            Some(c) => {
+                debug_assert!(c.windows(2).all(|w| w[0] < w[1]), "sorted, no repeats");
+                c.iter().filter(|&&id| ranks.rank(id) < NOT_LIVE).count()
+            }
         };
         let mut seen = Seen::default();
         // Built on first need: fleets of 64 pods or fewer never touch it.
@@ -176,7 +181,10 @@ impl Tree {
                 }
                 seen.insert(pod);
                 if rank != UNRANKED {
-                    wanted = wanted.saturating_sub(1);
+                    // Each ranked pod passes here once (`seen`), and only
+                    // those counted in `wanted` pass the filters above.
+                    debug_assert!(wanted > 0);
+                    wanted -= 1;
                 }
                 // Ranks below 64 (fleets of up to 64 pods) stay in a register.
                 if rank < 64 {
@@ -644,6 +652,16 @@ mod tests {
         let mut want = deepest;
         want.sort();
         assert_eq!(got, want);
+        // Past 64 pods (ranks kept apart from the bitmap): 70 more on the
+        // deepest node, one more only on the first block.
+        for i in 0..70 {
+            index.insert("m", &key, &format!("p{i:02}"), T0).unwrap();
+        }
+        index.insert("m", &key[..1], "top", T0).unwrap();
+        let got = named(&index, &key, T0);
+        assert_eq!(got.len(), 75);
+        assert_eq!(got.last(), Some(&("top".into(), 1)));
+        assert!(got[..74].iter().all(|(_, blocks)| *blocks == 6));
     }
 
     #[test]

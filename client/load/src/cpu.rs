@@ -14,6 +14,12 @@
 //!   listener at both ends of the window;
 //! - otherwise only this process's time is known.
 //!
+//! On a virtual machine the window also records the machine's **steal
+//! time**: time its virtual CPUs were ready to run but the hypervisor ran
+//! something else. Every thread caught in such a gap waits for its end,
+//! whatever the service does, so a run with steal time has a tail that is
+//! partly the machine's (see `prefix-load stalls` for the gaps themselves).
+//!
 //! The kernel reports CPU time in clock ticks (10 ms at the usual 100 Hz), so
 //! a window of a few seconds resolves to a fraction of a percent. A server
 //! thread that exits inside the window takes its time with it (the kernel
@@ -69,6 +75,19 @@ fn read() -> procfs::ProcResult<CpuTimes> {
     Ok(CpuTimes { total, server })
 }
 
+/// Steal time of the whole machine so far (all its CPUs), or `None` where the
+/// kernel does not report it.
+#[cfg(target_os = "linux")]
+fn steal() -> Option<Duration> {
+    use procfs::CurrentSI;
+    procfs::KernelStats::current().ok()?.total.steal_duration()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn steal() -> Option<Duration> {
+    None
+}
+
 #[cfg(not(target_os = "linux"))]
 fn read() -> Result<CpuTimes, ()> {
     Err(())
@@ -94,6 +113,8 @@ pub struct Reading {
     pub load: Option<Duration>,
     /// By the server.
     pub server: Option<Duration>,
+    /// Taken from the whole machine by its hypervisor (steal time).
+    pub steal: Option<Duration>,
 }
 
 impl Probe {
@@ -101,11 +122,12 @@ impl Probe {
     /// workers. What cannot be read (no `/proc`; a metrics page that does not
     /// answer) is left out.
     pub fn read(&self) -> Reading {
-        let own = CpuTimes::now();
+        let (own, steal) = (CpuTimes::now(), steal());
         match self {
             Probe::InProcess => Reading {
                 load: own.map(|o| o.total.saturating_sub(o.server)),
                 server: own.map(|o| o.server),
+                steal,
             },
             Probe::Metrics(url) => Reading {
                 load: own.map(|o| o.total),
@@ -116,10 +138,12 @@ impl Probe {
                         None
                     }
                 },
+                steal,
             },
             Probe::LoadOnly => Reading {
                 load: own.map(|o| o.total),
                 server: None,
+                steal,
             },
         }
     }
@@ -170,6 +194,9 @@ pub struct CpuUse {
     pub load_cpu_cores: Option<f64>,
     /// The load generator's CPU time per op answered, in microseconds.
     pub load_cpu_us_per_op: Option<f64>,
+    /// CPUs of this machine that its hypervisor took away on average (steal
+    /// time per second, summed over every CPU).
+    pub steal_cores: Option<f64>,
 }
 
 impl CpuUse {
@@ -193,6 +220,7 @@ impl CpuUse {
             server_cpu_us_per_op: server.map(per_op),
             load_cpu_cores: load.map(|t| t / seconds),
             load_cpu_us_per_op: load.map(per_op),
+            steal_cores: used(before.steal, after.steal).map(|t| t / seconds),
         }
     }
 }
@@ -206,6 +234,7 @@ mod tests {
         let at = |load_ms, server_ms: Option<u64>| Reading {
             load: Some(Duration::from_millis(load_ms)),
             server: server_ms.map(Duration::from_millis),
+            steal: None,
         };
         // 2 s in which the server used 1.5 s of CPU and the load 1 s, over
         // 500,000 ops.
@@ -227,10 +256,30 @@ mod tests {
         let blind = Reading {
             load: None,
             server: Some(Duration::from_millis(400)),
+            steal: None,
         };
         let u = CpuUse::between(blind, at(1_600, Some(1_900)), 2.0, 500_000);
         assert_eq!(u.load_cpu_cores, None);
         assert!(close(u.server_cpu_cores, 0.75), "{u:?}");
+    }
+
+    #[test]
+    fn steal_time_is_per_second_of_the_window_and_left_out_where_unknown() {
+        let at = |steal_ms: Option<u64>| Reading {
+            load: Some(Duration::ZERO),
+            server: None,
+            steal: steal_ms.map(Duration::from_millis),
+        };
+        // 150 ms stolen from the machine's CPUs in a 3 s window.
+        let u = CpuUse::between(at(Some(1_000)), at(Some(1_150)), 3.0, 10);
+        assert!(
+            u.steal_cores.is_some_and(|c| (c - 0.05).abs() < 1e-9),
+            "{u:?}"
+        );
+        assert_eq!(
+            CpuUse::between(at(None), at(Some(5)), 3.0, 10).steal_cores,
+            None
+        );
     }
 
     #[test]
@@ -241,10 +290,12 @@ mod tests {
         let before = Reading {
             load: Some(Duration::from_secs(10)),
             server: Some(Duration::from_secs(4)),
+            steal: None,
         };
         let after = Reading {
             load: Some(Duration::from_secs(9)),
             server: Some(Duration::from_secs(2)),
+            steal: None,
         };
         let u = CpuUse::between(before, after, 1.0, 0);
         assert_eq!(u.load_cpu_cores, Some(0.0));
@@ -266,6 +317,15 @@ mod tests {
             cpu_seconds("prefix_index_process_cpu_seconds_total x\n"),
             None
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reads_the_machines_steal_time() {
+        // Reported since Linux 2.6.11; zero on bare metal, never decreasing.
+        let before = steal().expect("/proc/stat has a steal column");
+        let after = steal().expect("/proc/stat has a steal column");
+        assert!(after >= before, "{before:?} then {after:?}");
     }
 
     #[cfg(target_os = "linux")]

@@ -541,5 +541,8 @@ fn print_table(a: &LoadArgs, p: &load::Plan, s: &load::Summary) {
                 "load CPU      {cores:.2} cores, {per_op:.2} µs per op (generator and client library)"
             );
         }
+        if let Some(cores) = c.steal_cores {
+            println!("steal         {cores:.3} cores taken by the hypervisor (whole machine)");
+        }
     }
 }

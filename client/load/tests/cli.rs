@@ -37,7 +37,7 @@ const SHORT: [&str; 11] = [
 #[cfg(target_os = "linux")]
 fn within_the_machine(v: &serde_json::Value) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    for key in ["server_cpu_cores", "load_cpu_cores"] {
+    for key in ["server_cpu_cores", "load_cpu_cores", "steal_cores"] {
         let x = v[key].as_f64().unwrap_or(0.0);
         // Ticks are 10 ms: allow one of them per core over a short window.
         assert!(x <= cores * 1.1, "{key} = {x} on {cores} cores: {v}");
@@ -77,6 +77,12 @@ fn embedded_and_echo_runs_report_every_field() {
             let x = v[key].as_f64();
             assert!(x.is_some_and(|x| x > 0.0), "{target}: {key} in {v}");
         }
+        // The machine's steal time is known (zero on bare metal).
+        #[cfg(target_os = "linux")]
+        assert!(
+            v["steal_cores"].as_f64().is_some_and(|x| x >= 0.0),
+            "{target}: steal_cores in {v}"
+        );
         #[cfg(target_os = "linux")]
         within_the_machine(&v);
     }
