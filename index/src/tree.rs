@@ -662,6 +662,8 @@ mod tests {
         assert_eq!(got.len(), 75);
         assert_eq!(got.last(), Some(&("top".into(), 1)));
         assert!(got[..74].iter().all(|(_, blocks)| *blocks == 6));
+        // By name, across the bitmap's 64 ranks and those past it.
+        assert!(got[..74].windows(2).all(|w| w[0].0 < w[1].0), "{got:?}");
     }
 
     #[test]

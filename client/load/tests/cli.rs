@@ -37,7 +37,7 @@ const SHORT: [&str; 11] = [
 #[cfg(target_os = "linux")]
 fn within_the_machine(v: &serde_json::Value) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    for key in ["server_cpu_cores", "load_cpu_cores", "steal_cores"] {
+    for key in ["server_cpu_cores", "load_cpu_cores"] {
         let x = v[key].as_f64().unwrap_or(0.0);
         // Ticks are 10 ms: allow one of them per core over a short window.
         assert!(x <= cores * 1.1, "{key} = {x} on {cores} cores: {v}");
