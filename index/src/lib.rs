@@ -56,8 +56,8 @@
 //! node where its entry is visible (not expired, pod not removed). Once every
 //! pod live in the pod table it reads (of any model) or every live candidate
 //! has an answer, the nodes above are not read: when every pod holds the
-//! whole key, only the deepest node's entries are. They take no lock, change no reference count, store to
-//! no shared memory, never retry.
+//! whole key, only the deepest node's entries are. They take no lock, change
+//! no reference count, store to no shared memory, never retry.
 //!
 //! **Writers** never take a global lock. Refreshing a time is a lock-free CAS on
 //! the pod's word. Adding a pod to a node, adding a child, and replacing a node
