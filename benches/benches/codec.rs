@@ -12,7 +12,7 @@
 
 use bincode::Decode;
 use criterion::{Criterion, Throughput};
-use prefix_client::wire::{self, PodBlocks, PodName, Reply, Response};
+use prefix_proto::{self as wire, PodBlocks, PodName, Reply, Response};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

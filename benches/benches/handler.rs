@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use criterion::{Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names};
-use prefix_client::wire::{Limits, Op, Request};
 use prefix_index::{Index, IndexConfig};
+use prefix_proto::{Limits, Op, Request};
 use prefix_server::access::Access;
 use prefix_server::handler::{now_ms, Handler};
 use prefix_server::metrics::Metrics;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names, ChatWorkload, RwLockIndex, PODS};
-use prefix_index::{key, Index, IndexConfig, Match};
+use prefix_index::{Index, IndexConfig, Match};
+use prefix_proto::key;
 
 /// mimalloc (the server's allocator), counting live bytes for the memory figure.
 struct Counting(mimalloc::MiMalloc);

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
 use prefix_benches::{pod_names, ChatWorkload};
-use prefix_client::wire::{self, Limits, Op, Request, Response};
 use prefix_client::{Client, ClientConfig, TlsConfig};
+use prefix_proto::{self as wire, Limits, Op, Request, Response};
 use prefix_server::{Server, ServerConfig};
 
 #[global_allocator]
@@ -169,7 +169,7 @@ fn transport(c: &mut Criterion) {
                     send.write_all(&frame).await.expect("write");
                     send.finish().expect("finish");
                     let bytes = recv.read_to_end(1 << 20).await.expect("read");
-                    let f = wire::split_frame(&bytes, &Limits::default())
+                    let f = wire::split_frame(&bytes, Limits::default().max_frame_bytes)
                         .expect("frame")
                         .expect("whole");
                     let r = wire::decode_response(f.payload).expect("decode");

@@ -13,7 +13,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use parking_lot::RwLock;
-use prefix_index::key;
+use prefix_proto::key;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smallvec::SmallVec;

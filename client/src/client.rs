@@ -274,7 +274,7 @@ impl Client {
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
         let limits = &self.inner.cfg.limits;
         match &request {
-            Request::One(op) => wire::check_op(op, limits)?,
+            Request::One(op) => limits.check_op(op)?,
             Request::Batch(ops) => {
                 if ops.len() > limits.max_batch {
                     return Err(wire::WireError::BatchTooLarge {

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::ClientError;
-use crate::wire::{self, Kind, Limits, Response, MAX_FRAME_CEILING};
+use crate::wire::{self, FrameReader, Kind, Response, MAX_FRAME_CEILING};
 
 type Answer = Result<Response, ClientError>;
 
@@ -245,25 +245,16 @@ async fn read_lane(
 ) {
     // Answers may be larger than requests (a batch of lookups lists pods), so
     // accept frames up to the protocol's ceiling.
-    let limits = Limits {
-        max_frame_bytes: MAX_FRAME_CEILING,
-        ..Limits::default()
-    };
-    let mut buf: Vec<u8> = Vec::with_capacity(64 << 10);
+    let mut reader = FrameReader::new(Kind::Response, MAX_FRAME_CEILING);
     let reason = loop {
         match recv.read_chunk(1 << 20, true).await {
-            Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+            Ok(Some(chunk)) => reader.push(&chunk.bytes),
             Ok(None) => break "the server closed the stream (shutting down?)".to_string(),
             Err(e) => break format!("receiving failed: {e}"),
         }
-        let mut at = 0;
         let failed = loop {
-            match wire::split_frame(&buf[at..], &limits) {
+            match reader.next_frame() {
                 Ok(Some(frame)) => {
-                    at += frame.used;
-                    if frame.header.kind != Kind::Response {
-                        break Some("the server sent a request frame".to_string());
-                    }
                     let answer = wire::decode_response(frame.payload)
                         .map_err(|e| ClientError::Protocol(e.to_string()));
                     let waiter = pending.lock().remove(&frame.header.request_id);
@@ -275,7 +266,6 @@ async fn read_lane(
                 Err(e) => break Some(format!("bad frame from the server: {e}")),
             }
         };
-        buf.drain(..at);
         if let Some(reason) = failed {
             break reason;
         }

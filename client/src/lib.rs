@@ -1,5 +1,5 @@
 //! `prefix-client`: the library gateways embed to query a shared prefix index
-//! server, and the wire protocol both ends speak.
+//! server.
 //!
 //! - [`Client`]: one server. One QUIC connection with several long-lived
 //!   streams, many requests in flight, a short per-call deadline (2 ms by
@@ -7,12 +7,14 @@
 //!   with backoff in the background. Clones share the connection.
 //! - [`Cluster`]: several servers, each model placed on one by rendezvous
 //!   hashing of its name.
-//! - [`wire`]: the sans-IO codec (frames, messages, limits, error codes).
-//! - [`key`]: block hashing of text and token ids, identical to the embedded
-//!   index's, so every gateway builds the same keys.
+//! - [`wire`]: the protocol both ends speak, the `prefix-proto` crate
+//!   (frames, messages, limits, error codes), re-exported.
+//! - [`key`]: block hashing of text and token ids, the protocol's rule, so
+//!   every gateway builds the same keys.
 //! - [`replay`]: the JSON Lines format of `prefix-client replay`.
 //!
-//! It is not a server and holds no index; `prefix-server` does.
+//! It is not a server and holds no index; `prefix-server` does. It depends
+//! on the protocol crate only, not on the index.
 //!
 //! ```no_run
 //! use prefix_client::{key, Client, ClientConfig, TlsConfig};
@@ -26,18 +28,18 @@
 //! # Ok(()) }
 //! ```
 
-pub use prefix_index::key;
+pub use prefix_proto as wire;
+pub use prefix_proto::key;
 
 mod client;
 mod cluster;
 mod conn;
 mod error;
-mod pod_name;
 pub mod replay;
 mod tls;
-pub mod wire;
 
 pub use client::{Client, ClientConfig, LookupResult};
 pub use cluster::{place, Cluster};
 pub use error::{ClientError, ConnectError};
-pub use tls::{load_certs, load_key, TlsConfig, TlsError};
+pub use prefix_proto::tls::{load_certs, load_key, TlsError};
+pub use tls::TlsConfig;

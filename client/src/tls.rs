@@ -1,65 +1,17 @@
-//! TLS material for QUIC: PEM loading and the client's rustls configuration.
+//! The client's TLS: what it trusts and presents, as a quinn configuration.
 //!
 //! QUIC always runs over TLS 1.3. A client trusts exactly the CA certificates
 //! it is given (the server's self-signed `cert.pem`, or the CA that signed the
 //! server's certificate) and, for mutual TLS, presents its own certificate.
-//! The server reuses [`load_certs`] and [`load_key`].
+//! PEM files are read by the protocol crate's `tls` module, shared with the
+//! server.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
-use rustls_pki_types::pem::PemObject;
+use prefix_proto::tls::{load_certs, load_key, TlsError};
+use prefix_proto::ALPN;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use thiserror::Error;
-
-use crate::wire::ALPN;
-
-/// Why TLS material could not be loaded or used.
-#[derive(Debug, Error)]
-pub enum TlsError {
-    /// A PEM file could not be read or parsed.
-    #[error("{path}: {reason}")]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What went wrong.
-        reason: String,
-    },
-    /// A PEM file held no certificate (or no key).
-    #[error("{0}: no certificate or key found")]
-    Empty(PathBuf),
-    /// rustls refused the material (a bad key, a CA it cannot use, ...).
-    #[error("TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
-    /// The rustls configuration has no QUIC-capable cipher suite.
-    #[error("TLS configuration cannot carry QUIC: {0}")]
-    Quic(String),
-}
-
-/// Reads every certificate of a PEM file, in order.
-pub fn load_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| TlsError::Pem {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Empty(path.into()));
-    }
-    Ok(certs)
-}
-
-/// Reads the first private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| match e {
-        rustls_pki_types::pem::Error::NoItemsFound => TlsError::Empty(path.into()),
-        e => TlsError::Pem {
-            path: path.into(),
-            reason: e.to_string(),
-        },
-    })
-}
 
 /// What a client trusts and presents.
 #[derive(Debug, Default)]

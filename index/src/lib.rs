@@ -1,20 +1,20 @@
 //! `prefix-index`: the shared prefix index of an LLM inference gateway fleet.
 //!
 //! A gateway turns each prompt into a **key** (the hashes of its fixed-size
-//! blocks, see [`key`]), asks [`Reader::lookup`] how many leading blocks of it
-//! each pod is believed to hold in its KV cache, routes, and then calls
-//! [`Index::insert`] to record that the chosen pod now holds that prefix. This
+//! blocks, by the protocol's rule in `prefix-proto`), asks
+//! [`Reader::lookup`] how many leading blocks of it each pod is believed to
+//! hold in its KV cache, routes, and then calls [`Index::insert`] to record that the chosen pod now holds that prefix. This
 //! crate is the index itself: no runtime, no sockets, no clock. Time comes in
 //! as an argument (milliseconds), the way quinn-proto takes `now`.
 //!
 //! ```
-//! use prefix_index::{key, Index, IndexConfig};
+//! use prefix_index::{Index, IndexConfig};
 //!
 //! let index = Index::new(IndexConfig::default());
 //! let now = 1_700_000_000_000; // ms
-//! let system = "You are a helpful assistant. ".repeat(10);
-//! let a = key::text_key(&format!("{system}What is a radix tree? {}", "Why? ".repeat(30)), 64);
-//! let b = key::text_key(&format!("{system}Explain epochs. {}", "How? ".repeat(30)), 64);
+//! // Two prompts: the same four-block system prompt, then their own blocks.
+//! let a = [11, 12, 13, 14, 21, 22, 23];
+//! let b = [11, 12, 13, 14, 31, 32];
 //! index.insert("llama-3-8b", &a, "pod-a", now).unwrap();
 //! index.insert("llama-3-8b", &b, "pod-b", now).unwrap();
 //!
@@ -26,9 +26,8 @@
 //!     .map(|m| (reader.pod_name(m.pod).unwrap(), m.blocks))
 //!     .collect();
 //! // pod-a holds the whole key; pod-b only the shared system prompt.
-//! assert_eq!(named[0], ("pod-a", found.key_blocks));
-//! assert_eq!(named[1].0, "pod-b");
-//! assert!(named[1].1 < found.key_blocks);
+//! assert_eq!(named, [("pod-a", 7), ("pod-b", 4)]);
+//! assert_eq!(found.key_blocks, 7);
 //! ```
 //!
 //! # Data structure
@@ -94,7 +93,6 @@ mod children;
 pub mod config;
 pub mod error;
 mod index;
-pub mod key;
 mod node;
 mod pods;
 mod reclaim;

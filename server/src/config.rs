@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use prefix_client::wire::{Limits, MAX_FRAME_CEILING};
 use prefix_index::IndexConfig;
+use prefix_proto::{Limits, MAX_FRAME_CEILING};
 
 use crate::access::{Identity, Roles};
 use serde::Deserialize;

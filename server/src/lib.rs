@@ -2,8 +2,12 @@
 //! among many gateway replicas.
 //!
 //! - [`config`]: flags, environment and TOML into a [`ServerConfig`].
-//! - [`handler`]: the protocol logic, without I/O (frames in, replies out).
-//! - `stream`: the async glue moving bytes between QUIC streams and the handler.
+//! - [`handler`]: the index's [`Service`], without I/O (requests in, answer
+//!   frames out).
+//! - [`service`]: what the stream layer asks of whatever answers requests.
+//! - `stream`: the async glue moving bytes between QUIC streams and a
+//!   service: framing (with `prefix-proto`'s `FrameReader`), heavy frames,
+//!   back-pressure, drain.
 //! - [`maintenance`]: the sweep task (TTL, capacities, freeing memory).
 //! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
@@ -15,6 +19,8 @@
 //! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
 //! ports back); [`Server::run`] serves until the shutdown future resolves,
 //! then stops accepting, finishes the requests in flight and returns.
+//! [`Server::serve`] does the same with another [`Service`] in the index's
+//! place (the load tester's echo baseline).
 //!
 //! ```no_run
 //! # async fn f() -> anyhow::Result<()> {
@@ -33,6 +39,7 @@ use std::time::Duration;
 
 use prefix_index::Index;
 use thiserror::Error;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -43,11 +50,13 @@ pub mod handler;
 mod http;
 pub mod maintenance;
 pub mod metrics;
+pub mod service;
 pub mod snapshot;
 mod stream;
 pub mod tls;
 
 pub use config::{ServerConfig, Settings};
+pub use service::Service;
 
 use handler::Handler;
 use metrics::Metrics;
@@ -89,8 +98,9 @@ impl Server {
     pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate()?;
         let tls = tls::rustls_config(&cfg)?;
-        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)
-            .map_err(|e| tls::ServerTlsError::from(prefix_client::TlsError::Quic(e.to_string())))?;
+        let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| {
+            tls::ServerTlsError::from(prefix_proto::tls::TlsError::Quic(e.to_string()))
+        })?;
         let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(quic));
         let mut transport = quinn::TransportConfig::default();
         transport
@@ -161,19 +171,30 @@ impl Server {
         &self.index
     }
 
-    /// Serves until `shutdown` resolves; then stops accepting connections,
-    /// answers the requests already received (for up to `drain_timeout`),
-    /// closes every connection and returns.
+    /// Serves the index until `shutdown` resolves; then stops accepting
+    /// connections, answers the requests already received (for up to
+    /// `drain_timeout`), closes every connection and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let token = CancellationToken::new();
-        let tracker = TaskTracker::new();
-        let ready = Arc::new(AtomicBool::new(true));
         let handler = Arc::new(Handler {
             index: self.index.clone(),
             limits: self.cfg.limits(),
             metrics: self.metrics.clone(),
             inline_blocks: self.cfg.inline_blocks,
         });
+        self.serve(handler, shutdown).await
+    }
+
+    /// As [`Server::run`], with `service` answering the requests: the same
+    /// transport, framing, drain and busy polling, and the same maintenance
+    /// of the (then unused) index.
+    pub async fn serve<S: Service>(
+        self,
+        service: Arc<S>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServerError> {
+        let token = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let ready = Arc::new(AtomicBool::new(true));
         let busy = self.cfg.busy_poll.map(|window| {
             let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
             busy.start(&tracker, &token);
@@ -217,7 +238,7 @@ impl Server {
         );
 
         let setup = Arc::new(stream::ConnSetup {
-            handler,
+            service,
             roles: self.cfg.roles.clone(),
             max_in_flight: self.cfg.max_in_flight,
             max_streams: self.cfg.max_streams,
@@ -249,7 +270,7 @@ impl Server {
         {
             tracing::warn!(timeout = ?self.cfg.drain_timeout, "drain timed out; closing anyway");
         }
-        self.endpoint.close(0u32.into(), b"server shutting down");
+        self.endpoint.close(0u32.into(), stream::SHUTDOWN_REASON);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
         if self.snapshots.is_some() {
             // Every answered insert is in it: the drain is over.
@@ -272,32 +293,31 @@ impl Server {
 }
 
 /// Accepts connections until cancelled, refusing those over the limit.
-async fn accept_loop(
+async fn accept_loop<S: Service>(
     endpoint: &quinn::Endpoint,
     cfg: &ServerConfig,
-    setup: Arc<stream::ConnSetup>,
+    setup: Arc<stream::ConnSetup<S>>,
     metrics: Arc<Metrics>,
     token: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let open = Arc::new(());
+    // One permit per connection, held by its task from the handshake on.
+    let open = Arc::new(Semaphore::new(cfg.max_connections));
     while let Some(incoming) = endpoint.accept().await {
-        // Every connection task holds a clone of `open`.
-        if Arc::strong_count(&open) > cfg.max_connections {
+        let Ok(permit) = open.clone().try_acquire_owned() else {
             metrics.connections_refused.inc();
             tracing::warn!(remote = %incoming.remote_address(), max = cfg.max_connections, "refusing a connection: max-connections reached");
             incoming.refuse();
             continue;
-        }
+        };
         let (setup, metrics, token, tracker2) = (
             setup.clone(),
             metrics.clone(),
             token.clone(),
             tracker.clone(),
         );
-        let held = open.clone();
         tracker.spawn(async move {
-            let _held = held;
+            let _permit = permit;
             let conn = match incoming.await {
                 Ok(c) => c,
                 Err(e) => {

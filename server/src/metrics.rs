@@ -4,8 +4,8 @@
 //! request path only adds to atomics; streams add a whole frame's counts at
 //! once. Index sizes are read from the index at scrape time.
 
-use prefix_client::wire::Op;
 use prefix_index::{Index, SweepReport, WriteSummary};
+use prefix_proto::{Op, OpKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -15,38 +15,32 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
-/// Op labels, in [`op_slot`] order; `frame` counts frames refused before any
-/// op could be read.
-pub const OPS: [&str; 8] = [
-    "lookup",
-    "insert",
-    "remove_pod",
-    "set_pod_capacity",
-    "stats",
-    "ping",
-    "batch",
-    "frame",
-];
-/// Slot of the `batch` label (frame latency of batches).
-pub const BATCH: usize = 6;
+/// Label slots: one per operation, in [`OpKind::ALL`] order, then `batch`
+/// (the latency of whole batch frames) and `frame` (frames refused before any
+/// op could be read).
+pub const SLOTS: usize = OpKind::ALL.len() + 2;
+/// Slot of the `batch` label.
+pub const BATCH: usize = OpKind::ALL.len();
 /// Slot of the `frame` label.
-pub const FRAME: usize = 7;
+pub const FRAME: usize = OpKind::ALL.len() + 1;
+
+/// The label of a slot.
+pub fn slot_label(slot: usize) -> &'static str {
+    match OpKind::ALL.get(slot) {
+        Some(kind) => kind.name(),
+        None if slot == BATCH => "batch",
+        None => "frame",
+    }
+}
 
 /// The label slot of an op.
 pub fn op_slot(op: &Op) -> usize {
-    match op {
-        Op::Lookup { .. } => 0,
-        Op::Insert { .. } => 1,
-        Op::RemovePod { .. } => 2,
-        Op::SetPodCapacity { .. } => 3,
-        Op::Stats => 4,
-        Op::Ping => 5,
-    }
+    op.kind().index()
 }
 
 /// Ops counted by (op slot, failed?), added to the shared counters at once.
 #[derive(Debug, Default)]
-pub struct Tally(pub [[u64; 2]; OPS.len()]);
+pub struct Tally(pub [[u64; 2]; SLOTS]);
 
 impl Tally {
     /// Counts one op.
@@ -110,8 +104,8 @@ impl Default for Metrics {
             "Operations handled, by op and outcome (a batch counts each op)",
             requests_family.clone(),
         );
-        let requests = OPS
-            .iter()
+        let requests = (0..SLOTS)
+            .map(slot_label)
             .map(|op| {
                 ["ok", "error"].map(|outcome| {
                     requests_family
@@ -129,9 +123,11 @@ impl Default for Metrics {
             "Server time per frame, from decoded to answered, by op (batch for batches)",
             latency_family.clone(),
         );
-        let latency = OPS
-            .iter()
-            .map(|op| latency_family.get_or_create(&FrameLabels { op }).clone())
+        let latency = (0..SLOTS)
+            .map(|slot| {
+                let op = slot_label(slot);
+                latency_family.get_or_create(&FrameLabels { op }).clone()
+            })
             .collect();
         let m = Metrics {
             registry,

@@ -1,24 +1,27 @@
 //! The async side of a connection: accept streams, move bytes between QUIC
-//! and the [`Handler`], drain on shutdown.
+//! and a [`Service`], drain on shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use prefix_client::wire::{ErrorCode, Request};
+use prefix_proto::{encode_response, ErrorCode, FrameReader, Incoming, Kind, Request, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::access::{Access, Roles};
 use crate::busy_poll::BusyPoll;
-use crate::handler::{encode_error, Handler, Inbox, Next};
+use crate::service::Service;
+
+/// The reason a connection is closed with at shutdown (application code 0).
+pub const SHUTDOWN_REASON: &[u8] = b"server shutting down";
 
 /// What every stream of one connection shares.
-struct Shared {
+struct Shared<S> {
     conn: quinn::Connection,
-    handler: Arc<Handler>,
+    service: Arc<S>,
     /// What the client may do, from its certificate.
     access: Arc<Access>,
     /// Heavy requests the connection may still start (`max_in_flight`).
@@ -27,10 +30,21 @@ struct Shared {
     busy: Option<Arc<BusyPoll>>,
 }
 
+impl<S> Drop for Shared<S> {
+    /// The connection's last stream is done. At shutdown, close it now with
+    /// the shutdown reason: dropping the last handle would close it too, but
+    /// with an empty reason.
+    fn drop(&mut self) {
+        if self.shutdown.is_cancelled() {
+            self.conn.close(0u32.into(), SHUTDOWN_REASON);
+        }
+    }
+}
+
 /// What every connection is served with.
-pub struct ConnSetup {
-    /// The protocol logic.
-    pub handler: Arc<Handler>,
+pub struct ConnSetup<S> {
+    /// What answers the requests.
+    pub service: Arc<S>,
     /// Roles of client identities.
     pub roles: Roles,
     /// Heavy requests one connection may have running.
@@ -45,9 +59,9 @@ pub struct ConnSetup {
 /// opens gets its own task. Returns when the client closes the connection or
 /// at shutdown, once every stream that had arrived by then has its task (the
 /// stream tasks then drain on their own).
-pub async fn serve_connection(
+pub async fn serve_connection<S: Service>(
     conn: quinn::Connection,
-    setup: &ConnSetup,
+    setup: &ConnSetup<S>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
@@ -61,7 +75,7 @@ pub async fn serve_connection(
     }
     let shared = Arc::new(Shared {
         conn: conn.clone(),
-        handler: setup.handler.clone(),
+        service: setup.service.clone(),
         access: Arc::new(access),
         permits: Arc::new(Semaphore::new(setup.max_in_flight)),
         busy: setup.busy.clone(),
@@ -112,6 +126,23 @@ const READ_CHUNK: usize = 256 << 10;
 /// At shutdown, reads of already-arrived data a stream may still make.
 const DRAIN_READS: usize = 64;
 
+/// Where a stream's reading side is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Input {
+    /// Reading whatever the client sends.
+    Open,
+    /// Shutting down: reading only what has already arrived, at most this
+    /// many more reads, so a client that keeps sending cannot hold the drain
+    /// open.
+    Draining(usize),
+    /// The client finished its side; frames still buffered are answered,
+    /// then a frame it cut short is reported.
+    Ended,
+    /// Nothing more is read or answered from the input: it ended and was
+    /// answered, the framing failed, or the drain stopped it.
+    Closed,
+}
+
 /// What woke a stream task.
 enum Event {
     Read(Result<Option<quinn::Chunk>, quinn::ReadError>),
@@ -129,25 +160,16 @@ enum Event {
 /// reading until one is (back-pressure on that client alone). At shutdown,
 /// answers what has already arrived, then finishes the stream and waits for
 /// the client to acknowledge.
-async fn serve_stream(
+async fn serve_stream<S: Service>(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<S>>,
 ) {
-    let Shared {
-        conn,
-        handler,
-        shutdown,
-        ..
-    } = &*shared;
-    let mut inbox = Inbox::default();
+    let service = &*shared.service;
+    let mut reader = FrameReader::new(Kind::Request, service.limits().max_frame_bytes);
     let mut out = Vec::with_capacity(64 << 10);
     let mut heavy = Heavy::new(&shared);
-    let (mut reading, mut draining, mut ended) = (true, false, false);
-    // Once the framing is lost, nothing more of this stream is served: not
-    // even frames already buffered behind the bad one.
-    let mut fatal = false;
-    let mut drained = 0;
+    let mut input = Input::Open;
     loop {
         if !out.is_empty() {
             if send.write_all(&out).await.is_err() {
@@ -155,82 +177,79 @@ async fn serve_stream(
             }
             out.clear();
         }
-        if !reading && heavy.tasks.is_empty() && heavy.waiting.is_none() {
+        if input == Input::Closed && heavy.is_idle() {
             break;
         }
-        if !draining && shutdown.is_cancelled() {
-            draining = true;
+        if input == Input::Open && shared.shutdown.is_cancelled() {
+            input = Input::Draining(DRAIN_READS);
         }
         let event = if heavy.waiting.is_some() {
-            let permits = heavy.shared.permits.clone();
+            let permits = shared.permits.clone();
             tokio::select! {
                 Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
                 Ok(p) = permits.acquire_owned() => Event::Permit(p),
             }
-        } else if !reading {
-            match heavy.tasks.join_next_with_id().await {
-                Some(done) => Event::Heavy(done),
-                None => continue,
-            }
-        } else if draining {
-            // Only what has already arrived: poll the read once. A client
-            // that keeps sending could otherwise hold the drain open, so
-            // stop after a bounded amount too.
-            drained += 1;
-            match poll_once(recv.read_chunk(READ_CHUNK, true)).await {
-                Poll::Ready(r) if drained <= DRAIN_READS => Event::Read(r),
-                _ => {
-                    let _ = recv.stop(u32::from(ErrorCode::Unavailable as u16).into());
-                    reading = false;
-                    continue;
-                }
-            }
         } else {
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => {
-                    draining = true;
-                    continue;
+            match input {
+                Input::Ended | Input::Closed => match heavy.tasks.join_next_with_id().await {
+                    Some(done) => Event::Heavy(done),
+                    None => continue,
+                },
+                Input::Draining(left) => {
+                    // Only what has already arrived: poll the read once.
+                    let read = match left {
+                        0 => Poll::Pending,
+                        _ => poll_once(recv.read_chunk(READ_CHUNK, true)).await,
+                    };
+                    match read {
+                        Poll::Ready(r) => {
+                            input = Input::Draining(left - 1);
+                            Event::Read(r)
+                        }
+                        Poll::Pending => {
+                            let _ = recv.stop(u32::from(ErrorCode::Unavailable as u16).into());
+                            input = Input::Closed;
+                            continue;
+                        }
+                    }
                 }
-                Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
-                r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
+                Input::Open => tokio::select! {
+                    biased;
+                    _ = shared.shutdown.cancelled() => continue,
+                    Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
+                    r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
+                },
             }
         };
         match event {
-            Event::Heavy(done) => heavy.finished(done, handler, &mut out),
+            Event::Heavy(done) => heavy.finished(done, service, &mut out),
             Event::Permit(permit) => heavy.resume(permit),
             Event::Read(Ok(Some(chunk))) => {
                 if let Some(busy) = &shared.busy {
                     busy.touch();
                 }
-                inbox.push(&chunk.bytes);
+                reader.push(&chunk.bytes);
             }
-            Event::Read(Ok(None)) => {
-                reading = false;
-                ended = true;
-            }
+            Event::Read(Ok(None)) => input = Input::Ended,
             Event::Read(Err(e)) => {
                 // The connection is gone: nobody to answer.
                 tracing::debug!(reason = %e, "stream ended");
                 return;
             }
         }
-        if heavy.waiting.is_some() || fatal {
+        if heavy.waiting.is_some() {
             continue;
         }
-        if let Some(code) = answer(handler, &mut inbox, &mut out, &mut heavy) {
+        if let Some(code) = answer(service, &mut reader, &mut out, &mut heavy) {
             let _ = recv.stop(u32::from(code).into());
-            reading = false;
-            ended = false;
-            fatal = true;
-        }
-        if ended && heavy.waiting.is_none() {
+            input = Input::Closed;
+        } else if input == Input::Ended && heavy.waiting.is_none() {
             // The client finished its side; answer a frame it cut short.
-            if let Some((id, e)) = inbox.truncated() {
-                handler.refused();
-                encode_error(id, &e, &mut out);
+            if let Err(cut) = reader.finish() {
+                service.refused();
+                cut.encode(&mut out);
             }
-            ended = false;
+            input = Input::Closed;
         }
     }
     let _ = send.finish();
@@ -238,30 +257,36 @@ async fn serve_stream(
     // stream), so closing the connection afterwards loses nothing. A live
     // client acknowledges within a few round trips, even with a loss or two;
     // a vanished one never does, so do not wait for it longer than that.
-    let patience = (conn.rtt() * 10).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    let patience =
+        (shared.conn.rtt() * 10).clamp(Duration::from_millis(50), Duration::from_secs(2));
     let _ = tokio::time::timeout(patience, send.stopped()).await;
 }
 
 /// A stream's heavy frames on the blocking pool.
-struct Heavy {
+struct Heavy<S> {
     tasks: tokio::task::JoinSet<(u64, Vec<u8>)>,
     /// Request id of each task, to answer even if one fails.
     ids: std::collections::HashMap<tokio::task::Id, u64>,
     /// A heavy frame read while the connection had no permit free; the
     /// stream reads nothing more until it starts.
     waiting: Option<(u64, Request)>,
-    /// The connection's handler, access and permits.
-    shared: Arc<Shared>,
+    /// The connection's service, access and permits.
+    shared: Arc<Shared<S>>,
 }
 
-impl Heavy {
-    fn new(shared: &Arc<Shared>) -> Heavy {
+impl<S: Service> Heavy<S> {
+    fn new(shared: &Arc<Shared<S>>) -> Self {
         Heavy {
             tasks: tokio::task::JoinSet::new(),
             ids: std::collections::HashMap::new(),
             waiting: None,
             shared: shared.clone(),
         }
+    }
+
+    /// Whether no heavy frame is running or waiting.
+    fn is_idle(&self) -> bool {
+        self.tasks.is_empty() && self.waiting.is_none()
     }
 
     /// Starts a heavy frame if the connection has a permit free; otherwise
@@ -291,7 +316,7 @@ impl Heavy {
         let task = self.tasks.spawn_blocking(move || {
             let _permit = permit;
             let mut buf = Vec::new();
-            shared.handler.serve(id, &request, &shared.access, &mut buf);
+            shared.service.serve(id, &request, &shared.access, &mut buf);
             (id, buf)
         });
         self.ids.insert(task.id(), id);
@@ -300,7 +325,7 @@ impl Heavy {
     fn finished(
         &mut self,
         done: Result<(tokio::task::Id, (u64, Vec<u8>)), tokio::task::JoinError>,
-        handler: &Handler,
+        service: &S,
         out: &mut Vec<u8>,
     ) {
         match done {
@@ -311,54 +336,48 @@ impl Heavy {
             Err(e) => {
                 let id = self.ids.remove(&e.id()).unwrap_or(0);
                 tracing::error!(error = %e, request_id = id, "request task failed");
-                handler.refused();
-                let msg = format!("the server failed on this request: {e}");
-                prefix_client::wire::encode_response(
-                    id,
-                    &prefix_client::wire::Response::One(prefix_client::wire::Reply::Error {
-                        code: prefix_client::wire::ErrorCode::Internal as u16,
-                        message: msg,
-                    }),
-                    out,
-                );
+                service.refused();
+                let reply =
+                    ErrorCode::Internal.reply(format!("the server failed on this request: {e}"));
+                encode_response(id, &Response::One(reply), out);
             }
         }
     }
 }
 
-/// Answers every whole frame in the inbox into `out`, starting heavy ones on
-/// the blocking pool, until the inbox is empty or a heavy frame has to wait
-/// for a permit. Returns the error code if the stream's framing is lost and it
-/// must close.
-fn answer(
-    handler: &Handler,
-    inbox: &mut Inbox,
+/// Answers every whole frame in the reader into `out`, starting heavy ones on
+/// the blocking pool, until no whole frame is left or a heavy frame has to
+/// wait for a permit. Returns the error code if the stream's framing is lost
+/// and it must close.
+fn answer<S: Service>(
+    service: &S,
+    reader: &mut FrameReader,
     out: &mut Vec<u8>,
-    heavy: &mut Heavy,
+    heavy: &mut Heavy<S>,
 ) -> Option<u16> {
     loop {
-        match inbox.next(&handler.limits) {
-            Next::Wait => return None,
-            Next::Request { id, request } => {
-                if handler.is_heavy(&request) {
+        match reader.next_request(service.limits()) {
+            Ok(None) => return None,
+            Ok(Some(Incoming::Request { id, request })) => {
+                if service.is_heavy(&request) {
                     // A big batch of long keys takes milliseconds: run it off
                     // the async workers so other connections are not held up.
                     if !heavy.start(id, request) {
                         return None;
                     }
                 } else {
-                    handler.serve(id, &request, &heavy.shared.access, out);
+                    service.serve(id, &request, &heavy.shared.access, out);
                 }
             }
-            Next::Refuse { id, error } => {
-                handler.refused();
-                encode_error(id, &error, out);
+            Ok(Some(refused)) => {
+                service.refused();
+                refused.encode_refusal(out);
             }
-            Next::Fatal { id, error } => {
-                tracing::debug!(%error, "closing a stream");
-                handler.refused();
-                encode_error(id, &error, out);
-                return Some(error.code() as u16);
+            Err(fatal) => {
+                tracing::debug!(error = %fatal, "closing a stream");
+                service.refused();
+                fatal.encode(out);
+                return Some(fatal.error.code() as u16);
             }
         }
     }
@@ -367,9 +386,10 @@ fn answer(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handler::Handler;
     use crate::ServerConfig;
-    use prefix_client::wire::{self, Op, Reply, Response};
     use prefix_client::TlsConfig;
+    use prefix_proto::{decode_response, encode_request, split_frame, Op, Reply};
 
     /// A server-side connection, not yet served, and its client side.
     async fn pair(dir: &tempfile::TempDir) -> (ServerConfig, quinn::Connection, quinn::Connection) {
@@ -403,7 +423,7 @@ mod tests {
         let (cfg, conn, client) = pair(&dir).await;
         let (mut send, mut recv) = client.open_bi().await.unwrap();
         let mut frame = Vec::new();
-        wire::encode_request(7, &wire::Request::One(Op::Ping), &mut frame);
+        encode_request(7, &Request::One(Op::Ping), &mut frame);
         send.write_all(&frame).await.unwrap();
         send.finish().unwrap();
         // The request is in the server's connection, not yet accepted by
@@ -424,7 +444,7 @@ mod tests {
             inline_blocks: cfg.inline_blocks,
         });
         let setup = ConnSetup {
-            handler,
+            service: handler,
             roles: cfg.roles.clone(),
             max_in_flight: 4,
             max_streams: cfg.max_streams,
@@ -435,12 +455,12 @@ mod tests {
         tracker.wait().await;
 
         let answer = recv.read_to_end(1 << 20).await.unwrap();
-        let f = wire::split_frame(&answer, &cfg.limits())
+        let f = split_frame(&answer, cfg.max_frame_bytes)
             .unwrap()
             .expect("a whole frame");
         assert_eq!(f.header.request_id, 7);
         assert_eq!(
-            wire::decode_response(f.payload).unwrap(),
+            decode_response(f.payload).unwrap(),
             Response::One(Reply::Pong)
         );
         assert_eq!(f.used, answer.len(), "one answer only");

@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use prefix_client::wire::ALPN;
-use prefix_client::{load_certs, load_key, TlsError};
+use prefix_proto::tls::{load_certs, load_key, TlsError};
+use prefix_proto::ALPN;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use thiserror::Error;

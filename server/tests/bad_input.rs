@@ -5,7 +5,7 @@
 mod common;
 
 use prefix_client::wire::{
-    self, ErrorCode, Limits, Op, Reply, Request, Response, HEADER_LEN, MAX_FRAME_CEILING,
+    self, ErrorCode, Op, Reply, Request, Response, HEADER_LEN, MAX_FRAME_CEILING,
 };
 
 /// Sends `bytes` on a new stream, finishes it, and reads every answer frame
@@ -15,13 +15,9 @@ async fn exchange(conn: &quinn::Connection, bytes: &[u8]) -> Vec<(u64, Response)
     send.write_all(bytes).await.unwrap();
     let _ = send.finish();
     let all = recv.read_to_end(64 << 20).await.unwrap();
-    let limits = Limits {
-        max_frame_bytes: MAX_FRAME_CEILING,
-        ..Limits::default()
-    };
     let mut at = 0;
     let mut out = Vec::new();
-    while let Some(f) = wire::split_frame(&all[at..], &limits).unwrap() {
+    while let Some(f) = wire::split_frame(&all[at..], MAX_FRAME_CEILING).unwrap() {
         out.push((
             f.header.request_id,
             wire::decode_response(f.payload).unwrap(),

@@ -338,6 +338,36 @@ async fn shutdown_drains_requests_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_connections_with_code_0_and_its_reason() {
+    // Two connections: one idle, one with a finished stream whose answer the
+    // drain must still deliver. Both are closed with the documented reason.
+    let server = common::start(|_| {}).await;
+    let idle = common::raw(&server).await;
+    let busy = common::raw(&server).await;
+    let (mut send, mut recv) = busy.open_bi().await.unwrap();
+    let mut frame = Vec::new();
+    prefix_client::wire::encode_request(
+        3,
+        &prefix_client::wire::Request::One(Op::Ping),
+        &mut frame,
+    );
+    send.write_all(&frame).await.unwrap();
+    send.finish().unwrap();
+    let answer = recv.read_to_end(1 << 20).await.unwrap();
+    assert!(!answer.is_empty(), "the ping is answered");
+    server.shutdown().await;
+    for conn in [idle, busy] {
+        match conn.closed().await {
+            quinn::ConnectionError::ApplicationClosed(close) => {
+                assert_eq!(u64::from(close.error_code), 0);
+                assert_eq!(&close.reason[..], b"server shutting down");
+            }
+            other => panic!("closed otherwise: {other}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heavy_frame_does_not_hold_up_the_next_one() {
     // One stream: the heavy batch goes to the blocking pool and the ping sent
     // after it on the same stream is answered first.

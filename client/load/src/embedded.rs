@@ -1,6 +1,7 @@
-//! In-process servers for one-command runs: the real server, or a bare quinn
-//! echo server that answers every request frame with a canned response of the
-//! real server's size, so the transport can be measured without the index.
+//! In-process servers for one-command runs: the real server, or the echo
+//! baseline, the real server with a service that answers every request frame
+//! with a canned response of the real server's size, so the transport can be
+//! measured without the index.
 //!
 //! Each runs on a runtime of its own, as it would in its own process: its
 //! tasks never share a worker with the load generator's, and its threads
@@ -11,14 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use prefix_client::wire::{self, Limits, Reply, Request, MAX_FRAME_CEILING};
 use prefix_client::TlsConfig;
-use prefix_server::busy_poll::BusyPoll;
-use prefix_server::{Server, ServerConfig};
+use prefix_proto::{Limits, Op, Reply, Request, ResponseWriter, MAX_FRAME_CEILING};
+use prefix_server::access::Access;
+use prefix_server::{Server, ServerConfig, Service};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
-use tokio_util::sync::{CancellationToken, DropGuard};
-use tokio_util::task::TaskTracker;
 
 use crate::cpu::SERVER_THREAD;
 
@@ -35,10 +34,8 @@ pub struct Embedded {
     /// TLS trusting its certificate.
     pub tls: TlsConfig,
     // Dropped in this order: the stop signal starts the server's shutdown,
-    // the echo server's spinners (if any) are told to stop, then the runtime
-    // ends every task, then the directory goes.
+    // then the runtime ends every task, then the directory goes.
     _stop: oneshot::Sender<()>,
-    _spinners: Option<DropGuard>,
     _runtime: ServerRuntime,
     _dir: tempfile::TempDir,
 }
@@ -56,7 +53,6 @@ impl Embedded {
             addr,
             tls,
             _stop: stop,
-            _spinners: None,
             _runtime: runtime,
             _dir: dir,
         })
@@ -142,124 +138,86 @@ pub async fn server(
     Embedded::new(addr, rt, stop, dir)
 }
 
-/// Appends the echo server's canned answer to `request`: per op, a lookup
-/// reply listing `matches` or `Done`, the sizes the real server sends,
-/// written the way the real server writes its lookup answers.
-fn canned(id: u64, request: &Request, matches: &[(&str, u32)], out: &mut Vec<u8>) {
-    let reply = |w: &mut wire::ResponseWriter<'_>, op: &wire::Op| match op {
-        wire::Op::Lookup { .. } => w.lookup(32, matches),
-        _ => w.reply(&Reply::Done),
-    };
-    let w = match request {
-        Request::One(op) => {
-            let mut w = wire::ResponseWriter::one(out, id);
-            reply(&mut w, op);
-            w
-        }
-        Request::Batch(ops) => {
-            let mut w = wire::ResponseWriter::batch(out, id, ops.len());
-            for op in ops {
-                reply(&mut w, op);
-            }
-            w
-        }
-    };
-    w.finish();
+/// The echo baseline's [`Service`]: every request is answered with canned
+/// replies of the real server's sizes, per op a lookup reply listing
+/// `matches` or `Done`, written the way the real server writes its lookup
+/// answers. Nothing is heavy: no request does any work.
+struct Echo {
+    /// (pod name, blocks) of every canned lookup answer.
+    matches: Vec<(String, u32)>,
+    limits: Limits,
 }
 
-/// Starts a bare quinn echo server: same TLS, ALPN, framing and codec as the
-/// real one, no index, on a runtime of its own with `threads` workers. Every
-/// request frame is decoded and answered with [`canned`] replies naming
-/// `pods` pods (`pod-0`, `pod-1`, ...). With `busy_poll`, it busy-polls as
-/// the real server does.
+impl Service for Echo {
+    fn serve(&self, id: u64, request: &Request, _: &Access, out: &mut Vec<u8>) {
+        let reply = |w: &mut ResponseWriter<'_>, op: &Op| match op {
+            Op::Lookup { .. } => w.lookup(32, &self.matches),
+            _ => w.reply(&Reply::Done),
+        };
+        let w = match request {
+            Request::One(op) => {
+                let mut w = ResponseWriter::one(out, id);
+                reply(&mut w, op);
+                w
+            }
+            Request::Batch(ops) => {
+                let mut w = ResponseWriter::batch(out, id, ops.len());
+                for op in ops {
+                    reply(&mut w, op);
+                }
+                w
+            }
+        };
+        w.finish();
+    }
+
+    fn is_heavy(&self, _: &Request) -> bool {
+        false
+    }
+
+    fn refused(&self) {}
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+}
+
+/// Starts the echo baseline: the real server's endpoint, transport, TLS,
+/// framing, stream handling and busy polling, with an [`Echo`] service in
+/// the index's place, on a runtime of its own with `threads` workers. Every
+/// request frame is decoded and answered with canned replies naming `pods`
+/// pods (`pod-0`, `pod-1`, ...).
 pub async fn echo(
     threads: usize,
     pods: usize,
     busy_poll: Option<std::time::Duration>,
 ) -> anyhow::Result<Embedded> {
     let dir = tempfile::tempdir()?;
-    let cfg = config(&dir);
-    let tls = prefix_server::tls::rustls_config(&cfg)?;
-    let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
+    let mut cfg = config(&dir);
+    cfg.busy_poll = busy_poll;
+    let echo = Arc::new(Echo {
+        matches: (0..pods)
+            .map(|i| (format!("pod-{i}"), 32u32.saturating_sub(i as u32)))
+            .collect(),
+        limits: Limits {
+            max_batch: usize::MAX,
+            ..cfg.limits()
+        },
+    });
     let rt = runtime(threads)?;
-    let endpoint = {
-        // Made inside its runtime, so the endpoint's driver runs there.
-        let _inside = rt.enter();
-        quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), cfg.listen)?
-    };
-    let addr = endpoint.local_addr()?;
-    let (stop, mut stopped) = oneshot::channel::<()>();
-    let stop_spinning = CancellationToken::new();
-    let busy = busy_poll.map(|window| {
-        let busy = BusyPoll::new(window);
-        let _inside = rt.enter();
-        busy.start(&TaskTracker::new(), &stop_spinning);
-        busy
-    });
-    rt.spawn(async move {
-        loop {
-            let incoming = tokio::select! {
-                _ = &mut stopped => break,
-                i = endpoint.accept() => match i { Some(i) => i, None => break },
-            };
-            let busy = busy.clone();
-            tokio::spawn(async move {
-                let Ok(conn) = incoming.await else { return };
-                while let Ok((send, recv)) = conn.accept_bi().await {
-                    tokio::spawn(echo_stream(send, recv, pods, busy.clone()));
-                }
-            });
-        }
-        endpoint.close(0u32.into(), b"done");
-    });
-    let mut echo = Embedded::new(addr, rt, stop, dir)?;
-    echo._spinners = Some(stop_spinning.drop_guard());
-    Ok(echo)
-}
-
-/// Reads frames the way the real server does (its [`Inbox`]) and refuses
-/// bad ones the same way, so the two differ only in what they answer.
-///
-/// [`Inbox`]: prefix_server::handler::Inbox
-async fn echo_stream(
-    mut send: quinn::SendStream,
-    mut recv: quinn::RecvStream,
-    pods: usize,
-    busy: Option<Arc<BusyPoll>>,
-) {
-    use prefix_server::handler::{encode_error, Inbox, Next};
-    let limits = Limits {
-        max_frame_bytes: MAX_FRAME_CEILING,
-        max_batch: usize::MAX,
-        ..Limits::default()
-    };
-    let names: Vec<String> = (0..pods).map(|i| format!("pod-{i}")).collect();
-    let matches: Vec<(&str, u32)> = (0..pods)
-        .map(|i| (names[i].as_str(), 32u32.saturating_sub(i as u32)))
-        .collect();
-    let (mut inbox, mut out) = (Inbox::default(), Vec::new());
-    while let Ok(Some(chunk)) = recv.read_chunk(256 << 10, true).await {
-        if let Some(busy) = &busy {
-            busy.touch();
-        }
-        inbox.push(&chunk.bytes);
-        loop {
-            match inbox.next(&limits) {
-                Next::Request { id, request } => canned(id, &request, &matches, &mut out),
-                Next::Refuse { id, error } => encode_error(id, &error, &mut out),
-                Next::Fatal { id, error } => {
-                    // The framing is lost: answer this one, end the stream.
-                    encode_error(id, &error, &mut out);
-                    let _ = send.write_all(&out).await;
-                    let _ = recv.stop(u32::from(error.code() as u16).into());
-                    return;
-                }
-                Next::Wait => break,
-            }
-        }
-        if send.write_all(&out).await.is_err() {
-            return;
-        }
-        out.clear();
-    }
+    let (stop, stopped) = oneshot::channel::<()>();
+    // Bound inside its runtime, so the QUIC endpoint's driver runs there.
+    let addr = rt
+        .spawn(async move {
+            let server = Server::bind(cfg)
+                .await
+                .context("starting the echo server")?;
+            let addr = server.local_addr();
+            tokio::spawn(server.serve(echo, async move {
+                let _ = stopped.await;
+            }));
+            anyhow::Ok(addr)
+        })
+        .await??;
+    Embedded::new(addr, rt, stop, dir)
 }

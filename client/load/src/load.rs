@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use prefix_client::wire::{Op, Reply};
 use prefix_client::{Client, ClientError};
+use prefix_proto::{Op, Reply};
 use prefix_server::busy_poll::BusyPoll;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -218,9 +218,9 @@ async fn send(client: &Client, ops: Vec<Op>, scheduled: Instant, run: &Run) -> O
     let n = ops.len() as u64;
     let result = if n == 1 {
         let op = ops.into_iter().next().expect("one op");
-        let request = prefix_client::wire::Request::One(op);
+        let request = prefix_proto::Request::One(op);
         client.call(request).await.map(|r| match r {
-            prefix_client::wire::Response::One(Reply::Error { .. }) => 1,
+            prefix_proto::Response::One(Reply::Error { .. }) => 1,
             _ => 0,
         })
     } else {

@@ -313,8 +313,8 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     let cfg = ClientConfig {
         tls,
         deadline: a.deadline,
-        limits: prefix_client::wire::Limits {
-            max_frame_bytes: prefix_client::wire::MAX_FRAME_CEILING,
+        limits: prefix_proto::Limits {
+            max_frame_bytes: prefix_proto::MAX_FRAME_CEILING,
             max_batch: 4096,
             ..Default::default()
         },
@@ -400,10 +400,10 @@ async fn prefill(
     pods: usize,
 ) -> anyhow::Result<()> {
     let client = client.with_deadline(Duration::from_secs(30));
-    let ops: Vec<prefix_client::wire::Op> = requests
+    let ops: Vec<prefix_proto::Op> = requests
         .iter()
         .flat_map(|r| {
-            (0..pods).map(|p| prefix_client::wire::Op::Insert {
+            (0..pods).map(|p| prefix_proto::Op::Insert {
                 model: MODEL.into(),
                 key: r.key.clone(),
                 pod: format!("pod-{p}"),
@@ -412,7 +412,7 @@ async fn prefill(
         .collect();
     for chunk in ops.chunks(1024) {
         for reply in client.batch(chunk.to_vec()).await? {
-            if let prefix_client::wire::Reply::Error { message, .. } = reply {
+            if let prefix_proto::Reply::Error { message, .. } = reply {
                 anyhow::bail!("prefill failed: {message}");
             }
         }

@@ -12,7 +12,8 @@
 //! name instead was measured too and cost as much: every clone and drop moved
 //! the reference count's cache line between the decoding core and the
 //! consuming one. The bytes on the wire are a string's, unchanged; this and
-//! `wire.rs` are the only places that touch bincode.
+//! `codec.rs` (with the messages' derives) are the only places that touch
+//! bincode.
 
 use std::borrow::Borrow;
 use std::fmt;

@@ -5,12 +5,12 @@
 //! allocation).
 //!
 //! `cargo test` runs a few thousand cases; the long run is
-//! `FUZZ_CASES=1000000 cargo test --release -p prefix-client --test fuzz -- --include-ignored`.
+//! `FUZZ_CASES=1000000 cargo test --release -p prefix-proto --test fuzz -- --include-ignored`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use prefix_client::wire::{
+use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
     split_frame, Limits, Op, PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
 };
@@ -61,8 +61,8 @@ fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     LARGEST.store(0, Ordering::Relaxed);
     let outcomes: [Result<(), WireError>; 4] = [
-        decode_header(bytes, &limits).map(drop),
-        split_frame(bytes, &limits).map(drop),
+        decode_header(bytes, limits.max_frame_bytes).map(drop),
+        split_frame(bytes, limits.max_frame_bytes).map(drop),
         decode_request(bytes, &limits).map(drop),
         decode_response(bytes).map(drop),
     ];
@@ -80,7 +80,7 @@ fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
         }
     }
     // A frame, when one splits off, decodes as a request or fails typed.
-    if let Ok(Some(frame)) = split_frame(bytes, &limits) {
+    if let Ok(Some(frame)) = split_frame(bytes, limits.max_frame_bytes) {
         let _ = decode_request(frame.payload, &limits);
     }
     Ok(())
@@ -209,7 +209,7 @@ proptest! {
         let limits = Limits::default();
         let mut bytes = Vec::new();
         encode_request(id, &req, &mut bytes);
-        let frame = split_frame(&bytes, &limits).unwrap().unwrap();
+        let frame = split_frame(&bytes, limits.max_frame_bytes).unwrap().unwrap();
         prop_assert_eq!(decode_request(frame.payload, &limits).unwrap(), req);
         decode_all(&mutate(bytes.clone(), &muts))?;
         decode_all(&mutate(bytes[HEADER_LEN..].to_vec(), &muts))?;

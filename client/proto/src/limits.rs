@@ -1,0 +1,155 @@
+//! The protocol's limits, and the check of one op against them.
+
+use crate::error::WireError;
+use crate::message::Op;
+
+/// The largest `max_frame_bytes` a configuration may set, and the largest
+/// frame a client accepts: 16 MiB.
+pub const MAX_FRAME_CEILING: u32 = 16 << 20;
+
+/// Protocol limits. Both ends check them; the server's are authoritative.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest payload in bytes. Default 1 MiB: a batch of 64 lookups of
+    /// 2,048-block keys.
+    pub max_frame_bytes: u32,
+    /// Longest key in blocks. Default 2,048 (the index's `max_key_blocks`).
+    pub max_key_blocks: usize,
+    /// Most ops in one batch. Default 1,024.
+    pub max_batch: usize,
+    /// Longest model or pod name in bytes. Default 253 (a DNS-1123 name).
+    pub max_name_len: usize,
+    /// Most candidate pods in one lookup. Default 1,024.
+    pub max_candidates: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: 1 << 20,
+            max_key_blocks: 2048,
+            max_batch: 1024,
+            max_name_len: 253,
+            max_candidates: 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// The frame size actually enforced: `max_frame_bytes`, never past
+    /// [`MAX_FRAME_CEILING`].
+    pub fn frame_bytes(&self) -> u32 {
+        self.max_frame_bytes.min(MAX_FRAME_CEILING)
+    }
+
+    fn check_name(&self, name: &str) -> Result<(), WireError> {
+        if name.is_empty() || name.len() > self.max_name_len {
+            return Err(WireError::BadName {
+                len: name.len(),
+                max: self.max_name_len,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_key(&self, key: &[u64]) -> Result<(), WireError> {
+        if key.len() > self.max_key_blocks {
+            return Err(WireError::KeyTooLong {
+                len: key.len(),
+                max: self.max_key_blocks,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks one op against the limits.
+    pub fn check_op(&self, op: &Op) -> Result<(), WireError> {
+        match op {
+            Op::Lookup {
+                model,
+                key,
+                candidates,
+            } => {
+                self.check_name(model)?;
+                self.check_key(key)?;
+                if let Some(c) = candidates {
+                    if c.len() > self.max_candidates {
+                        return Err(WireError::TooManyCandidates {
+                            len: c.len(),
+                            max: self.max_candidates,
+                        });
+                    }
+                    c.iter().try_for_each(|p| self.check_name(p))?;
+                }
+                Ok(())
+            }
+            Op::Insert { model, key, pod } => {
+                self.check_name(model)?;
+                self.check_name(pod)?;
+                self.check_key(key)
+            }
+            Op::RemovePod { pod } | Op::SetPodCapacity { pod, .. } => self.check_name(pod),
+            Op::Stats | Op::Ping => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn limits_are_checked_per_op() {
+        let limits = Limits {
+            max_key_blocks: 2,
+            max_name_len: 3,
+            max_candidates: 1,
+            ..Limits::default()
+        };
+        let op = |model: &str, key: Vec<u64>, candidates: Option<Vec<String>>| Op::Lookup {
+            model: model.into(),
+            key,
+            candidates,
+        };
+        let code = |op: &Op| limits.check_op(op).map_err(|e| e.code());
+        assert_eq!(code(&op("m", vec![1, 2], None)), Ok(()));
+        assert_eq!(
+            code(&op("m", vec![1, 2, 3], None)),
+            Err(ErrorCode::KeyTooLong)
+        );
+        assert_eq!(code(&op("", vec![], None)), Err(ErrorCode::BadName));
+        assert_eq!(code(&op("long", vec![], None)), Err(ErrorCode::BadName));
+        let two = Some(vec!["a".into(), "b".into()]);
+        assert_eq!(
+            code(&op("m", vec![], two)),
+            Err(ErrorCode::TooManyCandidates)
+        );
+        let bad_candidate = Some(vec![String::new()]);
+        assert_eq!(
+            code(&op("m", vec![], bad_candidate)),
+            Err(ErrorCode::BadName)
+        );
+        let insert = Op::Insert {
+            model: "m".into(),
+            key: vec![1],
+            pod: "long".into(),
+        };
+        assert_eq!(code(&insert), Err(ErrorCode::BadName));
+        assert_eq!(
+            code(&Op::RemovePod { pod: String::new() }),
+            Err(ErrorCode::BadName)
+        );
+        assert_eq!(code(&Op::Ping), Ok(()));
+    }
+
+    #[test]
+    fn the_frame_limit_never_passes_the_ceiling() {
+        let l = Limits {
+            max_frame_bytes: u32::MAX,
+            ..Limits::default()
+        };
+        assert_eq!(l.frame_bytes(), MAX_FRAME_CEILING);
+        assert_eq!(Limits::default().frame_bytes(), 1 << 20);
+    }
+}

@@ -1,0 +1,271 @@
+//! The messages frames carry, and the table of operations.
+//!
+//! Every operation of the protocol is an [`Op`] variant and has an
+//! [`OpKind`]: its name (the metric label, the `op` of a JSON Lines replay
+//! line, the CLI's subcommand), whether it changes the index (what a reader
+//! certificate may not do) and its weight (what decides whether a server runs
+//! it off its async workers). A new operation is added here, and the
+//! compiler then points at every place that must handle it.
+
+use bincode::{Decode, Encode};
+
+use crate::pod_name::PodName;
+
+/// One operation on the index.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Op {
+    /// Each pod's matched leading blocks of `key`, or only the candidates'.
+    Lookup {
+        /// Model namespace.
+        model: String,
+        /// Block hashes.
+        key: Vec<u64>,
+        /// Only these pods, if given (a filter: unknown names are dropped).
+        candidates: Option<Vec<String>>,
+    },
+    /// `pod` now holds every prefix of `key`.
+    Insert {
+        /// Model namespace.
+        model: String,
+        /// Block hashes.
+        key: Vec<u64>,
+        /// The pod.
+        pod: String,
+    },
+    /// Forget a pod everywhere.
+    RemovePod {
+        /// The pod.
+        pod: String,
+    },
+    /// Set a pod's capacity in blocks (naming the pod if it is new).
+    SetPodCapacity {
+        /// The pod.
+        pod: String,
+        /// Capacity in blocks.
+        blocks: u64,
+    },
+    /// Index statistics.
+    Stats,
+    /// Liveness check.
+    Ping,
+}
+
+/// Which operation an [`Op`] is: the one table every part of the service
+/// derives its per-operation behaviour from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// [`Op::Lookup`].
+    Lookup,
+    /// [`Op::Insert`].
+    Insert,
+    /// [`Op::RemovePod`].
+    RemovePod,
+    /// [`Op::SetPodCapacity`].
+    SetPodCapacity,
+    /// [`Op::Stats`].
+    Stats,
+    /// [`Op::Ping`].
+    Ping,
+}
+
+/// What a server charges a pod-table change, in key blocks: removing a pod or
+/// naming a new one copies the pod table, which costs about as much as
+/// walking 1,024 blocks.
+pub const POD_TABLE_WEIGHT: usize = 1024;
+
+impl OpKind {
+    /// Every operation, in [`OpKind::index`] order (the wire's variant order).
+    pub const ALL: [OpKind; 6] = [
+        OpKind::Lookup,
+        OpKind::Insert,
+        OpKind::RemovePod,
+        OpKind::SetPodCapacity,
+        OpKind::Stats,
+        OpKind::Ping,
+    ];
+
+    /// Its name in `snake_case`: the metric label, the replay line's `op`,
+    /// and (in `kebab-case`) the CLI subcommand.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::Lookup => "lookup",
+            OpKind::Insert => "insert",
+            OpKind::RemovePod => "remove_pod",
+            OpKind::SetPodCapacity => "set_pod_capacity",
+            OpKind::Stats => "stats",
+            OpKind::Ping => "ping",
+        }
+    }
+
+    /// Whether it changes the index (a reader may not send it).
+    pub const fn writes(self) -> bool {
+        match self {
+            OpKind::Insert | OpKind::RemovePod | OpKind::SetPodCapacity => true,
+            OpKind::Lookup | OpKind::Stats | OpKind::Ping => false,
+        }
+    }
+
+    /// Its position in [`OpKind::ALL`], for tables indexed by operation.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl Op {
+    /// Which operation this is.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Op::Lookup { .. } => OpKind::Lookup,
+            Op::Insert { .. } => OpKind::Insert,
+            Op::RemovePod { .. } => OpKind::RemovePod,
+            Op::SetPodCapacity { .. } => OpKind::SetPodCapacity,
+            Op::Stats => OpKind::Stats,
+            Op::Ping => OpKind::Ping,
+        }
+    }
+
+    /// How heavy it is to serve, in key blocks or their equivalent: a lookup
+    /// walks its key and hashes each candidate name, an insert walks its key,
+    /// a pod-table change costs [`POD_TABLE_WEIGHT`], the rest 1.
+    pub fn weight(&self) -> usize {
+        match self {
+            Op::Lookup {
+                key, candidates, ..
+            } => key.len() + candidates.as_ref().map_or(0, Vec::len),
+            Op::Insert { key, .. } => key.len(),
+            Op::RemovePod { .. } | Op::SetPodCapacity { .. } => POD_TABLE_WEIGHT,
+            Op::Stats | Op::Ping => 1,
+        }
+    }
+}
+
+/// A request payload.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Request {
+    /// One operation.
+    One(Op),
+    /// Many operations, applied in order, answered in order.
+    Batch(Vec<Op>),
+}
+
+impl Request {
+    /// Its operations, in order.
+    pub fn ops(&self) -> &[Op] {
+        match self {
+            Request::One(op) => std::slice::from_ref(op),
+            Request::Batch(ops) => ops,
+        }
+    }
+
+    /// The sum of its operations' weights (see [`Op::weight`]).
+    pub fn weight(&self) -> usize {
+        self.ops().iter().map(Op::weight).sum()
+    }
+}
+
+/// One pod's answer to a lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct PodBlocks {
+    /// The pod (on the wire, a string).
+    pub pod: PodName,
+    /// Leading blocks of the key it holds (at least 1).
+    pub blocks: u32,
+}
+
+/// Index statistics, as a `Stats` reply carries them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
+pub struct WireStats {
+    /// Models with at least one tree.
+    pub models: u64,
+    /// Live (named, not removed) pods.
+    pub pods: u64,
+    /// Tree nodes, roots excluded.
+    pub nodes: u64,
+    /// Blocks stored in the trees' edges: distinct (model, prefix) blocks.
+    pub tree_blocks: u64,
+    /// Stored (pod, node block) pairs: what capacities and `max_blocks` bound.
+    pub entries: u64,
+    /// Heap bytes the index holds, by its own count.
+    pub bytes: u64,
+}
+
+/// The answer to one [`Op`].
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Reply {
+    /// Answer to a lookup: the key's block count and every matching pod.
+    Lookup {
+        /// Blocks in the key (the query's length).
+        key_blocks: u32,
+        /// Pods holding at least one leading block, by blocks descending,
+        /// then name.
+        matches: Vec<PodBlocks>,
+    },
+    /// Insert or capacity change applied.
+    Done,
+    /// Whether `RemovePod` found the pod live.
+    Removed(bool),
+    /// Statistics.
+    Stats(WireStats),
+    /// Answer to `Ping`.
+    Pong,
+    /// The op failed; `code` is an [`ErrorCode`](crate::ErrorCode) number.
+    Error {
+        /// See [`ErrorCode`](crate::ErrorCode).
+        code: u16,
+        /// Human-readable detail.
+        message: String,
+    },
+}
+
+/// A response payload: one reply per op of the request, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum Response {
+    /// Reply to [`Request::One`].
+    One(Reply),
+    /// Replies to [`Request::Batch`].
+    Batch(Vec<Reply>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_follows_the_wire_order() {
+        let ops = [
+            Op::Lookup {
+                model: "m".into(),
+                key: vec![1, 2],
+                candidates: Some(vec!["a".into()]),
+            },
+            Op::Insert {
+                model: "m".into(),
+                key: vec![1, 2],
+                pod: "a".into(),
+            },
+            Op::RemovePod { pod: "a".into() },
+            Op::SetPodCapacity {
+                pod: "a".into(),
+                blocks: 1,
+            },
+            Op::Stats,
+            Op::Ping,
+        ];
+        for (i, op) in ops.iter().enumerate() {
+            assert_eq!(op.kind(), OpKind::ALL[i]);
+            assert_eq!(op.kind().index(), i);
+            // The wire's variant index is the table's.
+            let bytes = bincode::encode_to_vec(op, bincode::config::standard()).unwrap();
+            assert_eq!(usize::from(bytes[0]), i);
+        }
+        let writes: Vec<_> = OpKind::ALL.iter().filter(|k| k.writes()).collect();
+        assert_eq!(
+            writes,
+            [&OpKind::Insert, &OpKind::RemovePod, &OpKind::SetPodCapacity]
+        );
+        let weights: Vec<_> = ops.iter().map(Op::weight).collect();
+        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1]);
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 2055);
+        assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
+    }
+}
