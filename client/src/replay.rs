@@ -24,6 +24,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::client::Client;
 use crate::key;
+use crate::wire::OpKind;
 
 /// How text and tokens become block hashes; every gateway of a model must
 /// agree on these.
@@ -44,17 +45,22 @@ impl Default for KeyOptions {
     }
 }
 
-/// A key given as text, token ids or ready hashes (exactly one).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+/// A key given as text, token ids or ready hashes (exactly one). On the
+/// command line, `--text`, `--tokens 1,2,3` or `--hashes 7,8`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+#[group(required = true, multiple = false)]
 pub struct KeySource {
     /// Prompt text, hashed in `block_bytes` blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
     pub text: Option<String>,
     /// Token ids, hashed in `block_tokens` blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_delimiter = ',')]
     pub tokens: Option<Vec<u32>>,
     /// Block hashes, used as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long, value_delimiter = ',')]
     pub hashes: Option<Vec<u64>>,
 }
 
@@ -71,37 +77,45 @@ impl KeySource {
     }
 }
 
-/// One input line.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+/// One input line, and one `prefix-client` subcommand: one variant per
+/// operation of the protocol, named by its [`OpKind::name`] (the test
+/// `lines_follow_the_op_table` holds them together).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Subcommand)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Line {
-    /// Record that `pod` holds the key.
+    /// Record that a pod holds every prefix of a key.
     Insert {
         /// Model name.
+        #[arg(long)]
         model: String,
         /// The key.
         #[serde(flatten)]
+        #[command(flatten)]
         key: KeySource,
         /// Pod name.
+        #[arg(long)]
         pod: String,
     },
-    /// Every pod's matched blocks of the key.
+    /// Each pod's matched leading blocks of a key.
     Lookup {
         /// Model name.
+        #[arg(long)]
         model: String,
         /// The key.
         #[serde(flatten)]
+        #[command(flatten)]
         key: KeySource,
-        /// Only these pods, if given.
+        /// Only these pods (comma-separated on the command line).
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[arg(long, value_delimiter = ',')]
         candidates: Option<Vec<String>>,
     },
-    /// Forget a pod.
+    /// Forget a pod everywhere.
     RemovePod {
         /// Pod name.
         pod: String,
     },
-    /// Set a pod's capacity.
+    /// Set a pod's KV-cache capacity in blocks.
     SetPodCapacity {
         /// Pod name.
         pod: String,
@@ -110,8 +124,22 @@ pub enum Line {
     },
     /// Index statistics.
     Stats,
-    /// Round trip.
+    /// Round trip to the server.
     Ping,
+}
+
+impl Line {
+    /// The operation this line applies.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            Line::Insert { .. } => OpKind::Insert,
+            Line::Lookup { .. } => OpKind::Lookup,
+            Line::RemovePod { .. } => OpKind::RemovePod,
+            Line::SetPodCapacity { .. } => OpKind::SetPodCapacity,
+            Line::Stats => OpKind::Stats,
+            Line::Ping => OpKind::Ping,
+        }
+    }
 }
 
 /// Applies one line's op and returns its output object.
@@ -260,6 +288,41 @@ mod tests {
         };
         assert!(both.key(&KeyOptions::default()).is_err());
         assert!(KeySource::default().key(&KeyOptions::default()).is_err());
+    }
+
+    #[test]
+    fn lines_follow_the_op_table() {
+        use clap::Subcommand as _;
+        let cli = clap::Command::new("t");
+        let cli = Line::augment_subcommands(cli);
+        let commands: Vec<String> = cli.get_subcommands().map(|c| c.get_name().into()).collect();
+        let mut kinds = Vec::new();
+        for kind in OpKind::ALL {
+            // The replay line of each operation names it by the table's name...
+            let text = match kind {
+                OpKind::Lookup | OpKind::Insert => {
+                    format!(
+                        r#"{{"op":"{}","model":"m","hashes":[1],"pod":"p"}}"#,
+                        kind.name()
+                    )
+                }
+                OpKind::RemovePod => format!(r#"{{"op":"{}","pod":"p"}}"#, kind.name()),
+                OpKind::SetPodCapacity => {
+                    format!(r#"{{"op":"{}","pod":"p","blocks":1}}"#, kind.name())
+                }
+                OpKind::Stats | OpKind::Ping => format!(r#"{{"op":"{}"}}"#, kind.name()),
+            };
+            let line: Line = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(line.kind(), kind);
+            kinds.push(line.kind());
+            // ...and so does its subcommand, in kebab-case.
+            assert!(
+                commands.contains(&kind.name().replace('_', "-")),
+                "{commands:?}"
+            );
+        }
+        assert_eq!(kinds, OpKind::ALL);
+        assert_eq!(commands.len(), OpKind::ALL.len());
     }
 
     #[test]

@@ -227,13 +227,14 @@ impl FrameReader {
             return Ok(None);
         }
         // Only plain values leave this match, so the error path below may
-        // take `self` mutably.
-        let checked = match split_frame(&self.buf[self.at..], self.max_frame_bytes) {
+        // take `self` mutably. The header is checked as soon as it is in,
+        // before its payload arrives.
+        let rest = &self.buf[self.at..];
+        let checked = match decode_header(rest, self.max_frame_bytes) {
             Ok(None) => return Ok(None),
-            Ok(Some(f)) if f.header.kind != self.expect => {
-                Err(WireError::UnknownKind(f.header.kind as u8))
-            }
-            Ok(Some(f)) => Ok((f.header, f.used)),
+            Ok(Some(h)) if h.kind != self.expect => Err(WireError::UnknownKind(h.kind as u8)),
+            Ok(Some(h)) if rest.len() < HEADER_LEN + h.len as usize => return Ok(None),
+            Ok(Some(h)) => Ok((h, HEADER_LEN + h.len as usize)),
             Err(error) => Err(error),
         };
         match checked {
@@ -365,6 +366,21 @@ mod tests {
         assert_eq!(r.next_frame(), Ok(None));
         assert!(r.has_failed());
         assert_eq!(r.finish(), Ok(()));
+    }
+
+    #[test]
+    fn the_wrong_kind_is_refused_from_the_header_alone() {
+        let mut response = Vec::new();
+        encode_response(9, &Response::One(Reply::Pong), &mut response);
+        let mut r = reader();
+        r.push(&response[..HEADER_LEN]);
+        assert_eq!(
+            r.next_frame(),
+            Err(FrameError {
+                id: 9,
+                error: WireError::UnknownKind(2)
+            })
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use prefix_client::replay::{self, KeyOptions, KeySource, Line};
+use prefix_client::replay::{self, KeyOptions, Line};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use tokio::io::{AsyncWriteExt, BufReader};
 
@@ -54,70 +54,10 @@ struct Cli {
     command: Command,
 }
 
-#[derive(Debug, clap::Args)]
-#[group(required = true, multiple = false)]
-struct KeyArgs {
-    /// Prompt text, hashed in --block-bytes blocks.
-    #[arg(long)]
-    text: Option<String>,
-    /// Token ids, comma-separated, hashed in --block-tokens blocks.
-    #[arg(long, value_delimiter = ',')]
-    tokens: Option<Vec<u32>>,
-    /// Block hashes, comma-separated, used as they are.
-    #[arg(long, value_delimiter = ',')]
-    hashes: Option<Vec<u64>>,
-}
-
-impl From<KeyArgs> for KeySource {
-    fn from(k: KeyArgs) -> Self {
-        KeySource {
-            text: k.text,
-            tokens: k.tokens,
-            hashes: k.hashes,
-        }
-    }
-}
-
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Each pod's matched leading blocks of a key.
-    Lookup {
-        /// Model name.
-        #[arg(long)]
-        model: String,
-        #[command(flatten)]
-        key: KeyArgs,
-        /// Only these pods (comma-separated).
-        #[arg(long, value_delimiter = ',')]
-        candidates: Option<Vec<String>>,
-    },
-    /// Record that a pod holds every prefix of a key.
-    Insert {
-        /// Model name.
-        #[arg(long)]
-        model: String,
-        #[command(flatten)]
-        key: KeyArgs,
-        /// Pod name.
-        #[arg(long)]
-        pod: String,
-    },
-    /// Forget a pod everywhere.
-    RemovePod {
-        /// Pod name.
-        pod: String,
-    },
-    /// Set a pod's KV-cache capacity in blocks.
-    SetPodCapacity {
-        /// Pod name.
-        pod: String,
-        /// Capacity in blocks.
-        blocks: u64,
-    },
-    /// Index statistics.
-    Stats,
-    /// Round trip to the server.
-    Ping,
+    #[command(flatten)]
+    Op(Line),
     /// Apply JSON Lines ops from FILE (or stdin), one JSON answer per line.
     Replay {
         /// Input file; stdin when absent or "-".
@@ -170,30 +110,17 @@ async fn main() -> anyhow::Result<()> {
             eprintln!("{} lines, {} failed", counts.lines, counts.failed);
             return Ok(());
         }
-        Command::Lookup {
-            model,
-            key,
-            candidates,
-        } => Line::Lookup {
-            model,
-            key: key.into(),
-            candidates,
-        },
-        Command::Insert { model, key, pod } => Line::Insert {
-            model,
-            key: key.into(),
-            pod,
-        },
-        Command::RemovePod { pod } => Line::RemovePod { pod },
-        Command::SetPodCapacity { pod, blocks } => Line::SetPodCapacity { pod, blocks },
-        Command::Stats => Line::Stats,
-        Command::Ping => Line::Ping,
+        Command::Op(line) => line,
     };
     let out = replay::apply(&client, &line, &opts).await;
     client.close().await;
     let mut text = serde_json::to_vec(&out)?;
     text.push(b'\n');
-    tokio::io::stdout().write_all(&text).await?;
+    let mut stdout = tokio::io::stdout();
+    stdout.write_all(&text).await?;
+    // tokio's stdout buffers on a thread of its own: flush before exiting, or
+    // the answer (the only explanation of a failure) may never be written.
+    stdout.flush().await?;
     if out["ok"] != serde_json::Value::Bool(true) {
         std::process::exit(1);
     }
