@@ -54,6 +54,19 @@ impl FromStr for Identity {
     }
 }
 
+impl fmt::Display for Identity {
+    /// The form [`Identity::from_str`] reads.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Sha256(digest) => {
+                f.write_str("sha256:")?;
+                digest.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+            Identity::CommonName(name) => write!(f, "cn:{name}"),
+        }
+    }
+}
+
 /// What a connection may do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Access {

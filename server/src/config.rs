@@ -14,7 +14,7 @@ use prefix_index::IndexConfig;
 use prefix_proto::{Limits, MAX_FRAME_CEILING};
 
 use crate::access::{Identity, Roles};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 /// A duration written the human way: `250ms`, `1s`, `5m`.
@@ -28,6 +28,12 @@ impl FromStr for HumanDuration {
     }
 }
 
+impl Serialize for HumanDuration {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&humantime::format_duration(self.0))
+    }
+}
+
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
@@ -37,18 +43,24 @@ impl<'de> Deserialize<'de> for HumanDuration {
 
 /// What a user may set. Flags override the environment, which overrides the
 /// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
-#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+///
+/// Each field is one setting, declared once: its name is the TOML key (in
+/// kebab-case) and, upper-cased behind `PREFIX_INDEX_`, the environment
+/// variable; the flag is the same name (singular for the repeatable
+/// `--reader` and `--writer`); its doc comment is the `--help` text. Defaults
+/// and the reasons for them live in [`ServerConfig`]'s `Default` alone:
+/// `--help` shows them through [`Settings::with_defaults`], and tests hold
+/// the mapping both ways and `docs/operations.md` to them.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Settings {
-    /// QUIC (UDP) address to serve on. [default: 127.0.0.1:7070]
+    /// QUIC (UDP) address to serve on.
     #[arg(long, env = "PREFIX_INDEX_LISTEN")]
     pub listen: Option<SocketAddr>,
     /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
-    /// [default: 127.0.0.1:7071]
     #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
     /// Directory for the generated certificate and the index snapshot.
-    /// [default: ./prefix-index-data]
     #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// PEM certificate chain to serve; with --key. Without both, a
@@ -62,82 +74,77 @@ pub struct Settings {
     /// signed by one of them may connect (mutual TLS).
     #[arg(long, env = "PREFIX_INDEX_CLIENT_CA")]
     pub client_ca: Option<PathBuf>,
-    /// Seconds an entry stays visible after its last insert. [default: 600]
+    /// Seconds an entry stays visible after its last insert.
     #[arg(long, env = "PREFIX_INDEX_TTL")]
     pub ttl: Option<u64>,
     /// Blocks each pod caches until set_pod_capacity says otherwise.
-    /// [default: 31250]
     #[arg(long, env = "PREFIX_INDEX_POD_CAPACITY")]
     pub pod_capacity: Option<u64>,
     /// Longest key in blocks; longer keys are refused (KeyTooLong).
-    /// [default: 2048]
     #[arg(long, env = "PREFIX_INDEX_MAX_KEY_BLOCKS")]
     pub max_key_blocks: Option<usize>,
     /// Global bound on stored (pod, block) entries; about 13-19 bytes each.
-    /// [default: 16777216]
     #[arg(long, env = "PREFIX_INDEX_MAX_BLOCKS")]
     pub max_blocks: Option<u64>,
-    /// Distinct pods. [default: 4096]
+    /// Distinct pods.
     #[arg(long, env = "PREFIX_INDEX_MAX_PODS")]
     pub max_pods: Option<u32>,
-    /// Distinct models. [default: 1024]
+    /// Distinct models.
     #[arg(long, env = "PREFIX_INDEX_MAX_MODELS")]
     pub max_models: Option<usize>,
-    /// Longest model or pod name in bytes. [default: 253]
+    /// Longest model or pod name in bytes.
     #[arg(long, env = "PREFIX_INDEX_MAX_NAME_LEN")]
     pub max_name_len: Option<usize>,
-    /// Largest request payload in bytes (at most 16 MiB). [default: 1048576]
+    /// Largest request payload in bytes (at most 16 MiB).
     #[arg(long, env = "PREFIX_INDEX_MAX_FRAME_BYTES")]
     pub max_frame_bytes: Option<u32>,
-    /// Most ops in one batch. [default: 1024]
+    /// Most ops in one batch.
     #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
     pub max_batch: Option<usize>,
-    /// Most candidate pods in one lookup. [default: 1024]
+    /// Most candidate pods in one lookup.
     #[arg(long, env = "PREFIX_INDEX_MAX_CANDIDATES")]
     pub max_candidates: Option<usize>,
-    /// Concurrent client connections; more are refused. [default: 4096]
+    /// Concurrent client connections; more are refused.
     #[arg(long, env = "PREFIX_INDEX_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
-    /// Concurrent streams per connection. [default: 64]
+    /// Concurrent streams per connection.
     #[arg(long, env = "PREFIX_INDEX_MAX_STREAMS")]
     pub max_streams: Option<u32>,
-    /// Close connections silent for this long. [default: 30s]
+    /// Close connections silent for this long.
     #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
     pub idle_timeout: Option<HumanDuration>,
-    /// How often the maintenance task sweeps (TTL, capacities). [default: 1s]
+    /// How often the maintenance task sweeps (TTL, capacities).
     #[arg(long, env = "PREFIX_INDEX_SWEEP_INTERVAL")]
     pub sweep_interval: Option<HumanDuration>,
-    /// Nodes one sweep call may visit before it yields. [default: 65536]
+    /// Nodes one sweep call may visit before it yields.
     #[arg(long, env = "PREFIX_INDEX_SWEEP_BUDGET")]
     pub sweep_budget: Option<usize>,
     /// Frames whose keys total more blocks than this run on the blocking pool,
-    /// so they do not hold up other connections. [default: 16384]
+    /// so they do not hold up other connections.
     #[arg(long, env = "PREFIX_INDEX_INLINE_BLOCKS")]
     pub inline_blocks: Option<usize>,
     /// On shutdown, how long in-flight requests may take to finish.
-    /// [default: 5s]
     #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<HumanDuration>,
     /// How often the index is written to <data-dir>/index.snapshot (it is
     /// also written at shutdown and read back at start); "0s" turns
-    /// snapshots off. [default: 30s]
+    /// snapshots off.
     #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_INTERVAL")]
     pub snapshot_interval: Option<HumanDuration>,
     /// Heavy requests (see --inline-blocks) one connection may have running
     /// at once; past it, its streams stop reading until one finishes.
-    /// [default: 16]
     #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
     /// Bytes a connection may send ahead of what the server has read (its
     /// QUIC receive window): the memory one connection can make the server
-    /// buffer. [default: 4194304]
+    /// buffer.
     #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
     pub connection_window: Option<u32>,
     /// Keep the workers polling the network for this long after the last
     /// read instead of sleeping: lower latency when requests come one at a
     /// time, for every worker's core at 100% while they come and for this
     /// long after. For servers with cores of their own (see
-    /// docs/operations.md); "0s" is off. [default: 0s]
+    /// docs/operations.md); "0s" is off.
     #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
     pub busy_poll: Option<HumanDuration>,
     /// A client identity that may only look up (and ask stats, ping):
@@ -198,40 +205,67 @@ impl Settings {
 
     /// These settings, with `under`'s filling the gaps.
     pub fn or(self, under: Settings) -> Settings {
-        macro_rules! pick {
-            ($($f:ident),*) => { Settings { $($f: self.$f.or(under.$f)),* } };
+        let (mut merged, over) = (under.to_table(), self.to_table());
+        merged.extend(over);
+        // Both tables come from `Settings` values, so they deserialize back
+        // into one; should that ever fail, the upper settings alone stand.
+        toml::Value::Table(merged).try_into().unwrap_or(self)
+    }
+
+    /// The settings that are set, as a TOML table (unset ones are absent).
+    fn to_table(&self) -> toml::Table {
+        // Every field serializes to a TOML value (strings, integers, arrays
+        // of strings); `None` fields are left out.
+        toml::Table::try_from(self).unwrap_or_default()
+    }
+
+    /// Every setting's value in `cfg`, rendered as a user would write it:
+    /// `none` for an unset optional one.
+    pub fn describe(cfg: &ServerConfig) -> Vec<(String, String)> {
+        let table = Settings::from(cfg).to_table();
+        Settings::names()
+            .into_iter()
+            .map(|name| {
+                let value = match table.get(&name) {
+                    Some(toml::Value::String(s)) => s.clone(),
+                    Some(toml::Value::Array(a)) => a
+                        .iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                        .collect::<Vec<_>>()
+                        .join(";"),
+                    Some(v) => v.to_string(),
+                    None => "none".into(),
+                };
+                (name, value)
+            })
+            .collect()
+    }
+
+    /// Every setting's TOML key, in declaration order.
+    pub fn names() -> Vec<String> {
+        use clap::Args as _;
+        let cmd = Settings::augment_args(clap::Command::new("settings"));
+        cmd.get_arguments()
+            .map(|a| a.get_id().as_str().replace('_', "-"))
+            .collect()
+    }
+
+    /// `cmd` (which flattens [`Settings`]) with each setting's default from
+    /// [`ServerConfig::default`] shown in its help, as `[default: ...]`. The
+    /// defaults are not clap's: a flag's absence must leave room for the
+    /// environment and the file.
+    pub fn with_defaults(mut cmd: clap::Command) -> clap::Command {
+        for (name, value) in Settings::describe(&ServerConfig::default()) {
+            if value == "none" {
+                continue;
+            }
+            let id = name.replace('-', "_");
+            cmd = cmd.mut_arg(id, |arg| {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                arg.help(format!("{help} [default: {value}]"))
+            });
         }
-        pick!(
-            listen,
-            metrics_listen,
-            data_dir,
-            cert,
-            key,
-            client_ca,
-            ttl,
-            pod_capacity,
-            max_key_blocks,
-            max_blocks,
-            max_pods,
-            max_models,
-            max_name_len,
-            max_frame_bytes,
-            max_batch,
-            max_candidates,
-            max_connections,
-            max_streams,
-            idle_timeout,
-            sweep_interval,
-            sweep_budget,
-            inline_blocks,
-            drain_timeout,
-            snapshot_interval,
-            max_in_flight,
-            connection_window,
-            busy_poll,
-            readers,
-            writers
-        )
+        cmd
     }
 
     /// The configuration these settings describe, defaults filled in.
@@ -295,6 +329,53 @@ impl Settings {
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+}
+
+/// The settings that resolve to `cfg`: every value set, `off`/`0s` for what
+/// is off. `Settings::from(&cfg).resolve()` gives `cfg` back (a test holds
+/// this for every field).
+impl From<&ServerConfig> for Settings {
+    fn from(cfg: &ServerConfig) -> Self {
+        let (cert, key) = match &cfg.tls {
+            CertSource::Files { cert, key } => (Some(cert.clone()), Some(key.clone())),
+            CertSource::SelfSigned => (None, None),
+        };
+        let off = Duration::ZERO;
+        let names = |ids: &[Identity]| {
+            (!ids.is_empty()).then(|| ids.iter().map(ToString::to_string).collect())
+        };
+        Settings {
+            listen: Some(cfg.listen),
+            metrics_listen: Some(cfg.metrics_listen.map_or("off".into(), |a| a.to_string())),
+            data_dir: Some(cfg.data_dir.clone()),
+            cert,
+            key,
+            client_ca: cfg.client_ca.clone(),
+            ttl: Some(cfg.index.ttl.as_secs()),
+            pod_capacity: Some(cfg.index.pod_capacity),
+            max_key_blocks: Some(cfg.index.max_key_blocks),
+            max_blocks: Some(cfg.index.max_blocks),
+            max_pods: Some(cfg.index.max_pods),
+            max_models: Some(cfg.index.max_models),
+            max_name_len: Some(cfg.index.max_name_len),
+            max_frame_bytes: Some(cfg.max_frame_bytes),
+            max_batch: Some(cfg.max_batch),
+            max_candidates: Some(cfg.max_candidates),
+            max_connections: Some(cfg.max_connections),
+            max_streams: Some(cfg.max_streams),
+            idle_timeout: Some(HumanDuration(cfg.idle_timeout)),
+            sweep_interval: Some(HumanDuration(cfg.sweep_interval)),
+            sweep_budget: Some(cfg.sweep_budget),
+            inline_blocks: Some(cfg.inline_blocks),
+            drain_timeout: Some(HumanDuration(cfg.drain_timeout)),
+            snapshot_interval: Some(HumanDuration(cfg.snapshot_interval.unwrap_or(off))),
+            max_in_flight: Some(cfg.max_in_flight),
+            connection_window: Some(cfg.connection_window),
+            busy_poll: Some(HumanDuration(cfg.busy_poll.unwrap_or(off))),
+            readers: names(&cfg.roles.readers),
+            writers: names(&cfg.roles.writers),
+        }
     }
 }
 
@@ -560,5 +641,172 @@ mod tests {
             on(r#"busy-poll = "100ms""#),
             Some(Duration::from_millis(100))
         );
+    }
+
+    /// A configuration with every setting away from its default.
+    fn everything_changed() -> ServerConfig {
+        let d = ServerConfig::default();
+        ServerConfig {
+            listen: "0.0.0.0:9000".parse().unwrap(),
+            metrics_listen: None,
+            data_dir: "/var/lib/x".into(),
+            tls: CertSource::Files {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+            },
+            client_ca: Some("ca.pem".into()),
+            index: IndexConfig {
+                ttl: Duration::from_secs(61),
+                pod_capacity: 7,
+                max_blocks: 8,
+                max_key_blocks: 9,
+                max_pods: 10,
+                max_models: 11,
+                max_name_len: 12,
+                ..d.index
+            },
+            max_frame_bytes: 4096,
+            max_batch: 13,
+            max_candidates: 14,
+            max_connections: 15,
+            max_streams: 16,
+            idle_timeout: Duration::from_secs(17),
+            sweep_interval: Duration::from_millis(180),
+            sweep_budget: 19,
+            inline_blocks: 20,
+            drain_timeout: Duration::from_secs(21),
+            snapshot_interval: None,
+            max_in_flight: 22,
+            connection_window: 1 << 17,
+            busy_poll: Some(Duration::from_micros(230)),
+            roles: Roles {
+                readers: vec!["cn:r".parse().unwrap()],
+                writers: vec![
+                    "cn:w".parse().unwrap(),
+                    format!("sha256:{}", "ab".repeat(32)).parse().unwrap(),
+                ],
+            },
+        }
+    }
+
+    #[test]
+    fn settings_and_configurations_map_both_ways() {
+        for cfg in [ServerConfig::default(), everything_changed()] {
+            assert_eq!(Settings::from(&cfg).resolve().unwrap(), cfg);
+        }
+        // Every setting of the changed configuration differs from the
+        // default one, so no field is left out of the mapping.
+        let (d, x) = (
+            Settings::describe(&ServerConfig::default()),
+            Settings::describe(&everything_changed()),
+        );
+        assert_eq!(d.len(), Settings::names().len());
+        for ((name, a), (_, b)) in d.iter().zip(&x) {
+            assert_ne!(a, b, "{name} is not mapped");
+        }
+    }
+
+    #[test]
+    fn settings_merge_setting_by_setting_through_toml() {
+        let low = Settings::from(&everything_changed());
+        let high = Settings {
+            ttl: Some(5),
+            readers: Some(vec!["cn:other".into()]),
+            ..Settings::default()
+        };
+        let merged = high.clone().or(low.clone());
+        assert_eq!(merged.ttl, Some(5));
+        assert_eq!(merged.readers, high.readers);
+        assert_eq!(merged.max_batch, low.max_batch);
+        assert_eq!(merged.writers, low.writers);
+        assert_eq!(Settings::default().or(low.clone()), low);
+    }
+
+    #[test]
+    fn flags_environment_and_keys_share_one_name() {
+        use clap::Args as _;
+        let cmd = Settings::augment_args(clap::Command::new("t"));
+        for arg in cmd.get_arguments() {
+            let key = arg.get_id().as_str().replace('_', "-");
+            let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+            assert_eq!(
+                env,
+                format!("PREFIX_INDEX_{}", key.to_uppercase().replace('-', "_")),
+                "{key}"
+            );
+            let flag = arg.get_long().unwrap_or_default();
+            assert!(
+                key == flag || key == format!("{flag}s"),
+                "{key} vs --{flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn help_shows_the_real_defaults() {
+        let cmd = Settings::with_defaults(<Settings as clap::Args>::augment_args(
+            clap::Command::new("t"),
+        ));
+        let help = |id: &str| {
+            let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+            arg.get_help().unwrap().to_string()
+        };
+        assert!(help("ttl").ends_with("[default: 600]"), "{}", help("ttl"));
+        assert!(help("busy_poll").ends_with("[default: 0s]"));
+        assert!(help("metrics_listen").ends_with("[default: 127.0.0.1:7071]"));
+        assert!(!help("cert").contains("[default"));
+    }
+
+    /// `docs/operations.md`'s settings table lists exactly the settings,
+    /// each with its real default.
+    #[test]
+    fn the_operations_doc_matches_the_settings() {
+        let doc = include_str!("../../docs/operations.md");
+        let table = doc
+            .split("## Settings")
+            .nth(1)
+            .expect("a Settings section")
+            .lines()
+            .skip_while(|l| !l.starts_with("| flag"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'));
+        let ticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        use clap::Args as _;
+        let cmd = Settings::augment_args(clap::Command::new("t"));
+        let flag_of = |key: &str| {
+            let id = key.replace('-', "_");
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_id() == id.as_str())
+                .unwrap();
+            format!("--{}", arg.get_long().unwrap())
+        };
+        let defaults: std::collections::HashMap<String, String> =
+            Settings::describe(&ServerConfig::default())
+                .into_iter()
+                .map(|(key, value)| (flag_of(&key), value))
+                .collect();
+        let mut documented = Vec::new();
+        for row in table {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let default = ticked(cells[2]).into_iter().next().unwrap_or("none".into());
+            for flag in ticked(cells[1]) {
+                let real = defaults
+                    .get(&flag)
+                    .unwrap_or_else(|| panic!("{flag} is documented but is no setting"));
+                assert_eq!(&default, real, "the default of {flag}");
+                documented.push(flag);
+            }
+        }
+        let mut all: Vec<_> = defaults.into_keys().collect();
+        all.sort();
+        documented.sort();
+        assert_eq!(documented, all, "every setting is documented once");
     }
 }

@@ -2,7 +2,7 @@
 //! SIGTERM or SIGINT.
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches, Parser};
 use prefix_server::Settings;
 
 #[global_allocator]
@@ -29,7 +29,9 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
+    // The defaults in --help come from the server's own configuration.
+    let matches = Settings::with_defaults(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let file = match &cli.config {
         Some(path) => Settings::from_file(path)?,
         None => Settings::default(),
