@@ -1,38 +1,20 @@
 //! Criterion benchmarks of the index, each group with its baseline in the same
 //! run. `cargo bench -p prefix-benches`; see `docs/benchmarks.md`.
 
-use std::alloc::{GlobalAlloc, Layout};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use counting_alloc::Counting;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names, ChatWorkload, RwLockIndex, PODS};
 use prefix_index::{Index, IndexConfig, Match};
 use prefix_proto::key;
 
 /// mimalloc (the server's allocator), counting live bytes for the memory figure.
-struct Counting(mimalloc::MiMalloc);
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards every call to mimalloc unchanged and only adds counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { self.0.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { self.0.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting(mimalloc::MiMalloc);
+static GLOBAL: Counting<mimalloc::MiMalloc> = Counting::new(mimalloc::MiMalloc);
 
 const NOW: u64 = 1_700_000_000_000;
 const MODEL: &str = "llama";
@@ -478,7 +460,7 @@ fn mooncake_group(c: &mut Criterion) {
         return;
     };
     let pods = pod_names();
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = GLOBAL.live();
     let index = Index::new(IndexConfig::default());
     for (i, r) in trace.iter().enumerate() {
         index
@@ -486,7 +468,7 @@ fn mooncake_group(c: &mut Criterion) {
             .expect("insert");
     }
     index.reclaim();
-    let heap = LIVE.load(Ordering::Relaxed) - before;
+    let heap = GLOBAL.live() - before;
     let s = index.stats();
     eprintln!(
         "mooncake: {} requests, 16 pods round-robin: {} nodes, {} tree blocks, {} (pod, block) entries; heap {} B = {:.2} B/entry (index accounting {:.2} B/entry)",

@@ -2,35 +2,17 @@
 //! allocator's live bytes must come back to their baseline every round (a public
 //! peer leaked 20 GB/h from edge splits that were never undone).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use std::alloc::System;
 use std::time::Duration;
 
+use counting_alloc::Counting;
 use prefix_index::{Index, IndexConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Counts live heap bytes of this test binary.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged and only adds counting.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: Counting<System> = Counting::new(System);
 
 #[test]
 fn memory_returns_to_baseline_after_each_round() {
@@ -45,7 +27,7 @@ fn memory_returns_to_baseline_after_each_round() {
     let mut baseline = None;
     let mut peak = 0;
     for round in 0..8 {
-        let (live0, bytes0) = (LIVE.load(Ordering::Relaxed), index.stats().bytes);
+        let (live0, bytes0) = (ALLOC.live(), index.stats().bytes);
         for i in 0..20_000u64 {
             // Shared prompts, diverging at random depths: many edge splits.
             let system = rng.random_range(0..20u64);
@@ -65,7 +47,7 @@ fn memory_returns_to_baseline_after_each_round() {
         // The index's own memory accounting agrees with the allocator's (the
         // test's own allocations here are a few key vectors).
         index.reclaim();
-        let grown = (LIVE.load(Ordering::Relaxed) - live0) as f64;
+        let grown = (ALLOC.live() - live0) as f64;
         let accounted = index.stats().bytes as f64 - bytes0 as f64;
         assert!(
             (accounted / grown - 1.0).abs() < 0.2,
@@ -85,7 +67,7 @@ fn memory_returns_to_baseline_after_each_round() {
             (0, 0, 0),
             "round {round}: {s:?}"
         );
-        let live = LIVE.load(Ordering::Relaxed);
+        let live = ALLOC.live();
         // Everything retired has been freed: only the roots' tables remain.
         assert!(
             s.bytes < 64 * 1024,

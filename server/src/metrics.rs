@@ -374,3 +374,36 @@ fn resident_bytes() -> Option<u64> {
 fn resident_bytes() -> Option<u64> {
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_index::IndexConfig;
+
+    #[test]
+    fn every_operation_has_its_own_labelled_counters() {
+        let labels: Vec<_> = (0..SLOTS).map(slot_label).collect();
+        let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(labels[..OpKind::ALL.len()], names[..]);
+        assert_eq!(labels[BATCH], "batch");
+        assert_eq!(labels[FRAME], "frame");
+        let m = Metrics::default();
+        let mut tally = Tally::default();
+        for (n, kind) in OpKind::ALL.iter().enumerate() {
+            for _ in 0..=n {
+                tally.add(kind.index(), false);
+            }
+        }
+        tally.add(FRAME, true);
+        m.count(&tally);
+        let text = m.render(&Index::new(IndexConfig::default()));
+        for (n, name) in names.iter().enumerate() {
+            let line = format!(
+                "prefix_index_requests_total{{op=\"{name}\",outcome=\"ok\"}} {}",
+                n + 1
+            );
+            assert!(text.contains(&line), "{line} missing in\n{text}");
+        }
+        assert!(text.contains("prefix_index_requests_total{op=\"frame\",outcome=\"error\"} 1"));
+    }
+}

@@ -7,43 +7,21 @@
 //! `cargo test` runs a few thousand cases; the long run is
 //! `FUZZ_CASES=1000000 cargo test --release -p prefix-proto --test fuzz -- --include-ignored`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::alloc::System;
+
+use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, Limits, Op, PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
+    split_frame, FrameReader, Incoming, Kind, Limits, Op, PodBlocks, Reply, Request, Response,
+    WireError, HEADER_LEN,
 };
 use proptest::prelude::*;
 
-/// The system allocator, recording the largest request per thread-less
-/// window (tests read and reset it around one decode).
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only records sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // Relaxed: a statistic, read after the decode on the same thread.
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
-        // Relaxed: as in `alloc`.
-        LARGEST.fetch_max(new, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new) }
-    }
-}
-
+/// The system allocator, recording the largest request (tests read and reset
+/// it around one decode).
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: Counting<System> = Counting::new(System);
 
 /// Tests run on several threads; the allocation check needs this one alone.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -59,14 +37,14 @@ fn cases(default: u32) -> u32 {
 fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
     let limits = Limits::default();
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    LARGEST.store(0, Ordering::Relaxed);
+    ALLOC.reset_largest();
     let outcomes: [Result<(), WireError>; 4] = [
         decode_header(bytes, limits.max_frame_bytes).map(drop),
         split_frame(bytes, limits.max_frame_bytes).map(drop),
         decode_request(bytes, &limits).map(drop),
         decode_response(bytes).map(drop),
     ];
-    let largest = LARGEST.load(Ordering::Relaxed);
+    let largest = ALLOC.largest();
     let bound = decode_budget(bytes.len()) + 4096;
     prop_assert!(
         largest <= bound,
@@ -200,6 +178,59 @@ proptest! {
         decode_all(&framed)?;
     }
 
+    /// A stream of valid and mutated frames, delivered in arbitrary pieces:
+    /// the reader yields the valid frames before the first bad header whole
+    /// and in order, reports that header once, and yields nothing after it.
+    #[test]
+    fn a_frame_reader_stops_at_the_first_bad_header(
+        reqs in prop::collection::vec(request(), 1..6),
+        bad_at in 0usize..6,
+        muts in prop::collection::vec(mutation(), 1..4),
+        pieces in prop::collection::vec(1usize..64, 1..16),
+    ) {
+        let limits = Limits::default();
+        let mut stream = Vec::new();
+        for (id, req) in reqs.iter().enumerate() {
+            let mut frame = Vec::new();
+            encode_request(id as u64, req, &mut frame);
+            if id == bad_at {
+                frame = mutate(frame, &muts);
+            }
+            stream.extend(frame);
+        }
+        let mut reader = FrameReader::new(Kind::Request, limits.max_frame_bytes);
+        let (mut ids, mut errors, mut at) = (Vec::new(), 0, 0);
+        for n in pieces.iter().cycle() {
+            if at == stream.len() {
+                break;
+            }
+            let n = (*n).min(stream.len() - at);
+            reader.push(&stream[at..at + n]);
+            at += n;
+            loop {
+                match reader.next_request(&limits) {
+                    Ok(None) => break,
+                    Ok(Some(incoming)) => {
+                        prop_assert_eq!(errors, 0, "a frame after a framing error");
+                        let (Incoming::Request { id, .. } | Incoming::Refused { id, .. }) = incoming;
+                        ids.push(id);
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        let _ = (e.error.code(), e.to_string());
+                    }
+                }
+            }
+        }
+        prop_assert!(errors <= 1);
+        prop_assert_eq!(errors == 1, reader.has_failed());
+        let clean = reqs.len().min(bad_at);
+        // Every frame before the mutated one comes out, in order.
+        prop_assert!(ids.len() >= clean);
+        prop_assert_eq!(&ids[..clean], &(0..clean as u64).collect::<Vec<_>>()[..]);
+        let _ = reader.finish();
+    }
+
     #[test]
     fn valid_requests_round_trip_and_mutants_fail_typed(
         id in any::<u64>(),
@@ -246,9 +277,9 @@ fn huge_length_fields_in_tiny_frames_are_refused_cheaply() {
     batch_bomb.extend_from_slice(&u32::MAX.to_le_bytes());
     for bomb in [name_bomb, key_bomb, batch_bomb] {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        LARGEST.store(0, Ordering::Relaxed);
+        ALLOC.reset_largest();
         let e = decode_request(&bomb, &limits).unwrap_err();
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let largest = ALLOC.largest();
         assert!(matches!(e, WireError::Malformed(_)), "{e}");
         assert!(
             largest <= 1 << 20,
