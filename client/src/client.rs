@@ -34,11 +34,10 @@ pub struct ClientConfig {
     /// Longest pause between reconnection attempts. Default 2 s.
     pub backoff_max: Duration,
     /// Long-lived QUIC streams per connection. Default 1: every frame
-    /// queued while a write is under way goes out in the next write, which
-    /// measured 1.9× the lookup throughput of 4 streams
-    /// (`cargo bench -p prefix-benches --bench service`). The server answers
-    /// heavy frames out of order, so one stream has no head-of-line blocking
-    /// on the server side.
+    /// queued while a write is under way goes out in the next write, so one
+    /// stream batches best (`docs/benchmarks.md`, "Why long-lived streams",
+    /// compares the counts). The server answers heavy frames out of order,
+    /// so one stream has no head-of-line blocking on the server side.
     pub streams: usize,
     /// Frames that may wait for each stream's writer. Default 4,096; past it
     /// calls fail at once with `Unavailable`.

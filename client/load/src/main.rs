@@ -252,10 +252,9 @@ impl LoadArgs {
     /// Worker threads of the in-process server and of the load generator.
     /// With a server in this process they split the machine by default, as
     /// two processes given cores of their own would: on a 2-core machine one
-    /// each. Two full pools on the same cores measured worse in both
-    /// throughput and tail (4 workers on 2 cores switch more;
-    /// `docs/benchmarks.md`). Against a remote server the generator takes
-    /// every core.
+    /// each. Two full pools on the same cores do worse in both throughput
+    /// and tail (4 workers on 2 cores switch more; `docs/benchmarks.md`).
+    /// Against a remote server the generator takes every core.
     fn split(&self) -> (usize, usize) {
         let here = self.embedded || self.echo;
         let server = self.server_threads.map_or(cores() / 2, usize::from).max(1);

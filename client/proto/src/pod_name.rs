@@ -1,19 +1,18 @@
 //! Pod names in decoded answers, kept inline when short.
 //!
 //! A lookup answer names every pod that holds a prefix of the key, so a
-//! gateway decodes millions of pod names a second under load. Decoding each
-//! into a `String` was the client's largest cost: a profile of a 16-lookup
-//! batch run put 15% of all CPU in it, an allocation, a copy and a free per
-//! pod per answer. A [`PodName`] keeps names of up to 24 bytes inline
-//! (StatefulSet pods such as `vllm-3`, `ip:port` endpoints), so decoding one
-//! is a copy and a UTF-8 check; longer ones (a Deployment's pods are named
+//! gateway decodes millions of pod names a second under load, and a `String`
+//! per name costs an allocation, a copy and a free per pod per answer. A
+//! [`PodName`] keeps names of up to 24 bytes inline (StatefulSet pods such as
+//! `vllm-3`, `ip:port` endpoints), so decoding one is a copy and a UTF-8
+//! check; longer ones (a Deployment's pods are named
 //! `<deployment>-<hash>-<suffix>`, often past 24 bytes) go to the heap, still
-//! without the zeroed copy `String` decoding makes. Sharing one `Arc<str>` per
-//! name instead was measured too and cost as much: every clone and drop moved
-//! the reference count's cache line between the decoding core and the
-//! consuming one. The bytes on the wire are a string's, unchanged; this and
-//! `codec.rs` (with the messages' derives) are the only places that touch
-//! bincode.
+//! without the zeroed copy `String` decoding makes. (A shared `Arc<str>` per
+//! name would move its reference count's cache line between the decoding core
+//! and the consuming one at every clone and drop.) `docs/benchmarks.md`,
+//! "Pod names decoded without allocating", has the figures. The bytes on the
+//! wire are a string's, unchanged; this and `codec.rs` (with the messages'
+//! derives) are the only places that touch bincode.
 
 use std::borrow::Borrow;
 use std::fmt;
