@@ -376,10 +376,12 @@ impl Inner {
                 .endpoint
                 .connect(self.addr, &self.cfg.server_name)
                 .map_err(|e| refused(e.to_string()))?;
-            let quic = connecting.await.map_err(|e| refused(e.to_string()))?;
+            let quic = connecting
+                .await
+                .map_err(|e| refused(crate::tls::describe_close(&e)))?;
             Conn::start(quic, self.addr, self.cfg.streams, self.cfg.queue)
                 .await
-                .map_err(|e| refused(e.to_string()))
+                .map_err(|e| refused(crate::tls::describe_close(&e)))
         };
         tokio::time::timeout(self.cfg.connect_timeout, attempt)
             .await

@@ -250,6 +250,9 @@ async fn read_lane(
         match recv.read_chunk(1 << 20, true).await {
             Ok(Some(chunk)) => reader.push(&chunk.bytes),
             Ok(None) => break "the server closed the stream (shutting down?)".to_string(),
+            Err(quinn::ReadError::ConnectionLost(e)) => {
+                break format!("connection lost: {}", crate::tls::describe_close(&e))
+            }
             Err(e) => break format!("receiving failed: {e}"),
         }
         let failed = loop {

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use prefix_proto::tls::{load_certs, load_key, TlsError};
+use prefix_proto::tls::{explain_handshake, load_certs, load_chain, load_key, TlsError};
 use prefix_proto::ALPN;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -43,7 +43,7 @@ impl TlsConfig {
         key: Option<&Path>,
     ) -> Result<Self, TlsError> {
         let identity = match (cert, key) {
-            (Some(c), Some(k)) => Some((load_certs(c)?, load_key(k)?)),
+            (Some(c), Some(k)) => Some((load_chain(c)?, load_key(k)?)),
             _ => None,
         };
         Ok(TlsConfig {
@@ -76,5 +76,39 @@ impl TlsConfig {
         transport.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
         cfg.transport_config(Arc::new(transport));
         Ok(cfg)
+    }
+}
+
+/// Words for why a connection ended, naming the certificate problem when the
+/// server refused the TLS handshake. With TLS 1.3 a client's handshake
+/// completes before the server has checked the client's certificate, so a
+/// refusal arrives as the connection's close: a TLS alert number, which says
+/// little to a user on its own.
+pub(crate) fn describe_close(e: &quinn::ConnectionError) -> String {
+    if let quinn::ConnectionError::ConnectionClosed(close) = e {
+        // QUIC carries a TLS alert as the transport error 0x100 + alert.
+        let alert = u64::from(close.error_code).checked_sub(0x100);
+        let why = match alert {
+            Some(42) => Some("it refused this client's certificate (bad certificate)"),
+            Some(43) => Some("this client's certificate is of a kind it does not accept"),
+            Some(44) => Some("this client's certificate is revoked"),
+            Some(45) => Some("this client's certificate has expired"),
+            Some(46) => Some("it could not check this client's certificate"),
+            Some(48) => {
+                Some("this client's certificate is not signed by a CA it trusts (its --client-ca)")
+            }
+            Some(116) => {
+                Some("it requires a client certificate (mutual TLS): give --cert and --key")
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return format!("the server refused the TLS handshake: {why} ({e})");
+        }
+    }
+    let text = e.to_string();
+    match explain_handshake(&text) {
+        Some(why) => format!("{text}: {why}"),
+        None => text,
     }
 }

@@ -322,7 +322,13 @@ async fn accept_loop<S: Service>(
                 Ok(c) => c,
                 Err(e) => {
                     metrics.handshakes_failed.inc();
-                    tracing::debug!(reason = %e, "handshake failed");
+                    let reason = e.to_string();
+                    match prefix_proto::tls::explain_handshake(&reason) {
+                        // A client certificate the operator made wrong: say
+                        // so where the operator looks.
+                        Some(why) => tracing::warn!(%reason, "a client's handshake failed: {why}"),
+                        None => tracing::debug!(%reason, "handshake failed"),
+                    }
                     return;
                 }
             };

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use prefix_proto::tls::{load_certs, load_key, TlsError};
+use prefix_proto::tls::{load_certs, load_chain, load_key, TlsError};
 use prefix_proto::ALPN;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -46,7 +46,7 @@ pub fn server_identity(
     cfg: &ServerConfig,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServerTlsError> {
     match &cfg.tls {
-        CertSource::Files { cert, key } => Ok((load_certs(cert)?, load_key(key)?)),
+        CertSource::Files { cert, key } => Ok((load_chain(cert)?, load_key(key)?)),
         CertSource::SelfSigned => self_signed(&cfg.data_dir),
     }
 }

@@ -6,44 +6,8 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
+use common::Ca;
 use prefix_client::{Client, ClientError, TlsConfig};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-
-/// A CA, and a function making client certificates it signs.
-struct Ca {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Ca { issuer }
-    }
-
-    fn write(&self, dir: &Path, name: &str) -> std::path::PathBuf {
-        let p = dir.join(name);
-        std::fs::write(&p, self.issuer.pem()).unwrap();
-        p
-    }
-
-    /// Writes `<name>.pem` and `<name>.key` for a client certificate.
-    fn client(&self, dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        let (c, k) = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}.key")),
-        );
-        std::fs::write(&c, cert.pem()).unwrap();
-        std::fs::write(&k, key.serialize_pem()).unwrap();
-        (c, k)
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_alpn_is_refused() {
@@ -132,15 +96,6 @@ async fn mutual_tls_admits_only_signed_clients() {
     server.shutdown().await;
 }
 
-/// `sha256:<hex>` of a PEM certificate file, as an operator would compute it
-/// (`openssl x509 -noout -fingerprint -sha256`).
-fn fingerprint(pem: &Path) -> String {
-    let der = prefix_client::load_certs(pem).unwrap().remove(0);
-    let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
-    let hex: Vec<String> = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
-    format!("sha256:{}", hex.join(":"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -149,7 +104,7 @@ async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
     let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
     let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
     let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
-    let writer_id = fingerprint(&rw_cert);
+    let writer_id = common::fingerprint(&rw_cert);
 
     let server = common::start(|cfg| {
         cfg.client_ca = Some(ca_path.clone());
@@ -227,7 +182,7 @@ async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
         stranger.lookup("m", &[1], None).await.unwrap_err(),
         "lookup",
     );
-    let hex = fingerprint(&other_cert)[7..]
+    let hex = common::fingerprint(&other_cert)[7..]
         .replace(':', "")
         .to_lowercase();
     assert!(msg.contains(&hex), "{msg}");

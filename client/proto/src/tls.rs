@@ -32,6 +32,43 @@ pub enum TlsError {
     /// The rustls configuration has no QUIC-capable cipher suite.
     #[error("TLS configuration cannot carry QUIC: {0}")]
     Quic(String),
+    /// A certificate to present is X.509 v1, which TLS peers refuse.
+    #[error("{0}: {V1_CERTIFICATE}")]
+    Version1(PathBuf),
+}
+
+/// Why an X.509 v1 certificate is refused, in words (rustls says only
+/// `UnsupportedCertVersion`). `openssl x509 -req` makes v1 certificates
+/// unless given an extensions file.
+pub const V1_CERTIFICATE: &str = "the certificate is X.509 v1; v3 with extensions is required \
+     (with `openssl x509 -req`, add `-extfile` with the extensions; see docs/operations.md)";
+
+/// Reads the certificate chain a peer presents (a server's `--cert`, a
+/// client's `--cert`): [`load_certs`], and its first certificate must be
+/// X.509 v3, which is what every TLS 1.3 peer accepts.
+pub fn load_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = load_certs(path)?;
+    if is_version_1(&certs[0]) {
+        return Err(TlsError::Version1(path.into()));
+    }
+    Ok(certs)
+}
+
+/// Whether `cert` is an X.509 v1 certificate. Other defects are left to the
+/// TLS stack, which names them itself.
+pub fn is_version_1(cert: &CertificateDer<'_>) -> bool {
+    matches!(
+        webpki::EndEntityCert::try_from(cert),
+        Err(webpki::Error::UnsupportedCertVersion)
+    )
+}
+
+/// Words for a failed handshake's error text, when it is one whose text does
+/// not say it plainly.
+pub fn explain_handshake(error: &str) -> Option<&'static str> {
+    error
+        .contains("UnsupportedCertVersion")
+        .then_some(V1_CERTIFICATE)
 }
 
 /// Reads every certificate of a PEM file, in order.
@@ -57,4 +94,34 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             reason: e.to_string(),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_version_1_certificate_is_refused_in_words() {
+        // Made by `openssl x509 -req` without an extensions file.
+        let v1 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/v1-cert.pem");
+        assert!(is_version_1(&load_certs(&v1).unwrap()[0]));
+        let e = load_chain(&v1).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("X.509 v1; v3 with extensions is required"),
+            "{e}"
+        );
+        let v3 = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        assert!(!is_version_1(v3.cert.der()));
+        assert_eq!(
+            explain_handshake(
+                "invalid peer certificate: Other(OtherError(UnsupportedCertVersion))"
+            ),
+            Some(V1_CERTIFICATE)
+        );
+        assert_eq!(
+            explain_handshake("invalid peer certificate: UnknownIssuer"),
+            None
+        );
+    }
 }

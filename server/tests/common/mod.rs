@@ -12,6 +12,7 @@ use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_index::Index;
 use prefix_server::metrics::Metrics;
 use prefix_server::{Server, ServerConfig};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -246,4 +247,49 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A CA, and a function making client certificates it signs.
+pub struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Ca {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        Ca { issuer }
+    }
+
+    pub fn write(&self, dir: &Path, name: &str) -> std::path::PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, self.issuer.pem()).unwrap();
+        p
+    }
+
+    /// Writes `<name>.pem` and `<name>.key` for a client certificate.
+    pub fn client(&self, dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec![name.to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        let (c, k) = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    }
+}
+
+/// `sha256:<hex>` of a PEM certificate file, as an operator would compute it
+/// (`openssl x509 -noout -fingerprint -sha256`).
+pub fn fingerprint(pem: &Path) -> String {
+    let der = prefix_client::load_certs(pem).unwrap().remove(0);
+    let digest = ring::digest::digest(&ring::digest::SHA256, der.as_ref());
+    let hex: Vec<String> = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+    format!("sha256:{}", hex.join(":"))
 }

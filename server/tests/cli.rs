@@ -1,0 +1,243 @@
+//! The `prefix-client` command line against a real server: every failure
+//! says why, on stdout as JSON for what the server (or the client's own limit
+//! check) answered, on stderr in words for what never reached an answer.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::Ca;
+
+/// The `prefix-client` binary of this build profile, brought up to date
+/// first (a test of this package alone would otherwise find a stale one).
+fn client_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let mut build = Command::new(env!("CARGO"));
+            build.args([
+                "build",
+                "-q",
+                "-p",
+                "prefix-client",
+                "--bin",
+                "prefix-client",
+            ]);
+            if !cfg!(debug_assertions) {
+                build.arg("--release");
+            }
+            let status = build
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .unwrap();
+            assert!(status.success(), "building prefix-client failed");
+            // target/<profile>/deps/<this test> → target/<profile>/prefix-client
+            let exe = std::env::current_exe().unwrap();
+            exe.parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("prefix-client")
+        })
+        .clone()
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `prefix-client` against `server` with `tls` (CA, then an optional
+/// certificate and key) and `args`.
+async fn run(addr: std::net::SocketAddr, tls: &[&Path], args: &[&str]) -> Run {
+    let mut cmd = Command::new(client_bin());
+    cmd.args(["--server", &addr.to_string()]);
+    cmd.arg("--ca").arg(tls[0]);
+    if let [_, cert, key] = tls {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    cmd.args(args);
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+/// The JSON answer of a failed op: `{"ok":false,"error":...}`, exit code 1.
+fn refused(r: &Run) -> String {
+    assert_eq!(r.code, 1, "stdout {:?} stderr {:?}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "no JSON answer on stdout ({e}): {:?} / {:?}",
+            r.stdout, r.stderr
+        )
+    });
+    assert_eq!(v["ok"], false);
+    v["error"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_ops_print_their_reason() {
+    let server = common::start(|_| {}).await;
+    let ca = [server.ca.as_path()];
+    let ok = run(
+        server.addr,
+        &ca,
+        &["insert", "--model", "m", "--hashes", "1,2", "--pod", "p"],
+    )
+    .await;
+    assert_eq!((ok.code, ok.stdout.trim()), (0, r#"{"ok":true}"#));
+
+    let empty = run(
+        server.addr,
+        &ca,
+        &["insert", "--model", "", "--hashes", "1", "--pod", "p"],
+    )
+    .await;
+    let why = refused(&empty);
+    assert!(why.contains("name of 0 bytes"), "{why}");
+
+    let hashes: Vec<String> = (0..3000).map(|h| h.to_string()).collect();
+    let long = run(
+        server.addr,
+        &ca,
+        &["lookup", "--model", "m", "--hashes", &hashes.join(",")],
+    )
+    .await;
+    let why = refused(&long);
+    assert!(
+        why.contains("key of 3000 blocks exceeds max_key_blocks = 2048"),
+        "{why}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_under_mutual_tls_print_their_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("gateways");
+    let ca_path = ca.write(dir.path(), "clients-ca.pem");
+    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
+    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
+    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
+    let foreign = Ca::new("somebody else");
+    let (alien_cert, alien_key) = foreign.client(dir.path(), "gw-alien");
+    let server = common::start(|cfg| {
+        cfg.client_ca = Some(ca_path.clone());
+        cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
+        cfg.roles.writers = vec!["cn:gw-writer".parse().unwrap()];
+    })
+    .await;
+    let srv = server.ca.as_path();
+    let insert = ["insert", "--model", "m", "--hashes", "1", "--pod", "p"];
+    let lookup = ["lookup", "--model", "m", "--hashes", "1"];
+
+    let ok = run(server.addr, &[srv, &rw_cert, &rw_key], &insert).await;
+    assert_eq!(ok.code, 0, "{} {}", ok.stdout, ok.stderr);
+
+    let why = refused(&run(server.addr, &[srv, &ro_cert, &ro_key], &insert).await);
+    assert!(
+        why.contains("server error 12") && why.contains("reader"),
+        "{why}"
+    );
+
+    let why = refused(&run(server.addr, &[srv, &other_cert, &other_key], &lookup).await);
+    assert!(
+        why.contains("CN=gw-unlisted") && why.contains("has no role"),
+        "{why}"
+    );
+
+    // Neither reaches an answer: the server refuses the handshake.
+    for (what, tls) in [
+        (
+            "a certificate of another CA",
+            vec![srv, alien_cert.as_path(), alien_key.as_path()],
+        ),
+        ("no certificate", vec![srv]),
+    ] {
+        let r = run(server.addr, &tls, &lookup).await;
+        assert_ne!(r.code, 0, "{what}");
+        let said = format!("{}{}", r.stdout, r.stderr);
+        eprintln!("{what}: {said:?}");
+        assert!(said.contains("certificate"), "{what}: {said:?}");
+    }
+    server.shutdown().await;
+}
+
+/// The openssl recipe of `docs/operations.md`, run as written: its
+/// certificates serve mutual TLS with a writer and a reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_openssl_recipe_makes_working_certificates() {
+    let doc = include_str!("../../docs/operations.md");
+    let recipe = doc
+        .split("<!-- recipe: mutual-tls -->\n```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the recipe in docs/operations.md");
+    let dir = tempfile::tempdir().unwrap();
+    let script = recipe.to_string();
+    let cwd = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .args(["-euc", &script])
+            .current_dir(cwd)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = |name: &str| dir.path().join(name);
+    let server = common::start(|cfg| {
+        cfg.tls = prefix_server::config::CertSource::Files {
+            cert: p("server.pem"),
+            key: p("server.key"),
+        };
+        cfg.client_ca = Some(p("ca.pem"));
+        cfg.roles.writers = vec!["cn:epp-writer".parse().unwrap()];
+        cfg.roles.readers = vec!["cn:dashboard".parse().unwrap()];
+    })
+    .await;
+    let (ca, w, wk, r, rk) = (
+        p("ca.pem"),
+        p("epp-writer.pem"),
+        p("epp-writer.key"),
+        p("dashboard.pem"),
+        p("dashboard.key"),
+    );
+    let insert = [
+        "insert", "--model", "m", "--hashes", "1,2", "--pod", "pod-a",
+    ];
+    let ok = run(server.addr, &[&ca, &w, &wk], &insert).await;
+    assert_eq!(
+        (ok.code, ok.stdout.trim()),
+        (0, r#"{"ok":true}"#),
+        "{}",
+        ok.stderr
+    );
+    let found = run(
+        server.addr,
+        &[&ca, &r, &rk],
+        &["lookup", "--model", "m", "--hashes", "1,2"],
+    )
+    .await;
+    assert_eq!(found.code, 0, "{}", found.stderr);
+    assert!(
+        found.stdout.contains(r#""pod":"pod-a","blocks":2"#),
+        "{}",
+        found.stdout
+    );
+    let why = refused(&run(server.addr, &[&ca, &r, &rk], &insert).await);
+    assert!(why.contains("reader"), "{why}");
+    server.shutdown().await;
+}
