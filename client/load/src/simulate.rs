@@ -319,12 +319,19 @@ pub async fn simulate(
 }
 
 /// Draws hit ratio against gateways, one line per policy, with the upper
-/// bound, as SVG.
+/// bound, as SVG: ticks at the simulated gateway counts, and the legend in
+/// a band above the bound, where no line goes.
 pub fn plot(results: &[SimResult], bound: f64, path: &std::path::Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
     root.fill(&WHITE)?;
-    let max_g = results.iter().map(|r| r.gateways).max().unwrap_or(8) as f64;
+    let mut counts: Vec<usize> = results.iter().map(|r| r.gateways).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let max_g = counts.last().copied().unwrap_or(8) as f64;
+    // Every line is at or under the bound; the top 40% of the height holds
+    // the legend (five entries) clear of them.
+    let top = (bound / 0.6).max(0.05);
     let mut chart = ChartBuilder::on(&root)
         .caption(
             "Block hit ratio vs gateway replicas (Mooncake trace)",
@@ -333,12 +340,24 @@ pub fn plot(results: &[SimResult], bound: f64, path: &std::path::Path) -> anyhow
         .margin(12)
         .x_label_area_size(36)
         .y_label_area_size(48)
-        .build_cartesian_2d(0.5f64..max_g + 0.5, 0f64..(bound * 1.15).max(0.05))?;
+        .build_cartesian_2d(0.5f64..max_g + 0.5, 0f64..top)?;
+    // The x axis gets its ticks and labels below, at the simulated counts
+    // only: plotters would place them at round fractions.
     chart
         .configure_mesh()
         .x_desc("gateway replicas")
         .y_desc("block hit ratio")
+        .x_labels(0)
+        .disable_x_mesh()
         .draw()?;
+    let font = ("sans-serif", 13).into_font().color(&BLACK);
+    for &g in &counts {
+        let (px, py) = chart.backend_coord(&(g as f64, 0.0));
+        root.draw(&PathElement::new(vec![(px, py), (px, py + 5)], BLACK))?;
+        let label = g.to_string();
+        let (w, _) = root.estimate_text_size(&label, &font)?;
+        root.draw(&Text::new(label, (px - w as i32 / 2, py + 8), font.clone()))?;
+    }
     chart
         .draw_series(LineSeries::new(
             [(0.5, bound), (max_g + 0.5, bound)],
@@ -363,8 +382,8 @@ pub fn plot(results: &[SimResult], bound: f64, path: &std::path::Path) -> anyhow
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerLeft)
-        .background_style(WHITE.mix(0.8))
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE)
         .border_style(BLACK)
         .draw()?;
     root.present()?;
@@ -380,6 +399,95 @@ mod tests {
             at_ms: 0,
             key: key.to_vec(),
             session: 0,
+        }
+    }
+
+    /// The plot's x axis is labelled at the simulated gateway counts only,
+    /// and its legend box covers no line.
+    #[test]
+    fn the_plot_has_integer_ticks_and_a_legend_clear_of_the_lines() {
+        let bound = 0.366;
+        let results: Vec<SimResult> = [1usize, 2, 4, 8]
+            .iter()
+            .flat_map(|&gateways| {
+                Policy::ALL
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, &policy)| SimResult {
+                        gateways,
+                        policy,
+                        hit_ratio: bound * (1.0 - 0.1 * i as f64) / (1.0 + 0.01 * gateways as f64),
+                        imbalance: 1.0,
+                    })
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sim.svg");
+        plot(&results, bound, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let texts: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| Some(t.split('>').nth(1)?.split('<').next()?.trim()))
+            .collect();
+        for tick in ["1", "2", "4", "8"] {
+            assert!(texts.contains(&tick), "no tick {tick} in {texts:?}");
+        }
+        for t in &texts {
+            assert!(
+                !matches!(*t, "1.0" | "1.5" | "2.5" | "3" | "5" | "6" | "7"),
+                "tick {t}"
+            );
+        }
+        // The legend box: the one rectangle with a black border.
+        let legend = svg
+            .split("<rect")
+            .skip(1)
+            .find(|r| r.contains("stroke=\"#000000\""))
+            .expect("a legend box");
+        let attr = |name: &str| -> f64 {
+            legend
+                .split(&format!(" {name}=\""))
+                .nth(1)
+                .and_then(|v| v.split('"').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{name} of {legend}"))
+        };
+        let (x0, y0) = (attr("x"), attr("y"));
+        let (x1, y1) = (x0 + attr("width"), y0 + attr("height"));
+        // Every drawn line's points lie outside the box (the legend's own
+        // sample strokes are inside it, so only the data lines are checked:
+        // polylines with more than two points, and the bound's line).
+        for line in svg.split("<polyline").skip(1) {
+            let points = line
+                .split("points=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            let pts: Vec<(f64, f64)> = points
+                .split_whitespace()
+                .filter_map(|p| {
+                    let (x, y) = p.split_once(',')?;
+                    Some((x.parse().ok()?, y.parse().ok()?))
+                })
+                .collect();
+            let inside_legend = pts
+                .iter()
+                .all(|&(x, y)| x >= x0 && x <= x1 && y >= y0 && y <= y1);
+            if inside_legend {
+                continue; // a legend sample
+            }
+            for w in pts.windows(2) {
+                let (ya, yb) = (w[0].1.min(w[1].1), w[0].1.max(w[1].1));
+                let (xa, xb) = (w[0].0.min(w[1].0), w[0].0.max(w[1].0));
+                let crosses = xa <= x1 && xb >= x0 && ya <= y1 && yb >= y0;
+                assert!(
+                    !crosses,
+                    "a line {w:?} runs through the legend {x0},{y0}..{x1},{y1}"
+                );
+            }
         }
     }
 
