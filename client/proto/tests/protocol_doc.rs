@@ -80,6 +80,96 @@ fn the_documented_vectors_are_the_codecs_bytes() {
     assert!(refused.is_none(), "a refused request without its answer");
 }
 
+/// The messages the vectors' prose describes, in the doc's order, encoded
+/// by the codec: the vectors must be exactly these bytes.
+#[test]
+fn the_documented_vectors_are_the_messages_they_describe() {
+    use prefix_proto::{Op, PodBlocks, Reply, Request, WireStats};
+    let req = |id, r: Request| {
+        let mut b = Vec::new();
+        encode_request(id, &r, &mut b);
+        b
+    };
+    let resp = |id, r: Response| {
+        let mut b = Vec::new();
+        encode_response(id, &r, &mut b);
+        b
+    };
+    let mut stray = req(5, Request::One(Op::Ping));
+    stray.push(0);
+    stray[4] = 3;
+    let expected = vec![
+        req(
+            7,
+            Request::One(Op::Lookup {
+                model: "m".into(),
+                key: vec![1, 300],
+                candidates: None,
+            }),
+        ),
+        req(1, Request::One(Op::Ping)),
+        resp(1, Response::One(Reply::Pong)),
+        req(
+            2,
+            Request::One(Op::Lookup {
+                model: "m1".into(),
+                key: vec![0x2ddd_cef0_7d26_ee8c, 300],
+                candidates: Some(vec!["pod-a".into(), "pod-b".into()]),
+            }),
+        ),
+        resp(
+            2,
+            Response::One(Reply::Lookup {
+                key_blocks: 2,
+                matches: vec![
+                    PodBlocks {
+                        pod: "pod-b".into(),
+                        blocks: 2,
+                    },
+                    PodBlocks {
+                        pod: "pod-a".into(),
+                        blocks: 1,
+                    },
+                ],
+            }),
+        ),
+        req(
+            3,
+            Request::Batch(vec![
+                Op::Insert {
+                    model: "m1".into(),
+                    key: vec![1, 2],
+                    pod: "pod-a".into(),
+                },
+                Op::RemovePod {
+                    pod: "pod-z".into(),
+                },
+            ]),
+        ),
+        resp(3, Response::Batch(vec![Reply::Done, Reply::Removed(false)])),
+        resp(
+            4,
+            Response::One(Reply::Stats(WireStats {
+                models: 1,
+                pods: 2,
+                nodes: 3,
+                tree_blocks: 300,
+                entries: 70_000,
+                bytes: 5_000_000_000,
+            })),
+        ),
+        stray,
+        resp(
+            5,
+            Response::One(Reply::Error {
+                code: 1,
+                message: "malformed payload: 1 bytes left over".into(),
+            }),
+        ),
+    ];
+    assert_eq!(frames(), expected);
+}
+
 #[test]
 fn the_documented_answer_to_a_cut_header_is_the_readers() {
     let mut reader = FrameReader::new(Kind::Request, 1 << 20);
