@@ -1,50 +1,21 @@
 //! The public face: models, pods, readers, writers and the sweep.
 
 use std::collections::HashMap;
-use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Arc;
 
-use crossbeam_epoch::{Collector, Guard, LocalHandle};
-use parking_lot::Mutex;
 use smallvec::SmallVec;
-use thread_local::ThreadLocal;
 
 use crate::config::IndexConfig;
 use crate::error::{InsertError, PodError};
-use crate::pods::{PodId, Pods, SendBox};
-use crate::reclaim::Reclaimer;
+use crate::pods::PodId;
+use crate::reclaim::{Pin, Published};
+use crate::shared::Shared;
 use crate::stats::{Counters, Stats};
 use crate::sweep::{SweepReport, Sweeper};
+use crate::sync::Mutex;
 use crate::tree::{Match, Tree};
 
-/// State shared by every tree of one index.
-pub(crate) struct Shared {
-    pub(crate) cfg: IndexConfig,
-    pub(crate) ttl_ms: u64,
-    /// Seed of the child tables' slot hash (random per index).
-    pub(crate) seed: u64,
-    pub(crate) pods: Pods,
-    pub(crate) counters: Counters,
-    pub(crate) rec: Reclaimer,
-}
-
-impl Shared {
-    /// The entry count the global eviction aims for.
-    pub(crate) fn global_target(&self) -> u64 {
-        (self.cfg.max_blocks as f64 * self.cfg.evict_to.clamp(0.0, 1.0)) as u64
-    }
-}
-
 pub(crate) type ModelMap = HashMap<Box<str>, Arc<Tree>, ahash::RandomState>;
-
-/// A `LocalHandle` of our private collector, kept per thread.
-struct Handle(LocalHandle);
-
-// SAFETY: a handle is used only by the thread that registered it (through
-// `ThreadLocal::get_or`); it crosses threads only when the index is dropped,
-// which needs `&mut Index`, so no thread is pinned through it at that time.
-unsafe impl Send for Handle {}
 
 /// A shared prefix index: one radix tree per model over block-hash keys, with
 /// several pods per node, TTLs, capacities and a bounded sweep.
@@ -55,11 +26,9 @@ unsafe impl Send for Handle {}
 /// server uses Unix-epoch milliseconds, so snapshots keep their ages).
 pub struct Index {
     pub(crate) sh: Shared,
-    models: AtomicPtr<ModelMap>,
+    models: Published<ModelMap>,
     model_writer: Mutex<()>,
     sweeper: Mutex<Sweeper>,
-    collector: ManuallyDrop<Collector>,
-    handles: ThreadLocal<Handle>,
 }
 
 /// The answer to a lookup.
@@ -76,28 +45,17 @@ pub struct Lookup {
 /// across an `.await`.
 pub struct Reader<'a> {
     index: &'a Index,
-    guard: Guard,
+    pin: Pin,
 }
 
 impl Index {
     /// An empty index.
     pub fn new(cfg: IndexConfig) -> Self {
-        let seed = ahash::RandomState::new().hash_one(0x5eed_u64);
-        let sh = Shared {
-            ttl_ms: cfg.ttl_ms(),
-            seed,
-            pods: Pods::new(cfg.max_pods, cfg.pod_capacity),
-            counters: Counters::default(),
-            rec: Reclaimer::default(),
-            cfg,
-        };
         Index {
-            sh,
-            models: AtomicPtr::new(Box::into_raw(Box::default())),
+            sh: Shared::new(cfg),
+            models: Published::new(Box::default()),
             model_writer: Mutex::new(()),
             sweeper: Mutex::new(Sweeper::default()),
-            collector: ManuallyDrop::new(Collector::new()),
-            handles: ThreadLocal::new(),
         }
     }
 
@@ -106,30 +64,25 @@ impl Index {
         &self.sh.cfg
     }
 
-    pub(crate) fn pin(&self) -> Guard {
-        self.handles
-            .get_or(|| Handle(self.collector.register()))
-            .0
-            .pin()
+    /// Pins the calling thread to this index's collector.
+    pub(crate) fn pin(&self) -> Pin {
+        self.sh.epoch.pin()
     }
 
     /// A pinned reader for lookups.
     pub fn reader(&self) -> Reader<'_> {
         Reader {
             index: self,
-            guard: self.pin(),
+            pin: self.pin(),
         }
     }
 
-    pub(crate) fn models<'g>(&self, _guard: &'g Guard) -> &'g ModelMap {
-        // Acquire: pairs with the Release swap that published the map.
-        let map = self.models.load(Ordering::Acquire);
-        // SAFETY: maps are retired through the epoch; never null.
-        unsafe { &*map }
+    pub(crate) fn models<'g>(&'g self, pin: &'g Pin) -> &'g ModelMap {
+        self.models.get(pin)
     }
 
-    fn tree_or_create<'g>(&self, model: &str, guard: &'g Guard) -> Result<&'g Tree, InsertError> {
-        if let Some(t) = self.models(guard).get(model) {
+    fn tree_or_create<'g>(&'g self, model: &str, pin: &'g Pin) -> Result<&'g Tree, InsertError> {
+        if let Some(t) = self.models(pin).get(model) {
             return Ok(t);
         }
         let max = self.sh.cfg.max_name_len;
@@ -140,7 +93,7 @@ impl Index {
             });
         }
         let _w = self.model_writer.lock();
-        let current = self.models(guard);
+        let current = self.models(pin);
         if let Some(t) = current.get(model) {
             return Ok(t);
         }
@@ -151,19 +104,11 @@ impl Index {
         }
         let mut next = current.clone();
         next.insert(model.into(), Arc::new(Tree::new()));
-        let next = Box::into_raw(Box::new(next));
-        // AcqRel: Release publishes the new map; Acquire owns the old one.
-        let old = self.models.swap(next, Ordering::AcqRel);
-        self.sh.rec.retire(guard, SendBox(old), |m| {
-            // Its trees live on in the new map (shared `Arc`s).
-            // SAFETY: the old map is unpublished and a grace period has passed.
-            drop(unsafe { Box::from_raw(m.0) });
-            0
-        });
-        // SAFETY: the new map is published and retired only through the epoch.
-        let map = unsafe { &*next };
-        // Cannot panic: we inserted `model` into this map under the writer lock.
-        Ok(&map[model])
+        // The old map's trees live on in the new one (shared `Arc`s).
+        self.models.replace(Box::new(next), &self.sh.epoch, pin);
+        // Cannot panic: we inserted `model` into the map we just published,
+        // and only holders of the writer lock (which we hold) replace it.
+        Ok(&self.models(pin)[model])
     }
 
     fn cut<'k>(&self, key: &'k [u64]) -> &'k [u64] {
@@ -178,13 +123,13 @@ impl Index {
         if key.is_empty() {
             return Ok(());
         }
-        let guard = self.pin();
-        let tree = self.tree_or_create(model, &guard)?;
+        let pin = self.pin();
+        let tree = self.tree_or_create(model, &pin)?;
         let id = self
             .sh
             .pods
-            .intern(pod, self.sh.cfg.max_name_len, &self.sh.rec, &guard)?;
-        tree.insert(&self.sh, key, id.0, now, &guard)
+            .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
+        tree.insert(&self.sh, key, id.0, now, &pin)
     }
 
     /// Convenience: one lookup, answered with owned pod names.
@@ -206,46 +151,46 @@ impl Index {
     /// Removes a pod: it vanishes from every lookup at once; the sweep frees its
     /// entries. Returns whether it existed.
     pub fn remove_pod(&self, pod: &str) -> bool {
-        let guard = self.pin();
-        self.sh.pods.remove(pod, &self.sh.rec, &guard)
+        let pin = self.pin();
+        self.sh.pods.remove(pod, &self.sh.epoch, &pin)
     }
 
     /// Sets a pod's capacity in blocks (creating the pod if needed). The sweep
     /// evicts its least recently used blocks past it.
     pub fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), PodError> {
-        let guard = self.pin();
+        let pin = self.pin();
         let id = self
             .sh
             .pods
-            .intern(pod, self.sh.cfg.max_name_len, &self.sh.rec, &guard)?;
+            .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
         self.sh.pods.set_capacity(id, blocks);
         Ok(())
     }
 
     /// Blocks currently stored for a pod (0 if unknown).
     pub fn pod_blocks(&self, pod: &str) -> u64 {
-        let guard = self.pin();
+        let pin = self.pin();
         self.sh
             .pods
-            .id(pod, &guard)
+            .id(pod, &pin)
             .map_or(0, |id| self.sh.pods.blocks(id.0))
     }
 
     /// Sizes and sweep totals.
     pub fn stats(&self) -> Stats {
-        let guard = self.pin();
+        let pin = self.pin();
         let c = &self.sh.counters;
         Stats {
-            models: self.models(&guard).len() as u64,
-            pods: self.sh.pods.live_count(&guard) as u64,
+            models: self.models(&pin).len() as u64,
+            pods: self.sh.pods.live_count(&pin) as u64,
             nodes: Counters::get(&c.nodes),
             tree_blocks: Counters::get(&c.tree_blocks),
             entries: Counters::get(&c.entries),
             bytes: Counters::get(&c.bytes),
-            sweep_passes: c.sweep_passes.load(Ordering::Relaxed),
-            expired: c.expired.load(Ordering::Relaxed),
-            evicted: c.evicted.load(Ordering::Relaxed),
-            purged: c.purged.load(Ordering::Relaxed),
+            sweep_passes: Counters::total(&c.sweep_passes),
+            expired: Counters::total(&c.expired),
+            evicted: Counters::total(&c.evicted),
+            purged: Counters::total(&c.purged),
         }
     }
 
@@ -255,17 +200,17 @@ impl Index {
     pub fn sweep(&self, now: u64, budget: usize) -> SweepReport {
         let mut sweeper = self.sweeper.lock();
         let mut report = {
-            let guard = self.pin();
+            let pin = self.pin();
             let trees = || {
-                let g = self.pin();
-                self.models(&g).values().cloned().collect()
+                let pin = self.pin();
+                self.models(&pin).values().cloned().collect()
             };
-            sweeper.sweep(&self.sh, trees, now, budget, &guard)
+            sweeper.sweep(&self.sh, trees, now, budget, &pin)
         };
         let c = &self.sh.counters;
-        c.expired.fetch_add(report.expired, Ordering::Relaxed);
-        c.evicted.fetch_add(report.evicted, Ordering::Relaxed);
-        c.purged.fetch_add(report.purged, Ordering::Relaxed);
+        Counters::bump(&c.expired, report.expired);
+        Counters::bump(&c.evicted, report.evicted);
+        Counters::bump(&c.purged, report.purged);
         report.reclaimed_bytes = self.reclaim() as u64;
         report
     }
@@ -293,7 +238,7 @@ impl Index {
         let (mut bytes, mut idle) = (0, 0);
         for _ in 0..100_000 {
             self.pin().flush();
-            match self.sh.rec.reclaim() {
+            match self.sh.epoch.reclaim_ready() {
                 (0, _) => idle += 1,
                 (_, n) => {
                     bytes += n;
@@ -306,21 +251,6 @@ impl Index {
         }
         Counters::add(&self.sh.counters.bytes, -(bytes as i64));
         bytes
-    }
-}
-
-impl Drop for Index {
-    fn drop(&mut self) {
-        // Unregister every thread's handle, then drop the collector: that runs
-        // every deferred function, which queues the retired objects.
-        self.handles.clear();
-        // SAFETY: dropped exactly once, here; nothing uses it afterwards.
-        unsafe { ManuallyDrop::drop(&mut self.collector) };
-        let _ = self.sh.rec.reclaim();
-        let map = *self.models.get_mut();
-        // Dropping the map drops the trees, which free their nodes.
-        // SAFETY: exclusive access; the map came from Box::into_raw.
-        drop(unsafe { Box::from_raw(map) });
     }
 }
 
@@ -357,13 +287,13 @@ impl Reader<'_> {
         let key = index.cut(key);
         // `max_key_blocks` is far below 2^32 in any sane config; saturate anyway.
         let key_blocks = u32::try_from(key.len()).unwrap_or(u32::MAX);
-        let Some(tree) = index.models(&self.guard).get(model) else {
+        let Some(tree) = index.models(&self.pin).get(model) else {
             return key_blocks;
         };
         let ids: Option<SmallVec<[u32; 16]>> = candidates.map(|names| {
             let mut ids: SmallVec<[u32; 16]> = names
                 .iter()
-                .filter_map(|n| index.sh.pods.id(n, &self.guard))
+                .filter_map(|n| index.sh.pods.id(n, &self.pin))
                 .map(PodId::get)
                 .collect();
             // Sorted and without repeats: the tree counts them and searches them.
@@ -371,12 +301,12 @@ impl Reader<'_> {
             ids.dedup();
             ids
         });
-        tree.lookup(&index.sh, key, ids.as_deref(), now, &self.guard, out);
+        tree.lookup(&index.sh, key, ids.as_deref(), now, &self.pin, out);
         key_blocks
     }
 
     /// The name of a pod id from a lookup made through this reader.
     pub fn pod_name(&self, pod: PodId) -> Option<&str> {
-        self.index.sh.pods.name(pod, &self.guard)
+        self.index.sh.pods.name(pod, &self.pin)
     }
 }

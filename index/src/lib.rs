@@ -73,10 +73,26 @@
 //! **Node states**: live (reachable) → sealed (being replaced or unlinked,
 //! immutable) → retired (unlinked, waiting for a grace period) → freed.
 //!
-//! **Reclamation**: unlinked nodes, old child tables, old name maps are retired
-//! through the collector. Its deferred functions only queue the object; the
-//! maintenance thread frees the queue in [`Index::sweep`] / [`Index::reclaim`],
-//! so a reader that happens to collect never pays for freeing a subtree.
+//! **Reclamation**: unlinked nodes, old child tables, old model and name maps,
+//! rank tables and pod names are retired through the collector, by one
+//! function (`Epoch::retire`). Its deferred functions only queue the object;
+//! the maintenance thread frees the queue in [`Index::sweep`] /
+//! [`Index::reclaim`], so a reader that happens to collect never pays for
+//! freeing a subtree. A removed pod's id is reused only after two grace
+//! periods (see the `pods` module).
+//!
+//! **In the code**, that protocol is carried by types. Every walk and every
+//! change of the tree goes through a `NodeRef<'g>`: a node reference whose
+//! lifetime is a pin of the index's collector (in the manner of
+//! crossbeam-epoch's `Shared<'g, T>`), so whatever it reaches stays
+//! allocated for `'g`; writers change a child table only through a lock
+//! guard that proves the node is locked and not sealed. One walker serves
+//! lookups (along a key), the sweep (post-order, resumable across pins) and
+//! snapshots (pre-order). Raw pointers and `unsafe` stay in the small
+//! building blocks below that (child tables, pod slots, nodes, node
+//! references, reclamation, the pod registry), and every atomic, lock and
+//! the collector come through one module, so loom models (`loom_tests.rs`)
+//! check the slot, child-table and pod-id protocols as compiled.
 //!
 //! # Semantics
 //!
@@ -94,14 +110,17 @@ pub mod config;
 pub mod error;
 mod index;
 mod node;
+mod node_ref;
 mod pods;
 mod reclaim;
+mod shared;
 mod slots;
 pub mod snapshot;
 mod stats;
 pub mod sweep;
 mod sync;
 mod tree;
+mod walk;
 
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -3,22 +3,21 @@
 //! Ids index a fixed array sized by `max_pods`, so per-pod counters never move
 //! and readers reach them with one load. The name→id map is a small hash map
 //! replaced copy-on-write under `writer` (pods are added and removed at control
-//! plane rate, not per request) and read lock-free under an epoch guard.
+//! plane rate, not per request) and read lock-free under a pin.
 //!
 //! A removed pod's id is **dead**: entries that carry it are invisible at once
 //! and the sweep frees them. The id is reused only when (1) every insert that
 //! could still write it has finished (an epoch grace period after the removal),
 //! (2) the sweep has freed all its blocks, and (3) a second grace period has let
-//! go every reader that could still see an old copy of its entries.
+//! go every reader that could still see an old copy of its entries. The loom
+//! models in `loom_tests.rs` run `recycle` with an insert in flight and with
+//! such a reader, and fail if either grace period is skipped.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-use crossbeam_epoch::Guard;
-use parking_lot::Mutex;
-
 use crate::error::PodError;
-use crate::reclaim::Reclaimer;
+use crate::reclaim::{free_uncounted, Epoch, Pin, Published, Unlinked};
+use crate::sync::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Mutex, Ordering};
 
 /// A pod's dense id inside one [`crate::Index`]. Ids of removed pods are reused,
 /// so an id is only meaningful next to the index that gave it.
@@ -71,10 +70,10 @@ struct Dead {
 /// The pod registry of one index.
 pub(crate) struct Pods {
     slots: Box<[Slot]>,
-    names: AtomicPtr<NameMap>,
+    names: Published<NameMap>,
     /// Ids in name order and back, rebuilt copy-on-write when a pod is added,
     /// so lookups order pods by name without comparing strings.
-    ranks: AtomicPtr<Ranks>,
+    ranks: Published<Ranks>,
     writer: Mutex<Writer>,
     default_capacity: AtomicU64,
 }
@@ -91,8 +90,8 @@ impl Pods {
                     capacity: AtomicU64::new(default_capacity),
                 })
                 .collect(),
-            names: AtomicPtr::new(Box::into_raw(Box::default())),
-            ranks: AtomicPtr::new(Box::into_raw(Box::default())),
+            names: Published::new(Box::default()),
+            ranks: Published::new(Box::default()),
             writer: Mutex::new(Writer {
                 free: Vec::new(),
                 next: 0,
@@ -102,17 +101,13 @@ impl Pods {
         }
     }
 
-    fn map<'g>(&self, _guard: &'g Guard) -> &'g NameMap {
-        // Acquire: pairs with the Release store that published the map.
-        let map = self.names.load(Ordering::Acquire);
-        // Maps are retired through the epoch after being replaced; never null.
-        // SAFETY: the guard keeps this one alive.
-        unsafe { &*map }
+    fn map<'g>(&'g self, pin: &'g Pin) -> &'g NameMap {
+        self.names.get(pin)
     }
 
     /// The live id of `name`, if any. Lock-free.
-    pub(crate) fn id(&self, name: &str, guard: &Guard) -> Option<PodId> {
-        self.map(guard).get(name).map(|&i| PodId(i))
+    pub(crate) fn id(&self, name: &str, pin: &Pin) -> Option<PodId> {
+        self.map(pin).get(name).map(|&i| PodId(i))
     }
 
     /// The id of `name`, interning it if new.
@@ -120,10 +115,10 @@ impl Pods {
         &self,
         name: &str,
         max_name_len: usize,
-        rec: &Reclaimer,
-        guard: &Guard,
+        epoch: &Epoch,
+        pin: &Pin,
     ) -> Result<PodId, PodError> {
-        if let Some(id) = self.id(name, guard) {
+        if let Some(id) = self.id(name, pin) {
             return Ok(id);
         }
         if name.is_empty() || name.len() > max_name_len {
@@ -133,7 +128,7 @@ impl Pods {
             });
         }
         let mut w = self.writer.lock();
-        if let Some(id) = self.id(name, guard) {
+        if let Some(id) = self.id(name, pin) {
             return Ok(id);
         }
         let id = match w.free.pop() {
@@ -150,45 +145,51 @@ impl Pods {
         };
         let slot = &self.slots[id as usize];
         let fresh = Box::into_raw(Box::new(Name { text: name.into() }));
-        // Release: readers that see the LIVE state below (Acquire) see the name.
+        // Release: pairs with the Acquire load in `name`, so a reader that
+        // sees the new pointer sees the text. The old pointer was stored
+        // under `writer`, which we hold, so reading it needs no Acquire.
         let old = slot.name.swap(fresh, Ordering::Release);
         if !old.is_null() {
-            rec.retire(guard, SendBox(old), |b| {
-                // SAFETY: `old` came from Box::into_raw and was unpublished above.
-                drop(unsafe { Box::from_raw(b.0) });
-                0
-            });
+            // SAFETY: `old` came from `Box::into_raw` above (an earlier
+            // intern of this id); the swap removed its one link, and only
+            // this swap (under `writer`) saw it.
+            let old = unsafe { Unlinked::new(old) };
+            epoch.retire(pin, old, free_uncounted);
         }
+        // Relaxed: pairs with nothing itself; ordered before the Release
+        // store of LIVE below, which readers' Acquire loads pair with.
         slot.blocks.store(0, Ordering::Relaxed);
-        // Relaxed: ordered before publication by the Release stores below.
+        // Relaxed (both): pairs with nothing itself; ordered before the
+        // Release store of LIVE below; the default is a setting.
         slot.capacity.store(
             self.default_capacity.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        // Release: pairs with readers' Acquire load of the state.
+        // Release: pairs with the Acquire load in `is_live`.
         slot.state.store(LIVE, Ordering::Release);
         // Ranked before named: whoever finds the id through the name map
         // (an insert of the same name on the lock-free path, a lookup's
         // candidates) can only then write or ask for it, and every rank table
         // loaded after that ranks it. A lookup may thus treat a pod missing
         // from its table as added concurrently (see `Tree::lookup`).
-        self.rank(w.next, guard, rec);
+        self.rank(w.next, epoch, pin);
         self.publish(
             |m| {
                 m.insert(name.into(), id);
             },
-            rec,
-            guard,
+            epoch,
+            pin,
         );
         Ok(PodId(id))
     }
 
     /// Rebuilds the rank table over ids `0..next`. Called under `writer`.
-    fn rank(&self, next: u32, guard: &Guard, rec: &Reclaimer) {
+    fn rank(&self, next: u32, epoch: &Epoch, pin: &Pin) {
         let mut order: Vec<(&str, u32)> = (0..next)
-            // Relaxed: we hold `writer`, under which every state change happens.
+            // Relaxed: pairs with nothing; we hold `writer`, under which every
+            // state change happens.
             .filter(|&id| self.slots[id as usize].state.load(Ordering::Relaxed) == LIVE)
-            .filter_map(|id| Some((self.name(PodId(id), guard)?, id)))
+            .filter_map(|id| Some((self.name(PodId(id), pin)?, id)))
             .collect();
         order.sort_unstable();
         let mut ranks = Ranks {
@@ -200,59 +201,41 @@ impl Pods {
             ranks.rank[id as usize] = rank as u32;
             ranks.by_rank.push(id);
         }
-        // AcqRel: Release publishes the table; Acquire owns the old one.
-        let old = self
-            .ranks
-            .swap(Box::into_raw(Box::new(ranks)), Ordering::AcqRel);
-        rec.retire(guard, SendBox(old), |b| {
-            // SAFETY: the old table came from Box::into_raw and is unpublished.
-            drop(unsafe { Box::from_raw(b.0) });
-            0
-        });
+        self.ranks.replace(Box::new(ranks), epoch, pin);
     }
 
     /// The current rank table.
     #[inline]
-    pub(crate) fn ranks<'g>(&self, _guard: &'g Guard) -> &'g Ranks {
-        // Acquire: pairs with the Release swap in `rank`.
-        let ranks = self.ranks.load(Ordering::Acquire);
-        // SAFETY: retired through the epoch; the guard keeps it; never null.
-        unsafe { &*ranks }
+    pub(crate) fn ranks<'g>(&'g self, pin: &'g Pin) -> &'g Ranks {
+        self.ranks.get(pin)
     }
 
     /// Replaces the name map with an edited copy. Called under `writer`.
-    fn publish(&self, edit: impl FnOnce(&mut NameMap), rec: &Reclaimer, guard: &Guard) {
-        let mut next = self.map(guard).clone();
+    fn publish(&self, edit: impl FnOnce(&mut NameMap), epoch: &Epoch, pin: &Pin) {
+        let mut next = self.map(pin).clone();
         edit(&mut next);
-        // AcqRel: Release publishes the new map; Acquire takes ownership of the old.
-        let old = self
-            .names
-            .swap(Box::into_raw(Box::new(next)), Ordering::AcqRel);
-        rec.retire(guard, SendBox(old), |b| {
-            // SAFETY: the old map came from Box::into_raw and is unpublished.
-            drop(unsafe { Box::from_raw(b.0) });
-            0
-        });
+        self.names.replace(Box::new(next), epoch, pin);
     }
 
     /// Marks `name` removed: its entries vanish from lookups at once.
-    pub(crate) fn remove(&self, name: &str, rec: &Reclaimer, guard: &Guard) -> bool {
+    pub(crate) fn remove(&self, name: &str, epoch: &Epoch, pin: &Pin) -> bool {
         let mut w = self.writer.lock();
-        let Some(PodId(id)) = self.id(name, guard) else {
+        let Some(PodId(id)) = self.id(name, pin) else {
             return false;
         };
-        // Release: a reader that sees DEAD stops counting this pod's entries.
+        // Release: pairs with the Acquire load in `is_live`; a reader that
+        // sees DEAD stops counting this pod's entries.
         self.slots[id as usize].state.store(DEAD, Ordering::Release);
         self.publish(
             |m| {
                 m.remove(name);
             },
-            rec,
-            guard,
+            epoch,
+            pin,
         );
         // Lookups read liveness from the rank table: republish it before
         // returning, so a lookup that starts after this call skips the pod.
-        self.rank(w.next, guard, rec);
+        self.rank(w.next, epoch, pin);
         w.dead.push(Dead {
             id,
             quiet: None,
@@ -261,34 +244,44 @@ impl Pods {
         true
     }
 
-    /// Frees the ids of removed pods whose blocks are all gone (see module docs).
-    pub(crate) fn recycle(&self, rec: &Reclaimer, guard: &Guard) -> usize {
+    /// Frees the ids of removed pods whose blocks are all gone (see module
+    /// docs); returns how many. The sweep calls it once per pass, after the
+    /// pass's purges.
+    pub(crate) fn recycle(&self, epoch: &Epoch, pin: &Pin) -> usize {
         let mut w = self.writer.lock();
         let mut freed = Vec::new();
         w.dead.retain_mut(|d| {
             let Some(quiet) = &d.quiet else {
-                d.quiet = Some(rec.grace_flag(guard));
+                // Grace period (1): every insert that may still write the id.
+                d.quiet = Some(epoch.grace_flag(pin));
                 return true;
             };
-            // Acquire: pairs with the collector's Release store of the flag.
+            // Acquire: pairs with the Release store of the flag (in
+            // `Epoch::grace_flag`), made after every thread pinned when the
+            // grace period began had unpinned: their stores are visible now.
             if !quiet.load(Ordering::Acquire) {
                 return true;
             }
             if !d.draining {
-                // Relaxed: the count is exact once no insert can write this id.
+                // Relaxed: pairs with nothing itself; the count is exact once
+                // no insert can write this id, and the Acquire load of the
+                // flag above ordered every earlier insert's count before it.
                 if self.slots[d.id as usize].blocks.load(Ordering::Relaxed) != 0 {
                     return true;
                 }
+                // Grace period (2): every reader that may still hold an old
+                // copy of the id's entries (in a node the sweep cannot purge:
+                // sealed, or read before the purge).
                 d.draining = true;
-                d.quiet = Some(rec.grace_flag(guard));
+                d.quiet = Some(epoch.grace_flag(pin));
                 return true;
             }
             freed.push(d.id);
             false
         });
         for &id in &freed {
-            // Relaxed: nothing reads a FREE slot's state for meaning until a new
-            // LIVE store (Release) republishes it.
+            // Relaxed: pairs with nothing; nothing reads a FREE slot's state
+            // for meaning until a new LIVE store (Release) republishes it.
             self.slots[id as usize].state.store(FREE, Ordering::Relaxed);
         }
         let n = freed.len();
@@ -299,27 +292,32 @@ impl Pods {
     /// Whether entries with this id count.
     #[inline]
     pub(crate) fn is_live(&self, id: u32) -> bool {
-        // Acquire: pairs with the Release stores of LIVE and DEAD.
+        // Acquire: pairs with the Release stores of LIVE (`intern`) and DEAD
+        // (`remove`).
         self.slots[id as usize].state.load(Ordering::Acquire) == LIVE
     }
 
     /// The name of a live or dead id.
-    pub(crate) fn name<'g>(&self, id: PodId, _guard: &'g Guard) -> Option<&'g str> {
-        // Acquire: pairs with the Release swap that published the name.
+    pub(crate) fn name<'g>(&'g self, id: PodId, _pin: &'g Pin) -> Option<&'g str> {
+        // Acquire: pairs with the Release half of the swap in `intern` that
+        // published the name.
         let p = self.slots.get(id.0 as usize)?.name.load(Ordering::Acquire);
-        // SAFETY: names are retired through the epoch; the guard keeps it alive.
+        // SAFETY: null or a published name; a replaced name is freed only
+        // through `Epoch::retire`, after every pin taken before it was
+        // replaced (we hold one for 'g); the current one only in `drop`.
         (!p.is_null()).then(|| unsafe { &*(*p).text })
     }
 
     pub(crate) fn add_blocks(&self, id: u32, n: i64) {
-        // Relaxed: a statistic and the capacity trigger; nothing is ordered by it.
+        // Relaxed: pairs with nothing; a statistic and the capacity trigger.
+        // `recycle` reads it exactly after a grace period (see there).
         self.slots[id as usize]
             .blocks
             .fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn blocks(&self, id: u32) -> u64 {
-        // Relaxed: as in `add_blocks`.
+        // Relaxed: pairs with nothing, as in `add_blocks`.
         self.slots[id as usize]
             .blocks
             .load(Ordering::Relaxed)
@@ -327,12 +325,13 @@ impl Pods {
     }
 
     pub(crate) fn capacity(&self, id: u32) -> u64 {
-        // Relaxed: a setting read by the sweep; no data depends on it.
+        // Relaxed: pairs with nothing; a setting read by the sweep, no data
+        // depends on it.
         self.slots[id as usize].capacity.load(Ordering::Relaxed)
     }
 
     pub(crate) fn set_capacity(&self, id: PodId, blocks: u64) {
-        // Relaxed: as in `capacity`.
+        // Relaxed: pairs with nothing, as in `capacity`.
         self.slots[id.0 as usize]
             .capacity
             .store(blocks, Ordering::Relaxed);
@@ -350,32 +349,30 @@ impl Pods {
     }
 
     /// Every live pod's name and id (a snapshot writes them).
-    pub(crate) fn live<'g>(&self, guard: &'g Guard) -> impl Iterator<Item = (&'g str, u32)> {
-        self.map(guard).iter().map(|(name, &id)| (&**name, id))
+    pub(crate) fn live<'g>(&'g self, pin: &'g Pin) -> impl Iterator<Item = (&'g str, u32)> {
+        self.map(pin).iter().map(|(name, &id)| (&**name, id))
     }
 
     /// The capacity new pods start with.
     pub(crate) fn default_capacity(&self) -> u64 {
-        // Relaxed: a setting; nothing is ordered by it.
+        // Relaxed: pairs with nothing; a setting.
         self.default_capacity.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn live_count(&self, guard: &Guard) -> usize {
-        self.map(guard).len()
+    pub(crate) fn live_count(&self, pin: &Pin) -> usize {
+        self.map(pin).len()
     }
 }
 
 impl Drop for Pods {
     fn drop(&mut self) {
-        // Exclusive access: free the map and every name.
-        let map = *self.names.get_mut();
-        let ranks = *self.ranks.get_mut();
-        // SAFETY: both came from Box::into_raw; no one else can reach them.
-        drop(unsafe { (Box::from_raw(map), Box::from_raw(ranks)) });
-        for s in self.slots.iter_mut() {
-            let p = *s.name.get_mut();
+        // The maps free themselves (`Published`); free every slot's name.
+        for s in self.slots.iter() {
+            // Relaxed: pairs with nothing; `&mut self`, no other thread.
+            let p = s.name.load(Ordering::Relaxed);
             if !p.is_null() {
-                // SAFETY: as above, for the slot's current name.
+                // SAFETY: the slot's current name, from `Box::into_raw`, never
+                // retired; no one else can reach it (`&mut self`).
                 drop(unsafe { Box::from_raw(p) });
             }
         }
@@ -416,9 +413,3 @@ impl Ranks {
         self.by_rank.len()
     }
 }
-
-/// A raw box pointer moved to the reclaiming thread.
-pub(crate) struct SendBox<T>(pub(crate) *mut T);
-// SAFETY: the pointee is only freed, by one thread, after a grace period; the
-// types sent this way (`Name`, `NameMap`, rank tables) are themselves `Send`.
-unsafe impl<T> Send for SendBox<T> {}

@@ -110,8 +110,8 @@ impl PodSlots {
                 return;
             }
         }
-        // Acquire pairs with the Release store that linked the chunk in `add`,
-        // so the chunk's initial words are visible.
+        // Acquire: pairs with the Release store that linked the chunk in
+        // `add`, so the chunk's initial words are visible.
         let mut chunk = self.overflow.load(Ordering::Acquire);
         while !chunk.is_null() {
             // Chunks are freed only in `Drop`, which needs `&mut self`.
@@ -150,7 +150,8 @@ impl PodSlots {
     pub(crate) fn find(&self, pod: u32) -> Option<u64> {
         let mut found = None;
         self.for_each_word(|w| {
-            // Acquire: as in `for_each`.
+            // Acquire: pairs with the Release stores of `add` and the refresh
+            // CAS that wrote the word.
             match unpack(w.load(Ordering::Acquire)) {
                 Some((p, t)) if p == pod => {
                     found = Some(t);
@@ -166,7 +167,8 @@ impl PodSlots {
     pub(crate) fn is_empty(&self) -> bool {
         let mut empty = true;
         self.for_each_word(|w| {
-            // Acquire: as in `for_each`.
+            // Acquire: pairs with the Release stores of `add` and the refresh
+            // CAS that wrote the word.
             empty = unpack(w.load(Ordering::Acquire)).is_none();
             empty
         });
@@ -232,10 +234,12 @@ impl PodSlots {
         let word = pack(pod, time);
         let mut placed = false;
         self.for_each_word(|w| {
-            // Relaxed: only writers holding the lock store a zero or claim a free
-            // slot, so this load cannot race with another claim.
+            // Relaxed: pairs with nothing; only writers holding the lock store
+            // a zero or claim a free slot, so this load cannot race with
+            // another claim.
             if w.load(Ordering::Relaxed) == 0 {
-                // Release: publishes the word to readers' Acquire loads.
+                // Release: pairs with readers' Acquire loads of the word
+                // (`entries`, `find`): publishes the entry.
                 w.store(word, Ordering::Release);
                 placed = true;
                 return false;
@@ -251,7 +255,8 @@ impl PodSlots {
         }));
         let mut link = &self.overflow;
         loop {
-            // Relaxed: links are written only under the lock we hold.
+            // Relaxed: pairs with nothing; links are written only under the
+            // lock we hold.
             let next = link.load(Ordering::Relaxed);
             if next.is_null() {
                 break;
@@ -259,7 +264,8 @@ impl PodSlots {
             // SAFETY: linked chunks live as long as `self` (see `for_each_word`).
             link = unsafe { &(*next).next };
         }
-        // Release: readers' Acquire loads of the link see the initialised chunk.
+        // Release: pairs with readers' Acquire loads of the link
+        // (`for_each_word`, `entries`): they see the initialised chunk.
         link.store(chunk, Ordering::Release);
         std::mem::size_of::<Chunk>()
     }
@@ -278,7 +284,9 @@ impl PodSlots {
                         if !judge(t) {
                             return false;
                         }
-                        // AcqRel: ordered against refresh CASes of the word.
+                        // AcqRel: pairs with the refresh CASes of the word
+                        // (AcqRel), which it is ordered against in the word's
+                        // modification order.
                         match w.compare_exchange(cur, 0, Ordering::AcqRel, Ordering::Acquire) {
                             Ok(_) => {
                                 removed = Some(t);
@@ -298,13 +306,15 @@ impl PodSlots {
     /// in the result sees the seal and is redone by its writer. The caller holds
     /// the node's writer lock.
     pub(crate) fn seal(&self) -> Entries {
-        // Release: lock holders and early checks see the flag; the words carry
-        // the handshake with lock-free refreshes.
+        // Release: pairs with the Acquire load in `is_sealed` (lock holders
+        // and early checks); the words carry the handshake with lock-free
+        // refreshes.
         self.sealed.store(true, Ordering::Release);
         let mut out = Entries::new();
         self.for_each_word(|w| {
-            // AcqRel: the read-modify-write that orders this seal against every
-            // refresh CAS of the word; it reads the word's latest time.
+            // AcqRel: pairs with every refresh CAS of the word (AcqRel): the
+            // read-modify-write that orders this seal against them; it reads
+            // the word's latest time.
             if let Some(e) = unpack(w.fetch_or(SEALED, Ordering::AcqRel)) {
                 out.push(e);
             }
@@ -316,11 +326,14 @@ impl PodSlots {
     /// Heap bytes held by overflow chunks.
     pub(crate) fn heap_bytes(&self) -> usize {
         let mut bytes = 0;
-        // Relaxed: called by the owner when it is being freed or under its lock.
+        // Relaxed (here and below): pairs with nothing; called by the owner
+        // when it is being freed, under its lock, or before it is published:
+        // no link changes concurrently.
         let mut chunk = self.overflow.load(Ordering::Relaxed);
         while !chunk.is_null() {
             bytes += std::mem::size_of::<Chunk>();
-            // SAFETY: linked chunks live as long as `self`.
+            // SAFETY: chunks are freed only in `Drop`, which needs `&mut self`;
+            // while we hold `&self` every linked chunk is live.
             chunk = unsafe { (*chunk).next.load(Ordering::Relaxed) };
         }
         bytes
@@ -360,7 +373,8 @@ impl Iterator for EntryIter<'_> {
 
 impl Drop for PodSlots {
     fn drop(&mut self) {
-        // Relaxed: `&mut self` means no other thread can see these slots now.
+        // Relaxed (here and below): pairs with nothing; `&mut self` means no
+        // other thread can see these slots now.
         let mut chunk = self.overflow.load(Ordering::Relaxed);
         while !chunk.is_null() {
             // Every chunk was made by `Box::into_raw` in `add`, linked once.

@@ -8,10 +8,10 @@
 //! invariants) as a live one, and entry ages survive: an entry that had 10 s of
 //! TTL left when written has 10 s left minus the downtime when read.
 //!
-//! Writing walks the trees under an epoch guard while writers go on, so a
+//! Writing walks the trees under one pin while writers go on, so a
 //! snapshot is *fuzzy*: an insert concurrent with it may or may not be in it,
 //! like with any online dump. Nothing is locked; readers are not disturbed.
-//! The guard is held for the whole write, so memory retired meanwhile is
+//! The pin is held for the whole write, so memory retired meanwhile is
 //! freed only after it (a full default index takes about 2 s).
 //!
 //! # Format (version 1)
@@ -36,7 +36,7 @@ use bincode::{Decode, Encode};
 use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::node::Node;
+use crate::walk::Walk;
 use crate::Index;
 
 /// The first eight bytes of every snapshot.
@@ -218,10 +218,10 @@ impl Index {
             written_at: now,
             default_capacity: sh.pods.default_capacity(),
         })?;
-        let guard = self.pin();
+        let pin = self.pin();
         // Pod id → its position in the pod list (u32::MAX: not written).
         let mut refs: Vec<u32> = Vec::new();
-        let mut pods: Vec<(&str, u32)> = sh.pods.live(&guard).collect();
+        let mut pods: Vec<(&str, u32)> = sh.pods.live(&pin).collect();
         pods.sort_unstable();
         for &(name, id) in &pods {
             let id = id as usize;
@@ -235,22 +235,23 @@ impl Index {
             })?;
             sum.pods += 1;
         }
-        let mut models: Vec<_> = self.models(&guard).iter().collect();
+        let mut models: Vec<_> = self.models(&pin).iter().collect();
         models.sort_unstable_by(|a, b| a.0.cmp(b.0));
         let mut entries = Vec::new();
         for (name, tree) in models {
             w.record(&RecordRef::Model { name })?;
             sum.models += 1;
             let mut written = 0u32;
-            // (node, index of its parent in this model's list), pre-order.
-            let mut stack: Vec<(*mut Node, u32)> = Vec::new();
-            // SAFETY: the root lives as long as the tree; we are pinned.
-            unsafe { push_children(tree.root_ptr(), ROOT, &mut stack) };
-            while let Some((ptr, parent)) = stack.pop() {
-                // Nodes and tables are retired through the epoch, so every
-                // pointer read under the guard stays valid while it is held.
-                // SAFETY: pinned by `guard` for the whole walk.
-                let node = unsafe { &*ptr };
+            // Pre-order; each level carries its node's index in this model's
+            // list (the root's is ROOT), the parent index of its children.
+            let mut walk = Walk::new(tree.root(&pin), ROOT);
+            loop {
+                let Some(node) = walk.next_child() else {
+                    if walk.leave().is_none() {
+                        break;
+                    }
+                    continue;
+                };
                 entries.clear();
                 for (pod, time) in node.pods.entries() {
                     let visible = now.saturating_sub(time) <= sh.ttl_ms && sh.pods.is_live(pod);
@@ -263,14 +264,14 @@ impl Index {
                 if entries.is_empty() {
                     continue;
                 }
+                let parent = *walk.data();
                 w.record(&RecordRef::Node {
                     parent,
                     edge: &node.edge,
                     entries: &entries,
                 })?;
                 sum.entries += entries.len() as u64;
-                // SAFETY: `ptr` was read under `guard`, which we still hold.
-                unsafe { push_children(ptr, written, &mut stack) };
+                walk.enter(node, written);
                 written += 1;
             }
             sum.nodes += u64::from(written);
@@ -286,18 +287,6 @@ impl Index {
         sum.bytes = w.bytes + 8;
         Ok(sum)
     }
-}
-
-/// Pushes `node`'s children (in table order) with `index` as their parent.
-///
-/// # Safety
-/// `node` is valid, and the caller is pinned in the epoch through which
-/// nodes and child tables are retired.
-unsafe fn push_children(node: *mut Node, index: u32, stack: &mut Vec<(*mut Node, u32)>) {
-    let mut children = Vec::new();
-    // SAFETY: per the contract.
-    unsafe { (*node).children.collect(&mut children) };
-    stack.extend(children.into_iter().map(|c| (c, index)));
 }
 
 /// One node as read: (parent, edge, entries as (pod ref, time)).
@@ -520,7 +509,7 @@ impl Snapshot {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::time::Duration;
 

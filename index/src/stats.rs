@@ -1,6 +1,6 @@
 //! Counters kept by writers and the sweep; readers never touch them.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use crate::sync::{AtomicI64, AtomicU64, Ordering};
 
 /// Live counters. Every update is `Relaxed`: they are statistics and triggers,
 /// never used to order access to data.
@@ -18,11 +18,25 @@ pub(crate) struct Counters {
 
 impl Counters {
     pub(crate) fn add(c: &AtomicI64, n: i64) {
+        // Relaxed: pairs with nothing (see the type's docs).
         c.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(crate) fn get(c: &AtomicI64) -> u64 {
+        // Relaxed: pairs with nothing (see the type's docs).
         c.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Adds to one of the `u64` totals.
+    pub(crate) fn bump(c: &AtomicU64, n: u64) {
+        // Relaxed: pairs with nothing (see the type's docs).
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Reads one of the `u64` totals.
+    pub(crate) fn total(c: &AtomicU64) -> u64 {
+        // Relaxed: pairs with nothing (see the type's docs).
+        c.load(Ordering::Relaxed)
     }
 }
 

@@ -3,9 +3,11 @@
 //!
 //! A **pass** visits every node of every model in post-order (children before
 //! their parent), spread over as many [`crate::Index::sweep`] calls as its
-//! budget needs. Between calls the position is a stack of `(first block, next
-//! child slot)` frames; a call re-descends by those keys, and restarts a level
-//! whose table changed (revisiting is harmless, every step is idempotent).
+//! budget needs. It is a `Walk` (see the `walk` module), left at each
+//! node in post-order. Between calls its position is kept as `Mark`s
+//! (first block, next child slot, table identity per level); a call
+//! re-descends by those keys, and restarts a level whose table changed
+//! (revisiting is harmless, every step is idempotent).
 //!
 //! At each node, under its lock, the sweep removes entries whose pod was
 //! removed, whose TTL passed, or that fall under an eviction cutoff, then
@@ -27,14 +29,15 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use crossbeam_epoch::Guard;
 use smallvec::SmallVec;
 
-use crate::children::Keyed;
-use crate::index::Shared;
 use crate::node::Node;
+use crate::node_ref::NodeRef;
+use crate::reclaim::Pin;
+use crate::shared::Shared;
 use crate::stats::Counters;
 use crate::tree::{self, Tree};
+use crate::walk::{Mark, Walk};
 
 /// What one [`crate::Index::sweep`] call did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -153,31 +156,16 @@ struct Span {
 }
 
 /// What sweeping one node did.
-enum Visited {
+enum Visited<'g> {
     Done,
     /// It (or its parent) was replaced by a writer: not swept in this pass.
     Sealed,
     /// A partial eviction split it; both halves still need sweeping.
     Split {
-        upper: *mut Node,
-        lower: *mut Node,
+        upper: NodeRef<'g>,
+        lower: NodeRef<'g>,
         k: usize,
     },
-}
-
-struct Frame {
-    /// The node's first block (unused for the root).
-    key: u64,
-    /// Depth at the end of the node's edge.
-    depth: usize,
-    /// Next child slot to visit.
-    next: usize,
-    /// Identity of the child table `next` refers to.
-    table: usize,
-    /// Part of this node's subtree was replaced while the pass walked it, so
-    /// some descendants may not have been swept: evicting from this node could
-    /// leave a descendant holding a pod its parent no longer holds.
-    dirty: bool,
 }
 
 /// Sweep progress, kept between calls. Only the maintenance caller touches it.
@@ -188,7 +176,11 @@ pub(crate) struct Sweeper {
     last_pass: Option<u64>,
     trees: Vec<Arc<Tree>>,
     tree: usize,
-    frames: Vec<Frame>,
+    /// Where the walk of `trees[tree]` stopped. Each level carries a "dirty"
+    /// flag: part of that node's subtree was replaced while the pass walked
+    /// it, so some descendants may not have been swept, and evicting from the
+    /// node could leave a descendant holding a pod its parent no longer holds.
+    marks: Vec<Mark<bool>>,
     cutoffs: HashMap<u32, Cutoff>,
     global_cutoff: Option<(u64, Reverse<usize>)>,
     measures: HashMap<u32, Measure>,
@@ -209,7 +201,7 @@ impl Sweeper {
         trees: impl Fn() -> Vec<Arc<Tree>>,
         now: u64,
         mut budget: usize,
-        guard: &Guard,
+        pin: &Pin,
     ) -> SweepReport {
         let mut report = SweepReport::default();
         // A pass resumed from an earlier call may predate models or entries
@@ -221,10 +213,10 @@ impl Sweeper {
                 self.last_pass = Some(now);
                 fresh = true;
             }
-            if !self.walk(sh, now, &mut budget, guard, &mut report) {
+            if !self.walk(sh, now, &mut budget, pin, &mut report) {
                 break;
             }
-            let more = self.end_pass(sh, guard);
+            let more = self.end_pass(sh, pin);
             report.passes += 1;
             if (fresh && !more) || budget == 0 || report.passes >= MAX_PASSES_PER_CALL {
                 break;
@@ -261,7 +253,7 @@ impl Sweeper {
         self.in_pass = true;
         self.trees = trees;
         self.tree = 0;
-        self.frames.clear();
+        self.marks.clear();
         self.cutoffs = std::mem::take(&mut self.next_cutoffs);
         self.global_cutoff = self.next_global.take();
         self.measures.clear();
@@ -278,7 +270,7 @@ impl Sweeper {
 
     /// Ends a pass: turns measures into the next pass's cutoffs, frees the ids
     /// of drained removed pods. Returns whether another pass has work to do.
-    fn end_pass(&mut self, sh: &Shared, guard: &Guard) -> bool {
+    fn end_pass(&mut self, sh: &Shared, pin: &Pin) -> bool {
         self.in_pass = false;
         self.trees.clear();
         for (id, m) in self.measures.drain() {
@@ -291,10 +283,8 @@ impl Sweeper {
             let excess = Counters::get(&sh.counters.entries).saturating_sub(sh.global_target());
             self.next_global = m.entry_cutoff(excess);
         }
-        sh.pods.recycle(&sh.rec, guard);
-        sh.counters
-            .sweep_passes
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        sh.pods.recycle(&sh.epoch, pin);
+        Counters::bump(&sh.counters.sweep_passes, 1);
         !self.next_cutoffs.is_empty() || self.next_global.is_some()
     }
 
@@ -304,95 +294,42 @@ impl Sweeper {
         sh: &Shared,
         now: u64,
         budget: &mut usize,
-        guard: &Guard,
+        pin: &Pin,
         report: &mut SweepReport,
     ) -> bool {
-        while self.tree < self.trees.len() {
-            let root = self.trees[self.tree].root_ptr();
-            let mut path: Vec<*mut Node> = vec![root];
-            if self.frames.is_empty() {
-                self.frames.push(Frame {
-                    key: 0,
-                    depth: 0,
-                    next: 0,
-                    table: 0,
-                    dirty: false,
-                });
-            }
+        while let Some(tree) = self.trees.get(self.tree).cloned() {
             // Re-descend to where the last call stopped.
-            let mut level = 1;
-            while level < self.frames.len() {
-                let parent = path[level - 1];
-                let key = self.frames[level].key;
-                // SAFETY: pinned by `guard`; nodes are retired through it.
-                let child = unsafe { (*parent).children.get(key, sh.seed) };
-                if child.is_null() {
-                    // The node we were in was replaced or unlinked meanwhile.
-                    self.frames.truncate(level);
-                    self.mark_dirty();
-                    break;
-                }
-                let parent_depth = self.frames[level - 1].depth;
-                // SAFETY: as above.
-                self.frames[level].depth = parent_depth + unsafe { (&(*child)).edge.len() };
-                path.push(child);
-                level += 1;
+            let (mut walk, lost) = Walk::resume(tree.root(pin), &self.marks, false, sh.seed);
+            if lost {
+                // The node we were in was replaced or unlinked meanwhile.
+                walk.set_all(true);
             }
             loop {
-                // SAFETY: every node on `path` is valid under the guard.
-                let node = unsafe { &**path.last().unwrap_or(&root) };
-                let Some(top) = self.frames.last_mut() else {
-                    break;
-                };
-                let (slots, table) = node.children.shape();
-                if table != top.table {
-                    top.table = table;
-                    top.next = 0;
-                }
-                let mut child: *mut Node = std::ptr::null_mut();
-                while top.next < slots && child.is_null() {
-                    // SAFETY: pinned by `guard`.
-                    child = unsafe { node.children.slot(top.next) };
-                    top.next += 1;
-                }
-                if !child.is_null() {
-                    // SAFETY: as above.
-                    let c = unsafe { &*child };
-                    let depth = top.depth + c.edge.len();
-                    self.frames.push(Frame {
-                        key: c.key(),
-                        depth,
-                        next: 0,
-                        table: 0,
-                        dirty: false,
-                    });
-                    path.push(child);
+                if let Some(child) = walk.next_child() {
+                    walk.enter(child, false);
                     continue;
                 }
-                if path.len() == 1 {
-                    // The root: this model is done.
-                    self.frames.clear();
-                    break;
-                }
-                if *budget == 0 {
+                if *budget == 0 && !walk.at_root() {
+                    self.marks = walk.marks();
                     return false;
                 }
-                *budget -= 1;
-                let (d1, dirty) = (top.depth, top.dirty);
-                self.frames.pop();
-                let node_ptr = path.pop().unwrap_or(root);
-                let parent = *path.last().unwrap_or(&root);
-                // SAFETY: valid under the guard.
-                let (parent, d0) = unsafe { (&*parent, d1 - (&(*node_ptr)).edge.len()) };
-                let at = Span {
-                    d0,
-                    d1,
-                    evict: !dirty,
+                // Post-order: every child of the deepest node is done.
+                let Some(left) = walk.leave() else {
+                    // The root: this model is done.
+                    break;
                 };
-                if self.visit(sh, parent, node_ptr, at, now, guard, report) {
-                    self.mark_dirty();
+                *budget -= 1;
+                let at = Span {
+                    d0: left.d0,
+                    d1: left.d1,
+                    evict: !left.data,
+                };
+                if self.visit(sh, left.parent, left.node, at, now, pin, report) {
+                    // Its ancestors: every level still on the walk.
+                    walk.set_all(true);
                 }
             }
+            self.marks.clear();
             self.tree += 1;
         }
         true
@@ -404,23 +341,21 @@ impl Sweeper {
     /// Returns whether it found a node replaced by a writer (so the caller's
     /// ancestors must not evict in this pass).
     #[allow(clippy::too_many_arguments)]
-    fn visit(
+    fn visit<'g>(
         &mut self,
         sh: &Shared,
-        parent: &Node,
-        node_ptr: *mut Node,
+        parent: NodeRef<'g>,
+        node: NodeRef<'g>,
         at: Span,
         now: u64,
-        guard: &Guard,
+        pin: &'g Pin,
         report: &mut SweepReport,
     ) -> bool {
-        let mut work: SmallVec<[(*const Node, *mut Node, Span); 4]> = SmallVec::new();
-        work.push((parent, node_ptr, at));
+        let mut work: SmallVec<[(NodeRef<'g>, NodeRef<'g>, Span); 4]> = SmallVec::new();
+        work.push((parent, node, at));
         let mut replaced = false;
         while let Some((parent, node, at)) = work.pop() {
-            // SAFETY: every pointer here is a node valid under the guard.
-            let parent = unsafe { &*parent };
-            match self.visit_one(sh, parent, node, at, now, guard, report) {
+            match self.visit_one(sh, parent, node, at, now, pin, report) {
                 Visited::Done => {}
                 Visited::Sealed => replaced = true,
                 Visited::Split { upper, lower, k } => {
@@ -451,34 +386,34 @@ impl Sweeper {
 
     /// Sweeps one node.
     #[allow(clippy::too_many_arguments)]
-    fn visit_one(
+    fn visit_one<'g>(
         &mut self,
         sh: &Shared,
-        parent: &Node,
-        node_ptr: *mut Node,
+        parent: NodeRef<'g>,
+        node: NodeRef<'g>,
         at: Span,
         now: u64,
-        guard: &Guard,
+        pin: &'g Pin,
         report: &mut SweepReport,
-    ) -> Visited {
+    ) -> Visited<'g> {
         let Span { d0, d1, evict } = at;
         report.visited += 1;
-        // SAFETY: valid under the guard.
-        let node = unsafe { &*node_ptr };
         let len = (d1 - d0) as i64;
         let mut partial = None;
         {
-            let _lock = node.lock();
-            if node.pods.is_sealed() {
+            // Entries are removed under the node's lock (`PodSlots::remove_if`).
+            let Some(locked) = node.lock() else {
                 return Visited::Sealed;
-            }
-            for (pod, time) in tree::entries_of(node) {
+            };
+            for (pod, time) in tree::entries_of(&locked) {
                 let freed = if !sh.pods.is_live(pod) {
-                    node.pods
+                    locked
+                        .pods
                         .remove_if(pod, |_| true)
                         .map(|_| &mut report.purged)
                 } else if now.saturating_sub(time) > sh.ttl_ms {
-                    node.pods
+                    locked
+                        .pods
                         .remove_if(pod, |t| now.saturating_sub(t) > sh.ttl_ms)
                         .map(|_| &mut report.expired)
                 } else if !evict {
@@ -490,8 +425,8 @@ impl Sweeper {
                     };
                     let global = self.global_cutoff.is_some_and(|g| (time, Reverse(d0)) <= g);
                     match verdict {
-                        _ if global => node.pods.remove_if(pod, |t| t == time),
-                        Verdict::Evict => node.pods.remove_if(pod, |t| t == time),
+                        _ if global => locked.pods.remove_if(pod, |t| t == time),
+                        Verdict::Evict => locked.pods.remove_if(pod, |t| t == time),
                         Verdict::EvictFrom(k) => {
                             // One split per visit; the halves are visited next.
                             partial.get_or_insert((pod, time, k));
@@ -513,7 +448,7 @@ impl Sweeper {
             let split = tree::split(
                 sh,
                 parent,
-                node_ptr,
+                node,
                 k,
                 |_| Ok::<(), ()>(()),
                 |_, lower| {
@@ -523,7 +458,7 @@ impl Sweeper {
                         evicted.set(true);
                     }
                 },
-                guard,
+                pin,
             );
             let Ok(Some(upper)) = split else {
                 return Visited::Sealed;
@@ -536,29 +471,17 @@ impl Sweeper {
             }
             // The upper half's only child is the new lower half (unless a writer
             // changed it already: then a later pass sweeps them).
-            // SAFETY: `upper` is valid under the guard.
-            let lower = unsafe { upper.children.get(node.edge[k], sh.seed) };
-            if lower.is_null() {
+            let Some(lower) = upper.child(node.edge[k], sh.seed) else {
                 return Visited::Sealed;
-            }
-            let upper = std::ptr::from_ref(upper).cast_mut();
+            };
             return Visited::Split { upper, lower, k };
         }
-        self.measure(node, d0, d1);
-        if node.pods.is_empty()
-            && node.children.len() == 0
-            && tree::unlink(sh, parent, node_ptr, guard)
+        self.measure(&node, d0, d1);
+        if node.pods.is_empty() && node.children().len() == 0 && tree::unlink(sh, parent, node, pin)
         {
             report.unlinked += 1;
         }
         Visited::Done
-    }
-
-    /// Marks every frame on the stack (the ancestors of the node just swept).
-    fn mark_dirty(&mut self) {
-        for f in &mut self.frames {
-            f.dirty = true;
-        }
     }
 
     fn measure(&mut self, node: &Node, d0: usize, d1: usize) {

@@ -1,18 +1,23 @@
 //! One model's radix tree: insert, lookup, and the two structural changes
 //! (edge split, unlink of an empty node) that writers and the sweep share.
 //!
-//! See the crate docs for the algorithm; this file is its code.
+//! See the crate docs for the algorithm; this file is its code. It walks and
+//! changes nodes only through `node_ref` (pinned references, locks) and
+//! `walk` (descents), so all of it is safe code.
 
-use crossbeam_epoch::Guard;
 use smallvec::SmallVec;
 
-use crate::children::{Children, Keyed};
+use crate::children::Children;
 use crate::error::InsertError;
-use crate::index::Shared;
-use crate::node::{common_prefix, Node, NodePtr};
+use crate::node::Node;
+use crate::node_ref::{NodeRef, Root};
 use crate::pods::{PodId, NOT_LIVE, UNRANKED};
+use crate::reclaim::Pin;
+use crate::shared::Shared;
 use crate::slots::{Entries, Refresh};
 use crate::stats::Counters;
+use crate::sync::Ordering;
+use crate::walk::{self, Path};
 
 /// One pod's answer to a lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,19 +30,13 @@ pub struct Match {
 
 /// The tree of one model. The root has an empty edge and never holds pods.
 pub(crate) struct Tree {
-    root: *mut Node,
+    root: Root,
 }
-
-// SAFETY: the tree owns its nodes; all shared access to them goes through
-// atomics, node locks and the epoch protocol described in the crate docs.
-unsafe impl Send for Tree {}
-// SAFETY: as above.
-unsafe impl Sync for Tree {}
 
 /// What an insert does after one step.
 enum Step<'g> {
     /// Continue below this node, at this depth.
-    Descend(&'g Node, usize),
+    Descend(NodeRef<'g>, usize),
     /// Read the same level again (another writer changed it first).
     Again,
     /// Start over from the root (a node on the way was sealed).
@@ -46,19 +45,13 @@ enum Step<'g> {
 
 impl Tree {
     pub(crate) fn new() -> Self {
-        Tree {
-            root: Box::into_raw(Node::new(&[], &[], Children::new())),
-        }
+        Tree { root: Root::new() }
     }
 
-    pub(crate) fn root_ptr(&self) -> *mut Node {
-        self.root
-    }
-
-    fn root<'g>(&self, _guard: &'g Guard) -> &'g Node {
-        // Callers hold the tree through the model map while they use the root.
-        // SAFETY: the root lives as long as the tree.
-        unsafe { &*self.root }
+    /// The root, under `pin` (of the index that owns this tree).
+    #[inline]
+    pub(crate) fn root<'g>(&'g self, pin: &'g Pin) -> NodeRef<'g> {
+        self.root.get(pin)
     }
 
     /// Records that `pod` holds every prefix of `key`, last used at `now`.
@@ -68,30 +61,21 @@ impl Tree {
         key: &[u64],
         pod: u32,
         now: u64,
-        guard: &Guard,
+        pin: &Pin,
     ) -> Result<(), InsertError> {
         'restart: loop {
-            let mut node = self.root(guard);
+            let mut node = self.root(pin);
             let mut depth = 0;
             while depth < key.len() {
                 let rest = &key[depth..];
-                // SAFETY: pinned by `guard`; children are retired through it.
-                let child = unsafe { node.children.get(rest[0], sh.seed) };
-                let step = if child.is_null() {
-                    add_leaf(sh, node, rest, pod, now, guard)?
-                } else {
-                    // SAFETY: as above.
-                    let c = unsafe { &*child };
-                    let m = common_prefix(&c.edge, rest);
-                    if m == c.edge.len() {
-                        match c.pods.refresh(pod, now) {
-                            Refresh::Done => Step::Descend(c, depth + m),
-                            Refresh::Sealed => Step::Restart,
-                            Refresh::Missing => add_pod(sh, c, pod, now, depth + m)?,
-                        }
-                    } else {
-                        split_for_insert(sh, node, child, m, pod, now, depth, guard)?
-                    }
+                let step = match walk::step(node, rest, sh.seed) {
+                    None => add_leaf(sh, node, rest, pod, now, pin)?,
+                    Some((c, m)) if m == c.edge.len() => match c.pods.refresh(pod, now) {
+                        Refresh::Done => Step::Descend(c, depth + m),
+                        Refresh::Sealed => Step::Restart,
+                        Refresh::Missing => add_pod(sh, c, pod, now, depth + m)?,
+                    },
+                    Some((c, m)) => split_for_insert(sh, node, c, m, pod, now, depth, pin)?,
                 };
                 match step {
                     Step::Descend(next, d) => {
@@ -116,35 +100,19 @@ impl Tree {
         key: &[u64],
         candidates: Option<&[u32]>,
         now: u64,
-        guard: &Guard,
+        pin: &Pin,
         out: &mut Vec<Match>,
     ) {
-        let mut path: SmallVec<[(&Node, u32); 16]> = SmallVec::new();
-        let mut node = self.root(guard);
-        let mut depth = 0;
-        while depth < key.len() {
-            let rest = &key[depth..];
-            // SAFETY: pinned by `guard`; children are retired through it.
-            let child = unsafe { node.children.get(rest[0], sh.seed) };
-            if child.is_null() {
-                break;
-            }
-            // SAFETY: as above.
-            let child = unsafe { &*child };
-            let m = common_prefix(&child.edge, rest);
+        let mut path: SmallVec<[(NodeRef<'_>, u32); 16]> = SmallVec::new();
+        for (node, depth) in Path::new(self.root(pin), key, sh.seed) {
             // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
-            path.push((child, (depth + m) as u32));
-            if m < child.edge.len() {
-                break;
-            }
-            depth += m;
-            node = child;
+            path.push((node, depth as u32));
         }
         // Deepest first: a pod's answer is the deepest node where it is visible,
         // so answers come out by blocks descending, one node's pods at a time.
         // Within a node they are ordered by name rank through a bitmap: no
         // comparison sort on the hot path.
-        let ranks = sh.pods.ranks(guard);
+        let ranks = sh.pods.ranks(pin);
         // Ranked pods (live in this table, of any model) not found yet. Once
         // it reaches zero the shallower nodes can add nothing, so their pod
         // words (often chunks of their own, one cache miss each) are never
@@ -270,14 +238,6 @@ impl RankGroup {
     }
 }
 
-impl Drop for Tree {
-    fn drop(&mut self) {
-        // The index drops trees only after its epoch collector is gone.
-        // SAFETY: dropping the tree means no reader or writer can reach it.
-        unsafe { Node::free_subtree(self.root) };
-    }
-}
-
 /// Pods already answered in one lookup: a bitmap for small ids, a list beyond.
 #[derive(Default)]
 struct Seen {
@@ -308,11 +268,8 @@ impl Seen {
 fn reserve(sh: &Shared, pod: u32, n: usize) -> Result<(), InsertError> {
     let n = n as i64;
     let max = sh.cfg.max_blocks;
-    // Relaxed: a bound, not a synchronisation point.
-    let before = sh
-        .counters
-        .entries
-        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    // Relaxed: pairs with nothing; a bound, not a synchronisation point.
+    let before = sh.counters.entries.fetch_add(n, Ordering::Relaxed);
     if (before + n) as u64 > max {
         Counters::add(&sh.counters.entries, -n);
         return Err(InsertError::Full { max });
@@ -324,63 +281,49 @@ fn reserve(sh: &Shared, pod: u32, n: usize) -> Result<(), InsertError> {
 /// Hangs a new leaf holding `rest` under `parent`.
 fn add_leaf<'g>(
     sh: &Shared,
-    parent: &'g Node,
+    parent: NodeRef<'g>,
     rest: &[u64],
     pod: u32,
     now: u64,
-    guard: &'g Guard,
+    pin: &'g Pin,
 ) -> Result<Step<'g>, InsertError> {
-    let _lock = parent.lock();
-    if parent.pods.is_sealed() {
+    let Some(parent) = parent.lock() else {
         return Ok(Step::Restart);
-    }
-    // SAFETY: pinned; under the lock the table is current.
-    if !unsafe { parent.children.get(rest[0], sh.seed) }.is_null() {
+    };
+    if parent.child(rest[0], sh.seed).is_some() {
         return Ok(Step::Again);
     }
     reserve(sh, pod, rest.len())?;
-    let leaf = Box::into_raw(Node::new(rest, &[(pod, now)], Children::new()));
+    let leaf = Node::new(rest, &[(pod, now)], Children::new());
     // Counted before publishing: afterwards writers may grow it (and count that).
-    // SAFETY: `leaf` is ours until published below.
-    let leaf_bytes = unsafe { (*leaf).bytes() } as i64;
-    // Stored children are valid under the guard; `leaf` is initialised.
-    // SAFETY: we hold the parent's lock.
-    let (table_bytes, old) = unsafe { parent.children.insert(leaf, sh.seed) };
-    let bytes = leaf_bytes + table_bytes as i64;
-    if let Some(old) = old {
-        sh.rec.retire(guard, old, |t| {
-            // SAFETY: the old table was unpublished; a grace period has passed.
-            unsafe { t.free() }
-        });
-    }
+    let leaf_bytes = leaf.bytes() as i64;
+    let (leaf, table_bytes) = parent.add_child(leaf, sh.seed, &sh.epoch, pin);
     Counters::add(&sh.counters.nodes, 1);
     Counters::add(&sh.counters.tree_blocks, rest.len() as i64);
-    Counters::add(&sh.counters.bytes, bytes);
+    Counters::add(&sh.counters.bytes, leaf_bytes + table_bytes as i64);
     // The key ends in the new leaf: nothing is left below it.
-    // SAFETY: published and valid under the guard.
-    Ok(Step::Descend(unsafe { &*leaf }, usize::MAX))
+    Ok(Step::Descend(leaf, usize::MAX))
 }
 
 /// Gives `pod` an entry on `node`, whose whole edge the key covers.
 fn add_pod<'g>(
     sh: &Shared,
-    node: &'g Node,
+    node: NodeRef<'g>,
     pod: u32,
     now: u64,
     depth: usize,
 ) -> Result<Step<'g>, InsertError> {
-    let _lock = node.lock();
-    if node.pods.is_sealed() {
+    let Some(locked) = node.lock() else {
         return Ok(Step::Restart);
-    }
+    };
     // Another writer may have added it while we waited for the lock.
-    match node.pods.refresh(pod, now) {
+    match locked.pods.refresh(pod, now) {
         Refresh::Done => return Ok(Step::Descend(node, depth)),
         Refresh::Sealed => return Ok(Step::Restart),
         Refresh::Missing => {}
     }
     reserve(sh, pod, node.edge.len())?;
-    let bytes = node.pods.add(pod, now);
+    let bytes = locked.pods.add(pod, now);
     Counters::add(&sh.counters.bytes, bytes as i64);
     Ok(Step::Descend(node, depth))
 }
@@ -390,13 +333,13 @@ fn add_pod<'g>(
 #[allow(clippy::too_many_arguments)]
 fn split_for_insert<'g>(
     sh: &Shared,
-    parent: &'g Node,
-    child: *mut Node,
+    parent: NodeRef<'g>,
+    child: NodeRef<'g>,
     m: usize,
     pod: u32,
     now: u64,
     depth: usize,
-    guard: &'g Guard,
+    pin: &'g Pin,
 ) -> Result<Step<'g>, InsertError> {
     let upper = split(
         sh,
@@ -411,7 +354,7 @@ fn split_for_insert<'g>(
             Some(e) => e.1 = e.1.max(now.min(crate::slots::MAX_TIME)),
             None => upper.push((pod, now)),
         },
-        guard,
+        pin,
     )?;
     Ok(match upper {
         Some(u) => Step::Descend(u, depth + m),
@@ -426,82 +369,45 @@ fn split_for_insert<'g>(
 /// Returns the upper node, or `None` if a concurrent change got there first.
 pub(crate) fn split<'g, E>(
     sh: &Shared,
-    parent: &'g Node,
-    node: *mut Node,
+    parent: NodeRef<'g>,
+    node: NodeRef<'g>,
     m: usize,
     check: impl FnOnce(&Node) -> Result<(), E>,
     edit: impl FnOnce(&mut Entries, &mut Entries),
-    guard: &'g Guard,
-) -> Result<Option<&'g Node>, E> {
-    // SAFETY: pinned by `guard`.
-    let n = unsafe { &*node };
-    debug_assert!(m > 0 && m < n.edge.len());
-    let _plock = parent.lock();
-    // SAFETY: pinned; under the parent's lock its table is current.
-    if parent.pods.is_sealed() || unsafe { parent.children.get(n.key(), sh.seed) } != node {
+    pin: &'g Pin,
+) -> Result<Option<NodeRef<'g>>, E> {
+    let Some(parent) = parent.lock() else {
         return Ok(None);
-    }
-    let _nlock = n.lock();
-    if n.pods.is_sealed() {
+    };
+    let Some(node) = parent.lock_child(node, sh.seed) else {
         return Ok(None);
-    }
-    check(n)?;
-    let mut upper_entries = n.pods.seal();
-    let mut lower_entries = upper_entries.clone();
-    edit(&mut upper_entries, &mut lower_entries);
-    let lower = Box::into_raw(Node::new(
-        &n.edge[m..],
-        &lower_entries,
-        Children::share(&n.children),
-    ));
-    n.mark_moved();
-    let upper = Node::new(&n.edge[..m], &upper_entries, Children::new());
-    // SAFETY: `upper` is private until published; `lower` is initialised.
-    let (table_bytes, none) = unsafe { upper.children.insert(lower, sh.seed) };
-    debug_assert!(none.is_none());
-    // Counted before publishing: afterwards writers may grow them.
-    // SAFETY: `lower` is private until `upper` is published.
-    let grown = (upper.bytes() + unsafe { (*lower).bytes() }) as i64 + table_bytes as i64;
-    let upper = Box::into_raw(upper);
-    // `node` is in the parent's table; `upper` is initialised, same key.
-    // SAFETY: we hold the parent's lock.
-    let replaced = unsafe { parent.children.replace(node, upper, sh.seed) };
-    debug_assert!(replaced);
+    };
+    check(&node)?;
+    let (upper, grown) = node.split(m, edit, sh.seed, &sh.epoch, pin);
     Counters::add(&sh.counters.nodes, 1);
-    Counters::add(&sh.counters.bytes, grown);
-    retire_node(sh, node, guard);
-    // SAFETY: published and valid under the guard.
-    Ok(Some(unsafe { &*upper }))
+    Counters::add(&sh.counters.bytes, grown as i64);
+    Ok(Some(upper))
 }
 
 /// Unlinks `node` from `parent` if it holds no pod and no child.
-pub(crate) fn unlink(sh: &Shared, parent: &Node, node: *mut Node, guard: &Guard) -> bool {
-    // SAFETY: pinned by `guard`.
-    let n = unsafe { &*node };
-    let _plock = parent.lock();
-    // SAFETY: pinned; under the parent's lock its table is current.
-    if parent.pods.is_sealed() || unsafe { parent.children.get(n.key(), sh.seed) } != node {
+pub(crate) fn unlink<'g>(
+    sh: &Shared,
+    parent: NodeRef<'g>,
+    node: NodeRef<'g>,
+    pin: &'g Pin,
+) -> bool {
+    let Some(parent) = parent.lock() else {
+        return false;
+    };
+    let Some(child) = parent.lock_child(node, sh.seed) else {
+        return false;
+    };
+    if !child.unlink(sh.seed, &sh.epoch, pin) {
         return false;
     }
-    let _nlock = n.lock();
-    if n.pods.is_sealed() || !n.pods.is_empty() || n.children.len() != 0 {
-        return false;
-    }
-    n.pods.seal();
-    // SAFETY: we hold the parent's lock and `node` is in its table.
-    unsafe { parent.children.remove(node, sh.seed) };
     Counters::add(&sh.counters.nodes, -1);
-    Counters::add(&sh.counters.tree_blocks, -(n.edge.len() as i64));
-    retire_node(sh, node, guard);
+    Counters::add(&sh.counters.tree_blocks, -(node.edge.len() as i64));
     true
-}
-
-fn retire_node(sh: &Shared, node: *mut Node, guard: &Guard) {
-    sh.rec.retire(guard, NodePtr(node), |p| {
-        // The node was unlinked under its parent's lock before being retired.
-        // SAFETY: a grace period has passed since; no thread can reach it.
-        unsafe { Node::free(p.0) }
-    });
 }
 
 /// Entries as a plain list, for tests and the sweep.
