@@ -120,6 +120,17 @@ pub async fn server(
     let dir = tempfile::tempdir()?;
     let mut cfg = config(&dir);
     tweak(&mut cfg);
+    launch(threads, cfg, dir, None).await
+}
+
+/// Binds a server with `cfg` on a runtime of its own and serves the index,
+/// or `echo` in its place.
+async fn launch(
+    threads: usize,
+    cfg: ServerConfig,
+    dir: tempfile::TempDir,
+    echo: Option<Arc<Echo>>,
+) -> anyhow::Result<Embedded> {
     let rt = runtime(threads)?;
     let (stop, stopped) = oneshot::channel::<()>();
     // Bound inside its runtime, so the QUIC endpoint's driver runs there.
@@ -127,11 +138,15 @@ pub async fn server(
         .spawn(async move {
             let server = Server::bind(cfg)
                 .await
-                .context("starting the embedded server")?;
+                .context("starting the in-process server")?;
             let addr = server.local_addr();
-            tokio::spawn(server.run(async move {
+            let stopped = async move {
                 let _ = stopped.await;
-            }));
+            };
+            match echo {
+                Some(echo) => tokio::spawn(server.serve(echo, stopped)),
+                None => tokio::spawn(server.run(stopped)),
+            };
             anyhow::Ok(addr)
         })
         .await??;
@@ -204,20 +219,5 @@ pub async fn echo(
             ..cfg.limits()
         },
     });
-    let rt = runtime(threads)?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    // Bound inside its runtime, so the QUIC endpoint's driver runs there.
-    let addr = rt
-        .spawn(async move {
-            let server = Server::bind(cfg)
-                .await
-                .context("starting the echo server")?;
-            let addr = server.local_addr();
-            tokio::spawn(server.serve(echo, async move {
-                let _ = stopped.await;
-            }));
-            anyhow::Ok(addr)
-        })
-        .await??;
-    Embedded::new(addr, rt, stop, dir)
+    launch(threads, cfg, dir, Some(echo)).await
 }
