@@ -50,15 +50,16 @@ impl Default for KeyOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
 #[group(required = true, multiple = false)]
 pub struct KeySource {
-    /// Prompt text, hashed in `block_bytes` blocks.
+    /// Prompt text, hashed in blocks of `block_bytes` (--block-bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub text: Option<String>,
-    /// Token ids, hashed in `block_tokens` blocks.
+    /// Token ids (comma-separated on the command line), hashed in blocks of
+    /// `block_tokens` (--block-tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long, value_delimiter = ',')]
     pub tokens: Option<Vec<u32>>,
-    /// Block hashes, used as they are.
+    /// Block hashes (comma-separated on the command line), used as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long, value_delimiter = ',')]
     pub hashes: Option<Vec<u64>>,
