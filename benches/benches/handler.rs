@@ -18,6 +18,7 @@ use prefix_proto::{Limits, Op, Request};
 use prefix_server::access::Access;
 use prefix_server::handler::{now_ms, Handler};
 use prefix_server::metrics::Metrics;
+use prefix_server::Service;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;

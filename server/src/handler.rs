@@ -2,7 +2,7 @@
 //!
 //! The stream layer (`stream.rs`) reads frames with the protocol crate's
 //! [`FrameReader`](prefix_proto::FrameReader) and hands each decoded request
-//! to [`Handler::serve`], which applies it to the index and writes the answer
+//! to the [`Handler`]'s [`Service::serve`], which applies it to the index and writes the answer
 //! frame; everything here is tested with byte vectors.
 //!
 //! What happens to bad input:
@@ -103,78 +103,6 @@ fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
 }
 
 impl Handler {
-    /// Whether a request should run on the blocking pool: its weight (see
-    /// [`Op::weight`]) is over `inline_blocks`.
-    pub fn is_heavy(&self, request: &Request) -> bool {
-        request.weight() > self.inline_blocks
-    }
-
-    /// Applies a request and appends its response frame to `out`.
-    ///
-    /// An answer is at most [`MAX_FRAME_CEILING`] bytes, the most a client
-    /// accepts: a batch whose answers would pass it (many lookups each listing
-    /// hundreds of pods) stops there and is answered `FrameTooLarge` instead;
-    /// its ops before that point were applied. This also bounds the memory one
-    /// request can make the server build.
-    ///
-    /// `access` is what the connection's client may do (see
-    /// [`crate::access`]); ops it may not do are refused one by one with
-    /// `Forbidden` and change nothing.
-    pub fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
-        let _in_flight = InFlight::new(&self.metrics);
-        let started = Instant::now();
-        let now = now_ms();
-        let reader = self.index.reader();
-        let mut tally = Tally::default();
-        let mut scratch = Vec::new();
-        let slot = match request {
-            Request::One(op) => {
-                let mut w = ResponseWriter::one(out, id);
-                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
-                w.finish();
-                let slot = metrics::op_slot(op);
-                tally.add(slot, failed);
-                slot
-            }
-            Request::Batch(ops) => {
-                let mut w = ResponseWriter::batch(out, id, ops.len());
-                let mut too_large = None;
-                for (i, op) in ops.iter().enumerate() {
-                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
-                    tally.add(metrics::op_slot(op), failed);
-                    if w.len() > MAX_FRAME_CEILING as usize {
-                        too_large = Some(i + 1);
-                        break;
-                    }
-                }
-                match too_large {
-                    None => w.finish(),
-                    Some(applied) => {
-                        w.abandon();
-                        let message = format!(
-                            "the answers would exceed {MAX_FRAME_CEILING} bytes; the first \
-                             {applied} of {} ops were applied; send smaller batches",
-                            ops.len()
-                        );
-                        let reply = ErrorCode::FrameTooLarge.reply(message);
-                        encode_response(id, &Response::One(reply), out);
-                    }
-                }
-                metrics::BATCH
-            }
-        };
-        drop(reader);
-        self.metrics.count(&tally);
-        self.metrics.observe(slot, started.elapsed().as_secs_f64());
-    }
-
-    /// Counts a frame refused before any op was read.
-    pub fn refused(&self) {
-        let mut tally = Tally::default();
-        tally.add(metrics::FRAME, true);
-        self.metrics.count(&tally);
-    }
-
     /// Applies one op and writes its reply; returns whether it failed.
     fn apply(
         &self,
@@ -234,16 +162,76 @@ impl Handler {
 }
 
 impl Service for Handler {
-    fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
-        Handler::serve(self, id, request, access, out);
-    }
-
+    /// Whether a request should run on the blocking pool: its weight (see
+    /// [`Op::weight`]) is over `inline_blocks`.
     fn is_heavy(&self, request: &Request) -> bool {
-        Handler::is_heavy(self, request)
+        request.weight() > self.inline_blocks
     }
 
+    /// Applies a request and appends its response frame to `out`.
+    ///
+    /// An answer is at most [`MAX_FRAME_CEILING`] bytes, the most a client
+    /// accepts: a batch whose answers would pass it (many lookups each listing
+    /// hundreds of pods) stops there and is answered `FrameTooLarge` instead;
+    /// its ops before that point were applied. This also bounds the memory one
+    /// request can make the server build.
+    ///
+    /// `access` is what the connection's client may do (see
+    /// [`crate::access`]); ops it may not do are refused one by one with
+    /// `Forbidden` and change nothing.
+    fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
+        let _in_flight = InFlight::new(&self.metrics);
+        let started = Instant::now();
+        let now = now_ms();
+        let reader = self.index.reader();
+        let mut tally = Tally::default();
+        let mut scratch = Vec::new();
+        let slot = match request {
+            Request::One(op) => {
+                let mut w = ResponseWriter::one(out, id);
+                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
+                w.finish();
+                let slot = metrics::op_slot(op);
+                tally.add(slot, failed);
+                slot
+            }
+            Request::Batch(ops) => {
+                let mut w = ResponseWriter::batch(out, id, ops.len());
+                let mut too_large = None;
+                for (i, op) in ops.iter().enumerate() {
+                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
+                    tally.add(metrics::op_slot(op), failed);
+                    if w.len() > MAX_FRAME_CEILING as usize {
+                        too_large = Some(i + 1);
+                        break;
+                    }
+                }
+                match too_large {
+                    None => w.finish(),
+                    Some(applied) => {
+                        w.abandon();
+                        let message = format!(
+                            "the answers would exceed {MAX_FRAME_CEILING} bytes; the first \
+                             {applied} of {} ops were applied; send smaller batches",
+                            ops.len()
+                        );
+                        let reply = ErrorCode::FrameTooLarge.reply(message);
+                        encode_response(id, &Response::One(reply), out);
+                    }
+                }
+                metrics::BATCH
+            }
+        };
+        drop(reader);
+        self.metrics.count(&tally);
+        self.metrics.observe(slot, started.elapsed().as_secs_f64());
+    }
+
+    /// Counts a frame refused before any op was read.
     fn refused(&self) {
-        Handler::refused(self);
+        let mut tally = Tally::default();
+        tally.add(metrics::FRAME, true);
+        self.metrics.count(&tally);
     }
 
     fn limits(&self) -> &Limits {

@@ -126,6 +126,12 @@ pub fn encode_response(request_id: u64, response: &Response, out: &mut Vec<u8>) 
     encode_frame(Kind::Response, request_id, response, out);
 }
 
+/// Appends the frame that answers request `request_id` with `error`: a
+/// `Response::One` carrying its `Reply::Error`.
+pub fn encode_error(request_id: u64, error: &WireError, out: &mut Vec<u8>) {
+    encode_response(request_id, &Response::One(error.to_reply()), out);
+}
+
 /// The most bytes decoding a payload of `len` bytes may reserve. Bincode
 /// reserves a container's memory from its length field before reading its
 /// elements, against this budget; so it must be generous enough for real

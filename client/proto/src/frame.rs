@@ -15,10 +15,10 @@
 //! can no longer be trusted (skipping a huge payload would let a peer make
 //! the reader consume junk), so the reader stops: it yields nothing more.
 
-use crate::codec::{decode_request, encode_response};
+use crate::codec::{decode_request, encode_error};
 use crate::error::WireError;
 use crate::limits::{Limits, MAX_FRAME_CEILING};
-use crate::message::{Request, Response};
+use crate::message::Request;
 
 /// The QUIC ALPN of this protocol version.
 pub const ALPN: &[u8] = b"prefix-index/1";
@@ -126,7 +126,7 @@ pub struct FrameError {
 impl FrameError {
     /// Appends the error frame that answers it.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        encode_response(self.id, &Response::One(self.error.to_reply()), out);
+        encode_error(self.id, &self.error, out);
     }
 }
 
@@ -155,7 +155,7 @@ impl Incoming {
     /// request).
     pub fn encode_refusal(&self, out: &mut Vec<u8>) {
         if let Incoming::Refused { id, error } = self {
-            encode_response(*id, &Response::One(error.to_reply()), out);
+            encode_error(*id, error, out);
         }
     }
 }
@@ -289,9 +289,9 @@ impl FrameReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::encode_request;
+    use crate::codec::{encode_request, encode_response};
     use crate::error::ErrorCode;
-    use crate::message::{Op, Reply};
+    use crate::message::{Op, Reply, Response};
 
     fn ping(id: u64) -> Vec<u8> {
         let mut out = Vec::new();

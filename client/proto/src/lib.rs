@@ -41,7 +41,7 @@ mod pod_name;
 pub mod tls;
 
 pub use codec::{
-    decode_budget, decode_request, decode_response, encode_request, encode_response,
+    decode_budget, decode_request, decode_response, encode_error, encode_request, encode_response,
     ResponseWriter, DECODE_CEILING,
 };
 pub use error::{ErrorCode, WireError};
