@@ -1,0 +1,790 @@
+//! The `events` array: each event as a tagged map or a tagged array, and the
+//! fields they share (hashes, token ids, optional strings).
+
+use super::{DecodeError, DecodeLimits, Event, Location, Removed, Stored};
+use crate::msgpack::{IntOrBin, Reader, Shape};
+
+/// The shortest event that decodes into an entry, `["BlockRemoved", []]`, is
+/// 15 bytes. Reserving one entry per 15 bytes left holds every event a
+/// payload can carry, and no more than about 8 bytes of `Event` per payload
+/// byte, whatever the array's header claims.
+const MIN_EVENT_BYTES: usize = 15;
+
+/// Decodes the `events` array; returns the known events and the count of
+/// unknown ones.
+pub(super) fn decode_events(
+    r: &mut Reader<'_>,
+    limits: &DecodeLimits,
+) -> Result<(Vec<Event>, u32), DecodeError> {
+    let at = Location::batch("events");
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n > limits.max_events {
+        return Err(DecodeError::Limit {
+            at,
+            limit: "max_events",
+            len: n,
+            max: limits.max_events,
+        });
+    }
+    let mut events = Vec::with_capacity(n.min(r.remaining() / MIN_EVENT_BYTES));
+    let mut unknown = 0u32;
+    for i in 0..n {
+        match decode_event(r, i, limits)? {
+            Some(event) => events.push(event),
+            None => unknown = unknown.saturating_add(1),
+        }
+    }
+    Ok((events, unknown))
+}
+
+/// One event; `None` for an unknown type (skipped whole).
+fn decode_event(
+    r: &mut Reader<'_>,
+    i: usize,
+    limits: &DecodeLimits,
+) -> Result<Option<Event>, DecodeError> {
+    match r.shape().map_err(|e| Location::event(i, "").err(e))? {
+        Shape::Map => map_event(r, i, limits),
+        Shape::Array => array_event(r, i, limits),
+        Shape::Other(found) => Err(DecodeError::UnexpectedType {
+            at: Location::event(i, ""),
+            expected: "a map or an array",
+            found,
+        }),
+    }
+}
+
+/// Where the fields a map-form event may carry start, found in a first pass
+/// over its keys: the `"type"` key may come anywhere (msgspec writes it
+/// first, but nothing requires that), and which fields matter depends on it.
+#[derive(Default)]
+struct Fields<'a> {
+    kind: Option<Reader<'a>>,
+    hashes: Option<Reader<'a>>,
+    parent: Option<Reader<'a>>,
+    tokens: Option<Reader<'a>>,
+    block_size: Option<Reader<'a>>,
+    lora_name: Option<Reader<'a>>,
+    medium: Option<Reader<'a>>,
+}
+
+/// Field names the engines send, so an error in a skipped field names it.
+const OTHER_FIELDS: &[&str] = &[
+    "lora_id",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
+    "cache_salt",
+];
+
+fn map_event<'a>(
+    r: &mut Reader<'a>,
+    i: usize,
+    limits: &DecodeLimits,
+) -> Result<Option<Event>, DecodeError> {
+    let n = r.map_len().map_err(|e| Location::event(i, "").err(e))?;
+    let mut f = Fields::<'a>::default();
+    for _ in 0..n {
+        let key = r.str().map_err(|e| Location::event(i, "map key").err(e))?;
+        let (slot, field) = match key {
+            "type" => (Some(&mut f.kind), "type"),
+            "block_hashes" => (Some(&mut f.hashes), "block_hashes"),
+            "parent_block_hash" => (Some(&mut f.parent), "parent_block_hash"),
+            "token_ids" => (Some(&mut f.tokens), "token_ids"),
+            "block_size" => (Some(&mut f.block_size), "block_size"),
+            "lora_name" => (Some(&mut f.lora_name), "lora_name"),
+            "medium" => (Some(&mut f.medium), "medium"),
+            other => (
+                None,
+                OTHER_FIELDS
+                    .iter()
+                    .find(|&&known| known == other)
+                    .copied()
+                    .unwrap_or("(unknown field)"),
+            ),
+        };
+        let value = *r;
+        r.skip().map_err(|e| Location::event(i, field).err(e))?;
+        if let Some(slot) = slot {
+            *slot = Some(value);
+        }
+    }
+    let required = |slot: Option<Reader<'a>>, field| {
+        slot.ok_or(DecodeError::Missing {
+            at: Location::event(i, field),
+        })
+    };
+    let kind = required(f.kind, "type")?
+        .str()
+        .map_err(|e| Location::event(i, "type").err(e))?;
+    let optional_str = |slot: Option<Reader<'a>>, field| match slot {
+        Some(mut r) => opt_str(&mut r, Location::event(i, field)),
+        None => Ok(None),
+    };
+    Ok(Some(match kind {
+        "BlockStored" => Event::Stored(Stored {
+            hashes: hashes(
+                &mut required(f.hashes, "block_hashes")?,
+                Location::event(i, "block_hashes"),
+                limits,
+            )?,
+            parent: match f.parent {
+                Some(mut r) => opt_hash(&mut r, Location::event(i, "parent_block_hash"))?,
+                None => None,
+            },
+            tokens: tokens(
+                &mut required(f.tokens, "token_ids")?,
+                Location::event(i, "token_ids"),
+                limits,
+            )?,
+            block_size: uint32(
+                &mut required(f.block_size, "block_size")?,
+                Location::event(i, "block_size"),
+            )?,
+            lora_name: optional_str(f.lora_name, "lora_name")?,
+            medium: optional_str(f.medium, "medium")?,
+        }),
+        "BlockRemoved" => Event::Removed(Removed {
+            hashes: hashes(
+                &mut required(f.hashes, "block_hashes")?,
+                Location::event(i, "block_hashes"),
+                limits,
+            )?,
+            medium: optional_str(f.medium, "medium")?,
+        }),
+        "AllBlocksCleared" => Event::Cleared,
+        _ => return Ok(None),
+    }))
+}
+
+/// Positions of an array-form `BlockStored`, for "missing" errors.
+const STORED_POSITIONS: [&str; 5] = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+];
+
+fn array_event(
+    r: &mut Reader<'_>,
+    i: usize,
+    limits: &DecodeLimits,
+) -> Result<Option<Event>, DecodeError> {
+    let n = r.array_len().map_err(|e| Location::event(i, "").err(e))?;
+    let at = |field| Location::event(i, field);
+    let missing = |field| Err(DecodeError::Missing { at: at(field) });
+    if n == 0 {
+        return missing("type");
+    }
+    let kind = r.str().map_err(|e| at("type").err(e))?;
+    // Elements read so far; the rest are skipped at the end.
+    let mut read = 1;
+    let event = match kind {
+        "BlockStored" => {
+            if n < STORED_POSITIONS.len() {
+                return missing(STORED_POSITIONS[n]);
+            }
+            let hashes = hashes(r, at("block_hashes"), limits)?;
+            let parent = opt_hash(r, at("parent_block_hash"))?;
+            let tokens = tokens(r, at("token_ids"), limits)?;
+            let block_size = uint32(r, at("block_size"))?;
+            read = STORED_POSITIONS.len();
+            let mut medium = None;
+            let mut lora_name = None;
+            if n > 5 {
+                // lora_id: deprecated, and the index keys on hashes.
+                r.skip().map_err(|e| at("lora_id").err(e))?;
+                read = 6;
+            }
+            if n > 6 {
+                medium = opt_str(r, at("medium"))?;
+                read = 7;
+            }
+            if n > 7 {
+                lora_name = stored_position_7(r, at("lora_name"))?;
+                read = 8;
+            }
+            Some(Event::Stored(Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+                lora_name,
+                medium,
+            }))
+        }
+        "BlockRemoved" => {
+            if n < 2 {
+                return missing("block_hashes");
+            }
+            let hashes = hashes(r, at("block_hashes"), limits)?;
+            read = 2;
+            let mut medium = None;
+            if n > 2 {
+                medium = opt_str(r, at("medium"))?;
+                read = 3;
+            }
+            Some(Event::Removed(Removed { hashes, medium }))
+        }
+        "AllBlocksCleared" => Some(Event::Cleared),
+        _ => None,
+    };
+    for _ in read..n {
+        r.skip().map_err(|e| at("").err(e))?;
+    }
+    Ok(event)
+}
+
+/// Position 7 of an array-form `BlockStored`: vLLM's `lora_name` (a string
+/// or nil), or SGLang's `BlockStoredWithMetadata.metadata` (a map holding
+/// `cache_salt`), skipped.
+fn stored_position_7(r: &mut Reader<'_>, at: Location) -> Result<Option<String>, DecodeError> {
+    if r.shape().map_err(|e| at.err(e))? == Shape::Map {
+        r.skip().map_err(|e| at.err(e))?;
+        return Ok(None);
+    }
+    opt_str(r, at).map_err(|e| match e {
+        DecodeError::UnexpectedType { at, found, .. } => DecodeError::UnexpectedType {
+            at,
+            expected: "a string, nil or a map",
+            found,
+        },
+        e => e,
+    })
+}
+
+/// A list of block hashes.
+fn hashes(
+    r: &mut Reader<'_>,
+    at: Location,
+    limits: &DecodeLimits,
+) -> Result<Vec<u64>, DecodeError> {
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n > limits.max_hashes {
+        return Err(DecodeError::Limit {
+            at,
+            limit: "max_hashes",
+            len: n,
+            max: limits.max_hashes,
+        });
+    }
+    // Each hash takes at least one byte.
+    let mut out = Vec::with_capacity(n.min(r.remaining()));
+    for j in 0..n {
+        out.push(hash(r, at.at(j))?);
+    }
+    Ok(out)
+}
+
+/// A hash, or `None` for nil.
+fn opt_hash(r: &mut Reader<'_>, at: Location) -> Result<Option<u64>, DecodeError> {
+    if r.eat_nil() {
+        return Ok(None);
+    }
+    hash(r, at).map(Some)
+}
+
+/// One block hash: an unsigned or signed int, or the last 8 bytes (big
+/// endian) of a byte string.
+fn hash(r: &mut Reader<'_>, at: Location) -> Result<u64, DecodeError> {
+    match r.int_or_bin().map_err(|e| at.err(e))? {
+        // A msgpack int is a u64 or an i64. `as` keeps the low 64 bits: the
+        // value itself for a u64, the two's complement bits for a negative
+        // i64 (SGLang's signed hashes).
+        IntOrBin::Int(v) => Ok(v as u64),
+        IntOrBin::Bin(bytes) => match bytes.last_chunk::<8>() {
+            Some(last) => Ok(u64::from_be_bytes(*last)),
+            None => Err(DecodeError::ShortHash {
+                at,
+                len: bytes.len(),
+            }),
+        },
+    }
+}
+
+/// A list of token ids, each a `u32`.
+fn tokens(
+    r: &mut Reader<'_>,
+    at: Location,
+    limits: &DecodeLimits,
+) -> Result<Vec<u32>, DecodeError> {
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n > limits.max_tokens {
+        return Err(DecodeError::Limit {
+            at,
+            limit: "max_tokens",
+            len: n,
+            max: limits.max_tokens,
+        });
+    }
+    // Each token id takes at least one byte.
+    let mut out = Vec::with_capacity(n.min(r.remaining()));
+    for j in 0..n {
+        out.push(token(r, at.at(j))?);
+    }
+    Ok(out)
+}
+
+/// One token id: an int, or the first of an array (SGLang's EAGLE
+/// speculative decoding keys pages by `(token, next_token)` pairs; the
+/// prompt's token at that position is the first).
+fn token(r: &mut Reader<'_>, at: Location) -> Result<u32, DecodeError> {
+    if r.shape() != Ok(Shape::Array) {
+        return uint32(r, at);
+    }
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n == 0 {
+        return Err(DecodeError::EmptyToken { at });
+    }
+    let t = uint32(r, at)?;
+    for _ in 1..n {
+        r.skip().map_err(|e| at.err(e))?;
+    }
+    Ok(t)
+}
+
+/// A non-negative int that fits in a `u32`.
+fn uint32(r: &mut Reader<'_>, at: Location) -> Result<u32, DecodeError> {
+    let value = r.int().map_err(|e| at.err(e))?;
+    u32::try_from(value).map_err(|_| DecodeError::OutOfRange { at, value })
+}
+
+/// A string, or `None` for nil.
+fn opt_str(r: &mut Reader<'_>, at: Location) -> Result<Option<String>, DecodeError> {
+    if r.eat_nil() {
+        return Ok(None);
+    }
+    r.str().map(|s| Some(s.to_owned())).map_err(|e| at.err(e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{batch_of, W};
+    use super::super::{decode_batch, Batch};
+    use super::*;
+
+    fn decode(events: &[Vec<u8>]) -> Result<Batch, DecodeError> {
+        decode_batch(&batch_of(events), &DecodeLimits::default())
+    }
+
+    fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> Event {
+        Event::Stored(Stored {
+            hashes,
+            parent,
+            tokens,
+            block_size: 2,
+            lora_name: None,
+            medium: None,
+        })
+    }
+
+    #[test]
+    fn map_events_in_any_key_order_with_unknown_keys() {
+        let e = W::default()
+            .map(6)
+            .s("token_ids")
+            .arr(2)
+            .u(1)
+            .u(2)
+            .s("future")
+            .map(1)
+            .s("x")
+            .arr(1)
+            .nil()
+            .s("block_size")
+            .u(2)
+            .s("type")
+            .s("BlockStored")
+            .s("parent_block_hash")
+            .u(u64::MAX)
+            .s("block_hashes")
+            .arr(1)
+            .u(5)
+            .done();
+        let batch = decode(&[e]).unwrap();
+        assert_eq!(batch.events, [stored(vec![5], Some(u64::MAX), vec![1, 2])]);
+    }
+
+    #[test]
+    fn absent_optional_fields_are_none() {
+        // SGLang omits medium/lora_name when None (omit_defaults), and a
+        // stripped-down publisher may omit the parent.
+        let e = W::default()
+            .map(4)
+            .s("type")
+            .s("BlockStored")
+            .s("block_hashes")
+            .arr(0)
+            .s("token_ids")
+            .arr(0)
+            .s("block_size")
+            .u(2)
+            .done();
+        assert_eq!(decode(&[e]).unwrap().events, [stored(vec![], None, vec![])]);
+        let e = W::default()
+            .map(2)
+            .s("block_hashes")
+            .arr(1)
+            .u(9)
+            .s("type")
+            .s("BlockRemoved")
+            .done();
+        assert_eq!(
+            decode(&[e]).unwrap().events,
+            [Event::Removed(Removed {
+                hashes: vec![9],
+                medium: None
+            })]
+        );
+    }
+
+    #[test]
+    fn array_events_of_every_length_the_engines_sent() {
+        let base = || {
+            W::default()
+                .s("BlockStored")
+                .arr(2)
+                .u(7)
+                .i(-1)
+                .nil()
+                .arr(2)
+                .u(3)
+                .u(4)
+                .u(2)
+        };
+        // Oldest: up to block_size (SGLang 0.4) or lora_id (vLLM).
+        let five = W::default().arr(5).raw(&base().done()).done();
+        let six = W::default().arr(6).raw(&base().nil().done()).done();
+        // Then medium, then lora_name, then extra_keys and more.
+        let seven = W::default()
+            .arr(7)
+            .raw(&base().u(3).s("CPU_PINNED").done())
+            .done();
+        let nine = W::default()
+            .arr(9)
+            .raw(&base().nil().s("GPU").s("adapter").arr(1).nil().done())
+            .done();
+        // SGLang's BlockStoredWithMetadata: a {cache_salt} map at position 7.
+        let salted = W::default()
+            .arr(8)
+            .raw(&base().nil().s("GPU").map(1).s("cache_salt").s("s").done())
+            .done();
+        let batch = decode(&[five, six, seven, nine, salted]).unwrap();
+        let with = |medium: Option<&str>, lora: Option<&str>| {
+            Event::Stored(Stored {
+                hashes: vec![7, u64::MAX],
+                parent: None,
+                tokens: vec![3, 4],
+                block_size: 2,
+                lora_name: lora.map(Into::into),
+                medium: medium.map(Into::into),
+            })
+        };
+        assert_eq!(
+            batch.events,
+            [
+                with(None, None),
+                with(None, None),
+                with(Some("CPU_PINNED"), None),
+                with(Some("GPU"), Some("adapter")),
+                with(Some("GPU"), None),
+            ]
+        );
+        let removed = W::default().arr(1).s("BlockRemoved").done();
+        assert_eq!(
+            decode(&[removed]).unwrap_err().to_string(),
+            "event 0: block_hashes: missing"
+        );
+        let removed = W::default()
+            .arr(4)
+            .s("BlockRemoved")
+            .arr(1)
+            .u(1)
+            .s("DISK")
+            .u(0)
+            .done();
+        let cleared = W::default().arr(2).s("AllBlocksCleared").map(0).done();
+        assert_eq!(
+            decode(&[removed, cleared]).unwrap().events,
+            [
+                Event::Removed(Removed {
+                    hashes: vec![1],
+                    medium: Some("DISK".into())
+                }),
+                Event::Cleared
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_event_types_are_skipped_and_counted() {
+        let unknown_map = W::default()
+            .map(2)
+            .s("type")
+            .s("BlockPinned")
+            .s("block_hashes")
+            .arr(1)
+            .raw(&[0x91, 0x91, 0xc0])
+            .done();
+        let unknown_array = W::default().arr(3).s("KvMetrics").u(1).map(0).done();
+        let cleared = W::default().map(1).s("type").s("AllBlocksCleared").done();
+        let batch = decode(&[unknown_map, cleared, unknown_array]).unwrap();
+        assert_eq!(batch.events, [Event::Cleared]);
+        assert_eq!(batch.unknown_events, 2);
+    }
+
+    #[test]
+    fn hashes_in_every_form() {
+        let digest: Vec<u8> = (1..=32).collect();
+        let e = W::default()
+            .arr(3)
+            .s("BlockRemoved")
+            .arr(6)
+            .u(0)
+            .u(1 << 63)
+            .i(-2)
+            .i(i64::MIN)
+            .bin(&digest)
+            .bin(&digest[..8])
+            .nil()
+            .done();
+        let want = [
+            0,
+            1 << 63,
+            u64::MAX - 1,
+            1 << 63,
+            0x191a_1b1c_1d1e_1f20,
+            0x0102_0304_0506_0708,
+        ];
+        assert_eq!(
+            decode(&[e]).unwrap().events,
+            [Event::Removed(Removed {
+                hashes: want.to_vec(),
+                medium: None
+            })]
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_refused_with_where_and_what() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                W::default()
+                    .arr(2)
+                    .s("BlockRemoved")
+                    .arr(1)
+                    .bin(&[1; 4])
+                    .done(),
+                "event 1: block_hashes[0]: hash of 4 bytes (at least 8 needed)",
+            ),
+            (
+                W::default().arr(2).s("BlockRemoved").arr(1).s("x").done(),
+                "event 1: block_hashes[0]: expected an integer or bytes, found a string",
+            ),
+            (
+                W::default()
+                    .map(4)
+                    .s("type")
+                    .s("BlockStored")
+                    .s("block_hashes")
+                    .arr(0)
+                    .s("token_ids")
+                    .s("oops")
+                    .s("block_size")
+                    .u(1)
+                    .done(),
+                "event 1: token_ids: expected an array, found a string",
+            ),
+            (
+                W::default()
+                    .arr(5)
+                    .s("BlockStored")
+                    .arr(0)
+                    .nil()
+                    .arr(2)
+                    .u(1)
+                    .u(1 << 32)
+                    .u(1)
+                    .done(),
+                "event 1: token_ids[1]: 4294967296 does not fit in a u32",
+            ),
+            (
+                W::default()
+                    .arr(5)
+                    .s("BlockStored")
+                    .arr(0)
+                    .nil()
+                    .arr(1)
+                    .i(-1)
+                    .u(1)
+                    .done(),
+                "event 1: token_ids[0]: -1 does not fit in a u32",
+            ),
+            (
+                // A pair (SGLang's EAGLE pages) must have a token first.
+                W::default()
+                    .arr(5)
+                    .s("BlockStored")
+                    .arr(0)
+                    .nil()
+                    .arr(1)
+                    .arr(0)
+                    .u(1)
+                    .done(),
+                "event 1: token_ids[0]: an empty array where a token id (or a pair) belongs",
+            ),
+            (
+                W::default()
+                    .arr(4)
+                    .s("BlockStored")
+                    .arr(0)
+                    .nil()
+                    .arr(0)
+                    .done(),
+                "event 1: block_size: missing",
+            ),
+            (
+                W::default().map(1).s("block_hashes").arr(0).done(),
+                "event 1: type: missing",
+            ),
+            (
+                W::default().map(1).s("type").u(1).done(),
+                "event 1: type: expected a string, found an integer",
+            ),
+            (
+                W::default()
+                    .map(1)
+                    .s("extra_keys")
+                    .raw(&[0x93, 0xc0])
+                    .done(),
+                "event 1: extra_keys: the payload ends inside this value",
+            ),
+            (W::default().arr(0).done(), "event 1: type: missing"),
+            (
+                W::default().s("BlockStored").done(),
+                "event 1: expected a map or an array, found a string",
+            ),
+            (
+                W::default().arr(1).raw(&[0xa1, 0xff]).done(),
+                "event 1: type: the string is not valid UTF-8",
+            ),
+            (
+                W::default()
+                    .arr(3)
+                    .s("BlockRemoved")
+                    .arr(0)
+                    .raw(&[0xa1, 0xff])
+                    .done(),
+                "event 1: medium: the string is not valid UTF-8",
+            ),
+            (
+                W::default()
+                    .arr(8)
+                    .s("BlockStored")
+                    .arr(0)
+                    .nil()
+                    .arr(0)
+                    .u(1)
+                    .nil()
+                    .nil()
+                    .u(3)
+                    .done(),
+                "event 1: lora_name: expected a string, nil or a map, found an integer",
+            ),
+        ];
+        let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+        for (event, want) in cases {
+            let got = decode(&[cleared.clone(), event]).unwrap_err().to_string();
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn list_limits_name_the_limit() {
+        let limits = DecodeLimits {
+            max_events: 2,
+            max_hashes: 1,
+            max_tokens: 3,
+        };
+        let run = |events: &[Vec<u8>]| decode_batch(&batch_of(events), &limits);
+        let hashes = W::default()
+            .arr(2)
+            .s("BlockRemoved")
+            .arr(2)
+            .u(1)
+            .u(2)
+            .done();
+        assert_eq!(
+            run(&[hashes]).unwrap_err().to_string(),
+            "event 0: block_hashes: 2 elements, more than max_hashes (1)"
+        );
+        let tokens = W::default()
+            .arr(5)
+            .s("BlockStored")
+            .arr(0)
+            .nil()
+            .arr(4)
+            .raw(&[1, 2, 3, 4])
+            .u(1)
+            .done();
+        assert_eq!(
+            run(&[tokens]).unwrap_err().to_string(),
+            "event 0: token_ids: 4 elements, more than max_tokens (3)"
+        );
+        let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+        assert_eq!(
+            run(&[cleared.clone(), cleared.clone(), cleared])
+                .unwrap_err()
+                .to_string(),
+            "batch: events: 3 elements, more than max_events (2)"
+        );
+    }
+
+    #[test]
+    fn the_shortest_decodable_event_is_min_event_bytes_long() {
+        let removed = W::default().arr(2).s("BlockRemoved").arr(0).done();
+        let stored = W::default()
+            .arr(5)
+            .s("BlockStored")
+            .arr(0)
+            .nil()
+            .arr(0)
+            .u(0)
+            .done();
+        let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+        assert_eq!(removed.len(), MIN_EVENT_BYTES);
+        assert!(stored.len() >= MIN_EVENT_BYTES);
+        assert!(cleared.len() >= MIN_EVENT_BYTES);
+    }
+
+    #[test]
+    fn eagle_pairs_read_as_their_first_token() {
+        // SGLang with EAGLE: each page's token is a (token, next_token) pair.
+        let b = W::default()
+            .arr(5)
+            .s("BlockStored")
+            .arr(1)
+            .u(9)
+            .nil()
+            .arr(2)
+            .arr(2)
+            .u(11)
+            .u(12)
+            .arr(2)
+            .u(12)
+            .u(13)
+            .u(1)
+            .done();
+        let batch = decode_batch(&batch_of(&[b]), &DecodeLimits::default()).unwrap();
+        match &batch.events[..] {
+            [Event::Stored(s)] => assert_eq!(s.tokens, [11, 12]),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! A msgpack cursor over one payload: it reads the few value kinds the event
+//! formats use, borrows strings and bytes from the payload, and skips any
+//! other value without recursion.
+//!
+//! Why not a generic decoder (rmp-serde, or a value tree): the engines mix
+//! positional and named layouts, a hash is an int or bytes, and a tree
+//! allocates for values the index throws away (`extra_keys`). Here each field
+//! is read in place, and callers check a declared length against the bytes
+//! left before they reserve anything. `rmp` supplies the marker table.
+
+use rmp::Marker;
+
+/// Why a read failed; the caller knows where, and says so in its error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    /// The payload ends inside the value (cut short, or a length field
+    /// claims more than is left).
+    Eof,
+    /// The value has another type.
+    Type {
+        expected: &'static str,
+        found: &'static str,
+    },
+    /// A string is not UTF-8.
+    Utf8,
+}
+
+type Result<T> = std::result::Result<T, ReadError>;
+
+/// An int or a byte string: the two forms of a block hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IntOrBin<'a> {
+    Int(i128),
+    Bin(&'a [u8]),
+}
+
+/// What a value is, as far as choosing a layout needs: the batch and the
+/// events each come as an array (positional) or a map (named).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    Array,
+    Map,
+    /// Anything else, named for an error message.
+    Other(&'static str),
+}
+
+/// A position in a payload. `Copy`, so a caller can keep one to come back
+/// to a value later (a map's fields are found first and read afterwards).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(buf: &'a [u8]) -> Self {
+        Reader { buf, pos: 0 }
+    }
+
+    /// Bytes not read yet. Every msgpack value takes at least one byte, so
+    /// this bounds how many values can follow.
+    pub(crate) fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&end| end <= self.buf.len())
+            .ok_or(ReadError::Eof)?;
+        let bytes = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(bytes)
+    }
+
+    /// A big-endian unsigned int of `n` ≤ 8 bytes.
+    fn be(&mut self, n: usize) -> Result<u64> {
+        Ok(self
+            .take(n)?
+            .iter()
+            .fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
+    }
+
+    /// A length field of `n` bytes (1, 2 or 4: at most `u32::MAX`).
+    fn len(&mut self, n: usize) -> Result<usize> {
+        // At most 4 bytes, so it fits in usize on the 32- and 64-bit targets
+        // we build for; saturating keeps it safe anywhere else (the following
+        // `take` then fails as Eof).
+        Ok(usize::try_from(self.be(n)?).unwrap_or(usize::MAX))
+    }
+
+    pub(crate) fn peek(&self) -> Result<Marker> {
+        self.buf
+            .get(self.pos)
+            .map(|&b| Marker::from_u8(b))
+            .ok_or(ReadError::Eof)
+    }
+
+    fn marker(&mut self) -> Result<Marker> {
+        let m = self.peek()?;
+        self.pos += 1;
+        Ok(m)
+    }
+
+    /// The shape of the next value, without consuming it.
+    pub(crate) fn shape(&self) -> Result<Shape> {
+        Ok(match self.peek()? {
+            Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => Shape::Array,
+            Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => Shape::Map,
+            m => Shape::Other(kind(m)),
+        })
+    }
+
+    /// Consumes a nil if one is next; says whether it did.
+    pub(crate) fn eat_nil(&mut self) -> bool {
+        if matches!(self.peek(), Ok(Marker::Null)) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn mismatch<T>(expected: &'static str, m: Marker) -> Result<T> {
+        Err(ReadError::Type {
+            expected,
+            found: kind(m),
+        })
+    }
+
+    /// An array header: the declared element count, not yet checked against
+    /// the bytes left.
+    pub(crate) fn array_len(&mut self) -> Result<usize> {
+        match self.marker()? {
+            Marker::FixArray(n) => Ok(usize::from(n)),
+            Marker::Array16 => self.len(2),
+            Marker::Array32 => self.len(4),
+            m => Self::mismatch("an array", m),
+        }
+    }
+
+    /// A map header: the declared entry count (pairs).
+    pub(crate) fn map_len(&mut self) -> Result<usize> {
+        match self.marker()? {
+            Marker::FixMap(n) => Ok(usize::from(n)),
+            Marker::Map16 => self.len(2),
+            Marker::Map32 => self.len(4),
+            m => Self::mismatch("a map", m),
+        }
+    }
+
+    /// A string, borrowed from the payload.
+    pub(crate) fn str(&mut self) -> Result<&'a str> {
+        let n = match self.marker()? {
+            Marker::FixStr(n) => usize::from(n),
+            Marker::Str8 => self.len(1)?,
+            Marker::Str16 => self.len(2)?,
+            Marker::Str32 => self.len(4)?,
+            m => return Self::mismatch("a string", m),
+        };
+        std::str::from_utf8(self.take(n)?).map_err(|_| ReadError::Utf8)
+    }
+
+    /// Reads the int whose marker `m` was just consumed; `None` when `m`
+    /// is not an int marker. i128 holds every msgpack int (u64 and i64), so
+    /// callers range-check one value.
+    fn int_after(&mut self, m: Marker) -> Option<Result<i128>> {
+        // The `as` casts reinterpret the bytes read (1, 2, 4 or 8 of them)
+        // as the signed type of that width.
+        Some(match m {
+            Marker::FixPos(n) => Ok(i128::from(n)),
+            Marker::FixNeg(n) => Ok(i128::from(n)),
+            Marker::U8 => self.be(1).map(i128::from),
+            Marker::U16 => self.be(2).map(i128::from),
+            Marker::U32 => self.be(4).map(i128::from),
+            Marker::U64 => self.be(8).map(i128::from),
+            Marker::I8 => self.be(1).map(|v| i128::from(v as u8 as i8)),
+            Marker::I16 => self.be(2).map(|v| i128::from(v as u16 as i16)),
+            Marker::I32 => self.be(4).map(|v| i128::from(v as u32 as i32)),
+            Marker::I64 => self.be(8).map(|v| i128::from(v as i64)),
+            _ => return None,
+        })
+    }
+
+    /// An int of any width and sign.
+    pub(crate) fn int(&mut self) -> Result<i128> {
+        let m = self.marker()?;
+        self.int_after(m)
+            .unwrap_or_else(|| Self::mismatch("an integer", m))
+    }
+
+    /// An int, or bytes (borrowed): the two forms of a block hash.
+    pub(crate) fn int_or_bin(&mut self) -> Result<IntOrBin<'a>> {
+        let m = self.marker()?;
+        if let Some(int) = self.int_after(m) {
+            return int.map(IntOrBin::Int);
+        }
+        let n = match m {
+            Marker::Bin8 => self.len(1)?,
+            Marker::Bin16 => self.len(2)?,
+            Marker::Bin32 => self.len(4)?,
+            m => return Self::mismatch("an integer or bytes", m),
+        };
+        Ok(IntOrBin::Bin(self.take(n)?))
+    }
+
+    /// A float; an int is taken as its value too (msgspec's decoder does the
+    /// same for a `float` field).
+    pub(crate) fn float(&mut self) -> Result<f64> {
+        let m = self.marker()?;
+        match m {
+            Marker::F64 => Ok(f64::from_bits(self.be(8)?)),
+            // Four bytes read: the cast keeps every bit.
+            Marker::F32 => Ok(f64::from(f32::from_bits(self.be(4)? as u32))),
+            m => match self.int_after(m) {
+                Some(int) => int.map(|i| i as f64),
+                None => Self::mismatch("a float", m),
+            },
+        }
+    }
+
+    /// Skips one value of any type, containers included.
+    ///
+    /// Iterative: a count of values still to skip replaces the call stack,
+    /// so a payload nested ten thousand levels deep costs no stack. Each
+    /// value read consumes at least its marker byte, so the loop runs at most
+    /// `remaining()` times whatever the length fields claim, and a container
+    /// that claims more values than bytes are left fails at once.
+    pub(crate) fn skip(&mut self) -> Result<()> {
+        let mut pending: u64 = 1;
+        while pending > 0 {
+            pending -= 1;
+            let (bytes, values) = match self.marker()? {
+                Marker::FixPos(_)
+                | Marker::FixNeg(_)
+                | Marker::Null
+                | Marker::False
+                | Marker::True => (0, 0),
+                Marker::Reserved => return Self::mismatch("a msgpack value", Marker::Reserved),
+                Marker::U8 | Marker::I8 => (1, 0),
+                Marker::U16 | Marker::I16 => (2, 0),
+                Marker::U32 | Marker::I32 | Marker::F32 => (4, 0),
+                Marker::U64 | Marker::I64 | Marker::F64 => (8, 0),
+                Marker::FixStr(n) => (usize::from(n), 0),
+                Marker::Str8 | Marker::Bin8 => (self.len(1)?, 0),
+                Marker::Str16 | Marker::Bin16 => (self.len(2)?, 0),
+                Marker::Str32 | Marker::Bin32 => (self.len(4)?, 0),
+                Marker::FixArray(n) => (0, u64::from(n)),
+                Marker::Array16 => (0, self.be(2)?),
+                Marker::Array32 => (0, self.be(4)?),
+                Marker::FixMap(n) => (0, 2 * u64::from(n)),
+                Marker::Map16 => (0, 2 * self.be(2)?),
+                Marker::Map32 => (0, 2 * self.be(4)?),
+                // Type byte, then data.
+                Marker::FixExt1 => (2, 0),
+                Marker::FixExt2 => (3, 0),
+                Marker::FixExt4 => (5, 0),
+                Marker::FixExt8 => (9, 0),
+                Marker::FixExt16 => (17, 0),
+                Marker::Ext8 => (self.len(1)?.saturating_add(1), 0),
+                Marker::Ext16 => (self.len(2)?.saturating_add(1), 0),
+                Marker::Ext32 => (self.len(4)?.saturating_add(1), 0),
+            };
+            self.take(bytes)?;
+            pending += values;
+            if pending > self.remaining() as u64 {
+                return Err(ReadError::Eof);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How an error names a value's type ("expected an array, found a string").
+pub(crate) fn kind(m: Marker) -> &'static str {
+    match m {
+        Marker::FixPos(_)
+        | Marker::FixNeg(_)
+        | Marker::U8
+        | Marker::U16
+        | Marker::U32
+        | Marker::U64
+        | Marker::I8
+        | Marker::I16
+        | Marker::I32
+        | Marker::I64 => "an integer",
+        Marker::Null => "nil",
+        Marker::True | Marker::False => "a boolean",
+        Marker::F32 | Marker::F64 => "a float",
+        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => "a string",
+        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => "bytes",
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => "an array",
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => "a map",
+        Marker::FixExt1
+        | Marker::FixExt2
+        | Marker::FixExt4
+        | Marker::FixExt8
+        | Marker::FixExt16
+        | Marker::Ext8
+        | Marker::Ext16
+        | Marker::Ext32 => "an extension value",
+        Marker::Reserved => "the reserved byte 0xc1",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one<'a, T>(bytes: &'a [u8], f: impl FnOnce(&mut Reader<'a>) -> Result<T>) -> Result<T> {
+        let mut r = Reader::new(bytes);
+        let v = f(&mut r)?;
+        assert_eq!(r.remaining(), 0, "{bytes:02x?} not consumed whole");
+        Ok(v)
+    }
+
+    #[test]
+    fn ints_of_every_width_and_sign() {
+        let cases: &[(&[u8], i128)] = &[
+            (&[0x05], 5),
+            (&[0x7f], 127),
+            (&[0xff], -1),
+            (&[0xe0], -32),
+            (&[0xcc, 0xff], 255),
+            (&[0xcd, 0x11, 0x33], 4403),
+            (&[0xce, 0, 1, 0, 0], 65536),
+            (
+                &[0xcf, 0x84, 0xb8, 0x2a, 0x06, 0x6b, 0x92, 0x79, 0xf6],
+                9_563_440_015_784_180_214,
+            ),
+            (&[0xd0, 0x80], -128),
+            (&[0xd1, 0xff, 0x7f], -129),
+            (&[0xd2, 0x80, 0, 0, 0], i128::from(i32::MIN)),
+            (&[0xd3, 0x80, 0, 0, 0, 0, 0, 0, 0], i128::from(i64::MIN)),
+            // Non-canonical: a small value in a wide form.
+            (&[0xcf, 0, 0, 0, 0, 0, 0, 0, 7], 7),
+            (&[0xd3, 0, 0, 0, 0, 0, 0, 0, 7], 7),
+        ];
+        for (bytes, want) in cases {
+            assert_eq!(one(bytes, |r| r.int()), Ok(*want), "{bytes:02x?}");
+        }
+    }
+
+    #[test]
+    fn headers_need_not_be_minimal() {
+        // map16 with 2 entries, array32 with 1 element, str8 of 1 byte.
+        let mut r = Reader::new(&[0xde, 0, 2]);
+        assert_eq!(r.map_len(), Ok(2));
+        let mut r = Reader::new(&[0xdd, 0, 0, 0, 1]);
+        assert_eq!(r.array_len(), Ok(1));
+        assert_eq!(one(&[0xd9, 1, b'x'], |r| r.str()), Ok("x"));
+    }
+
+    #[test]
+    fn wrong_types_and_short_input_are_typed() {
+        assert_eq!(
+            Reader::new(&[0xa1, b'x']).array_len(),
+            Err(ReadError::Type {
+                expected: "an array",
+                found: "a string"
+            })
+        );
+        assert_eq!(Reader::new(&[]).int(), Err(ReadError::Eof));
+        assert_eq!(Reader::new(&[0xcd, 0x11]).int(), Err(ReadError::Eof));
+        assert_eq!(
+            Reader::new(&[0xdb, 0xff, 0xff, 0xff, 0xff]).str(),
+            Err(ReadError::Eof)
+        );
+        assert_eq!(Reader::new(&[0xa2, 0xff, 0xfe]).str(), Err(ReadError::Utf8));
+        assert_eq!(
+            Reader::new(&[0xc4, 1, 0]).int(),
+            Err(ReadError::Type {
+                expected: "an integer",
+                found: "bytes"
+            })
+        );
+    }
+
+    #[test]
+    fn floats_and_ints_read_as_floats() {
+        let ts = [0xcb, 0x41, 0xda, 0xc3, 0x63, 0x13, 0x63, 0x77, 0x45];
+        assert_eq!(
+            one(&ts, |r| r.float()).map(f64::to_bits),
+            Ok(0x41da_c363_1363_7745)
+        );
+        assert_eq!(one(&[0xca, 0x3f, 0xc0, 0, 0], |r| r.float()), Ok(1.5));
+        assert_eq!(one(&[0x07], |r| r.float()), Ok(7.0));
+    }
+
+    #[test]
+    fn skip_passes_over_any_value() {
+        let nested: &[u8] = &[
+            0x92, // [
+            0x81, 0xa1, b'k', 0x93, 0xc0, 0xc3, 0xc2, // {"k": [nil, true, false]},
+            0xd7, 0x01, 1, 2, 3, 4, 5, 6, 7, 8,    // fixext8
+            0x2a, // trailing value, not skipped
+        ];
+        let mut r = Reader::new(nested);
+        assert_eq!(r.skip(), Ok(()));
+        assert_eq!(r.remaining(), 1);
+    }
+
+    #[test]
+    fn skip_refuses_claims_beyond_the_payload_at_once() {
+        // An array32 claiming 2^32 - 1 elements, then one byte.
+        let mut r = Reader::new(&[0xdd, 0xff, 0xff, 0xff, 0xff, 0xc0]);
+        assert_eq!(r.skip(), Err(ReadError::Eof));
+        assert_eq!(
+            Reader::new(&[0xc1]).skip(),
+            Err(ReadError::Type {
+                expected: "a msgpack value",
+                found: "the reserved byte 0xc1"
+            })
+        );
+    }
+
+    #[test]
+    fn skip_has_no_depth_limit_and_no_recursion() {
+        // 100,000 nested one-element arrays around a nil.
+        let mut deep = vec![0x91u8; 100_000];
+        deep.push(0xc0);
+        let mut r = Reader::new(&deep);
+        assert_eq!(r.skip(), Ok(()));
+        assert_eq!(r.remaining(), 0);
+    }
+}

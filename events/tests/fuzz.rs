@@ -1,0 +1,583 @@
+//! The decoders under a fuzzer (proptest, on stable): arbitrary bytes,
+//! generated batches in every layout (which must round-trip), and those and
+//! the golden vectors cut and mutated. Nothing may panic, every failure is a
+//! typed error, and no input may make the decoder reserve memory out of
+//! proportion to its length (a counting allocator records the largest single
+//! allocation).
+//!
+//! `cargo test` runs a few thousand cases; the long run is
+//! `FUZZ_CASES=1000000 cargo test --release -p prefix-events --test fuzz -- --include-ignored`.
+
+use std::alloc::System;
+use std::path::Path;
+
+use counting_alloc::Counting;
+use prefix_events::{
+    decode_batch, parse_live, parse_replay, parse_topic, Batch, DecodeError, DecodeLimits, Event,
+    Removed, Stored,
+};
+use proptest::prelude::*;
+use rmp::encode as enc;
+
+/// The system allocator, recording the largest request (tests read and reset
+/// it around one decode).
+#[global_allocator]
+static ALLOC: Counting<System> = Counting::new(System);
+
+/// Tests run on several threads, and the allocator counts them all; the
+/// allocation check needs this one alone. So every test holds this lock for
+/// its whole run, input generation included (which is why the properties
+/// run their own `TestRunner` rather than use the `proptest!` macro, which
+/// generates inputs outside the test body).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `test` on `cases` inputs from `strategy`, holding [`SERIAL`].
+fn check<S: Strategy>(
+    cases: u32,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) {
+    let _serial = serial();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(cases));
+    if let Err(e) = runner.run(&strategy, test) {
+        panic!("{e}");
+    }
+}
+
+fn cases(default: u32) -> u32 {
+    std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The most one decode may reserve at once for `len` payload bytes: a list
+/// reserves at most one element per byte left (8 bytes a hash, 4 a token id)
+/// and the events at most one per 15 bytes (about 8 bytes of `Event` per
+/// payload byte), so 16 bytes per payload byte, plus slack for small fixed
+/// allocations.
+fn bound(len: usize) -> usize {
+    16 * len + 4096
+}
+
+/// Decodes `bytes` (and parses it as frames), checks the allocation bound,
+/// and returns the decode result.
+///
+/// Callers hold [`SERIAL`] (see [`serial`]).
+fn decode_checked(
+    bytes: &[u8],
+    limits: &DecodeLimits,
+) -> Result<Result<Batch, DecodeError>, TestCaseError> {
+    ALLOC.reset_largest();
+    let outcome = decode_batch(bytes, limits);
+    let largest = ALLOC.largest();
+    prop_assert!(
+        largest <= bound(bytes.len()),
+        "{} input bytes made a {largest}-byte allocation (bound {})",
+        bytes.len(),
+        bound(bytes.len())
+    );
+    if let Err(e) = &outcome {
+        // Typed, with a message.
+        let _ = e.to_string();
+    }
+    Ok(outcome)
+}
+
+/// Every entry point on `bytes`: the payload decoder with the default limits
+/// and with none, and the frame parsers on frames cut from it.
+fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let limited = decode_checked(bytes, &DecodeLimits::default())?;
+    let unlimited = DecodeLimits {
+        max_events: usize::MAX,
+        max_hashes: usize::MAX,
+        max_tokens: usize::MAX,
+    };
+    let unlimited = decode_checked(bytes, &unlimited)?;
+    // Limits change the outcome only by refusing with `Limit`. (Compared as
+    // text: a NaN `ts` never equals itself.)
+    if !matches!(limited, Err(DecodeError::Limit { .. })) {
+        prop_assert_eq!(format!("{limited:?}"), format!("{unlimited:?}"));
+    }
+    let third = bytes.len() / 3;
+    let (a, rest) = bytes.split_at(third);
+    let (b, c) = rest.split_at(third.min(rest.len()));
+    for frames in [vec![a, b, c], vec![&b""[..], a, b, c], vec![b, c]] {
+        if let Err(e) = parse_live(&frames) {
+            let _ = e.to_string();
+        }
+        if let Err(e) = parse_replay(&frames) {
+            let _ = e.to_string();
+        }
+    }
+    let _ = parse_topic(bytes);
+    Ok(())
+}
+
+// --- Generated batches, encoded in every layout ----------------------------
+
+/// How a hash is written.
+#[derive(Debug, Clone, Copy)]
+enum HashForm {
+    /// vLLM: unsigned int.
+    Uint,
+    /// SGLang: signed int64 (the same 64 bits).
+    Sint,
+    /// vLLM with int hashes off: a 32- or 16-byte digest ending in the hash.
+    Bin(usize),
+}
+
+#[derive(Debug, Clone)]
+struct Layout {
+    hash: HashForm,
+    /// Events as tagged maps (else tagged arrays).
+    map_events: bool,
+    /// In map events, `"type"` last rather than first.
+    type_last: bool,
+    /// The batch as a map (else an array).
+    map_batch: bool,
+    /// Unknown events to put before each known one.
+    unknown: Vec<bool>,
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    (
+        prop_oneof![
+            Just(HashForm::Uint),
+            Just(HashForm::Sint),
+            Just(HashForm::Bin(32)),
+            Just(HashForm::Bin(16)),
+        ],
+        any::<bool>(),
+        any::<bool>(),
+        prop::bool::weighted(0.2),
+        prop::collection::vec(prop::bool::weighted(0.2), 0..8),
+    )
+        .prop_map(|(hash, map_events, type_last, map_batch, unknown)| Layout {
+            hash,
+            map_events,
+            type_last,
+            map_batch,
+            unknown,
+        })
+}
+
+fn label() -> impl Strategy<Value = Option<String>> {
+    prop::option::of("[A-Za-z0-9_/.-]{1,12}")
+}
+
+fn event() -> impl Strategy<Value = Event> {
+    let hashes = prop::collection::vec(any::<u64>(), 0..6);
+    prop_oneof![
+        (
+            hashes.clone(),
+            prop::option::of(any::<u64>()),
+            prop::collection::vec(any::<u32>(), 0..40),
+            any::<u32>(),
+            label(),
+            label(),
+        )
+            .prop_map(|(hashes, parent, tokens, block_size, lora_name, medium)| {
+                Event::Stored(Stored {
+                    hashes,
+                    parent,
+                    tokens,
+                    block_size,
+                    lora_name,
+                    medium,
+                })
+            }),
+        (hashes, label()).prop_map(|(hashes, medium)| Event::Removed(Removed { hashes, medium })),
+        Just(Event::Cleared),
+    ]
+}
+
+fn batch() -> impl Strategy<Value = Batch> {
+    (
+        any::<f64>().prop_filter("NaN never equals itself", |ts| !ts.is_nan()),
+        prop::collection::vec(event(), 0..8),
+        prop::option::of(any::<u32>()),
+    )
+        .prop_map(|(ts, events, data_parallel_rank)| Batch {
+            ts,
+            events,
+            data_parallel_rank,
+            unknown_events: 0,
+        })
+}
+
+fn write_hash(out: &mut Vec<u8>, h: u64, form: HashForm) {
+    match form {
+        HashForm::Uint => drop(enc::write_uint(out, h)),
+        // The same 64 bits as an i64, as SGLang sends them.
+        HashForm::Sint => drop(enc::write_sint(out, h as i64)),
+        HashForm::Bin(len) => {
+            let mut digest = vec![0xa5; len - 8];
+            digest.extend_from_slice(&h.to_be_bytes());
+            drop(enc::write_bin(out, &digest));
+        }
+    }
+}
+
+fn write_opt_str(out: &mut Vec<u8>, s: &Option<String>) {
+    match s {
+        Some(s) => drop(enc::write_str(out, s)),
+        None => drop(enc::write_nil(out)),
+    }
+}
+
+fn write_hashes(out: &mut Vec<u8>, hashes: &[u64], form: HashForm) {
+    let _ = enc::write_array_len(out, hashes.len() as u32);
+    for &h in hashes {
+        write_hash(out, h, form);
+    }
+}
+
+fn write_unknown(out: &mut Vec<u8>, map: bool) {
+    if map {
+        let _ = enc::write_map_len(out, 2);
+        let _ = enc::write_str(out, "type");
+        let _ = enc::write_str(out, "BlockPinned");
+        let _ = enc::write_str(out, "pins");
+        out.extend_from_slice(&[0x92, 0x91, 0xc0, 0x80]);
+    } else {
+        let _ = enc::write_array_len(out, 2);
+        let _ = enc::write_str(out, "KvCacheResized");
+        let _ = enc::write_uint(out, 4096);
+    }
+}
+
+fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
+    if !l.map_events {
+        match e {
+            Event::Stored(s) => {
+                let _ = enc::write_array_len(out, 8);
+                let _ = enc::write_str(out, "BlockStored");
+                write_hashes(out, &s.hashes, l.hash);
+                match s.parent {
+                    Some(p) => write_hash(out, p, l.hash),
+                    None => drop(enc::write_nil(out)),
+                }
+                let _ = enc::write_array_len(out, s.tokens.len() as u32);
+                for &t in &s.tokens {
+                    let _ = enc::write_uint(out, u64::from(t));
+                }
+                let _ = enc::write_uint(out, u64::from(s.block_size));
+                let _ = enc::write_nil(out); // lora_id
+                write_opt_str(out, &s.medium);
+                write_opt_str(out, &s.lora_name);
+            }
+            Event::Removed(r) => {
+                let _ = enc::write_array_len(out, 3);
+                let _ = enc::write_str(out, "BlockRemoved");
+                write_hashes(out, &r.hashes, l.hash);
+                write_opt_str(out, &r.medium);
+            }
+            Event::Cleared => {
+                let _ = enc::write_array_len(out, 1);
+                let _ = enc::write_str(out, "AllBlocksCleared");
+            }
+        }
+        return;
+    }
+    let (tag, fields) = match e {
+        Event::Stored(_) => ("BlockStored", 8),
+        Event::Removed(_) => ("BlockRemoved", 3),
+        Event::Cleared => ("AllBlocksCleared", 1),
+    };
+    // map16 even when small, as msgspec writes BlockStored.
+    out.push(0xde);
+    out.extend_from_slice(&(fields as u16).to_be_bytes());
+    let write_type = |out: &mut Vec<u8>| {
+        let _ = enc::write_str(out, "type");
+        let _ = enc::write_str(out, tag);
+    };
+    if !l.type_last {
+        write_type(out);
+    }
+    match e {
+        Event::Stored(s) => {
+            let _ = enc::write_str(out, "block_hashes");
+            write_hashes(out, &s.hashes, l.hash);
+            let _ = enc::write_str(out, "parent_block_hash");
+            match s.parent {
+                Some(p) => write_hash(out, p, l.hash),
+                None => drop(enc::write_nil(out)),
+            }
+            let _ = enc::write_str(out, "token_ids");
+            let _ = enc::write_array_len(out, s.tokens.len() as u32);
+            for &t in &s.tokens {
+                let _ = enc::write_uint(out, u64::from(t));
+            }
+            let _ = enc::write_str(out, "block_size");
+            let _ = enc::write_uint(out, u64::from(s.block_size));
+            let _ = enc::write_str(out, "medium");
+            write_opt_str(out, &s.medium);
+            let _ = enc::write_str(out, "lora_name");
+            write_opt_str(out, &s.lora_name);
+            let _ = enc::write_str(out, "extra_keys");
+            out.extend_from_slice(&[0x92, 0xc0, 0x92, 0xa1, b'x', 0x01]);
+        }
+        Event::Removed(r) => {
+            let _ = enc::write_str(out, "block_hashes");
+            write_hashes(out, &r.hashes, l.hash);
+            let _ = enc::write_str(out, "medium");
+            write_opt_str(out, &r.medium);
+        }
+        Event::Cleared => {}
+    }
+    if l.type_last {
+        write_type(out);
+    }
+}
+
+/// `batch` in layout `l`, and the batch it must decode to (with its unknown
+/// events counted).
+fn encode(batch: &Batch, l: &Layout) -> (Vec<u8>, Batch) {
+    let mut events = Vec::new();
+    let mut unknown = 0;
+    for (i, e) in batch.events.iter().enumerate() {
+        if l.unknown.get(i).copied().unwrap_or(false) {
+            write_unknown(&mut events, i % 2 == 0);
+            unknown += 1;
+        }
+        write_event(&mut events, e, l);
+    }
+    let count = batch.events.len() as u32 + unknown;
+    let mut out = Vec::new();
+    let write_rank = |out: &mut Vec<u8>| match batch.data_parallel_rank {
+        Some(r) => drop(enc::write_uint(out, u64::from(r))),
+        None => drop(enc::write_nil(out)),
+    };
+    if l.map_batch {
+        let _ = enc::write_map_len(&mut out, 3);
+        let _ = enc::write_str(&mut out, "events");
+        let _ = enc::write_array_len(&mut out, count);
+        out.extend_from_slice(&events);
+        let _ = enc::write_str(&mut out, "attn_dp_rank");
+        write_rank(&mut out);
+        let _ = enc::write_str(&mut out, "ts");
+        let _ = enc::write_f64(&mut out, batch.ts);
+    } else {
+        let _ = enc::write_array_len(&mut out, 3);
+        let _ = enc::write_f64(&mut out, batch.ts);
+        let _ = enc::write_array_len(&mut out, count);
+        out.extend_from_slice(&events);
+        write_rank(&mut out);
+    }
+    let want = Batch {
+        unknown_events: unknown,
+        ..batch.clone()
+    };
+    (out, want)
+}
+
+// --- Mutations -------------------------------------------------------------------
+
+/// A mutation of a valid payload: flip bits, cut, splice in a run.
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Cut(usize),
+    Splice(usize, Vec<u8>),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
+        any::<usize>().prop_map(Mutation::Cut),
+        // 0xdc/0xdd/0xde/0xdf are array16/32 and map16/32 headers, 0xc6 and
+        // 0xdb bin32/str32, 0xff a length byte: the ways to claim a huge
+        // container in a few bytes; 0x91 nests.
+        (
+            any::<usize>(),
+            prop::collection::vec(
+                prop_oneof![
+                    Just(0xddu8),
+                    Just(0xdf),
+                    Just(0xdc),
+                    Just(0xc6),
+                    Just(0xdb),
+                    Just(0xff),
+                    Just(0x91),
+                    any::<u8>()
+                ],
+                1..10
+            )
+        )
+            .prop_map(|(i, b)| Mutation::Splice(i, b)),
+    ]
+}
+
+fn mutate(mut bytes: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
+    for m in muts {
+        if bytes.is_empty() {
+            break;
+        }
+        match m {
+            Mutation::Flip(i, x) => {
+                let i = i % bytes.len();
+                bytes[i] ^= x;
+            }
+            Mutation::Cut(i) => bytes.truncate(i % bytes.len()),
+            Mutation::Splice(i, run) => {
+                let i = i % bytes.len();
+                bytes.splice(i..i, run.iter().copied());
+            }
+        }
+    }
+    bytes
+}
+
+fn golden() -> Vec<Vec<u8>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "msgpack"))
+        .map(|path| std::fs::read(path).unwrap())
+        .collect();
+    out.sort();
+    assert!(!out.is_empty());
+    out
+}
+
+/// The bytes, and the same bytes behind a valid batch head (so they reach
+/// the events).
+fn arbitrary_bytes(bytes: Vec<u8>) -> Result<(), TestCaseError> {
+    decode_all(&bytes)?;
+    let mut headed = vec![0x93, 0xcb, 0x41, 0xda, 0, 0, 0, 0, 0, 0];
+    headed.extend_from_slice(&bytes);
+    decode_all(&headed)
+}
+
+/// A generated batch decodes to itself; mutated, it fails typed.
+fn round_trip((batch, layout, muts): (Batch, Layout, Vec<Mutation>)) -> Result<(), TestCaseError> {
+    let (payload, want) = encode(&batch, &layout);
+    let got = decode_checked(&payload, &DecodeLimits::default())?;
+    prop_assert_eq!(got, Ok(want));
+    decode_all(&mutate(payload, &muts))
+}
+
+#[test]
+fn arbitrary_bytes_fail_typed_and_small() {
+    check(
+        cases(2000),
+        prop::collection::vec(any::<u8>(), 0..512),
+        arbitrary_bytes,
+    );
+}
+
+#[test]
+fn generated_batches_round_trip_and_mutants_fail_typed() {
+    check(
+        cases(2000),
+        (batch(), layout(), prop::collection::vec(mutation(), 1..4)),
+        round_trip,
+    );
+}
+
+#[test]
+fn golden_vectors_cut_and_mutated_fail_typed() {
+    let vectors = golden();
+    check(
+        cases(2000),
+        (
+            any::<prop::sample::Index>(),
+            prop::collection::vec(mutation(), 1..6),
+        ),
+        |(which, muts)| decode_all(&mutate(vectors[which.index(vectors.len())].clone(), &muts)),
+    );
+}
+
+/// Every prefix of every golden vector is refused as truncated (a payload is
+/// one value: a cut one can never decode), and cheaply.
+#[test]
+fn every_prefix_of_a_golden_vector_is_truncated() {
+    let _serial = serial();
+    for payload in golden() {
+        for len in 0..payload.len() {
+            let outcome = decode_checked(&payload[..len], &DecodeLimits::default()).unwrap();
+            assert!(
+                matches!(outcome, Err(DecodeError::Truncated { .. })),
+                "{len} of {} bytes: {outcome:?}",
+                payload.len()
+            );
+        }
+    }
+}
+
+/// The classic attack, spelled out: a few bytes claiming 2^32 - 1 events,
+/// hashes or token ids, with no limits to stop it, only the bytes left.
+#[test]
+fn huge_length_fields_in_tiny_payloads_are_refused_cheaply() {
+    let _serial = serial();
+    let head = [0x93, 0xcb, 0x41, 0xda, 0, 0, 0, 0, 0, 0];
+    let claim = [0xdd, 0xff, 0xff, 0xff, 0xff];
+    // 2^32 - 1 events claimed, eight ["AllBlocksCleared"] there.
+    let mut events_bomb = head.to_vec();
+    events_bomb.extend_from_slice(&claim);
+    for _ in 0..8 {
+        events_bomb.extend_from_slice(b"\x91\xb0AllBlocksCleared");
+    }
+    // One array event, ["BlockRemoved", array32 claim, ...].
+    let mut hashes_bomb = head.to_vec();
+    hashes_bomb.extend_from_slice(&[0x91, 0x92, 0xac]);
+    hashes_bomb.extend_from_slice(b"BlockRemoved");
+    hashes_bomb.extend_from_slice(&claim);
+    hashes_bomb.extend_from_slice(&[0x01; 64]);
+    // One array event, ["BlockStored", [], nil, array32 claim, ...].
+    let mut tokens_bomb = head.to_vec();
+    tokens_bomb.extend_from_slice(&[0x91, 0x95, 0xab]);
+    tokens_bomb.extend_from_slice(b"BlockStored");
+    tokens_bomb.extend_from_slice(&[0x90, 0xc0]);
+    tokens_bomb.extend_from_slice(&claim);
+    tokens_bomb.extend_from_slice(&[0x01; 64]);
+    let unlimited = DecodeLimits {
+        max_events: usize::MAX,
+        max_hashes: usize::MAX,
+        max_tokens: usize::MAX,
+    };
+    for bomb in [events_bomb, hashes_bomb, tokens_bomb] {
+        for limits in [DecodeLimits::default(), unlimited.clone()] {
+            let outcome = decode_checked(&bomb, &limits).unwrap();
+            assert!(
+                matches!(
+                    outcome,
+                    Err(DecodeError::Truncated { .. } | DecodeError::Limit { .. })
+                ),
+                "{outcome:?}"
+            );
+        }
+    }
+}
+
+/// The long run: `FUZZ_CASES` (default 200,000) cases of each property.
+#[test]
+#[ignore = "long fuzzing run; see the module docs"]
+fn long_run() {
+    let n = cases(200_000);
+    check(
+        n,
+        prop::collection::vec(any::<u8>(), 0..4096),
+        arbitrary_bytes,
+    );
+    check(
+        n,
+        (batch(), layout(), prop::collection::vec(mutation(), 1..6)),
+        round_trip,
+    );
+    let vectors = golden();
+    check(
+        n,
+        (
+            any::<prop::sample::Index>(),
+            prop::collection::vec(mutation(), 1..8),
+        ),
+        |(which, muts)| decode_all(&mutate(vectors[which.index(vectors.len())].clone(), &muts)),
+    );
+}
