@@ -29,6 +29,16 @@ pub struct IndexConfig {
     pub max_pods: u32,
     /// Distinct model names. Default 1,024.
     pub max_models: usize,
+    /// How long a gateway's insert for an engine-fed pod stays visible
+    /// unless the engine confirms the blocks. Default 2 s: an engine
+    /// publishes a request's blocks within a scheduler step of receiving
+    /// it, while the second request of a session often arrives within a
+    /// second of the first.
+    pub speculative_ttl: Duration,
+    /// Hard bound on engine block records across all engine-fed pods (each
+    /// holds a block's parent, copy count and our hashes); stores past it
+    /// are refused. Default 16,777,216 (2^24), as `max_blocks`.
+    pub max_engine_blocks: u64,
     /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
     /// the longest Kubernetes object name.
     pub max_name_len: usize,
@@ -44,6 +54,8 @@ impl Default for IndexConfig {
             max_key_blocks: 2048,
             max_pods: 4096,
             max_models: 1024,
+            speculative_ttl: Duration::from_secs(2),
+            max_engine_blocks: 1 << 24,
             max_name_len: 253,
         }
     }
@@ -52,5 +64,12 @@ impl Default for IndexConfig {
 impl IndexConfig {
     pub(crate) fn ttl_ms(&self) -> u64 {
         u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// How far back a speculative insert is dated so that the one TTL
+    /// check lookups make expires it after `speculative_ttl`.
+    pub(crate) fn speculative_age(&self) -> u64 {
+        let spec = u64::try_from(self.speculative_ttl.as_millis()).unwrap_or(u64::MAX);
+        self.ttl_ms().saturating_sub(spec)
     }
 }

@@ -49,3 +49,39 @@ pub enum InsertError {
         max: u64,
     },
 }
+
+/// Why an engine could not be registered or an engine event was refused.
+/// A refused event changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum EngineError {
+    /// Neither block size divides the other.
+    #[error("engine block of {engine} tokens does not map to our block of {ours} tokens (neither divides the other)")]
+    BlockSizes {
+        /// The engine's block size in tokens.
+        engine: u32,
+        /// Ours (the gateways' token block size).
+        ours: u32,
+    },
+    /// A store's token ids do not fill its blocks.
+    #[error("{tokens} token ids do not fill {blocks} blocks of {block} tokens")]
+    TokenCount {
+        /// Token ids in the event.
+        tokens: usize,
+        /// Block hashes in the event.
+        blocks: usize,
+        /// The engine's block size.
+        block: u32,
+    },
+    /// `max_engine_blocks` engine blocks are recorded already.
+    #[error("engine block records are full (max_engine_blocks = {max})")]
+    Full {
+        /// The configured `max_engine_blocks`.
+        max: u64,
+    },
+    /// The pod name was refused.
+    #[error(transparent)]
+    Pod(#[from] PodError),
+    /// Placing the blocks in the tree failed.
+    #[error(transparent)]
+    Insert(#[from] InsertError),
+}

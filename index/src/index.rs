@@ -6,7 +6,8 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::config::IndexConfig;
-use crate::error::{InsertError, PodError};
+use crate::engine::{Engine, EngineSpec};
+use crate::error::{EngineError, InsertError, PodError};
 use crate::pods::PodId;
 use crate::reclaim::{Pin, Published};
 use crate::shared::Shared;
@@ -29,7 +30,15 @@ pub struct Index {
     models: Published<ModelMap>,
     model_writer: Mutex<()>,
     sweeper: Mutex<Sweeper>,
+    /// Engine-fed pods and their engine state (`engine` module). Each
+    /// engine has its own lock, taken by its one subscription and by
+    /// snapshots; lookups never touch either.
+    engines: Mutex<EngineMap>,
 }
+
+/// One engine's state, shared by its subscription and snapshots.
+pub type EngineHandle = Arc<parking_lot::Mutex<Engine>>;
+type EngineMap = HashMap<Box<str>, EngineHandle, ahash::RandomState>;
 
 /// The answer to a lookup.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +65,7 @@ impl Index {
             models: Published::new(Box::default()),
             model_writer: Mutex::new(()),
             sweeper: Mutex::new(Sweeper::default()),
+            engines: Mutex::new(EngineMap::default()),
         }
     }
 
@@ -118,6 +128,10 @@ impl Index {
     /// Records that `pod` now holds every prefix of `key` under `model`, last
     /// used at `now` (ms). An empty key records nothing. On error, the pod may
     /// hold a prefix of the key.
+    ///
+    /// For a pod fed by its engine's events the insert is *speculative*:
+    /// visible at once, gone after `speculative_ttl` unless the engine
+    /// stores the blocks meanwhile.
     pub fn insert(&self, model: &str, key: &[u64], pod: &str, now: u64) -> Result<(), InsertError> {
         let key = self.cut(key);
         if key.is_empty() {
@@ -129,7 +143,176 @@ impl Index {
             .sh
             .pods
             .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
-        tree.insert(&self.sh, key, id.0, now, &pin)
+        // Dated back so that the lookups' one TTL check ends it early.
+        let time = match self.sh.pods.is_precise(id.0) {
+            true => now.saturating_sub(self.sh.cfg.speculative_age()),
+            false => now,
+        };
+        tree.insert(&self.sh, key, id.0, time, &pin)
+    }
+
+    /// Inserts with the given entry time and no speculation (engine stores).
+    pub(crate) fn insert_at(
+        &self,
+        model: &str,
+        key: &[u64],
+        pod: &str,
+        align: u32,
+        time: u64,
+    ) -> Result<(), InsertError> {
+        let key = self.cut(key);
+        if key.is_empty() {
+            return Ok(());
+        }
+        let pin = self.pin();
+        let tree = self.tree_or_create(model, &pin)?;
+        let id = self.precise_id(pod, align)?;
+        tree.insert(&self.sh, key, id, time, &pin)
+    }
+
+    /// The id of an engine-fed pod, interning it (and marking it engine-fed)
+    /// if a clear or a restart left it unnamed.
+    pub(crate) fn precise_id(&self, pod: &str, align: u32) -> Result<u32, PodError> {
+        let pin = self.pin();
+        let id = self
+            .sh
+            .pods
+            .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
+        if !self.sh.pods.is_precise(id.0) || self.sh.pods.align(id.0) != align {
+            self.sh.pods.set_precise(id, true);
+            self.sh.pods.set_capacity(id, u64::MAX);
+            self.sh.pods.set_align(id, align);
+        }
+        Ok(id.0)
+    }
+
+    /// Takes an engine-fed pod off blocks `from..key.len()` of `key`; marks
+    /// it gappy if it keeps entries below them.
+    pub(crate) fn release_at(&self, model: &str, key: &[u64], from: usize, pod: u32) -> u64 {
+        let key = self.cut(key);
+        let pin = self.pin();
+        let Some(tree) = self.models(&pin).get(model).filter(|_| from < key.len()) else {
+            return 0;
+        };
+        let (released, below) = tree.release(&self.sh, key, from, pod, &pin);
+        if below {
+            self.sh.pods.mark_gappy(pod);
+        }
+        released
+    }
+
+    /// Takes an engine-fed pod off the block after `prefix` on every branch.
+    pub(crate) fn release_branches(&self, model: &str, prefix: &[u64], pod: u32) -> u64 {
+        if prefix.len() >= self.sh.cfg.max_key_blocks {
+            return 0;
+        }
+        let pin = self.pin();
+        let Some(tree) = self.models(&pin).get(model) else {
+            return 0;
+        };
+        let mut key = prefix.to_vec();
+        let mut released = 0;
+        for next in tree.continuations(&self.sh, prefix, &pin) {
+            key.truncate(prefix.len());
+            key.push(next);
+            let (n, below) = tree.release(&self.sh, &key, prefix.len(), pod, &pin);
+            if below {
+                self.sh.pods.mark_gappy(pod);
+            }
+            released += n;
+        }
+        released
+    }
+
+    /// Takes an engine-fed pod off everything; it stays registered.
+    pub(crate) fn clear_engine_pod(&self, pod: &str, align: u32) -> Result<(), PodError> {
+        // A new id: the old one's entries vanish at once and the sweep
+        // frees them, as for a removed pod.
+        self.remove_pod(pod);
+        self.precise_id(pod, align).map(drop)
+    }
+
+    /// Engine block records across every engine.
+    pub(crate) fn engine_records(&self) -> u64 {
+        Counters::get(&self.sh.counters.engine_records)
+    }
+
+    pub(crate) fn count_record(&self, bytes: i64, n: i64) {
+        Counters::add(&self.sh.counters.engine_records, n);
+        Counters::add(&self.sh.counters.engine_bytes, bytes);
+    }
+
+    /// Registers `pod` as fed by its engine's events and returns its engine
+    /// state (the existing one if it is registered already with the same
+    /// block sizes). From now on its gateway inserts are speculative and it
+    /// has no capacity of its own: the engine says what it evicts.
+    pub fn engine(&self, pod: &str, spec: EngineSpec) -> Result<EngineHandle, EngineError> {
+        let mut engines = self.engines.lock();
+        if let Some(e) = engines.get(pod) {
+            let mut engine = e.lock();
+            let have = engine.spec;
+            if (have.engine_block, have.our_block) == (spec.engine_block, spec.our_block) {
+                // A restored engine takes the hash rule of its subscription.
+                engine.spec.hash = spec.hash;
+                drop(engine);
+                return Ok(e.clone());
+            }
+        }
+        let engine = Engine::new(spec)?;
+        let align = engine.align();
+        self.precise_id(pod, align)?;
+        let handle: EngineHandle = Arc::new(parking_lot::Mutex::new(engine));
+        if let Some(old) = engines.insert(pod.into(), handle.clone()) {
+            // Registered again with other block sizes: its records mean
+            // nothing under the new ones.
+            self.close_engine(&mut old.lock());
+            self.clear_engine_pod(pod, align)?;
+        }
+        Ok(handle)
+    }
+
+    /// Stops feeding `pod` from its engine: its engine state is dropped and
+    /// the pod removed (a gateway insert registers it again, as a pod
+    /// without an engine). Returns whether it was engine-fed.
+    pub fn drop_engine_pod(&self, pod: &str) -> bool {
+        let Some(old) = self.engines.lock().remove(pod) else {
+            return false;
+        };
+        // Under the engine's lock: an event being applied finishes first,
+        // and none applied later names the pod again.
+        let mut engine = old.lock();
+        self.close_engine(&mut engine);
+        self.remove_pod(pod);
+        true
+    }
+
+    /// Uncounts every record of `engine` and closes it (events applied to it
+    /// later change nothing).
+    pub(crate) fn close_engine(&self, engine: &mut Engine) {
+        self.drop_engine(engine);
+        engine.models.clear();
+        engine.closed = true;
+    }
+
+    /// Uncounts every record of `engine` (which the caller then clears).
+    pub(crate) fn drop_engine(&self, engine: &Engine) {
+        for records in engine.models.values() {
+            for r in records.values() {
+                self.count_record(-(crate::engine::record_bytes(r) as i64), -1);
+            }
+        }
+    }
+
+    /// Every engine-fed pod, by name.
+    pub fn engines(&self) -> Vec<(String, EngineHandle)> {
+        let mut all: Vec<_> = self
+            .engines
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
     }
 
     /// Convenience: one lookup, answered with owned pod names.
@@ -191,6 +374,8 @@ impl Index {
             expired: Counters::total(&c.expired),
             evicted: Counters::total(&c.evicted),
             purged: Counters::total(&c.purged),
+            engine_blocks: Counters::get(&c.engine_records),
+            engine_bytes: Counters::get(&c.engine_bytes),
         }
     }
 
@@ -303,6 +488,11 @@ impl Reader<'_> {
         });
         tree.lookup(&index.sh, key, ids.as_deref(), now, &self.pin, out);
         key_blocks
+    }
+
+    /// Whether `model` has a tree (some pod was given a block of it).
+    pub fn has_model(&self, model: &str) -> bool {
+        self.index.models(&self.pin).contains_key(model)
     }
 
     /// The name of a pod id from a lookup made through this reader.

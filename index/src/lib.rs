@@ -107,6 +107,7 @@
 
 mod children;
 pub mod config;
+pub mod engine;
 pub mod error;
 mod index;
 mod node;
@@ -126,8 +127,9 @@ mod walk;
 mod loom_tests;
 
 pub use config::IndexConfig;
-pub use error::{InsertError, PodError};
-pub use index::{Index, Lookup, Reader};
+pub use engine::{Applied, Engine, EngineOp, EngineSpec, Ratio, PINNED};
+pub use error::{EngineError, InsertError, PodError};
+pub use index::{EngineHandle, Index, Lookup, Reader};
 pub use pods::PodId;
 pub use snapshot::{RestoreSummary, Snapshot, SnapshotError, WriteSummary};
 pub use stats::Stats;

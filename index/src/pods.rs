@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 use crate::error::PodError;
 use crate::reclaim::{free_uncounted, Epoch, Pin, Published, Unlinked};
-use crate::sync::{AtomicBool, AtomicI64, AtomicPtr, AtomicU64, AtomicU8, Mutex, Ordering};
+use crate::sync::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Mutex, Ordering,
+};
 
 /// A pod's dense id inside one [`crate::Index`]. Ids of removed pods are reused,
 /// so an id is only meaningful next to the index that gave it.
@@ -44,7 +46,19 @@ struct Slot {
     name: AtomicPtr<Name>,
     blocks: AtomicI64,
     capacity: AtomicU64,
+    /// [`PRECISE`] and [`GAPPY`]; zero for a pod fed only by gateways.
+    flags: AtomicU8,
+    /// Our blocks per engine block of an engine-fed pod (1 otherwise):
+    /// the engine reuses whole blocks only, so matches round down to it.
+    align: AtomicU32,
 }
+
+/// The pod's blocks come from its engine's events (`crate::engine`): its
+/// gateway inserts are speculative and it has no capacity of its own.
+const PRECISE: u8 = 1;
+/// The pod may hold a node below one it does not hold (an engine removed a
+/// block whose children it still caches): lookups check its path top-down.
+const GAPPY: u8 = 2;
 
 type NameMap = std::collections::HashMap<Box<str>, u32, ahash::RandomState>;
 
@@ -88,6 +102,8 @@ impl Pods {
                     name: AtomicPtr::new(std::ptr::null_mut()),
                     blocks: AtomicI64::new(0),
                     capacity: AtomicU64::new(default_capacity),
+                    flags: AtomicU8::new(0),
+                    align: AtomicU32::new(1),
                 })
                 .collect(),
             names: Published::new(Box::default()),
@@ -165,6 +181,10 @@ impl Pods {
             self.default_capacity.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
+        // Relaxed: as for the capacity.
+        slot.flags.store(0, Ordering::Relaxed);
+        // Relaxed: as for the capacity.
+        slot.align.store(1, Ordering::Relaxed);
         // Release: pairs with the Acquire load in `is_live`.
         slot.state.store(LIVE, Ordering::Release);
         // Ranked before named: whoever finds the id through the name map
@@ -335,6 +355,59 @@ impl Pods {
         self.slots[id.0 as usize]
             .capacity
             .store(blocks, Ordering::Relaxed);
+    }
+
+    /// Marks a pod as fed by engine events (or not).
+    pub(crate) fn set_precise(&self, id: PodId, on: bool) {
+        let flags = &self.slots[id.0 as usize].flags;
+        // Relaxed: pairs with nothing; a setting read by inserts and the
+        // engine applier, which take no decision about memory from it.
+        if on {
+            flags.fetch_or(PRECISE, Ordering::Relaxed);
+        } else {
+            flags.fetch_and(!PRECISE, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets the block multiple a pod's matches round down to.
+    pub(crate) fn set_align(&self, id: PodId, blocks: u32) {
+        // Relaxed: pairs with nothing; a setting, like the capacity.
+        self.slots[id.0 as usize]
+            .align
+            .store(blocks.max(1), Ordering::Relaxed);
+    }
+
+    /// The block multiple a pod's matches round down to (1: none).
+    #[inline]
+    pub(crate) fn align(&self, id: u32) -> u32 {
+        // Relaxed: as in `set_align`.
+        self.slots[id as usize].align.load(Ordering::Relaxed)
+    }
+
+    /// Whether a pod is fed by engine events.
+    #[inline]
+    pub(crate) fn is_precise(&self, id: u32) -> bool {
+        // Relaxed: as in `set_precise`.
+        self.slots[id as usize].flags.load(Ordering::Relaxed) & PRECISE != 0
+    }
+
+    /// Records that a pod may hold nodes below one it does not (see [`GAPPY`]).
+    pub(crate) fn mark_gappy(&self, id: u32) {
+        // SeqCst: ordered before the SeqCst fence with which every later
+        // pin begins (crossbeam-epoch's `pin`), so a lookup pinned after the
+        // removal that made the gap returned reads the flag. One concurrent
+        // with the removal may answer as if it had not happened yet, as the
+        // crate docs allow.
+        self.slots[id as usize]
+            .flags
+            .fetch_or(GAPPY, Ordering::SeqCst);
+    }
+
+    /// Whether lookups must check a pod's path for gaps.
+    #[inline]
+    pub(crate) fn is_gappy(&self, id: u32) -> bool {
+        // Relaxed: the pin's SeqCst fence orders it (see `mark_gappy`).
+        self.slots[id as usize].flags.load(Ordering::Relaxed) & GAPPY != 0
     }
 
     /// Whether a removed pod's id still waits to be freed (its entries purged

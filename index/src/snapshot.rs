@@ -14,13 +14,22 @@
 //! The pin is held for the whole write, so memory retired meanwhile is
 //! freed only after it (a full default index takes about 2 s).
 //!
-//! # Format (version 1)
+//! Engine-fed pods (see the `engine` module) are written as their engine
+//! records, not as tree entries: restoring rebuilds their entries from the
+//! records (the held blocks' paths, less the blocks removed under held
+//! ones), so engine events that arrive after a restart find their parents.
+//! Their speculative entries (seconds long) are not kept.
+//!
+//! # Format (version 2; version 1, without engines, is read too)
 //!
 //! ```text
 //! magic "PFXSNAP\0" | bincode records ... | xxh3-64 of everything before, u64 LE
 //! records: Header { version, written_at, default_capacity }
 //!          Pod { name, capacity }*                 (pod refs are their order)
 //!          ( Model { name }  Node { parent, edge, entries }* )*
+//!          ( Engine { pod, engine_block, our_block, last_batch }
+//!            ( EngineModel { name }  Block { hash, parent, copies, data }* )* )*
+//!          Engines { engines, blocks }             (version 2)
 //!          End { pods, models, nodes }
 //! ```
 //!
@@ -36,13 +45,14 @@ use bincode::{Decode, Encode};
 use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::engine::{Data, EngineSpec, Page, Record as EngineRecord};
 use crate::walk::Walk;
 use crate::Index;
 
 /// The first eight bytes of every snapshot.
 pub const MAGIC: [u8; 8] = *b"PFXSNAP\0";
 /// The format version this crate writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// `Node::parent` of a child of the root.
 const ROOT: u32 = u32::MAX;
 /// Marks an entry covered by a child's entry with the same time (restore
@@ -80,6 +90,36 @@ enum Record {
         models: u32,
         nodes: u64,
     },
+    Engine {
+        pod: String,
+        engine_block: u32,
+        our_block: u32,
+        last_batch: Option<(u64, u64)>,
+    },
+    EngineModel {
+        name: String,
+    },
+    Block {
+        hash: u64,
+        parent: Option<u64>,
+        copies: u32,
+        data: BlockData,
+    },
+    Engines {
+        engines: u32,
+        blocks: u64,
+    },
+}
+
+/// An engine record's own data (`engine::Data`), as written.
+#[derive(Debug, Clone, Encode, Decode)]
+enum BlockData {
+    Whole(Vec<u64>),
+    Page {
+        depth: u32,
+        tokens: Vec<u32>,
+        group: Option<u64>,
+    },
 }
 
 /// One record, as written (borrowed; the same encoding as [`Record`]).
@@ -106,6 +146,25 @@ enum RecordRef<'a> {
         pods: u32,
         models: u32,
         nodes: u64,
+    },
+    Engine {
+        pod: &'a str,
+        engine_block: u32,
+        our_block: u32,
+        last_batch: Option<(u64, u64)>,
+    },
+    EngineModel {
+        name: &'a str,
+    },
+    Block {
+        hash: u64,
+        parent: Option<u64>,
+        copies: u32,
+        data: &'a BlockData,
+    },
+    Engines {
+        engines: u32,
+        blocks: u64,
     },
 }
 
@@ -154,6 +213,8 @@ pub struct WriteSummary {
     pub nodes: u64,
     /// `(pod, node)` entries written.
     pub entries: u64,
+    /// Engine block records written.
+    pub engine_blocks: u64,
     /// Bytes written.
     pub bytes: u64,
 }
@@ -170,6 +231,8 @@ pub struct RestoreSummary {
     /// Inserts or pods the index refused (its limits are now lower than when
     /// the snapshot was written, e.g. `max_blocks` or `max_pods`).
     pub refused: u64,
+    /// Engine block records restored.
+    pub engine_blocks: u64,
 }
 
 /// Feeds everything written into a hash on its way out.
@@ -254,7 +317,10 @@ impl Index {
                 };
                 entries.clear();
                 for (pod, time) in node.pods.entries() {
-                    let visible = now.saturating_sub(time) <= sh.ttl_ms && sh.pods.is_live(pod);
+                    // Engine-fed pods are written as their engine records.
+                    let visible = now.saturating_sub(time) <= sh.ttl_ms
+                        && sh.pods.is_live(pod)
+                        && !sh.pods.is_precise(pod);
                     match refs.get(pod as usize) {
                         Some(&r) if visible && r != u32::MAX => entries.push((r, time)),
                         _ => {}
@@ -276,6 +342,45 @@ impl Index {
             }
             sum.nodes += u64::from(written);
         }
+        drop(pin);
+        let mut engines = 0u32;
+        for (pod, engine) in self.engines() {
+            let engine = engine.lock();
+            w.record(&RecordRef::Engine {
+                pod: &pod,
+                engine_block: engine.spec.engine_block,
+                our_block: engine.spec.our_block,
+                last_batch: engine.last_batch(),
+            })?;
+            engines += 1;
+            let mut models: Vec<_> = engine.models.iter().collect();
+            models.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (name, records) in models {
+                w.record(&RecordRef::EngineModel { name })?;
+                for (&hash, r) in records {
+                    let data = match &r.data {
+                        Data::One(h) => BlockData::Whole(vec![*h]),
+                        Data::Many(hs) => BlockData::Whole(hs.to_vec()),
+                        Data::Page(p) => BlockData::Page {
+                            depth: p.depth,
+                            tokens: p.tokens.to_vec(),
+                            group: p.group,
+                        },
+                    };
+                    w.record(&RecordRef::Block {
+                        hash,
+                        parent: r.parent(),
+                        copies: r.copies,
+                        data: &data,
+                    })?;
+                    sum.engine_blocks += 1;
+                }
+            }
+        }
+        w.record(&RecordRef::Engines {
+            engines,
+            blocks: sum.engine_blocks,
+        })?;
         w.record(&RecordRef::End {
             pods: sum.pods as u32,
             models: sum.models as u32,
@@ -308,6 +413,17 @@ pub struct Snapshot {
     default_capacity: u64,
     pods: Vec<(String, u64)>,
     models: Vec<ModelNodes>,
+    engines: Vec<EngineSnap>,
+}
+
+/// One engine as read: its pod, block sizes, and records per model.
+#[derive(Debug)]
+struct EngineSnap {
+    pod: String,
+    engine_block: u32,
+    our_block: u32,
+    last_batch: Option<(u64, u64)>,
+    models: Vec<(String, Vec<(u64, EngineRecord)>)>,
 }
 
 impl Snapshot {
@@ -348,7 +464,7 @@ impl Snapshot {
         else {
             return Err(SnapshotError::Invalid("no header"));
         };
-        if version != VERSION {
+        if version != VERSION && version != 1 {
             return Err(SnapshotError::Version { found: version });
         }
         let mut snap = Snapshot {
@@ -356,7 +472,9 @@ impl Snapshot {
             default_capacity,
             pods: Vec::new(),
             models: Vec::new(),
+            engines: Vec::new(),
         };
+        let mut engine_total: Option<(u32, u64)> = None;
         // Parents still open on the pre-order path of the current model.
         let mut path: Vec<u32> = Vec::new();
         loop {
@@ -372,7 +490,77 @@ impl Snapshot {
                     }
                     snap.pods.push((name, capacity));
                 }
+                Some(Record::Engine {
+                    pod,
+                    engine_block,
+                    our_block,
+                    last_batch,
+                }) => {
+                    if engine_total.is_some() {
+                        return Err(SnapshotError::Invalid("engine after the engine count"));
+                    }
+                    snap.engines.push(EngineSnap {
+                        pod,
+                        engine_block,
+                        our_block,
+                        last_batch,
+                        models: Vec::new(),
+                    });
+                }
+                Some(Record::EngineModel { name }) => {
+                    let Some(engine) = snap.engines.last_mut() else {
+                        return Err(SnapshotError::Invalid("engine model before any engine"));
+                    };
+                    engine.models.push((name, Vec::new()));
+                }
+                Some(Record::Block {
+                    hash,
+                    parent,
+                    copies,
+                    data,
+                }) => {
+                    let Some((_, blocks)) =
+                        snap.engines.last_mut().and_then(|e| e.models.last_mut())
+                    else {
+                        return Err(SnapshotError::Invalid(
+                            "engine block before any engine model",
+                        ));
+                    };
+                    let data = match data {
+                        BlockData::Whole(ours) if !ours.is_empty() => Data::whole(ours),
+                        BlockData::Whole(_) => {
+                            return Err(SnapshotError::Invalid("engine block without hashes"))
+                        }
+                        BlockData::Page {
+                            depth,
+                            tokens,
+                            group,
+                        } => Data::Page(Box::new(Page {
+                            depth,
+                            tokens: tokens.into(),
+                            group,
+                        })),
+                    };
+                    blocks.push((hash, EngineRecord::new(parent, copies, data)));
+                }
+                Some(Record::Engines { engines, blocks }) => {
+                    if engine_total.replace((engines, blocks)).is_some() {
+                        return Err(SnapshotError::Invalid("two engine counts"));
+                    }
+                    let total: usize = snap
+                        .engines
+                        .iter()
+                        .flat_map(|e| e.models.iter())
+                        .map(|m| m.1.len())
+                        .sum();
+                    if engines as usize != snap.engines.len() || blocks != total as u64 {
+                        return Err(SnapshotError::Invalid("engine counts differ"));
+                    }
+                }
                 Some(Record::Model { name }) => {
+                    if !snap.engines.is_empty() {
+                        return Err(SnapshotError::Invalid("model after the first engine"));
+                    }
                     path.clear();
                     snap.models.push(ModelNodes {
                         name,
@@ -425,6 +613,9 @@ impl Snapshot {
                     {
                         return Err(SnapshotError::Invalid("end record counts differ"));
                     }
+                    if version >= 2 && engine_total.is_none() {
+                        return Err(SnapshotError::Invalid("no engine count"));
+                    }
                     return Ok(snap);
                 }
             }
@@ -454,6 +645,25 @@ impl Snapshot {
                 sum.refused += 1;
             }
         }
+        let engines: Vec<_> = std::mem::take(&mut self.engines)
+            .into_iter()
+            .filter_map(|e| {
+                let spec = EngineSpec {
+                    engine_block: e.engine_block,
+                    our_block: e.our_block,
+                    // The subscription that registers the pod again brings
+                    // the gateways' rule (`Index::engine`).
+                    hash: crate::engine::unset_hash,
+                };
+                match index.engine(&e.pod, spec) {
+                    Ok(handle) => Some((e, handle)),
+                    Err(_) => {
+                        sum.refused += 1;
+                        None
+                    }
+                }
+            })
+            .collect();
         for model in &mut self.models {
             // Mark entries that a child repeats with the same time: the child's
             // insert refreshes the parent to that time, so one insert per chain.
@@ -502,6 +712,17 @@ impl Snapshot {
                         Ok(()) => sum.inserts += 1,
                         Err(_) => sum.refused += 1,
                     }
+                }
+            }
+        }
+        for (snap, handle) in engines {
+            let mut engine = handle.lock();
+            engine.set_last_batch(snap.last_batch);
+            for (model, blocks) in snap.models {
+                sum.engine_blocks += blocks.len() as u64;
+                match index.restore_engine(&mut engine, &snap.pod, &model, blocks) {
+                    Ok(()) => {}
+                    Err(_) => sum.refused += 1,
                 }
             }
         }
@@ -728,12 +949,32 @@ mod tests {
             let err = Snapshot::parse(&signed(&records)).unwrap_err();
             assert!(err.to_string().contains(why), "{why}: got {err}");
         }
+        let engines = |engines, blocks| RecordRef::Engines { engines, blocks };
+        let more: Vec<(Vec<RecordRef<'_>>, &str)> = vec![
+            (vec![header, pod, model, end(0)], "no engine count"),
+            (
+                vec![header, pod, model, engines(1, 0), end(0)],
+                "engine counts differ",
+            ),
+        ];
+        for (records, why) in more {
+            let err = Snapshot::parse(&signed(&records)).unwrap_err();
+            assert!(err.to_string().contains(why), "{why}: got {err}");
+        }
+        // Version 1 had no engines and no engine count.
+        let v1 = RecordRef::Header {
+            version: 1,
+            written_at: T0,
+            default_capacity: 31_250,
+        };
+        assert!(Snapshot::parse(&signed(&[v1, pod, model, end(0)])).is_ok());
         let fine = signed(&[
             header,
             pod,
             model,
             node(ROOT, &good),
             node(0, &good),
+            engines(0, 0),
             end(2),
         ]);
         let index = Index::new(cfg());

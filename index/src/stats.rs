@@ -14,6 +14,8 @@ pub(crate) struct Counters {
     pub(crate) expired: AtomicU64,
     pub(crate) evicted: AtomicU64,
     pub(crate) purged: AtomicU64,
+    pub(crate) engine_records: AtomicI64,
+    pub(crate) engine_bytes: AtomicI64,
 }
 
 impl Counters {
@@ -64,4 +66,8 @@ pub struct Stats {
     pub evicted: u64,
     /// (pod, block) pairs removed because their pod was removed.
     pub purged: u64,
+    /// Engine block records of engine-fed pods (see the `engine` module).
+    pub engine_blocks: u64,
+    /// Heap bytes those records take (map slots included).
+    pub engine_bytes: u64,
 }

@@ -425,7 +425,14 @@ impl Sweeper {
                     };
                     let global = self.global_cutoff.is_some_and(|g| (time, Reverse(d0)) <= g);
                     match verdict {
-                        _ if global => locked.pods.remove_if(pod, |t| t == time),
+                        _ if global => {
+                            // The global bound ignores engines: it may cut an
+                            // engine-fed pod's path above blocks it keeps.
+                            if sh.pods.is_precise(pod) {
+                                sh.pods.mark_gappy(pod);
+                            }
+                            locked.pods.remove_if(pod, |t| t == time)
+                        }
                         Verdict::Evict => locked.pods.remove_if(pod, |t| t == time),
                         Verdict::EvictFrom(k) => {
                             // One split per visit; the halves are visited next.

@@ -90,6 +90,108 @@ impl Tree {
         }
     }
 
+    /// Takes `pod` off blocks `from..key.len()` of `key`'s path, splitting
+    /// edges at both ends so that blocks outside that range keep their
+    /// entries (a precise pod's engine removed those blocks and nothing
+    /// else). Returns the (pod, block) pairs removed, and whether the pod
+    /// still has an entry just below the range (the range is then a gap).
+    pub(crate) fn release(
+        &self,
+        sh: &Shared,
+        key: &[u64],
+        from: usize,
+        pod: u32,
+        pin: &Pin,
+    ) -> (u64, bool) {
+        let mut released = 0;
+        let below = |node: NodeRef<'_>| {
+            let table = node.children();
+            (0..table.slots())
+                .filter_map(|i| table.slot(i))
+                .any(|c| c.pods.find(pod).is_some())
+        };
+        'restart: loop {
+            let mut node = self.root(pin);
+            let mut depth = 0;
+            while depth < key.len() {
+                let Some((c, m)) = walk::step(node, &key[depth..], sh.seed) else {
+                    return (released, false);
+                };
+                let whole = m == c.edge.len();
+                if depth + m <= from {
+                    if !whole {
+                        // The key leaves the tree before the range starts.
+                        return (released, false);
+                    }
+                    node = c;
+                    depth += m;
+                    continue;
+                }
+                if c.pods.find(pod).is_some() {
+                    // Cut the node down to the range first: the halves keep
+                    // the entries, so splits change no count.
+                    let cut = if depth < from {
+                        Some(from - depth)
+                    } else if !whole {
+                        Some(m)
+                    } else {
+                        None
+                    };
+                    if let Some(at) = cut {
+                        match split(sh, node, c, at, |_| Ok::<(), ()>(()), |_, _| {}, pin) {
+                            Ok(Some(_)) => continue,
+                            _ => continue 'restart,
+                        }
+                    }
+                    let Some(locked) = c.lock() else {
+                        continue 'restart;
+                    };
+                    if locked.pods.remove_if(pod, |_| true).is_some() {
+                        let len = c.edge.len() as i64;
+                        sh.pods.add_blocks(pod, -len);
+                        Counters::add(&sh.counters.entries, -len);
+                        released += len as u64;
+                    }
+                }
+                if !whole {
+                    return (released, false);
+                }
+                if depth + m == key.len() {
+                    return (released, below(c));
+                }
+                node = c;
+                depth += m;
+            }
+            return (released, false);
+        }
+    }
+
+    /// The first blocks of every continuation of `prefix` in the tree: the
+    /// children of the node where it ends, or the next block of the edge it
+    /// ends inside. Empty when the tree does not hold `prefix`.
+    pub(crate) fn continuations(&self, sh: &Shared, prefix: &[u64], pin: &Pin) -> Vec<u64> {
+        let mut node = self.root(pin);
+        let mut depth = 0;
+        while depth < prefix.len() {
+            let Some((c, m)) = walk::step(node, &prefix[depth..], sh.seed) else {
+                return Vec::new();
+            };
+            if m < c.edge.len() {
+                return match depth + m == prefix.len() {
+                    true => vec![c.edge[m]],
+                    false => Vec::new(),
+                };
+            }
+            node = c;
+            depth += m;
+        }
+        let table = node.children();
+        (0..table.slots())
+            .filter_map(|i| table.slot(i))
+            .map(|c| c.edge[0])
+            .collect()
+    }
+
     /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
     /// with its matched length, sorted by length descending then pod name.
     /// One walk; no store to shared memory; no lock; no retry. `candidates`
@@ -103,6 +205,7 @@ impl Tree {
         pin: &Pin,
         out: &mut Vec<Match>,
     ) {
+        let first_match = out.len();
         let mut path: SmallVec<[(NodeRef<'_>, u32); 16]> = SmallVec::new();
         for (node, depth) in Path::new(self.root(pin), key, sh.seed) {
             // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
@@ -180,7 +283,53 @@ impl Tree {
                 });
             }
         }
+        let found = &mut out[first_match..];
+        if found
+            .iter()
+            .any(|m| sh.pods.is_gappy(m.pod.0) || sh.pods.align(m.pod.0) > 1)
+        {
+            close_gaps(sh, &path, now, ranks, found);
+            out.retain(|m| m.blocks > 0);
+        }
     }
+}
+
+/// Cuts each gappy pod's match at the first node of the path, top-down,
+/// where it is not visible, rounds engine-fed pods' matches down to whole
+/// engine blocks, then restores the answer's order (blocks descending, then
+/// name rank). The bottom-up scan answers with the deepest node where a pod
+/// is visible, which is its match only when it holds every node above
+/// (always true of a pod fed by gateways alone).
+fn close_gaps(
+    sh: &Shared,
+    path: &[(NodeRef<'_>, u32)],
+    now: u64,
+    ranks: &crate::pods::Ranks,
+    found: &mut [Match],
+) {
+    for m in found.iter_mut() {
+        let align = sh.pods.align(m.pod.0);
+        m.blocks -= m.blocks % align;
+        if !sh.pods.is_gappy(m.pod.0) {
+            continue;
+        }
+        let mut above = 0;
+        for &(node, depth) in path {
+            if above >= m.blocks {
+                break;
+            }
+            let visible = node
+                .pods
+                .find(m.pod.0)
+                .is_some_and(|time| now.saturating_sub(time) <= sh.ttl_ms);
+            if !visible {
+                m.blocks = above - above % align;
+                break;
+            }
+            above = depth;
+        }
+    }
+    found.sort_by_key(|m| (std::cmp::Reverse(m.blocks), ranks.rank(m.pod.0)));
 }
 
 /// The pods of rank 64 and up found at one node, ordered by rank when drained.
