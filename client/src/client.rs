@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use crate::conn::Conn;
 use crate::error::{ClientError, ConnectError};
 use crate::tls::TlsConfig;
-use crate::wire::{self, Limits, Op, PodBlocks, Reply, Request, Response, WireStats};
+use crate::wire::{
+    self, EngineState, EngineSub, Limits, Op, PodBlocks, Reply, Request, Response, WireStats,
+};
 
 /// How a [`Client`] connects and how long it waits.
 #[derive(Debug, Clone)]
@@ -199,6 +201,25 @@ impl Client {
         }
     }
 
+    /// [`Client::lookup`] by token ids: the key is their hashes in blocks of
+    /// `block_tokens` ids ([`key::token_key`](crate::key::token_key)), which
+    /// must be the server's `token-block` (default
+    /// [`TOKEN_BLOCK_TOKENS`](crate::key::TOKEN_BLOCK_TOKENS)).
+    ///
+    /// Engine-fed (precise) pods are matched by token keys only: engines
+    /// report the token ids of the blocks they cache, and the server hashes
+    /// those, so a text key never reaches them.
+    pub async fn lookup_tokens(
+        &self,
+        model: &str,
+        tokens: &[u32],
+        block_tokens: usize,
+        candidates: Option<&[&str]>,
+    ) -> Result<LookupResult, ClientError> {
+        let key = crate::key::token_key(tokens, block_tokens);
+        self.lookup(model, &key, candidates).await
+    }
+
     /// Records that `pod` holds every prefix of `key` under `model`.
     pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
         let op = Op::Insert {
@@ -224,6 +245,31 @@ impl Client {
             blocks,
         };
         done(self.one(op).await?)
+    }
+
+    /// Makes the server follow an inference engine's KV-cache events
+    /// (precise mode), replacing any subscription of the same pod. A writer's
+    /// op; refused with `BadSubscription` and the reason when the server
+    /// cannot follow it (its block size, its endpoint, `max-engines`).
+    pub async fn subscribe_engine(&self, sub: EngineSub) -> Result<(), ClientError> {
+        done(self.one(Op::Subscribe(sub)).await?)
+    }
+
+    /// Stops following `pod`'s engine; the server removes the pod with what
+    /// it held. Returns whether the server followed it.
+    pub async fn unsubscribe_engine(&self, pod: &str) -> Result<bool, ClientError> {
+        match self.one(Op::Unsubscribe { pod: pod.into() }).await? {
+            Reply::Removed(found) => Ok(found),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Every engine the server follows, by pod name, with its state.
+    pub async fn list_engines(&self) -> Result<Vec<EngineState>, ClientError> {
+        match self.one(Op::ListEngines).await? {
+            Reply::Engines(list) => Ok(list),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// The server's index statistics.

@@ -10,12 +10,18 @@
 //! {"op":"set_pod_capacity","pod":P,"blocks":N}
 //! {"op":"stats"}
 //! {"op":"ping"}
+//! {"op":"subscribe","pod":P,"model":M,"endpoint":E}   (optional: "replay":E, "block_size":16, "topic":"", "media":["GPU"])
+//! {"op":"unsubscribe","pod":P}
+//! {"op":"list_engines"}
 //! ```
 //!
 //! Output: `{"ok":true,...}` or `{"ok":false,"error":"..."}`. A lookup answers
 //! `{"ok":true,"blocks":N,"matches":[{"pod":P,"blocks":K},...]}`: N is the
 //! key's block count, and matches lists every pod with K ≥ 1, by K descending
-//! then pod name. A line that fails (bad JSON, an unknown op, a server error,
+//! then pod name. Engine-fed (precise) pods match token keys only: look them
+//! up with `"tokens"`. `list_engines` answers `{"ok":true,"engines":[...]}`,
+//! one object per engine: its subscription's fields, then its state
+//! (`connected`, `last_seq`, `events`, ..., `lag_ms`, `last_error`). A line that fails (bad JSON, an unknown op, a server error,
 //! a timeout) answers its error and replay goes on with the next line.
 
 use serde::{Deserialize, Serialize};
@@ -24,7 +30,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::client::Client;
 use crate::key;
-use crate::wire::OpKind;
+use crate::wire::{EngineState, EngineSub, OpKind};
 
 /// How text and tokens become block hashes; every gateway of a model must
 /// agree on these.
@@ -78,6 +84,86 @@ impl KeySource {
     }
 }
 
+/// An engine to follow, as `subscribe` takes it: the fields of
+/// [`EngineSub`], with the defaults of the server's `--engine`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, clap::Args)]
+pub struct EngineArgs {
+    /// The pod the engine serves (gateways route to this name).
+    #[arg(long)]
+    pub pod: String,
+    /// The model it serves.
+    #[arg(long)]
+    pub model: String,
+    /// The engine's ZeroMQ PUB endpoint, tcp://host:port.
+    #[arg(long)]
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) endpoint, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub replay: Option<String>,
+    /// Tokens per engine block (vLLM --block-size, SGLang --page-size).
+    #[serde(default = "default_block_size")]
+    #[arg(long, default_value_t = default_block_size())]
+    pub block_size: u32,
+    /// The topic to subscribe to (empty: every message).
+    #[serde(default)]
+    #[arg(long, default_value = "")]
+    pub topic: String,
+    /// Cache tiers routed on (comma-separated on the command line).
+    #[serde(default = "default_media")]
+    #[arg(long, value_delimiter = ',', default_value = "GPU")]
+    pub media: Vec<String>,
+}
+
+/// vLLM's default block size.
+fn default_block_size() -> u32 {
+    16
+}
+
+/// Engines cache in GPU memory; other tiers are offloads.
+fn default_media() -> Vec<String> {
+    vec!["GPU".into()]
+}
+
+impl From<&EngineArgs> for EngineSub {
+    fn from(a: &EngineArgs) -> Self {
+        EngineSub {
+            pod: a.pod.clone(),
+            model: a.model.clone(),
+            endpoint: a.endpoint.clone(),
+            replay: a.replay.clone(),
+            block_size: a.block_size,
+            topic: a.topic.clone(),
+            media: a.media.clone(),
+        }
+    }
+}
+
+/// One engine of a `list_engines` answer, as a JSON object.
+fn engine_json(e: &EngineState) -> Value {
+    let s = &e.sub;
+    json!({
+        "pod": s.pod,
+        "model": s.model,
+        "endpoint": s.endpoint,
+        "replay": s.replay,
+        "block_size": s.block_size,
+        "topic": s.topic,
+        "media": s.media,
+        "connected": e.connected,
+        "last_seq": e.last_seq,
+        "events": e.events,
+        "blocks_stored": e.blocks_stored,
+        "blocks_removed": e.blocks_removed,
+        "resyncs": e.resyncs,
+        "replays": e.replays,
+        "orphaned": e.orphaned,
+        "decode_errors": e.decode_errors,
+        "lag_ms": e.lag_ms,
+        "last_error": e.last_error,
+    })
+}
+
 /// One input line, and one `prefix-client` subcommand: one variant per
 /// operation of the protocol, named by its [`OpKind::name`] (the test
 /// `lines_follow_the_op_table` holds them together).
@@ -127,6 +213,21 @@ pub enum Line {
     Stats,
     /// Round trip to the server.
     Ping,
+    /// Follow an inference engine's KV-cache events (precise mode).
+    Subscribe {
+        /// The engine.
+        #[serde(flatten)]
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Stop following a pod's engine (the pod is removed).
+    Unsubscribe {
+        /// Pod name.
+        #[arg(long)]
+        pod: String,
+    },
+    /// Every engine followed, with its state.
+    ListEngines,
 }
 
 impl Line {
@@ -139,6 +240,9 @@ impl Line {
             Line::SetPodCapacity { .. } => OpKind::SetPodCapacity,
             Line::Stats => OpKind::Stats,
             Line::Ping => OpKind::Ping,
+            Line::Subscribe { .. } => OpKind::Subscribe,
+            Line::Unsubscribe { .. } => OpKind::Unsubscribe,
+            Line::ListEngines => OpKind::ListEngines,
         }
     }
 }
@@ -203,6 +307,19 @@ async fn run(client: &Client, line: &Line, opts: &KeyOptions) -> Result<Value, S
         Line::Ping => {
             client.ping().await.map_err(err)?;
             json!({ "ok": true })
+        }
+        Line::Subscribe { engine } => {
+            client.subscribe_engine(engine.into()).await.map_err(err)?;
+            json!({ "ok": true })
+        }
+        Line::Unsubscribe { pod } => {
+            let removed = client.unsubscribe_engine(pod).await.map_err(err)?;
+            json!({ "ok": true, "removed": removed })
+        }
+        Line::ListEngines => {
+            let engines = client.list_engines().await.map_err(err)?;
+            let engines: Vec<Value> = engines.iter().map(engine_json).collect();
+            json!({ "ok": true, "engines": engines })
         }
     })
 }
@@ -311,7 +428,14 @@ mod tests {
                 OpKind::SetPodCapacity => {
                     format!(r#"{{"op":"{}","pod":"p","blocks":1}}"#, kind.name())
                 }
-                OpKind::Stats | OpKind::Ping => format!(r#"{{"op":"{}"}}"#, kind.name()),
+                OpKind::Subscribe => format!(
+                    r#"{{"op":"{}","pod":"p","model":"m","endpoint":"tcp://h:1"}}"#,
+                    kind.name()
+                ),
+                OpKind::Unsubscribe => format!(r#"{{"op":"{}","pod":"p"}}"#, kind.name()),
+                OpKind::Stats | OpKind::Ping | OpKind::ListEngines => {
+                    format!(r#"{{"op":"{}"}}"#, kind.name())
+                }
             };
             let line: Line = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
             assert_eq!(line.kind(), kind);
@@ -324,6 +448,73 @@ mod tests {
         }
         assert_eq!(kinds, OpKind::ALL);
         assert_eq!(commands.len(), OpKind::ALL.len());
+    }
+
+    #[test]
+    fn subscriptions_take_the_engine_defaults() {
+        use clap::Parser as _;
+        let short: Line = serde_json::from_str(
+            r#"{"op":"subscribe","pod":"p","model":"m","endpoint":"tcp://h:1"}"#,
+        )
+        .unwrap();
+        let want = EngineSub {
+            pod: "p".into(),
+            model: "m".into(),
+            endpoint: "tcp://h:1".into(),
+            replay: None,
+            block_size: 16,
+            topic: String::new(),
+            media: vec!["GPU".into()],
+        };
+        let Line::Subscribe { engine } = &short else {
+            panic!("{short:?}")
+        };
+        assert_eq!(EngineSub::from(engine), want);
+
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            line: Line,
+        }
+        let args = ["t", "subscribe", "--pod", "p", "--model", "m"];
+        let cli = Cli::try_parse_from(args.iter().chain(&["--endpoint", "tcp://h:1"])).unwrap();
+        assert_eq!(cli.line, short);
+        let full = Cli::try_parse_from(args.iter().chain(&[
+            "--endpoint",
+            "tcp://h:1",
+            "--replay",
+            "tcp://h:2",
+            "--block-size",
+            "64",
+            "--topic",
+            "kv",
+            "--media",
+            "GPU,CPU",
+        ]))
+        .unwrap();
+        let Line::Subscribe { engine } = &full.line else {
+            panic!("{:?}", full.line)
+        };
+        let sub = EngineSub::from(engine);
+        assert_eq!(
+            (
+                sub.replay.as_deref(),
+                sub.block_size,
+                &*sub.topic,
+                &sub.media[..]
+            ),
+            (
+                Some("tcp://h:2"),
+                64,
+                "kv",
+                &["GPU".to_string(), "CPU".into()][..]
+            )
+        );
+        // What a replay line writes reads back the same.
+        let text = serde_json::to_string(&full.line).unwrap();
+        assert_eq!(serde_json::from_str::<Line>(&text).unwrap(), full.line);
+        let cli = Cli::try_parse_from(["t", "unsubscribe", "--pod", "p"]).unwrap();
+        assert_eq!(cli.line, Line::Unsubscribe { pod: "p".into() });
     }
 
     #[test]

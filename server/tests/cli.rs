@@ -241,3 +241,65 @@ async fn the_documented_openssl_recipe_makes_working_certificates() {
     assert!(why.contains("reader"), "{why}");
     server.shutdown().await;
 }
+
+/// The engine subcommands against a real server: subscribe (refused with the
+/// reason, then accepted), list-engines, unsubscribe, each printing JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_are_followed_from_the_command_line() {
+    let server = common::start(|_| {}).await;
+    let ca = [server.ca.as_path()];
+    // Nothing listens on port 1: the subscription keeps reconnecting.
+    let subscribe = [
+        "subscribe",
+        "--pod",
+        "vllm-0",
+        "--model",
+        "m",
+        "--endpoint",
+        "tcp://127.0.0.1:1",
+    ];
+    let bad = [&subscribe[..], &["--block-size", "24"]].concat();
+    let why = refused(&run(server.addr, &ca, &bad).await);
+    assert!(
+        why.contains("server error 15") && why.contains("engine block of 24 tokens"),
+        "{why}"
+    );
+
+    let ok = run(
+        server.addr,
+        &ca,
+        &[&subscribe[..], &["--media", "gpu,cpu"]].concat(),
+    )
+    .await;
+    assert_eq!(
+        (ok.code, ok.stdout.trim()),
+        (0, r#"{"ok":true}"#),
+        "{}",
+        ok.stderr
+    );
+    let listed = run(server.addr, &ca, &["list-engines"]).await;
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let v: serde_json::Value = serde_json::from_str(listed.stdout.trim()).unwrap();
+    let engines = v["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 1, "{v}");
+    let e = &engines[0];
+    assert_eq!(
+        (&e["pod"], &e["endpoint"], &e["block_size"], &e["media"]),
+        (
+            &serde_json::json!("vllm-0"),
+            &serde_json::json!("tcp://127.0.0.1:1"),
+            &serde_json::json!(16),
+            &serde_json::json!(["GPU", "CPU"])
+        ),
+        "{v}"
+    );
+    assert_eq!(e["last_seq"], serde_json::Value::Null, "{v}");
+
+    let unsubscribe = ["unsubscribe", "--pod", "vllm-0"];
+    let gone = run(server.addr, &ca, &unsubscribe).await;
+    assert_eq!(gone.stdout.trim(), r#"{"ok":true,"removed":true}"#);
+    let again = run(server.addr, &ca, &unsubscribe).await;
+    assert_eq!(again.stdout.trim(), r#"{"ok":true,"removed":false}"#);
+    assert!(server.engines_list().is_empty());
+    server.shutdown().await;
+}

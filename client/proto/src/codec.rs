@@ -193,7 +193,7 @@ pub fn decode_response(payload: &[u8]) -> Result<Response, WireError> {
 mod tests {
     use super::*;
     use crate::frame::{split_frame, Frame, Header};
-    use crate::message::{Op, PodBlocks, WireStats};
+    use crate::message::{EngineState, EngineSub, Op, PodBlocks, WireStats};
 
     fn lookup() -> Request {
         Request::One(Op::Lookup {
@@ -255,6 +255,28 @@ mod tests {
             }),
             Reply::Pong,
             WireError::KeyTooLong { len: 9, max: 4 }.to_reply(),
+            Reply::Engines(vec![EngineState {
+                sub: EngineSub {
+                    pod: "a".into(),
+                    model: "m".into(),
+                    endpoint: "tcp://h:1".into(),
+                    replay: Some("tcp://h:2".into()),
+                    block_size: 16,
+                    topic: "kv".into(),
+                    media: vec!["GPU".into()],
+                },
+                connected: true,
+                last_seq: Some(u64::MAX),
+                events: 1,
+                blocks_stored: 2,
+                blocks_removed: 3,
+                resyncs: 4,
+                replays: 5,
+                orphaned: 6,
+                decode_errors: 7,
+                lag_ms: -8,
+                last_error: Some("gap".into()),
+            }]),
         ]);
         let mut out = Vec::new();
         encode_response(u64::MAX, &resp, &mut out);

@@ -40,11 +40,18 @@ pub enum ErrorCode {
     Unavailable = 13,
     /// A bug on the server side.
     Internal = 14,
+    /// An engine subscription is refused: a field empty or too long, an
+    /// endpoint that is not `tcp://`, a block size that does not map to the
+    /// server's token block, or `max-engines` reached. The message says which.
+    BadSubscription = 15,
+    /// This server does not do that op (the engine ops, on a server that
+    /// does not follow engines).
+    Unsupported = 16,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::Malformed,
         ErrorCode::BadVersion,
         ErrorCode::UnknownKind,
@@ -59,6 +66,8 @@ impl ErrorCode {
         ErrorCode::Forbidden,
         ErrorCode::Unavailable,
         ErrorCode::Internal,
+        ErrorCode::BadSubscription,
+        ErrorCode::Unsupported,
     ];
 
     /// The code for a number, if known (newer peers may send codes we lack).
@@ -133,6 +142,20 @@ pub enum WireError {
         /// The limit.
         max: usize,
     },
+    /// A field of an engine subscription is empty where it may not be, or
+    /// too long (see [`Limits::max_text_len`](crate::Limits::max_text_len)).
+    #[error("engine subscription's {field} of {len} bytes is not allowed ({min} to {max})")]
+    BadEngineField {
+        /// The field: `endpoint`, `replay`, `topic`, `media` (its names
+        /// joined by `+`, as in the server's text form) or `media name`.
+        field: &'static str,
+        /// Bytes sent.
+        len: usize,
+        /// The least allowed.
+        min: usize,
+        /// The limit.
+        max: usize,
+    },
 }
 
 impl WireError {
@@ -147,6 +170,7 @@ impl WireError {
             WireError::BatchTooLarge { .. } => ErrorCode::BatchTooLarge,
             WireError::BadName { .. } => ErrorCode::BadName,
             WireError::TooManyCandidates { .. } => ErrorCode::TooManyCandidates,
+            WireError::BadEngineField { .. } => ErrorCode::BadSubscription,
         }
     }
 
@@ -167,6 +191,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(15), None);
+        assert_eq!(ErrorCode::from_u16(17), None);
     }
 }

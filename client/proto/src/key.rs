@@ -47,17 +47,30 @@ pub fn token_key(tokens: &[u32], block_tokens: usize) -> Vec<u64> {
     if block_tokens == 0 || block_tokens > tokens.len() {
         return Vec::new();
     }
-    let mut buf = Vec::with_capacity(block_tokens * 4);
     tokens
         .chunks_exact(block_tokens)
-        .map(|block| {
-            buf.clear();
-            for t in block {
-                buf.extend_from_slice(&t.to_le_bytes());
-            }
-            hash_block(&buf)
-        })
+        .map(hash_token_block)
         .collect()
+}
+
+/// The hash of one block of token ids (each id as 4 little-endian bytes).
+/// The server hashes engines' stored blocks with it, so that a gateway's
+/// token key walks to the blocks an engine reported.
+pub fn hash_token_block(block: &[u32]) -> u64 {
+    // 64 ids (256 bytes) on the stack covers every common block size.
+    let mut stack = [0u8; 256];
+    let mut heap;
+    let buf: &mut [u8] = match block.len() * 4 {
+        n if n <= stack.len() => &mut stack[..n],
+        n => {
+            heap = vec![0u8; n];
+            &mut heap
+        }
+    };
+    for (out, t) in buf.chunks_exact_mut(4).zip(block) {
+        out.copy_from_slice(&t.to_le_bytes());
+    }
+    hash_block(buf)
 }
 
 #[cfg(test)]

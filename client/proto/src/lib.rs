@@ -8,8 +8,9 @@
 //!
 //! - [`frame`]: the 16-byte header and [`FrameReader`], which cuts a
 //!   stream's bytes into whole frames (or one typed [`FrameError`]).
-//! - [`message`]: [`Request`], [`Op`], [`Response`], [`Reply`], and
-//!   [`OpKind`], the table of operations every other part derives from.
+//! - [`message`]: [`Request`], [`Op`], [`Response`], [`Reply`] (with the
+//!   engine ops' [`EngineSub`] and [`EngineState`]), and [`OpKind`], the
+//!   table of operations every other part derives from.
 //! - [`codec`]: payloads to bytes and back, with allocation budgets.
 //! - [`Limits`] and [`ErrorCode`]/[`WireError`]: what is refused, and how.
 //! - [`key`]: how a prompt becomes block hashes, identical in every gateway.
@@ -50,5 +51,7 @@ pub use frame::{
     HEADER_LEN, VERSION,
 };
 pub use limits::{Limits, MAX_FRAME_CEILING};
-pub use message::{Op, OpKind, PodBlocks, Reply, Request, Response, WireStats};
+pub use message::{
+    EngineState, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response, WireStats,
+};
 pub use pod_name::PodName;

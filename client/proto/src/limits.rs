@@ -1,7 +1,7 @@
 //! The protocol's limits, and the check of one op against them.
 
 use crate::error::WireError;
-use crate::message::Op;
+use crate::message::{EngineSub, Op};
 
 /// The largest `max_frame_bytes` a configuration may set, and the largest
 /// frame a client accepts: 16 MiB.
@@ -18,6 +18,8 @@ pub struct Limits {
     /// Most ops in one batch. Default 1,024.
     pub max_batch: usize,
     /// Longest model or pod name in bytes. Default 253 (a DNS-1123 name).
+    /// It also bounds an engine subscription's other text fields (see
+    /// [`Limits::max_text_len`]).
     pub max_name_len: usize,
     /// Most candidate pods in one lookup. Default 1,024.
     pub max_candidates: usize,
@@ -42,6 +44,15 @@ impl Limits {
         self.max_frame_bytes.min(MAX_FRAME_CEILING)
     }
 
+    /// The longest endpoint, topic or media list (names joined by `+`) of an
+    /// engine subscription: 4 × `max_name_len`, 1,012 bytes by default. An
+    /// endpoint is a host name of up to `max_name_len` bytes with a scheme
+    /// and a port; four times leaves room for any real one, and bounds what
+    /// each subscription makes the server keep.
+    pub fn max_text_len(&self) -> usize {
+        self.max_name_len.saturating_mul(4)
+    }
+
     fn check_name(&self, name: &str) -> Result<(), WireError> {
         if name.is_empty() || name.len() > self.max_name_len {
             return Err(WireError::BadName {
@@ -60,6 +71,35 @@ impl Limits {
             });
         }
         Ok(())
+    }
+
+    fn check_engine(&self, sub: &EngineSub) -> Result<(), WireError> {
+        let field = |field, len, min, max| {
+            if (min..=max).contains(&len) {
+                Ok(())
+            } else {
+                Err(WireError::BadEngineField {
+                    field,
+                    len,
+                    min,
+                    max,
+                })
+            }
+        };
+        let text = self.max_text_len();
+        self.check_name(&sub.pod)?;
+        self.check_name(&sub.model)?;
+        field("endpoint", sub.endpoint.len(), 1, text)?;
+        if let Some(replay) = &sub.replay {
+            field("replay", replay.len(), 1, text)?;
+        }
+        field("topic", sub.topic.len(), 0, text)?;
+        // As the text form writes it: `GPU+CPU`.
+        let joined = sub.media.iter().map(|m| m.len() + 1).sum::<usize>();
+        field("media", joined.saturating_sub(1), 1, text)?;
+        sub.media
+            .iter()
+            .try_for_each(|m| field("media name", m.len(), 1, self.max_name_len))
     }
 
     /// Checks one op against the limits.
@@ -88,8 +128,11 @@ impl Limits {
                 self.check_name(pod)?;
                 self.check_key(key)
             }
-            Op::RemovePod { pod } | Op::SetPodCapacity { pod, .. } => self.check_name(pod),
-            Op::Stats | Op::Ping => Ok(()),
+            Op::RemovePod { pod } | Op::SetPodCapacity { pod, .. } | Op::Unsubscribe { pod } => {
+                self.check_name(pod)
+            }
+            Op::Subscribe(sub) => self.check_engine(sub),
+            Op::Stats | Op::Ping | Op::ListEngines => Ok(()),
         }
     }
 }
@@ -141,6 +184,69 @@ mod tests {
             Err(ErrorCode::BadName)
         );
         assert_eq!(code(&Op::Ping), Ok(()));
+        assert_eq!(
+            code(&Op::Unsubscribe { pod: "long".into() }),
+            Err(ErrorCode::BadName)
+        );
+        assert_eq!(code(&Op::ListEngines), Ok(()));
+    }
+
+    #[test]
+    fn engine_subscriptions_are_bounded_field_by_field() {
+        let limits = Limits {
+            max_name_len: 3,
+            ..Limits::default()
+        };
+        assert_eq!(limits.max_text_len(), 12);
+        let sub = EngineSub {
+            pod: "p".into(),
+            model: "m".into(),
+            endpoint: "tcp://h:1".into(),
+            replay: Some("tcp://h:2".into()),
+            block_size: 16,
+            topic: String::new(),
+            media: vec!["GPU".into(), "CPU".into()],
+        };
+        let check = |f: &dyn Fn(&mut EngineSub)| {
+            let mut s = sub.clone();
+            f(&mut s);
+            limits.check_op(&Op::Subscribe(s))
+        };
+        assert_eq!(check(&|_| ()), Ok(()));
+        let bad = |field, len, min, max| {
+            Err(WireError::BadEngineField {
+                field,
+                len,
+                min,
+                max,
+            })
+        };
+        assert_eq!(check(&|s| s.endpoint.clear()), bad("endpoint", 0, 1, 12));
+        assert_eq!(
+            check(&|s| s.replay = Some("tcp://host:22".into())),
+            bad("replay", 13, 1, 12)
+        );
+        assert_eq!(
+            check(&|s| s.topic = "t".repeat(13)),
+            bad("topic", 13, 0, 12)
+        );
+        assert_eq!(check(&|s| s.media.clear()), bad("media", 0, 1, 12));
+        assert_eq!(
+            check(&|s| s.media = vec!["GPU".into(); 4]),
+            bad("media", 15, 1, 12)
+        );
+        assert_eq!(
+            check(&|s| s.media.push(String::new())),
+            bad("media name", 0, 1, 3)
+        );
+        assert_eq!(
+            check(&|s| s.model = "long".into()).map_err(|e| e.code()),
+            Err(ErrorCode::BadName)
+        );
+        assert_eq!(
+            check(&|s| s.endpoint.clear()).map_err(|e| e.code()),
+            Err(ErrorCode::BadSubscription)
+        );
     }
 
     #[test]

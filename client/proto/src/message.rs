@@ -48,6 +48,69 @@ pub enum Op {
     Stats,
     /// Liveness check.
     Ping,
+    /// Follow an inference engine's KV-cache events (precise mode), replacing
+    /// any subscription of the same pod.
+    Subscribe(EngineSub),
+    /// Stop following a pod's engine; the pod is removed with what it held.
+    Unsubscribe {
+        /// The pod.
+        pod: String,
+    },
+    /// Every engine subscription and its state.
+    ListEngines,
+}
+
+/// An engine to follow: the wire form of a server's `--engine` setting.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct EngineSub {
+    /// The pod the engine serves (gateways route to this name).
+    pub pod: String,
+    /// The model it serves; an event's LoRA adapter name overrides it.
+    pub model: String,
+    /// The engine's ZeroMQ PUB endpoint, `tcp://host:port`.
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) endpoint, if it has one: the server asks
+    /// it for missed batches instead of resyncing the pod.
+    pub replay: Option<String>,
+    /// Tokens per engine block (vLLM `--block-size`, SGLang `--page-size`).
+    pub block_size: u32,
+    /// The ZeroMQ topic to subscribe to (empty: every message).
+    pub topic: String,
+    /// Cache tiers routed on, e.g. `["GPU"]`; events of other tiers (CPU or
+    /// storage offloading) are skipped.
+    pub media: Vec<String>,
+}
+
+/// One engine subscription and what its follower has seen, as a
+/// `ListEngines` reply carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct EngineState {
+    /// The subscription.
+    pub sub: EngineSub,
+    /// Whether the server's socket to the engine is connected.
+    pub connected: bool,
+    /// The last event batch's sequence number applied, if any.
+    pub last_seq: Option<u64>,
+    /// Events applied.
+    pub events: u64,
+    /// Engine blocks stored, as the engine reported them.
+    pub blocks_stored: u64,
+    /// Engine blocks removed, as the engine reported them.
+    pub blocks_removed: u64,
+    /// Times the pod was cleared and rebuilt (gaps no replay could fill,
+    /// engine restarts).
+    pub resyncs: u64,
+    /// Replays asked of the engine's replay endpoint.
+    pub replays: u64,
+    /// Stored blocks whose parent block was unknown (not placed).
+    pub orphaned: u64,
+    /// Messages that did not decode.
+    pub decode_errors: u64,
+    /// Milliseconds between the last batch's engine timestamp and its
+    /// arrival (negative when the clocks disagree).
+    pub lag_ms: i64,
+    /// The latest problem, in words.
+    pub last_error: Option<String>,
 }
 
 /// Which operation an [`Op`] is: the one table every part of the service
@@ -66,6 +129,12 @@ pub enum OpKind {
     Stats,
     /// [`Op::Ping`].
     Ping,
+    /// [`Op::Subscribe`].
+    Subscribe,
+    /// [`Op::Unsubscribe`].
+    Unsubscribe,
+    /// [`Op::ListEngines`].
+    ListEngines,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -75,13 +144,16 @@ pub const POD_TABLE_WEIGHT: usize = 1024;
 
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 6] = [
+    pub const ALL: [OpKind; 9] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
         OpKind::SetPodCapacity,
         OpKind::Stats,
         OpKind::Ping,
+        OpKind::Subscribe,
+        OpKind::Unsubscribe,
+        OpKind::ListEngines,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -94,14 +166,22 @@ impl OpKind {
             OpKind::SetPodCapacity => "set_pod_capacity",
             OpKind::Stats => "stats",
             OpKind::Ping => "ping",
+            OpKind::Subscribe => "subscribe",
+            OpKind::Unsubscribe => "unsubscribe",
+            OpKind::ListEngines => "list_engines",
         }
     }
 
-    /// Whether it changes the index (a reader may not send it).
+    /// Whether it changes the index or what feeds it (a reader may not send
+    /// it).
     pub const fn writes(self) -> bool {
         match self {
-            OpKind::Insert | OpKind::RemovePod | OpKind::SetPodCapacity => true,
-            OpKind::Lookup | OpKind::Stats | OpKind::Ping => false,
+            OpKind::Insert
+            | OpKind::RemovePod
+            | OpKind::SetPodCapacity
+            | OpKind::Subscribe
+            | OpKind::Unsubscribe => true,
+            OpKind::Lookup | OpKind::Stats | OpKind::Ping | OpKind::ListEngines => false,
         }
     }
 
@@ -121,20 +201,27 @@ impl Op {
             Op::SetPodCapacity { .. } => OpKind::SetPodCapacity,
             Op::Stats => OpKind::Stats,
             Op::Ping => OpKind::Ping,
+            Op::Subscribe(_) => OpKind::Subscribe,
+            Op::Unsubscribe { .. } => OpKind::Unsubscribe,
+            Op::ListEngines => OpKind::ListEngines,
         }
     }
 
     /// How heavy it is to serve, in key blocks or their equivalent: a lookup
     /// walks its key and hashes each candidate name, an insert walks its key,
-    /// a pod-table change costs [`POD_TABLE_WEIGHT`], the rest 1.
+    /// a pod-table change (engine subscriptions included: they name or
+    /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`], the rest 1.
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
                 key, candidates, ..
             } => key.len() + candidates.as_ref().map_or(0, Vec::len),
             Op::Insert { key, .. } => key.len(),
-            Op::RemovePod { .. } | Op::SetPodCapacity { .. } => POD_TABLE_WEIGHT,
-            Op::Stats | Op::Ping => 1,
+            Op::RemovePod { .. }
+            | Op::SetPodCapacity { .. }
+            | Op::Subscribe(_)
+            | Op::Unsubscribe { .. } => POD_TABLE_WEIGHT,
+            Op::Stats | Op::Ping | Op::ListEngines => 1,
         }
     }
 }
@@ -200,9 +287,10 @@ pub enum Reply {
         /// then name.
         matches: Vec<PodBlocks>,
     },
-    /// Insert or capacity change applied.
+    /// Insert, capacity change or subscription applied.
     Done,
-    /// Whether `RemovePod` found the pod live.
+    /// Whether `RemovePod` found the pod live, or `Unsubscribe` the pod
+    /// followed.
     Removed(bool),
     /// Statistics.
     Stats(WireStats),
@@ -215,6 +303,8 @@ pub enum Reply {
         /// Human-readable detail.
         message: String,
     },
+    /// Answer to `ListEngines`: every subscription, by pod name.
+    Engines(Vec<EngineState>),
 }
 
 /// A response payload: one reply per op of the request, in order.
@@ -250,6 +340,17 @@ mod tests {
             },
             Op::Stats,
             Op::Ping,
+            Op::Subscribe(EngineSub {
+                pod: "a".into(),
+                model: "m".into(),
+                endpoint: "tcp://h:1".into(),
+                replay: None,
+                block_size: 16,
+                topic: String::new(),
+                media: vec!["GPU".into()],
+            }),
+            Op::Unsubscribe { pod: "a".into() },
+            Op::ListEngines,
         ];
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(op.kind(), OpKind::ALL[i]);
@@ -261,11 +362,22 @@ mod tests {
         let writes: Vec<_> = OpKind::ALL.iter().filter(|k| k.writes()).collect();
         assert_eq!(
             writes,
-            [&OpKind::Insert, &OpKind::RemovePod, &OpKind::SetPodCapacity]
+            [
+                &OpKind::Insert,
+                &OpKind::RemovePod,
+                &OpKind::SetPodCapacity,
+                &OpKind::Subscribe,
+                &OpKind::Unsubscribe
+            ]
         );
         let weights: Vec<_> = ops.iter().map(Op::weight).collect();
-        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1]);
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 2055);
+        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1]);
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4104);
+        let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names[6..], ["subscribe", "unsubscribe", "list_engines"]);
+        // New replies come after the old ones too.
+        let engines = bincode::encode_to_vec(Reply::Engines(vec![]), bincode::config::standard());
+        assert_eq!(engines.unwrap(), [6, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 }

@@ -13,8 +13,8 @@ use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, FrameReader, Incoming, Kind, Limits, Op, PodBlocks, Reply, Request, Response,
-    WireError, HEADER_LEN,
+    split_frame, EngineState, EngineSub, FrameReader, Incoming, Kind, Limits, Op, PodBlocks, Reply,
+    Request, Response, WireError, HEADER_LEN,
 };
 use proptest::prelude::*;
 
@@ -86,7 +86,58 @@ fn op() -> impl Strategy<Value = Op> {
         (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
         Just(Op::Stats),
         Just(Op::Ping),
+        engine_sub().prop_map(Op::Subscribe),
+        name().prop_map(|pod| Op::Unsubscribe { pod }),
+        Just(Op::ListEngines),
     ]
+}
+
+fn engine_sub() -> impl Strategy<Value = EngineSub> {
+    (
+        (name(), name(), "tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
+        prop::option::of("tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
+        any::<u32>(),
+        "[a-z@-]{0,12}",
+        prop::collection::vec("[A-Z]{1,4}", 0..3),
+    )
+        .prop_map(
+            |((pod, model, endpoint), replay, block_size, topic, media)| EngineSub {
+                pod,
+                model,
+                endpoint,
+                replay,
+                block_size,
+                topic,
+                media,
+            },
+        )
+}
+
+fn engine_state() -> impl Strategy<Value = EngineState> {
+    (
+        engine_sub(),
+        any::<bool>(),
+        any::<Option<u64>>(),
+        prop::array::uniform7(any::<u64>()),
+        any::<i64>(),
+        prop::option::of(".{0,20}"),
+    )
+        .prop_map(
+            |(sub, connected, last_seq, n, lag_ms, last_error)| EngineState {
+                sub,
+                connected,
+                last_seq,
+                events: n[0],
+                blocks_stored: n[1],
+                blocks_removed: n[2],
+                resyncs: n[3],
+                replays: n[4],
+                orphaned: n[5],
+                decode_errors: n[6],
+                lag_ms,
+                last_error,
+            },
+        )
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -118,6 +169,7 @@ fn reply() -> impl Strategy<Value = Reply> {
         any::<bool>().prop_map(Reply::Removed),
         Just(Reply::Pong),
         (any::<u16>(), ".{0,20}").prop_map(|(code, message)| Reply::Error { code, message }),
+        prop::collection::vec(engine_state(), 0..3).prop_map(Reply::Engines),
     ]
 }
 

@@ -84,7 +84,7 @@ fn the_documented_vectors_are_the_codecs_bytes() {
 /// by the codec: the vectors must be exactly these bytes.
 #[test]
 fn the_documented_vectors_are_the_messages_they_describe() {
-    use prefix_proto::{Op, PodBlocks, Reply, Request, WireStats};
+    use prefix_proto::{EngineState, EngineSub, Op, PodBlocks, Reply, Request, WireStats};
     let req = |id, r: Request| {
         let mut b = Vec::new();
         encode_request(id, &r, &mut b);
@@ -94,6 +94,15 @@ fn the_documented_vectors_are_the_messages_they_describe() {
         let mut b = Vec::new();
         encode_response(id, &r, &mut b);
         b
+    };
+    let vllm = EngineSub {
+        pod: "vllm-0".into(),
+        model: "m1".into(),
+        endpoint: "tcp://10.0.0.5:5557".into(),
+        replay: Some("tcp://10.0.0.5:5558".into()),
+        block_size: 16,
+        topic: String::new(),
+        media: vec!["GPU".into()],
     };
     let mut stray = req(5, Request::One(Op::Ping));
     stray.push(0);
@@ -165,6 +174,37 @@ fn the_documented_vectors_are_the_messages_they_describe() {
                 code: 1,
                 message: "malformed payload: 1 bytes left over".into(),
             }),
+        ),
+        req(6, Request::One(Op::Subscribe(vllm.clone()))),
+        resp(6, Response::One(Reply::Done)),
+        req(
+            7,
+            Request::Batch(vec![
+                Op::ListEngines,
+                Op::Unsubscribe {
+                    pod: "vllm-0".into(),
+                },
+            ]),
+        ),
+        resp(
+            7,
+            Response::Batch(vec![
+                Reply::Engines(vec![EngineState {
+                    sub: vllm,
+                    connected: true,
+                    last_seq: Some(41),
+                    events: 300,
+                    blocks_stored: 20,
+                    blocks_removed: 4,
+                    resyncs: 0,
+                    replays: 0,
+                    orphaned: 0,
+                    decode_errors: 0,
+                    lag_ms: -3,
+                    last_error: None,
+                }]),
+                Reply::Removed(true),
+            ]),
         ),
     ];
     assert_eq!(frames(), expected);
