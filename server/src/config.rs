@@ -14,6 +14,7 @@ use prefix_index::IndexConfig;
 use prefix_proto::{Limits, MAX_FRAME_CEILING};
 
 use crate::access::{Identity, Roles};
+use crate::engines::{EngineConfig, Ratio, Subscription};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -157,6 +158,51 @@ pub struct Settings {
     /// matching neither may do nothing.
     #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
     pub writers: Option<Vec<String>>,
+    /// An engine to follow (precise mode): pod=<name>,model=<model>,
+    /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
+    /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
+    /// in the environment separate them with ';'. See docs/events.md.
+    #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
+    pub engines: Option<Vec<String>>,
+    /// Bind a SUB socket here (tcp://host:port) for engines that connect to
+    /// the server and publish with topics kv@<pod>@<model>; "off" for none.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
+    pub engine_listen: Option<String>,
+    /// Block size in tokens of the engines that connect to --engine-listen.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
+    pub engine_block_size: Option<u32>,
+    /// Tokens per block of the gateways' token keys; engine blocks are
+    /// hashed into blocks of this size.
+    #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
+    pub token_block: Option<u32>,
+    /// How long a gateway's insert for an engine-fed pod counts before the
+    /// engine confirms it.
+    #[arg(long, env = "PREFIX_INDEX_SPECULATIVE_TTL")]
+    pub speculative_ttl: Option<HumanDuration>,
+    /// Bound on engine block records (parent, copies and hashes of each
+    /// block an engine reported), over all engines.
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_BLOCKS")]
+    pub max_engine_blocks: Option<u64>,
+    /// Most engines followed at once (configured, subscribed at run time,
+    /// or met through --engine-listen).
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
+    pub max_engines: Option<usize>,
+    /// How long a replay may take before the pod is cleared and learnt
+    /// again instead.
+    #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
+    pub replay_timeout: Option<HumanDuration>,
+    /// Live batches held back while a replay runs; past it, the pod is
+    /// cleared and learnt again.
+    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
+    pub max_held_batches: Option<usize>,
+    /// Largest engine event message in bytes; libzmq drops a connection
+    /// that sends a larger one (the gap is then replayed or resynced).
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
+    pub max_event_bytes: Option<usize>,
+    /// Engine messages buffered per socket while its thread is busy; past
+    /// it libzmq drops them (a gap, replayed or resynced).
+    #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
+    pub max_queued_events: Option<usize>,
 }
 
 /// Why the configuration is unusable.
@@ -177,6 +223,14 @@ pub enum ConfigError {
         path: PathBuf,
         /// The parser's message.
         source: Box<toml::de::Error>,
+    },
+    /// An engine subscription does not parse.
+    #[error("engine = {value}: {why}")]
+    Engine {
+        /// The text.
+        value: String,
+        /// What is wrong.
+        why: String,
     },
     /// A value is out of range.
     #[error("{name} = {value}: {why}")]
@@ -298,6 +352,8 @@ impl Settings {
                 max_pods: self.max_pods.unwrap_or(d.index.max_pods),
                 max_models: self.max_models.unwrap_or(d.index.max_models),
                 max_name_len: self.max_name_len.unwrap_or(d.index.max_name_len),
+                speculative_ttl: dur(self.speculative_ttl, d.index.speculative_ttl),
+                max_engine_blocks: self.max_engine_blocks.unwrap_or(d.index.max_engine_blocks),
                 ..d.index
             },
             max_frame_bytes: self.max_frame_bytes.unwrap_or(d.max_frame_bytes),
@@ -325,6 +381,32 @@ impl Settings {
             roles: Roles {
                 readers: identities("reader", self.readers)?,
                 writers: identities("writer", self.writers)?,
+            },
+            engines: EngineConfig {
+                subscriptions: subscriptions(self.engines)?,
+                listen: match self.engine_listen.as_deref() {
+                    None => d.engines.listen,
+                    Some("off") => None,
+                    Some(l) if l.starts_with("tcp://") => Some(l.into()),
+                    Some(l) => {
+                        return Err(ConfigError::Invalid {
+                            name: "engine-listen",
+                            value: l.into(),
+                            why: "not tcp://host:port or \"off\"",
+                        })
+                    }
+                },
+                central_block_size: self
+                    .engine_block_size
+                    .unwrap_or(d.engines.central_block_size),
+                token_block: self.token_block.unwrap_or(d.engines.token_block),
+                replay_timeout: dur(self.replay_timeout, d.engines.replay_timeout),
+                max_held_batches: self.max_held_batches.unwrap_or(d.engines.max_held_batches),
+                max_engines: self.max_engines.unwrap_or(d.engines.max_engines),
+                max_message_bytes: self.max_event_bytes.unwrap_or(d.engines.max_message_bytes),
+                max_queued_messages: self
+                    .max_queued_events
+                    .unwrap_or(d.engines.max_queued_messages),
             },
         };
         cfg.validate()?;
@@ -375,8 +457,39 @@ impl From<&ServerConfig> for Settings {
             busy_poll: Some(HumanDuration(cfg.busy_poll.unwrap_or(off))),
             readers: names(&cfg.roles.readers),
             writers: names(&cfg.roles.writers),
+            engines: (!cfg.engines.subscriptions.is_empty()).then(|| {
+                cfg.engines
+                    .subscriptions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect()
+            }),
+            engine_listen: Some(cfg.engines.listen.clone().unwrap_or_else(|| "off".into())),
+            engine_block_size: Some(cfg.engines.central_block_size),
+            token_block: Some(cfg.engines.token_block),
+            speculative_ttl: Some(HumanDuration(cfg.index.speculative_ttl)),
+            max_engine_blocks: Some(cfg.index.max_engine_blocks),
+            max_engines: Some(cfg.engines.max_engines),
+            replay_timeout: Some(HumanDuration(cfg.engines.replay_timeout)),
+            max_held_batches: Some(cfg.engines.max_held_batches),
+            max_event_bytes: Some(cfg.engines.max_message_bytes),
+            max_queued_events: Some(cfg.engines.max_queued_messages),
         }
     }
+}
+
+/// Parses the engine subscriptions.
+fn subscriptions(list: Option<Vec<String>>) -> Result<Vec<Subscription>, ConfigError> {
+    list.unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            s.parse()
+                .map_err(|e: crate::engines::SubscriptionError| ConfigError::Engine {
+                    value: s,
+                    why: e.to_string(),
+                })
+        })
+        .collect()
 }
 
 /// Parses a list of client identities.
@@ -473,6 +586,9 @@ pub struct ServerConfig {
     /// Roles of client identities (see [`crate::access`]). Default: none,
     /// every connected client may write.
     pub roles: Roles,
+    /// Precise mode: engine subscriptions and their limits (see
+    /// [`crate::engines`]). Default: no engines.
+    pub engines: EngineConfig,
 }
 
 impl Default for ServerConfig {
@@ -500,6 +616,7 @@ impl Default for ServerConfig {
             connection_window: 4 << 20,
             busy_poll: None,
             roles: Roles::default(),
+            engines: EngineConfig::default(),
         }
     }
 }
@@ -577,6 +694,46 @@ impl ServerConfig {
                 &"set",
                 "roles name client certificates: they need --client-ca (mutual TLS)",
             );
+        }
+        let e = &self.engines;
+        if e.token_block == 0 || e.max_held_batches == 0 || e.max_engines == 0 {
+            return bad(
+                "token-block/max-held-batches/max-engines",
+                &0,
+                "must be at least 1",
+            );
+        }
+        if e.replay_timeout.is_zero() {
+            return bad("replay-timeout", &"0s", "must be positive");
+        }
+        if e.max_message_bytes < 1024 {
+            return bad(
+                "max-event-bytes",
+                &e.max_message_bytes,
+                "must be at least 1024",
+            );
+        }
+        if e.max_queued_messages == 0 || e.max_queued_messages > i32::MAX as usize {
+            return bad(
+                "max-queued-events",
+                &e.max_queued_messages,
+                "must be 1 to 2147483647",
+            );
+        }
+        let sizes = e.subscriptions.iter().map(|s| s.block_size);
+        for size in sizes.chain(std::iter::once(e.central_block_size)) {
+            if Ratio::new(size, e.token_block).is_err() {
+                return bad(
+                    "engine block-size",
+                    &size,
+                    "must divide or be a multiple of token-block",
+                );
+            }
+        }
+        let mut pods: Vec<&str> = e.subscriptions.iter().map(|s| &*s.pod).collect();
+        pods.sort_unstable();
+        if let Some(w) = pods.windows(2).find(|w| w[0] == w[1]) {
+            return bad("engine", &w[0], "two subscriptions name this pod");
         }
         Ok(())
     }
@@ -663,6 +820,8 @@ mod tests {
                 max_pods: 10,
                 max_models: 11,
                 max_name_len: 12,
+                speculative_ttl: Duration::from_millis(2500),
+                max_engine_blocks: 24,
                 ..d.index
             },
             max_frame_bytes: 4096,
@@ -686,7 +845,55 @@ mod tests {
                     format!("sha256:{}", "ab".repeat(32)).parse().unwrap(),
                 ],
             },
+            engines: EngineConfig {
+                subscriptions: vec![
+                    "pod=a,model=m,endpoint=tcp://h:1,replay=tcp://h:2,block-size=32"
+                        .parse()
+                        .unwrap(),
+                    "pod=b,model=org/m,endpoint=tcp://h:3,topic=kv,media=GPU+CPU"
+                        .parse()
+                        .unwrap(),
+                ],
+                listen: Some("tcp://0.0.0.0:5557".into()),
+                central_block_size: 64,
+                token_block: 8,
+                replay_timeout: Duration::from_secs(25),
+                max_held_batches: 26,
+                max_engines: 27,
+                max_message_bytes: 2048,
+                max_queued_messages: 28,
+            },
         }
+    }
+
+    #[test]
+    fn engine_settings_are_checked() {
+        let mut cfg = ServerConfig::default();
+        cfg.engines.subscriptions = vec!["pod=a,model=m,endpoint=tcp://h:1,block-size=24"
+            .parse()
+            .unwrap()];
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("must divide or be a multiple of token-block"),
+            "{err}"
+        );
+        cfg.engines.subscriptions = vec![
+            "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap(),
+            "pod=a,model=n,endpoint=tcp://h:2".parse().unwrap(),
+        ];
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("two subscriptions name this pod"), "{err}");
+        let bad = Settings {
+            engines: Some(vec!["pod=a,endpoint=tcp://h:1".into()]),
+            ..Settings::default()
+        };
+        let err = bad.resolve().unwrap_err().to_string();
+        assert!(err.contains("model= is missing"), "{err}");
+        let listen = Settings {
+            engine_listen: Some("udp://x".into()),
+            ..Settings::default()
+        };
+        assert!(listen.resolve().is_err());
     }
 
     #[test]

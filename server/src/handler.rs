@@ -17,18 +17,23 @@
 //! - a stream that ends inside a frame gets a `Malformed` reply.
 //!
 //! None of them touches the index.
+//!
+//! The engine ops (`subscribe`, `unsubscribe`, `list_engines`) go to the
+//! server's [`Engines`]; subscribing starts the subscription's thread, which
+//! is quick enough to do here.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_index::{Index, InsertError, Match, PodError, Reader, Stats};
+use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
 use prefix_proto::{
-    encode_response, ErrorCode, Limits, Op, Reply, Request, Response, ResponseWriter, WireStats,
-    MAX_FRAME_CEILING,
+    encode_response, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response, ResponseWriter,
+    WireStats, MAX_FRAME_CEILING,
 };
 use smallvec::SmallVec;
 
 use crate::access::Access;
+use crate::engines::{wire::engine_state, Engines, Subscription, SubscriptionError};
 use crate::metrics::{self, Metrics, Tally};
 use crate::service::Service;
 
@@ -59,6 +64,10 @@ pub struct Handler {
     pub metrics: Arc<Metrics>,
     /// Frames with more key blocks than this should run off the async workers.
     pub inline_blocks: usize,
+    /// The engine subscriptions (precise mode), for the engine ops; none
+    /// where a handler serves an index alone (benchmarks, tests), which
+    /// answers them `Unsupported`.
+    pub engines: Option<Arc<Engines>>,
 }
 
 /// Milliseconds since the Unix epoch: the index's clock. Wall time, so that
@@ -76,6 +85,39 @@ fn pod_error(e: &PodError) -> Reply {
     }
 }
 
+/// The refusal of a subscription, with the code a client can act on.
+fn subscription_error(e: &SubscriptionError) -> Reply {
+    let code = match e {
+        SubscriptionError::Index {
+            source: EngineError::Pod(PodError::BadName { .. }),
+            ..
+        } => ErrorCode::BadName,
+        SubscriptionError::Index {
+            source: EngineError::Pod(PodError::TooManyPods { .. }),
+            ..
+        } => ErrorCode::TooManyPods,
+        // The OS refused a thread: the server is short of resources.
+        SubscriptionError::Thread(_) => ErrorCode::Unavailable,
+        _ => ErrorCode::BadSubscription,
+    };
+    code.reply(e)
+}
+
+/// Starts following `sub`'s engine.
+fn subscribe(engines: &Arc<Engines>, sub: &EngineSub) -> Reply {
+    let started = Subscription::try_from(sub.clone()).and_then(|sub| engines.subscribe(sub));
+    match started {
+        Ok(()) => Reply::Done,
+        Err(e) => subscription_error(&e),
+    }
+}
+
+/// Every subscription and its state.
+fn list_engines(engines: &Arc<Engines>) -> Reply {
+    let list = engines.list().into_iter();
+    Reply::Engines(list.map(|(sub, state)| engine_state(sub, state)).collect())
+}
+
 /// The index's statistics as a `Stats` reply carries them.
 fn wire_stats(s: Stats) -> WireStats {
     WireStats {
@@ -85,6 +127,24 @@ fn wire_stats(s: Stats) -> WireStats {
         tree_blocks: s.tree_blocks,
         entries: s.entries,
         bytes: s.bytes,
+    }
+}
+
+/// One frame's lookups per model: (model, key blocks, best matched blocks),
+/// added to the metrics once per frame (frames rarely mix models).
+#[derive(Default)]
+struct Hits<'r>(SmallVec<[(&'r str, u64, u64); 1]>);
+
+impl<'r> Hits<'r> {
+    fn add(&mut self, model: &'r str, key_blocks: u32, matched: u32) {
+        let (k, m) = (u64::from(key_blocks), u64::from(matched));
+        match self.0.iter_mut().find(|h| h.0 == model) {
+            Some(h) => {
+                h.1 += k;
+                h.2 += m;
+            }
+            None => self.0.push((model, k, m)),
+        }
     }
 }
 
@@ -103,14 +163,24 @@ fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
 }
 
 impl Handler {
+    /// `f`'s reply, or `Unsupported` from a handler without engines.
+    fn with_engines(&self, f: impl FnOnce(&Arc<Engines>) -> Reply) -> Reply {
+        match &self.engines {
+            Some(engines) => f(engines),
+            None => ErrorCode::Unsupported.reply("this server does not follow engines"),
+        }
+    }
+
     /// Applies one op and writes its reply; returns whether it failed.
-    fn apply(
+    #[allow(clippy::too_many_arguments)]
+    fn apply<'r>(
         &self,
-        op: &Op,
+        op: &'r Op,
         access: &Access,
         now: u64,
         reader: &Reader<'_>,
         scratch: &mut Vec<Match>,
+        hits: &mut Hits<'r>,
         w: &mut ResponseWriter<'_>,
     ) -> bool {
         if let Some(refusal) = forbidden(op, access) {
@@ -132,6 +202,11 @@ impl Handler {
                     .map(|c| c.iter().map(String::as_str).collect());
                 scratch.clear();
                 let key_blocks = reader.lookup_into(model, key, names.as_deref(), now, scratch);
+                // Matches come longest first. Only models the index has are
+                // counted: a label per name a client makes up is unbounded.
+                if reader.has_model(model) {
+                    hits.add(model, key_blocks, scratch.first().map_or(0, |m| m.blocks));
+                }
                 // Names are borrowed from the index for as long as the reader
                 // pins it: no copy until they are encoded.
                 let matches: SmallVec<[(&str, u32); 16]> = scratch
@@ -155,6 +230,9 @@ impl Handler {
             },
             Op::Stats => Reply::Stats(wire_stats(self.index.stats())),
             Op::Ping => Reply::Pong,
+            Op::Subscribe(sub) => self.with_engines(|e| subscribe(e, sub)),
+            Op::Unsubscribe { pod } => self.with_engines(|e| Reply::Removed(e.unsubscribe(pod))),
+            Op::ListEngines => self.with_engines(list_engines),
         };
         w.reply(&reply);
         matches!(reply, Reply::Error { .. })
@@ -186,10 +264,11 @@ impl Service for Handler {
         let reader = self.index.reader();
         let mut tally = Tally::default();
         let mut scratch = Vec::new();
+        let mut hits = Hits::default();
         let slot = match request {
             Request::One(op) => {
                 let mut w = ResponseWriter::one(out, id);
-                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
+                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut hits, &mut w);
                 w.finish();
                 let slot = metrics::op_slot(op);
                 tally.add(slot, failed);
@@ -199,7 +278,8 @@ impl Service for Handler {
                 let mut w = ResponseWriter::batch(out, id, ops.len());
                 let mut too_large = None;
                 for (i, op) in ops.iter().enumerate() {
-                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut w);
+                    let failed =
+                        self.apply(op, access, now, &reader, &mut scratch, &mut hits, &mut w);
                     tally.add(metrics::op_slot(op), failed);
                     if w.len() > MAX_FRAME_CEILING as usize {
                         too_large = Some(i + 1);
@@ -223,6 +303,9 @@ impl Service for Handler {
             }
         };
         drop(reader);
+        for &(model, key_blocks, matched) in &hits.0 {
+            self.metrics.lookups(model, key_blocks, matched);
+        }
         self.metrics.count(&tally);
         self.metrics.observe(slot, started.elapsed().as_secs_f64());
     }
@@ -242,14 +325,17 @@ impl Service for Handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engines::EngineConfig;
     use prefix_index::IndexConfig;
     use prefix_proto::{
         decode_response, encode_request, split_frame, FrameReader, Incoming, Kind, PodBlocks,
         HEADER_LEN,
     };
+    use tokio_util::sync::CancellationToken;
 
     fn handler() -> Handler {
         Handler {
+            engines: None,
             index: Arc::new(Index::new(IndexConfig::default())),
             limits: Limits {
                 max_key_blocks: 4,
@@ -291,6 +377,32 @@ mod tests {
             }
             answers.push(answer(&out));
         }
+    }
+
+    #[test]
+    fn lookups_count_key_and_matched_blocks_per_known_model() {
+        let h = handler();
+        h.index.insert("m", &[1, 2, 3], "a", now_ms()).unwrap();
+        let lookup = |model: &str, key: Vec<u64>| Op::Lookup {
+            model: model.into(),
+            key,
+            candidates: None,
+        };
+        let batch = Request::Batch(vec![
+            lookup("m", vec![1, 2, 9]),
+            lookup("m", vec![1, 2, 3, 4]),
+            lookup("made-up", vec![1]),
+        ]);
+        let mut out = Vec::new();
+        h.serve(1, &batch, &Access::Write, &mut out);
+        let text = h.metrics.render(&h.index);
+        for line in [
+            "prefix_index_lookup_key_blocks_total{model=\"m\"} 7",
+            "prefix_index_lookup_matched_blocks_total{model=\"m\"} 5",
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+        assert!(!text.contains("made-up"));
     }
 
     #[test]
@@ -412,6 +524,9 @@ mod tests {
             },
             Op::Stats,
             Op::Ping,
+            Op::Subscribe(engine_sub("p", 16)),
+            Op::Unsubscribe { pod: "p".into() },
+            Op::ListEngines,
         ];
         let mut r = reader(&h);
         r.push(&frame(1, &Request::Batch(ops.to_vec())));
@@ -433,6 +548,158 @@ mod tests {
             &run(&h, &mut r, &denied)[0].1,
             Response::One(Reply::Error { code, .. }) if *code == ErrorCode::Forbidden as u16
         ));
+    }
+
+    fn engine_sub(pod: &str, block_size: u32) -> EngineSub {
+        EngineSub {
+            pod: pod.into(),
+            model: "m".into(),
+            // Nothing listens there: the subscription's thread keeps
+            // reconnecting until it is stopped.
+            endpoint: "tcp://127.0.0.1:1".into(),
+            replay: None,
+            block_size,
+            topic: String::new(),
+            media: vec!["GPU".into()],
+        }
+    }
+
+    /// A handler with engines, and the token that stops their threads.
+    fn precise() -> (Handler, CancellationToken) {
+        let h = handler();
+        let stop = CancellationToken::new();
+        let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone());
+        let h = Handler {
+            engines: Some(engines),
+            ..h
+        };
+        (h, stop)
+    }
+
+    /// Stops every engine thread and waits for them.
+    fn stop_engines(h: &Handler, stop: &CancellationToken) {
+        stop.cancel();
+        if let Some(engines) = &h.engines {
+            engines.join();
+        }
+    }
+
+    /// The reply to one op sent alone.
+    fn one(h: &Handler, op: Op, access: &Access) -> Reply {
+        let mut out = Vec::new();
+        h.serve(1, &Request::One(op), access, &mut out);
+        match answer(&out) {
+            (1, Response::One(reply)) => reply,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn error_code(reply: &Reply) -> Option<ErrorCode> {
+        match reply {
+            Reply::Error { code, .. } => ErrorCode::from_u16(*code),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn engines_are_subscribed_listed_and_unsubscribed() {
+        let (h, stop) = precise();
+        let sub = engine_sub("vllm-0", 64);
+        let w = &Access::Write;
+        assert_eq!(one(&h, Op::Subscribe(sub.clone()), w), Reply::Done);
+        let Reply::Engines(list) = one(&h, Op::ListEngines, w) else {
+            panic!("not an engine list")
+        };
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].sub, sub);
+        assert_eq!((list[0].last_seq, list[0].events), (None, 0));
+        // The same pod again replaces its subscription.
+        let other = EngineSub {
+            topic: "kv".into(),
+            ..sub.clone()
+        };
+        assert_eq!(one(&h, Op::Subscribe(other.clone()), w), Reply::Done);
+        let Reply::Engines(list) = one(&h, Op::ListEngines, w) else {
+            panic!("not an engine list")
+        };
+        assert_eq!(list.iter().map(|e| &e.sub).collect::<Vec<_>>(), [&other]);
+        let unsubscribe = Op::Unsubscribe {
+            pod: "vllm-0".into(),
+        };
+        assert_eq!(one(&h, unsubscribe.clone(), w), Reply::Removed(true));
+        assert_eq!(one(&h, unsubscribe, w), Reply::Removed(false));
+        assert_eq!(one(&h, Op::ListEngines, w), Reply::Engines(vec![]));
+        stop_engines(&h, &stop);
+    }
+
+    #[test]
+    fn a_subscription_the_server_cannot_follow_is_refused_with_its_reason() {
+        let (h, stop) = precise();
+        let w = &Access::Write;
+        // 24-token blocks do not map to the 16-token blocks of token keys.
+        let reply = one(&h, Op::Subscribe(engine_sub("a", 24)), w);
+        assert_eq!(error_code(&reply), Some(ErrorCode::BadSubscription));
+        let Reply::Error { message, .. } = reply else {
+            unreachable!()
+        };
+        assert!(message.contains("engine block of 24 tokens"), "{message}");
+        let ipc = EngineSub {
+            endpoint: "ipc:///tmp/kv".into(),
+            ..engine_sub("a", 16)
+        };
+        let reply = one(&h, Op::Subscribe(ipc), w);
+        assert_eq!(error_code(&reply), Some(ErrorCode::BadSubscription));
+        assert!(format!("{reply:?}").contains("is not tcp://"), "{reply:?}");
+        let no_media = EngineSub {
+            media: vec![],
+            ..engine_sub("a", 16)
+        };
+        let reply = one(&h, Op::Subscribe(no_media), w);
+        assert_eq!(error_code(&reply), Some(ErrorCode::BadSubscription));
+        let unnamed = engine_sub("", 16);
+        let reply = one(&h, Op::Subscribe(unnamed), w);
+        assert_eq!(error_code(&reply), Some(ErrorCode::BadName));
+        assert_eq!(one(&h, Op::ListEngines, w), Reply::Engines(vec![]));
+        stop_engines(&h, &stop);
+    }
+
+    #[test]
+    fn a_reader_may_list_engines_but_not_change_them() {
+        let (h, stop) = precise();
+        assert_eq!(
+            one(&h, Op::Subscribe(engine_sub("a", 16)), &Access::Write),
+            Reply::Done
+        );
+        let r = &Access::Read;
+        for op in [
+            Op::Subscribe(engine_sub("b", 16)),
+            Op::Unsubscribe { pod: "a".into() },
+        ] {
+            let reply = one(&h, op, r);
+            assert_eq!(error_code(&reply), Some(ErrorCode::Forbidden), "{reply:?}");
+        }
+        let Reply::Engines(list) = one(&h, Op::ListEngines, r) else {
+            panic!("not an engine list")
+        };
+        assert_eq!(list.len(), 1, "the reader changed nothing");
+        stop_engines(&h, &stop);
+    }
+
+    #[test]
+    fn without_engines_the_engine_ops_are_unsupported() {
+        let h = handler();
+        for op in [
+            Op::Subscribe(engine_sub("a", 16)),
+            Op::Unsubscribe { pod: "a".into() },
+            Op::ListEngines,
+        ] {
+            let reply = one(&h, op, &Access::Write);
+            assert_eq!(error_code(&reply), Some(ErrorCode::Unsupported));
+            assert!(
+                format!("{reply:?}").contains("does not follow engines"),
+                "{reply:?}"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! - [`busy_poll`]: optional spinning workers, for latency on machines where
 //!   waking a thread is slow.
 //! - [`snapshot`]: the index saved to the data directory and restored.
+//! - [`engines`]: precise mode, following engines' KV-cache events over
+//!   ZeroMQ.
 //!
 //! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
 //! ports back); [`Server::run`] serves until the shutdown future resolves,
@@ -46,6 +48,7 @@ use tokio_util::task::TaskTracker;
 pub mod access;
 pub mod busy_poll;
 pub mod config;
+pub mod engines;
 pub mod handler;
 mod http;
 pub mod maintenance;
@@ -70,6 +73,9 @@ pub enum ServerError {
     /// TLS could not be set up.
     #[error(transparent)]
     Tls(#[from] tls::ServerTlsError),
+    /// Precise mode could not start (a subscription, the collector's socket).
+    #[error(transparent)]
+    Engines(#[from] engines::StartError),
     /// A socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -90,6 +96,10 @@ pub struct Server {
     /// The snapshot period, unless snapshots are off (by config, or because
     /// an unreadable snapshot is in the way).
     snapshots: Option<Duration>,
+    /// Engine subscriptions (precise mode), started at bind time.
+    engines: Arc<engines::Engines>,
+    /// Stops everything the server started.
+    token: CancellationToken,
 }
 
 impl Server {
@@ -139,6 +149,16 @@ impl Server {
                 }
             }
         }
+        // After the snapshot: engine events then find their parents in the
+        // restored records.
+        let token = CancellationToken::new();
+        let engines = engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone());
+        if let Err(e) = engines.start() {
+            token.cancel();
+            engines.join();
+            return Err(e.into());
+        }
+        metrics.watch_engines(&engines);
         Ok(Server {
             index,
             metrics,
@@ -146,7 +166,14 @@ impl Server {
             cfg,
             endpoint,
             http,
+            engines,
+            token,
         })
+    }
+
+    /// The engine subscriptions (tests read their state directly).
+    pub fn engines(&self) -> &Arc<engines::Engines> {
+        &self.engines
     }
 
     /// The QUIC address actually bound.
@@ -180,6 +207,7 @@ impl Server {
             limits: self.cfg.limits(),
             metrics: self.metrics.clone(),
             inline_blocks: self.cfg.inline_blocks,
+            engines: Some(self.engines.clone()),
         });
         self.serve(handler, shutdown).await
     }
@@ -192,7 +220,7 @@ impl Server {
         service: Arc<S>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServerError> {
-        let token = CancellationToken::new();
+        let token = self.token.clone();
         let tracker = TaskTracker::new();
         let ready = Arc::new(AtomicBool::new(true));
         let busy = self.cfg.busy_poll.map(|window| {
@@ -272,6 +300,10 @@ impl Server {
         }
         self.endpoint.close(0u32.into(), stream::SHUTDOWN_REASON);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        // The token stopped the engine threads; each notices within its
+        // poll period. Joined before the snapshot, so it has every event.
+        let engines = self.engines.clone();
+        let _ = tokio::task::spawn_blocking(move || engines.join()).await;
         if self.snapshots.is_some() {
             // Every answered insert is in it: the drain is over.
             snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)

@@ -4,7 +4,12 @@
 //! request path only adds to atomics; streams add a whole frame's counts at
 //! once. Index sizes are read from the index at scrape time.
 
+use std::sync::Arc;
+
 use prefix_index::{Index, SweepReport, WriteSummary};
+
+use crate::engines::metrics::{EngineCollector, EnginesCell};
+use crate::engines::Engines;
 use prefix_proto::{Op, OpKind};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
@@ -81,7 +86,17 @@ pub struct Metrics {
     snapshot_seconds: Histogram,
     /// Resident memory of the process, read at scrape time (Linux).
     resident_bytes: Gauge,
-    index: [Gauge; 6],
+    index: [Gauge; 8],
+    /// The engine subscriptions, read at scrape time.
+    engines: EnginesCell,
+    /// Key blocks and best matched blocks of lookups, by model.
+    lookup_blocks: Family<ModelLabels, Counter>,
+    lookup_matched: Family<ModelLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ModelLabels {
+    model: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -153,6 +168,9 @@ impl Default for Metrics {
             snapshot_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
             resident_bytes: Gauge::default(),
             index: Default::default(),
+            engines: EnginesCell::default(),
+            lookup_blocks: Family::default(),
+            lookup_matched: Family::default(),
         };
         m.register_rest()
     }
@@ -253,6 +271,18 @@ impl Metrics {
             self.resident_bytes.clone(),
         );
         r.register_collector(Box::new(ProcessCpu));
+        r.register_collector(Box::new(EngineCollector(self.engines.clone())));
+        r.register(
+            "lookup_key_blocks",
+            "Blocks in the keys of lookups, by model",
+            self.lookup_blocks.clone(),
+        );
+        r.register(
+            "lookup_matched_blocks",
+            "Blocks matched by the best pod of each lookup, by model: over \
+             lookup_key_blocks, the hit ratio the index predicts",
+            self.lookup_matched.clone(),
+        );
         let names = [
             ("index_models", "Models in the index"),
             ("index_pods", "Live pods"),
@@ -263,6 +293,14 @@ impl Metrics {
                 "Stored (pod, block) entries, bounded by max_blocks",
             ),
             ("index_bytes", "Heap bytes of the index"),
+            (
+                "index_engine_blocks",
+                "Engine block records of engine-fed pods, bounded by max_engine_blocks",
+            ),
+            (
+                "index_engine_bytes",
+                "Heap bytes of the engine block records",
+            ),
         ];
         for ((name, help), g) in names.iter().zip(&self.index) {
             r.register(*name, *help, g.clone());
@@ -280,6 +318,21 @@ impl Metrics {
                 self.requests[slot][1].inc_by(*err);
             }
         }
+    }
+
+    /// Reads the engine subscriptions' counters at each scrape from now on.
+    pub fn watch_engines(&self, engines: &Arc<Engines>) {
+        let _ = self.engines.set(Arc::downgrade(engines));
+    }
+
+    /// Counts one frame's lookups of one model: their key blocks and their
+    /// best matches.
+    pub fn lookups(&self, model: &str, key_blocks: u64, matched: u64) {
+        let labels = ModelLabels {
+            model: model.to_string(),
+        };
+        self.lookup_blocks.get_or_create(&labels).inc_by(key_blocks);
+        self.lookup_matched.get_or_create(&labels).inc_by(matched);
     }
 
     /// Records one frame's server time.
@@ -309,7 +362,16 @@ impl Metrics {
     /// The text exposition, with index sizes read now.
     pub fn render(&self, index: &Index) -> String {
         let s = index.stats();
-        let values = [s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes];
+        let values = [
+            s.models,
+            s.pods,
+            s.nodes,
+            s.tree_blocks,
+            s.entries,
+            s.bytes,
+            s.engine_blocks,
+            s.engine_bytes,
+        ];
         for (g, v) in self.index.iter().zip(values) {
             g.set(i64::try_from(v).unwrap_or(i64::MAX));
         }

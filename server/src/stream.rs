@@ -438,6 +438,7 @@ mod tests {
         shutdown.cancel();
         let tracker = TaskTracker::new();
         let handler = Arc::new(Handler {
+            engines: None,
             index: Arc::new(prefix_index::Index::new(cfg.index.clone())),
             limits: cfg.limits(),
             metrics: Arc::new(crate::metrics::Metrics::default()),

@@ -23,6 +23,7 @@ pub struct TestServer {
     pub metrics: Arc<Metrics>,
     pub ca: PathBuf,
     pub dir: tempfile::TempDir,
+    pub engines: Arc<prefix_server::engines::Engines>,
     stop: Option<oneshot::Sender<()>>,
     pub task: Option<JoinHandle<Result<(), prefix_server::ServerError>>>,
 }
@@ -51,6 +52,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
     let (stop, stopped) = oneshot::channel::<()>();
     let (addr, metrics_addr) = (server.local_addr(), server.metrics_addr());
     let (index, metrics) = (server.index().clone(), server.metrics().clone());
+    let engines = server.engines().clone();
     let task = tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
@@ -61,6 +63,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
         metrics,
         ca,
         dir,
+        engines,
         stop: Some(stop),
         task: Some(task),
     }
@@ -81,6 +84,16 @@ impl TestServer {
             deadline: Duration::from_secs(10),
             ..ClientConfig::default()
         }
+    }
+
+    /// The engine subscriptions and their states.
+    pub fn engines_list(
+        &self,
+    ) -> Vec<(
+        prefix_server::engines::Subscription,
+        prefix_server::engines::State,
+    )> {
+        self.engines.list()
     }
 
     /// Triggers shutdown without waiting.

@@ -1,0 +1,209 @@
+//! One decoded batch of engine events into the index, without I/O.
+//!
+//! The model of an event is its LoRA adapter's name when it has one
+//! (adapters are models of their own for routing), else the
+//! subscription's. Events about another tier than the GPU (`medium` of
+//! CPU or storage offloading) stay out of the routing view unless the
+//! subscription accepts that medium. A bad event (wrong block size, token
+//! ids that do not fill its blocks, the record bound reached) is counted
+//! and skipped; the rest of the batch still applies.
+
+use prefix_events::{Batch, Event};
+use prefix_index::{Applied, EngineError, EngineOp, Index};
+
+use super::Subscription;
+
+/// What applying one batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// The index's counts.
+    pub applied: Applied,
+    /// Events applied.
+    pub events: u64,
+    /// Events of a medium the subscription does not route on.
+    pub other_medium: u64,
+    /// Events of a type this server does not know (skipped by the decoder).
+    pub unknown_events: u64,
+    /// Events refused, with the first reason.
+    pub refused: u64,
+    /// Why the first refused event was refused.
+    pub first_refusal: Option<String>,
+}
+
+/// Applies `batch` to `sub`'s pod, holding its engine lock for the batch.
+pub fn apply_batch(
+    index: &Index,
+    sub: &Subscription,
+    engine: &prefix_index::EngineHandle,
+    batch: &Batch,
+) -> Outcome {
+    let mut out = Outcome {
+        unknown_events: u64::from(batch.unknown_events),
+        ..Outcome::default()
+    };
+    let mut engine = engine.lock();
+    for event in &batch.events {
+        let (medium, model, op) = match event {
+            Event::Stored(s) => {
+                if s.block_size != sub.block_size {
+                    out.refuse(format!(
+                        "stored blocks of {} tokens on a subscription of {}-token blocks",
+                        s.block_size, sub.block_size
+                    ));
+                    continue;
+                }
+                let op = EngineOp::Stored {
+                    parent: s.parent,
+                    hashes: &s.hashes,
+                    tokens: &s.tokens,
+                };
+                (
+                    s.medium.as_deref(),
+                    s.lora_name.as_deref().unwrap_or(&sub.model),
+                    op,
+                )
+            }
+            Event::Removed(r) => (
+                r.medium.as_deref(),
+                &*sub.model,
+                EngineOp::Removed { hashes: &r.hashes },
+            ),
+            Event::Cleared => (None, &*sub.model, EngineOp::Cleared),
+        };
+        if !sub.routes_medium(medium) {
+            out.other_medium += 1;
+            continue;
+        }
+        match index.apply(&mut engine, &sub.pod, model, op) {
+            Ok(done) => {
+                out.applied.add(&done);
+                out.events += 1;
+            }
+            Err(
+                e @ (EngineError::TokenCount { .. }
+                | EngineError::Full { .. }
+                | EngineError::Insert(_)),
+            ) => out.refuse(e.to_string()),
+            Err(e) => out.refuse(e.to_string()),
+        }
+    }
+    out
+}
+
+impl Outcome {
+    fn refuse(&mut self, why: String) {
+        self.refused += 1;
+        self.first_refusal.get_or_insert(why);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prefix_events::{Removed, Stored};
+    use prefix_index::{EngineSpec, IndexConfig};
+    use prefix_proto::key::{hash_token_block, token_key};
+
+    use super::*;
+
+    fn sub() -> Subscription {
+        Subscription {
+            pod: "pod-0".into(),
+            model: "base".into(),
+            endpoint: "tcp://127.0.0.1:1".into(),
+            replay: None,
+            block_size: 16,
+            topic: String::new(),
+            media: vec!["GPU".into()],
+        }
+    }
+
+    fn stored(
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        lora: Option<&str>,
+        medium: &str,
+    ) -> Event {
+        Event::Stored(Stored {
+            block_size: 16,
+            hashes,
+            parent,
+            tokens,
+            lora_name: lora.map(str::to_string),
+            medium: Some(medium.to_string()),
+        })
+    }
+
+    #[test]
+    fn adapters_are_models_and_other_tiers_stay_out() {
+        let index = Index::new(IndexConfig::default());
+        let s = sub();
+        let spec = EngineSpec {
+            engine_block: 16,
+            our_block: 16,
+            hash: hash_token_block,
+        };
+        let engine = index.engine(&s.pod, spec).unwrap();
+        let tokens: Vec<u32> = (0..32).collect();
+        let batch = Batch {
+            ts: 0.0,
+            events: vec![
+                stored(vec![1, 2], None, tokens.clone(), None, "GPU"),
+                stored(
+                    vec![9],
+                    None,
+                    tokens[..16].to_vec(),
+                    Some("sql-lora"),
+                    "GPU",
+                ),
+                stored(vec![5], None, (100..116).collect(), None, "CPU"),
+                Event::Removed(Removed {
+                    hashes: vec![2],
+                    medium: Some("CPU".into()),
+                }),
+                stored(vec![7], None, vec![1; 8], None, "GPU"),
+            ],
+            data_parallel_rank: Some(0),
+            unknown_events: 1,
+        };
+        let out = apply_batch(&index, &s, &engine, &batch);
+        assert_eq!(
+            (
+                out.events,
+                out.other_medium,
+                out.refused,
+                out.unknown_events
+            ),
+            (2, 2, 1, 1)
+        );
+        let key = token_key(&tokens, 16);
+        assert_eq!(
+            index.lookup("base", &key, None, 0),
+            [("pod-0".to_string(), 2)]
+        );
+        assert_eq!(
+            index.lookup("sql-lora", &key, None, 0),
+            [("pod-0".to_string(), 1)]
+        );
+        assert!(index
+            .lookup(
+                "base",
+                &token_key(&(100..116).collect::<Vec<_>>(), 16),
+                None,
+                0
+            )
+            .is_empty());
+        // A removal names no model: it finds the adapter's block.
+        let batch = Batch {
+            ts: 0.0,
+            events: vec![Event::Removed(Removed {
+                hashes: vec![9],
+                medium: Some("GPU".into()),
+            })],
+            data_parallel_rank: None,
+            unknown_events: 0,
+        };
+        assert_eq!(apply_batch(&index, &s, &engine, &batch).applied.removed, 1);
+        assert!(index.lookup("sql-lora", &key, None, 0).is_empty());
+    }
+}

@@ -1,0 +1,163 @@
+//! The central collector: one bound SUB socket that engines connect their
+//! PUB sockets to (vLLM's publisher connects when its endpoint names a
+//! host rather than `*`), each publishing under the topic
+//! `kv@<pod>@<model>` (llm-d's convention). Pods are registered on their
+//! first message, up to `max-engines`; there is no replay endpoint, so
+//! gaps and restarts resync the pod.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prefix_events::{decode_batch, parse_live, parse_topic, DecodeLimits};
+use prefix_index::{EngineHandle, EngineOp};
+use tokio_util::sync::CancellationToken;
+
+use super::apply::apply_batch;
+use super::follow::{Action, Follower};
+use super::stats::{Problem, SubStats};
+use super::task::POLL_MS;
+use super::{Engines, StartError, Subscription};
+
+/// One pod met by the collector.
+struct Pod {
+    sub: Subscription,
+    engine: EngineHandle,
+    stats: Arc<SubStats>,
+    follower: Follower<Vec<u8>>,
+}
+
+/// The bound socket and what it has met.
+pub(super) struct Collector {
+    engines: Arc<Engines>,
+    socket: zmq::Socket,
+    pods: HashMap<String, Pod>,
+    /// Messages that named no pod, or one past `max-engines`.
+    pub(super) strays: u64,
+}
+
+impl Collector {
+    /// Binds the SUB socket to `endpoint` and subscribes to `kv@`.
+    pub(super) fn bind(engines: Arc<Engines>, endpoint: &str) -> Result<Collector, StartError> {
+        let bind = || -> Result<zmq::Socket, zmq::Error> {
+            let socket = engines.ctx.socket(zmq::SUB)?;
+            let max = i64::try_from(engines.cfg.max_message_bytes).unwrap_or(i64::MAX);
+            socket.set_maxmsgsize(max)?;
+            socket.set_linger(0)?;
+            let queue = i32::try_from(engines.cfg.max_queued_messages).unwrap_or(i32::MAX);
+            socket.set_rcvhwm(queue)?;
+            socket.set_subscribe(b"kv@")?;
+            socket.bind(endpoint)?;
+            Ok(socket)
+        };
+        let socket = bind().map_err(|e| StartError::Bind {
+            endpoint: endpoint.into(),
+            why: e.to_string(),
+        })?;
+        Ok(Collector {
+            engines,
+            socket,
+            pods: HashMap::new(),
+            strays: 0,
+        })
+    }
+
+    /// The port the socket is bound to (tests bind port 0).
+    pub(super) fn last_endpoint(&self) -> Option<String> {
+        self.socket.get_last_endpoint().ok()?.ok()
+    }
+
+    /// Receives until `stop` is cancelled.
+    pub(super) fn run(mut self, stop: CancellationToken) {
+        let mut actions = Vec::new();
+        while !stop.is_cancelled() {
+            match self.socket.poll(zmq::POLLIN, POLL_MS) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("engine collector: {e}");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                    continue;
+                }
+            }
+            while let Ok(frames) = self.socket.recv_multipart(zmq::DONTWAIT) {
+                self.message(&frames, &mut actions);
+            }
+        }
+        for pod in self.pods.values() {
+            pod.stats.set_connected(false);
+        }
+    }
+
+    fn message(&mut self, frames: &[Vec<u8>], actions: &mut Vec<Action<Vec<u8>>>) {
+        let Ok(live) = parse_live(frames) else {
+            self.strays += 1;
+            return;
+        };
+        let Some((pod, model)) = parse_topic(live.topic) else {
+            self.strays += 1;
+            return;
+        };
+        if !self.pods.contains_key(pod) {
+            let Some(found) = self.meet(pod, model) else {
+                self.strays += 1;
+                return;
+            };
+            self.pods.insert(pod.to_string(), found);
+        }
+        let Some(p) = self.pods.get_mut(pod) else {
+            return;
+        };
+        p.stats.set_connected(true);
+        p.follower.live(live.seq, live.payload.to_vec(), actions);
+        for action in actions.drain(..) {
+            match action {
+                Action::Apply { seq, payload } => {
+                    match decode_batch(&payload, &DecodeLimits::default()) {
+                        Ok(batch) => {
+                            let out = apply_batch(&self.engines.index, &p.sub, &p.engine, &batch);
+                            p.stats.applied(seq, &out, 0);
+                        }
+                        Err(e) => {
+                            p.stats.decode_error();
+                            let what = format!("batch {seq}: {e}");
+                            if p.stats.problem(Problem::Decode, &what) {
+                                tracing::warn!(pod = %p.sub.pod, "skipped an engine message: {what}");
+                            }
+                        }
+                    }
+                }
+                Action::Clear(why) => {
+                    p.stats.resynced(why);
+                    let what = format!("resync: {why}");
+                    if p.stats.problem(Problem::Resync, &what) {
+                        tracing::warn!(pod = %p.sub.pod, "{what}; the pod is cleared and learnt again");
+                    }
+                    let mut engine = p.engine.lock();
+                    let _ = self.engines.index.apply(
+                        &mut engine,
+                        &p.sub.pod,
+                        &p.sub.model,
+                        EngineOp::Cleared,
+                    );
+                }
+                // No replay endpoint: the follower never asks.
+                Action::Replay { .. } => {}
+            }
+        }
+    }
+
+    fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
+        let (stats, sub) = self.engines.central_pod(pod, model)?;
+        let engine = self
+            .engines
+            .index
+            .engine(pod, self.engines.spec(sub.block_size))
+            .ok()?;
+        Some(Pod {
+            sub,
+            engine,
+            stats,
+            follower: Follower::new(false, 0, None),
+        })
+    }
+}

@@ -1,0 +1,665 @@
+//! Following one engine's event stream by sequence number, without I/O.
+//!
+//! An engine numbers its batches 0, 1, 2, ... per publisher instance and
+//! says nothing else about order or loss: a PUB socket drops batches for a
+//! slow subscriber, and a restarted engine counts from 0 again. A
+//! [`Follower`] turns the numbers it sees into [`Action`]s:
+//!
+//! - the next number: apply the batch;
+//! - a number that skips ahead (a gap): with a replay endpoint, ask for
+//!   the missing batches and hold live ones back until the replay ends
+//!   (applying replayed and held batches in order, each once); without one,
+//!   or when the replay cannot fill the gap, **resync**: clear the pod and
+//!   learn it again from the stream;
+//! - the last batch applied again (same number, same bytes): a duplicate,
+//!   dropped;
+//! - a number at or below the last one (the engine restarted): clear the
+//!   pod, and with a replay endpoint replay the new engine's whole buffer
+//!   (batches it sent before the connection came back are in it);
+//! - the first number seen, above 0, with a replay endpoint: replay from 0
+//!   (the engine's buffer holds its recent past); after a restart of this
+//!   server the follower starts from the last number its snapshot holds,
+//!   so only what it missed is replayed;
+//! - a store under an unknown parent (reported by the applier) while a
+//!   replay endpoint exists and no full replay ran since the last resync:
+//!   resync and replay the engine's whole buffer, which holds the recent
+//!   stores that the parents most likely came in.
+//!
+//! The socket task moves frames and timers; everything it decides comes
+//! from here, so the decisions are unit-tested on plain sequences.
+
+use std::collections::VecDeque;
+
+/// Why a follower cleared its pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resync {
+    /// The engine restarted: the sequence went back, or after a
+    /// reconnection its replay buffer lacks the last batch applied.
+    Restart {
+        /// The last number applied before.
+        last: u64,
+        /// The number that came, if one did.
+        seq: Option<u64>,
+    },
+    /// Batches were lost and there is no replay endpoint.
+    Gap {
+        /// The first missing number.
+        from: u64,
+        /// The number that came.
+        seq: u64,
+    },
+    /// The replay skipped numbers (the engine's buffer no longer holds
+    /// them).
+    ReplayHole {
+        /// The first missing number.
+        from: u64,
+        /// The number that came.
+        seq: u64,
+    },
+    /// The replay did not end within the replay timeout.
+    ReplayTimeout,
+    /// More live batches arrived during a replay than may be held back.
+    ReplayOverflow,
+    /// A store's parent was unknown; the whole replay buffer follows.
+    Orphan,
+}
+
+impl Resync {
+    /// A short label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Resync::Restart { .. } => "restart",
+            Resync::Gap { .. } => "gap",
+            Resync::ReplayHole { .. } => "replay_hole",
+            Resync::ReplayTimeout => "replay_timeout",
+            Resync::ReplayOverflow => "replay_overflow",
+            Resync::Orphan => "orphan",
+        }
+    }
+
+    /// Every label, for metrics registered up front.
+    pub const LABELS: [&'static str; 6] = [
+        "restart",
+        "gap",
+        "replay_hole",
+        "replay_timeout",
+        "replay_overflow",
+        "orphan",
+    ];
+}
+
+impl std::fmt::Display for Resync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Resync::Restart {
+                last,
+                seq: Some(seq),
+            } => write!(f, "sequence went back from {last} to {seq}: the engine restarted"),
+            Resync::Restart { last, seq: None } => write!(
+                f,
+                "after a reconnection the engine does not hold batch {last} as applied: it restarted"
+            ),
+            Resync::Gap { from, seq } => write!(
+                f,
+                "batches {from}..{seq} lost and no replay endpoint to ask for them"
+            ),
+            Resync::ReplayHole { from, seq } => write!(
+                f,
+                "replay skipped batches {from}..{seq}: the engine's buffer no longer holds them"
+            ),
+            Resync::ReplayTimeout => write!(f, "replay did not end in time"),
+            Resync::ReplayOverflow => write!(f, "too many live batches held back during a replay"),
+            Resync::Orphan => write!(
+                f,
+                "a stored block's parent is unknown; replaying the engine's whole buffer"
+            ),
+        }
+    }
+}
+
+/// What the socket task does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action<T> {
+    /// Apply this batch.
+    Apply {
+        /// Its sequence number.
+        seq: u64,
+        /// Its payload.
+        payload: T,
+    },
+    /// Clear the pod (it holds nothing known any more), for this reason.
+    Clear(Resync),
+    /// Ask the replay endpoint for every batch from this number on, and
+    /// start the replay timeout.
+    Replay {
+        /// The first number wanted.
+        from: u64,
+    },
+}
+
+/// The last batch applied: its number and a digest of its payload (which
+/// tells the same engine's copy of it from a new engine's batch of the same
+/// number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// Its sequence number.
+    pub seq: u64,
+    /// xxh3-64 of its payload.
+    pub digest: u64,
+}
+
+/// What the follower is doing besides following the live stream.
+#[derive(Debug)]
+enum Mode<T> {
+    /// Following the live stream.
+    Live,
+    /// A replay is under way; live batches are held back.
+    Replaying(VecDeque<(u64, T)>),
+    /// After a (re)connection: the replay asked from the last batch applied
+    /// must start with that very batch, or the engine is a new one.
+    Verifying(VecDeque<(u64, T)>),
+    /// The engine turned out to be a new one: the rest of the answer is
+    /// dropped, then its whole buffer is asked for.
+    Discarding(VecDeque<(u64, T)>),
+}
+
+/// The sequence state of one engine stream.
+#[derive(Debug)]
+pub struct Follower<T> {
+    /// The last batch applied.
+    last: Option<Applied>,
+    /// Whether the engine has a replay endpoint.
+    can_replay: bool,
+    mode: Mode<T>,
+    /// Most batches held back during a replay.
+    max_held: usize,
+    /// Whether the whole replay buffer was asked for since the last resync
+    /// (or the replay endpoint stopped answering): no second full replay.
+    replayed_all: bool,
+    /// Whether the replay under way asks for the whole buffer (from 0).
+    full: bool,
+    /// Whether the engine's whole buffer has been applied and was empty:
+    /// its next batch is its first, number 0.
+    at_start: bool,
+}
+
+impl<T: AsRef<[u8]>> Follower<T> {
+    /// A follower that last applied `resume` (from a snapshot), or nothing.
+    pub fn new(can_replay: bool, max_held: usize, resume: Option<Applied>) -> Self {
+        Follower {
+            last: resume,
+            can_replay,
+            mode: Mode::Live,
+            max_held,
+            replayed_all: false,
+            full: false,
+            at_start: false,
+        }
+    }
+
+    /// The last batch applied.
+    pub fn last(&self) -> Option<Applied> {
+        self.last
+    }
+
+    /// Whether a replay is under way.
+    pub fn replaying(&self) -> bool {
+        !matches!(self.mode, Mode::Live)
+    }
+
+    fn held(&mut self) -> Option<&mut VecDeque<(u64, T)>> {
+        match &mut self.mode {
+            Mode::Live => None,
+            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => Some(h),
+        }
+    }
+
+    fn take_held(&mut self) -> VecDeque<(u64, T)> {
+        match std::mem::replace(&mut self.mode, Mode::Live) {
+            Mode::Live => VecDeque::new(),
+            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => h,
+        }
+    }
+
+    /// The socket (re)connected to the engine. Nothing on the wire tells a
+    /// restarted engine from the same one after a network blip; with a
+    /// replay endpoint, the engine's copy of the last batch applied does.
+    /// Without anything applied yet, the engine's whole buffer is its
+    /// recent past, worth having before its next batch.
+    pub fn connected(&mut self, out: &mut Vec<Action<T>>) {
+        if !self.can_replay || !matches!(self.mode, Mode::Live) {
+            return;
+        }
+        match self.last {
+            Some(last) => {
+                out.push(Action::Replay { from: last.seq });
+                self.mode = Mode::Verifying(VecDeque::new());
+            }
+            None if !self.replayed_all => {
+                self.replayed_all = true;
+                self.full = true;
+                out.push(Action::Replay { from: 0 });
+                self.mode = Mode::Replaying(VecDeque::new());
+            }
+            None => {}
+        }
+    }
+
+    /// A batch from the live stream.
+    pub fn live(&mut self, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        let max = self.max_held;
+        if let Some(held) = self.held() {
+            if held.len() < max {
+                held.push_back((seq, payload));
+                return;
+            }
+            self.mode = Mode::Live;
+            self.resync(Resync::ReplayOverflow, seq, payload, out);
+            return;
+        }
+        // The very batch applied last, again: a duplicate, not a restart.
+        if self
+            .last
+            .is_some_and(|l| l.seq == seq && l.digest == digest(&payload))
+        {
+            return;
+        }
+        match self.last.map(|l| l.seq) {
+            // The engine's first batches were lost. Asked once: a batch
+            // its buffer does not reach is applied as it comes.
+            None if self.at_start && seq > 0 && self.can_replay => {
+                self.replay(0, false, seq, payload, out)
+            }
+            None if self.at_start && seq > 0 => {
+                self.resync(Resync::Gap { from: 0, seq }, seq, payload, out)
+            }
+            // Joining a stream under way: what came before is in the
+            // engine's replay buffer.
+            None if seq > 0 && self.can_replay && !self.replayed_all => {
+                self.replayed_all = true;
+                self.replay(0, true, seq, payload, out);
+            }
+            None => self.apply(seq, payload, out),
+            Some(last) if seq == last.wrapping_add(1) => self.apply(seq, payload, out),
+            // A new engine: everything it did since it started is in its
+            // buffer (the batches before this one may have gone by before
+            // the connection came back).
+            Some(last) if seq <= last && self.can_replay => {
+                self.restart(
+                    Resync::Restart {
+                        last,
+                        seq: Some(seq),
+                    },
+                    out,
+                );
+                self.replay(0, true, seq, payload, out);
+            }
+            Some(last) if seq <= last => self.resync(
+                Resync::Restart {
+                    last,
+                    seq: Some(seq),
+                },
+                seq,
+                payload,
+                out,
+            ),
+            Some(last) if self.can_replay => self.replay(last + 1, false, seq, payload, out),
+            Some(last) => self.resync(
+                Resync::Gap {
+                    from: last + 1,
+                    seq,
+                },
+                seq,
+                payload,
+                out,
+            ),
+        }
+    }
+
+    /// A batch from the replay endpoint (numbers at or below the last one
+    /// applied are dropped: the replay repeats what came live).
+    pub fn replayed(&mut self, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        match &self.mode {
+            Mode::Live | Mode::Discarding(_) => {}
+            Mode::Verifying(_) => {
+                let same = self
+                    .last
+                    .is_some_and(|l| l.seq == seq && l.digest == digest(&payload));
+                let held = self.take_held();
+                self.mode = match same {
+                    true => Mode::Replaying(held),
+                    false => Mode::Discarding(held),
+                };
+            }
+            Mode::Replaying(_) => match self.last.map(|l| l.seq) {
+                Some(last) if seq <= last => {}
+                Some(last) if seq != last + 1 => {
+                    self.take_held();
+                    self.resync(
+                        Resync::ReplayHole {
+                            from: last + 1,
+                            seq,
+                        },
+                        seq,
+                        payload,
+                        out,
+                    );
+                }
+                _ => self.apply(seq, payload, out),
+            },
+        }
+    }
+
+    /// The replay's end marker: the held live batches follow, in order.
+    pub fn replay_ended(&mut self, out: &mut Vec<Action<T>>) {
+        match std::mem::replace(&mut self.mode, Mode::Live) {
+            Mode::Live => {}
+            Mode::Replaying(held) => {
+                self.at_start = std::mem::take(&mut self.full) && self.last.is_none();
+                // No second replay for the same gap: a held batch the answer
+                // did not reach up to was sent by another engine than the
+                // one that answered.
+                for (seq, payload) in held {
+                    match self.last.map(|l| l.seq) {
+                        None => self.live(seq, payload, out),
+                        Some(last) if seq <= last => {}
+                        Some(last) if seq == last + 1 => self.apply(seq, payload, out),
+                        Some(last) => self.resync(
+                            Resync::ReplayHole {
+                                from: last + 1,
+                                seq,
+                            },
+                            seq,
+                            payload,
+                            out,
+                        ),
+                    }
+                }
+            }
+            // The engine's buffer lacks the last batch applied (its newest
+            // number is lower), or holds another batch under its number:
+            // a new engine. Its whole buffer is what it holds.
+            Mode::Verifying(held) | Mode::Discarding(held) => {
+                let last = self.last.map_or(0, |l| l.seq);
+                self.restart(Resync::Restart { last, seq: None }, out);
+                self.full = true;
+                out.push(Action::Replay { from: 0 });
+                self.mode = Mode::Replaying(held);
+            }
+        }
+    }
+
+    /// The replay timeout passed before its end marker.
+    pub fn replay_timed_out(&mut self, out: &mut Vec<Action<T>>) {
+        if matches!(self.mode, Mode::Live) {
+            return;
+        }
+        let held = self.take_held();
+        self.full = false;
+        self.at_start = false;
+        out.push(Action::Clear(Resync::ReplayTimeout));
+        // The replay endpoint does not answer: no full replay until the
+        // next resync for another reason.
+        self.replayed_all = true;
+        self.last = None;
+        for (seq, payload) in held {
+            self.live(seq, payload, out);
+        }
+    }
+
+    /// The applier met a store whose parent is unknown.
+    pub fn orphaned(&mut self, out: &mut Vec<Action<T>>) {
+        if !self.can_replay || self.replayed_all || !matches!(self.mode, Mode::Live) {
+            return;
+        }
+        self.restart(Resync::Orphan, out);
+        self.full = true;
+        out.push(Action::Replay { from: 0 });
+        self.mode = Mode::Replaying(VecDeque::new());
+    }
+
+    /// Clears for `why` and forgets the last batch; the whole buffer is
+    /// asked for next.
+    fn restart(&mut self, why: Resync, out: &mut Vec<Action<T>>) {
+        out.push(Action::Clear(why));
+        self.last = None;
+        self.replayed_all = true;
+    }
+
+    /// Asks for every batch from `from` on, holding this one back.
+    /// `full`: the answer is the engine's whole buffer, so an empty one
+    /// means its next batch is its first.
+    fn replay(&mut self, from: u64, full: bool, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        self.full = full;
+        out.push(Action::Replay { from });
+        let mut held = VecDeque::new();
+        held.push_back((seq, payload));
+        self.mode = Mode::Replaying(held);
+    }
+
+    fn apply(&mut self, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        self.at_start = false;
+        self.last = Some(Applied {
+            seq,
+            digest: digest(&payload),
+        });
+        out.push(Action::Apply { seq, payload });
+    }
+
+    fn resync(&mut self, why: Resync, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        out.push(Action::Clear(why));
+        self.replayed_all = false;
+        self.apply(seq, payload, out);
+    }
+}
+
+/// The digest a follower keeps of the last batch applied.
+pub fn digest(payload: &impl AsRef<[u8]>) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(payload.as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    type F = Follower<Vec<u8>>;
+
+    /// The payload of batch `seq` of engine `e` (two engines number alike).
+    fn p(e: u8, seq: u64) -> Vec<u8> {
+        let mut v = seq.to_be_bytes().to_vec();
+        v.push(e);
+        v
+    }
+
+    fn at(seq: u64) -> Option<Applied> {
+        Some(Applied {
+            seq,
+            digest: digest(&p(0, seq)),
+        })
+    }
+
+    fn seqs(out: &[Action<Vec<u8>>]) -> Vec<String> {
+        out.iter()
+            .map(|a| match a {
+                Action::Apply { seq, payload } => {
+                    format!("apply {seq}{}", ["", "'"][usize::from(payload[8])])
+                }
+                Action::Clear(why) => format!("clear {}", why.label()),
+                Action::Replay { from } => format!("replay {from}"),
+            })
+            .collect()
+    }
+
+    fn live(f: &mut F, s: &[u64]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &seq in s {
+            f.live(seq, p(0, seq), &mut out);
+        }
+        seqs(&out)
+    }
+
+    fn replay(f: &mut F, e: u8, s: &[u64]) -> Vec<String> {
+        let mut out = Vec::new();
+        for &seq in s {
+            f.replayed(seq, p(e, seq), &mut out);
+        }
+        f.replay_ended(&mut out);
+        seqs(&out)
+    }
+
+    #[test]
+    fn in_order_batches_apply_from_wherever_the_stream_starts() {
+        let mut f = F::new(false, 8, None);
+        assert_eq!(live(&mut f, &[5, 6, 7]), ["apply 5", "apply 6", "apply 7"]);
+        assert_eq!(f.last().map(|l| l.seq), Some(7));
+    }
+
+    #[test]
+    fn a_restart_clears_and_relearns() {
+        let mut f = F::new(false, 8, None);
+        assert_eq!(
+            live(&mut f, &[3, 4, 0, 1]),
+            ["apply 3", "apply 4", "clear restart", "apply 0", "apply 1"]
+        );
+        // The last batch again is a duplicate; another under its number is
+        // a new engine's.
+        assert_eq!(live(&mut f, &[1]), Vec::<String>::new());
+        let mut out = Vec::new();
+        f.live(1, p(1, 1), &mut out);
+        assert_eq!(seqs(&out), ["clear restart", "apply 1'"]);
+    }
+
+    #[test]
+    fn a_restart_with_replay_relearns_the_new_engines_buffer() {
+        let mut f = F::new(true, 8, at(9));
+        assert_eq!(live(&mut f, &[2]), ["clear restart", "replay 0"]);
+        assert_eq!(
+            replay(&mut f, 0, &[0, 1, 2]),
+            ["apply 0", "apply 1", "apply 2"]
+        );
+    }
+
+    #[test]
+    fn joining_late_replays_the_engines_buffer_and_resuming_only_the_rest() {
+        let mut f = F::new(true, 8, None);
+        assert_eq!(live(&mut f, &[4]), ["replay 0"]);
+        let mut resumed = F::new(true, 8, at(6));
+        assert_eq!(live(&mut resumed, &[7]), ["apply 7"]);
+        let mut behind = F::new(true, 8, at(6));
+        assert_eq!(live(&mut behind, &[9]), ["replay 7"]);
+        // From the very first batch, nothing is missing.
+        let mut first = F::new(true, 8, None);
+        assert_eq!(live(&mut first, &[0, 1]), ["apply 0", "apply 1"]);
+    }
+
+    #[test]
+    fn a_reconnection_to_the_same_engine_replays_only_what_was_missed() {
+        let mut f = F::new(true, 8, at(4));
+        let mut out = Vec::new();
+        f.connected(&mut out);
+        assert_eq!(seqs(&out), ["replay 4"]);
+        assert_eq!(live(&mut f, &[7]), Vec::<String>::new());
+        assert_eq!(
+            replay(&mut f, 0, &[4, 5, 6, 7]),
+            ["apply 5", "apply 6", "apply 7"]
+        );
+        assert!(!f.replaying());
+    }
+
+    #[test]
+    fn a_reconnection_to_a_new_engine_relearns_it_whatever_its_numbers() {
+        // The new engine got past our last number while we were away: its
+        // batch 4 is not ours.
+        let mut f = F::new(true, 8, at(4));
+        f.connected(&mut Vec::new());
+        assert_eq!(replay(&mut f, 1, &[4, 5, 6]), ["clear restart", "replay 0"]);
+        assert_eq!(
+            replay(&mut f, 1, &[0, 1, 2, 3, 4, 5, 6]),
+            ["apply 0'", "apply 1'", "apply 2'", "apply 3'", "apply 4'", "apply 5'", "apply 6'"]
+        );
+        // Or its numbers are all below ours: the answer is the end marker.
+        let mut g = F::new(true, 8, at(40));
+        g.connected(&mut Vec::new());
+        assert_eq!(replay(&mut g, 1, &[]), ["clear restart", "replay 0"]);
+        // A first connection asks for the engine's recent past, once.
+        let mut fresh = F::new(true, 8, None);
+        let mut out = Vec::new();
+        fresh.connected(&mut out);
+        fresh.connected(&mut out);
+        assert_eq!(seqs(&out), ["replay 0"]);
+        assert_eq!(replay(&mut fresh, 0, &[0, 1]), ["apply 0", "apply 1"]);
+        // Without a replay endpoint there is nothing to ask.
+        let mut h = F::new(false, 8, at(4));
+        let mut out = Vec::new();
+        h.connected(&mut out);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_gap_without_replay_clears() {
+        let mut f = F::new(false, 8, None);
+        assert_eq!(live(&mut f, &[1, 4]), ["apply 1", "clear gap", "apply 4"]);
+    }
+
+    #[test]
+    fn a_replay_fills_the_gap_and_held_batches_follow_once() {
+        let mut f = F::new(true, 8, at(0));
+        assert_eq!(live(&mut f, &[1, 4, 5]), ["apply 1", "replay 2"]);
+        assert!(f.replaying());
+        // The engine's buffer holds everything from 2, the live 4 and 5 too.
+        assert_eq!(
+            replay(&mut f, 0, &[2, 3, 4, 5]),
+            ["apply 2", "apply 3", "apply 4", "apply 5"]
+        );
+        assert!(!f.replaying());
+        assert_eq!(live(&mut f, &[6]), ["apply 6"]);
+    }
+
+    #[test]
+    fn a_replay_that_skips_numbers_clears() {
+        let mut f = F::new(true, 8, at(0));
+        live(&mut f, &[1, 9]);
+        assert_eq!(replay(&mut f, 0, &[5]), ["clear replay_hole", "apply 5"]);
+        // The held batch was dropped with the replay; the next one is a gap.
+        assert_eq!(live(&mut f, &[10]), ["replay 6"]);
+    }
+
+    #[test]
+    fn a_silent_replay_times_out_and_held_batches_apply() {
+        let mut f = F::new(true, 8, at(0));
+        live(&mut f, &[1, 5, 6]);
+        let mut out = Vec::new();
+        f.replay_timed_out(&mut out);
+        assert_eq!(seqs(&out), ["clear replay_timeout", "apply 5", "apply 6"]);
+    }
+
+    #[test]
+    fn too_many_held_batches_end_the_replay() {
+        let mut f = F::new(true, 2, at(0));
+        assert_eq!(
+            live(&mut f, &[1, 5, 6, 7]),
+            ["apply 1", "replay 2", "clear replay_overflow", "apply 7"]
+        );
+        assert!(!f.replaying());
+    }
+
+    #[test]
+    fn an_orphan_replays_the_whole_buffer_once_per_resync() {
+        let mut f = F::new(true, 8, at(6));
+        live(&mut f, &[7]);
+        let mut out = Vec::new();
+        f.orphaned(&mut out);
+        assert_eq!(seqs(&out), ["clear orphan", "replay 0"]);
+        assert_eq!(
+            replay(&mut f, 0, &[3, 4, 5, 6, 7]),
+            ["apply 3", "apply 4", "apply 5", "apply 6", "apply 7"]
+        );
+        let mut out = Vec::new();
+        f.orphaned(&mut out);
+        assert!(out.is_empty());
+        // Without a replay endpoint an orphan is only counted.
+        let mut g = F::new(false, 8, None);
+        g.orphaned(&mut out);
+        assert!(out.is_empty());
+    }
+}

@@ -1,0 +1,159 @@
+//! Per-subscription metrics, read from each subscription's counters at
+//! scrape time (labelled by pod), and the lookups' hit-ratio counters
+//! (labelled by model).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Unit;
+
+use super::follow::Resync;
+use super::{Engines, SubStats};
+
+/// The server's engine subscriptions, once they exist (metrics are made
+/// before them).
+pub type EnginesCell = Arc<OnceLock<Weak<Engines>>>;
+
+/// Encodes every subscription's counters.
+#[derive(Debug)]
+pub struct EngineCollector(pub EnginesCell);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct Pod {
+    pod: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PodReason {
+    pod: String,
+    reason: &'static str,
+}
+
+type Read = fn(&SubStats) -> u64;
+
+fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
+    // Relaxed: a statistic.
+    c.load(Ordering::Relaxed)
+}
+
+/// (name, help, value) of every per-pod counter.
+const COUNTERS: [(&str, &str, Read); 13] = [
+    ("engine_batches", "Event batches applied", |s| {
+        counter(&s.batches)
+    }),
+    ("engine_events", "Engine events applied", |s| {
+        counter(&s.events)
+    }),
+    ("engine_blocks_stored", "Engine block copies stored", |s| {
+        counter(&s.blocks_stored)
+    }),
+    (
+        "engine_blocks_removed",
+        "Engine block copies removed",
+        |s| counter(&s.blocks_removed),
+    ),
+    (
+        "engine_unknown_removals",
+        "Removals of blocks not held (ignored)",
+        |s| counter(&s.unknown_removed),
+    ),
+    (
+        "engine_orphaned_stores",
+        "Stores whose parent block is unknown",
+        |s| counter(&s.orphaned),
+    ),
+    (
+        "engine_too_deep_stores",
+        "Stores past max-key-blocks or in a parent cycle",
+        |s| counter(&s.too_deep),
+    ),
+    (
+        "engine_refused_events",
+        "Events refused (block size, token count, record bound)",
+        |s| counter(&s.refused),
+    ),
+    (
+        "engine_other_medium_events",
+        "Events of a cache tier not routed on",
+        |s| counter(&s.other_medium),
+    ),
+    (
+        "engine_unknown_events",
+        "Events of an unknown type, skipped",
+        |s| counter(&s.unknown_events),
+    ),
+    (
+        "engine_decode_errors",
+        "Messages that did not decode, skipped",
+        |s| counter(&s.decode_errors),
+    ),
+    ("engine_sequence_gaps", "Sequence gaps seen", |s| {
+        counter(&s.gaps)
+    }),
+    ("engine_replays", "Replays asked of the engine", |s| {
+        counter(&s.replays)
+    }),
+];
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(engines) = self.0.get().and_then(Weak::upgrade) else {
+            return Ok(());
+        };
+        let all = engines.stats();
+        for (name, help, read) in COUNTERS {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                ConstCounter::new(0u64).metric_type(),
+            )?;
+            for (pod, stats) in &all {
+                let labels = Pod { pod: pod.clone() };
+                ConstCounter::new(read(stats)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "engine_resyncs",
+            "Pods cleared and learnt again, by reason",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for (pod, stats) in &all {
+            for (reason, c) in Resync::LABELS.iter().zip(&stats.resyncs) {
+                let labels = PodReason {
+                    pod: pod.clone(),
+                    reason,
+                };
+                ConstCounter::new(counter(c)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "engine_connected",
+            "Whether the engine's PUB socket is connected (1) or not (0)",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (pod, stats) in &all {
+            // Relaxed: a statistic.
+            let up = i64::from(stats.connected.load(Ordering::Relaxed));
+            ConstGauge::new(up).encode(family.encode_family(&Pod { pod: pod.clone() })?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "engine_lag",
+            "Time from an engine's batch timestamp to its arrival, for the last batch",
+            Some(&Unit::Seconds),
+            ConstGauge::new(0.0f64).metric_type(),
+        )?;
+        for (pod, stats) in &all {
+            // Relaxed: a statistic.
+            let lag = stats.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+            ConstGauge::new(lag).encode(family.encode_family(&Pod { pod: pod.clone() })?)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,489 @@
+//! Precise mode: the index follows the KV-cache events that inference
+//! engines (vLLM, SGLang) publish over ZeroMQ.
+//!
+//! Each [`Subscription`] names a pod, its model, the engine's PUB endpoint,
+//! its optional replay (ROUTER) endpoint and its block size. The server
+//! subscribes once; every gateway reads the same exact view. Subscriptions
+//! come from the configuration and, at run time, from the `subscribe` and
+//! `unsubscribe` ops of writer clients; [`Engines`] runs one task per
+//! subscription (`task`) and, optionally, the central collector: one bound
+//! SUB socket that engines connect to, the topic `kv@<pod>@<model>` naming
+//! the pod (`central`).
+//!
+//! Layering: `prefix-events` decodes frames and payloads; [`follow`] decides
+//! what sequence numbers mean (apply, replay, resync); [`apply`] turns a
+//! batch into index operations; only `task` and `central` touch sockets.
+
+pub mod apply;
+mod central;
+pub mod follow;
+pub mod metrics;
+#[cfg(test)]
+mod model_tests;
+mod stats;
+mod task;
+pub(crate) mod wire;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+pub use prefix_index::Ratio;
+use prefix_index::{EngineError, EngineSpec, Index};
+use prefix_proto::key::hash_token_block;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+
+pub use stats::{State, SubStats};
+
+/// One engine to follow.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    /// The pod the engine serves (gateways route to this name).
+    pub pod: String,
+    /// The model it serves; an event's LoRA adapter name overrides it.
+    pub model: String,
+    /// The engine's PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) endpoint, if it has one.
+    pub replay: Option<String>,
+    /// Tokens per engine block (vLLM `--block-size`, SGLang `--page-size`).
+    pub block_size: u32,
+    /// The topic to subscribe to (vLLM's default is empty: everything).
+    pub topic: String,
+    /// Cache tiers routed on, upper case (default `GPU`); events of other
+    /// tiers (CPU or storage offloading) are counted and skipped.
+    pub media: Vec<String>,
+}
+
+/// Why a subscription is refused.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SubscriptionError {
+    /// The text form does not parse.
+    #[error("engine subscription {text:?}: {why}")]
+    Syntax {
+        /// The text.
+        text: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The index refuses the pod (block sizes, name).
+    #[error("engine subscription for {pod}: {source}")]
+    Index {
+        /// The pod.
+        pod: String,
+        /// The index's reason.
+        source: EngineError,
+    },
+    /// More subscriptions than `max-engines`.
+    #[error("too many engine subscriptions (max-engines = {max})")]
+    TooMany {
+        /// The configured bound.
+        max: usize,
+    },
+    /// The subscription's thread could not start.
+    #[error("cannot start an engine thread: {0}")]
+    Thread(String),
+}
+
+impl Subscription {
+    /// Whether events of this medium are routed on (`None`: the engine did
+    /// not say, as older vLLM versions do, which means the GPU).
+    pub fn routes_medium(&self, medium: Option<&str>) -> bool {
+        match medium {
+            None => true,
+            Some(m) => self.media.iter().any(|x| x.eq_ignore_ascii_case(m)),
+        }
+    }
+}
+
+/// The text form, as in `--engine`:
+/// `pod=vllm-0,model=meta-llama/Llama-3.1-8B,endpoint=tcp://10.0.0.5:5557`
+/// with optional `replay=tcp://...`, `block-size=16`, `topic=kv-events`
+/// and `media=GPU+CPU`.
+impl FromStr for Subscription {
+    type Err = SubscriptionError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| SubscriptionError::Syntax {
+            text: text.into(),
+            why,
+        };
+        let mut fields = BTreeMap::new();
+        for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| err(format!("{part:?} is not key=value")))?;
+            if fields.insert(k.trim(), v.trim()).is_some() {
+                return Err(err(format!("{k} given twice")));
+            }
+        }
+        let mut take = |k: &str| fields.remove(k).map(str::to_string);
+        let need = |v: Option<String>, k: &str| {
+            v.filter(|v| !v.is_empty())
+                .ok_or_else(|| err(format!("{k}= is missing")))
+        };
+        let sub = Subscription {
+            pod: need(take("pod"), "pod")?,
+            model: need(take("model"), "model")?,
+            endpoint: need(take("endpoint"), "endpoint")?,
+            replay: take("replay").filter(|r| !r.is_empty()),
+            block_size: match take("block-size") {
+                None => 16,
+                Some(b) => b
+                    .parse()
+                    .map_err(|_| err(format!("block-size={b} is not a number")))?,
+            },
+            topic: take("topic").unwrap_or_default(),
+            media: match take("media") {
+                None => vec!["GPU".into()],
+                Some(m) => m
+                    .split('+')
+                    .map(|x| x.trim().to_ascii_uppercase())
+                    .collect(),
+            },
+        };
+        if let Some(k) = fields.keys().next() {
+            return Err(err(format!(
+                "unknown key {k} (pod, model, endpoint, replay, block-size, topic, media)"
+            )));
+        }
+        for e in std::iter::once(&sub.endpoint).chain(&sub.replay) {
+            if !e.starts_with("tcp://") {
+                return Err(err(format!("endpoint {e} is not tcp://host:port")));
+            }
+        }
+        Ok(sub)
+    }
+}
+
+impl fmt::Display for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pod={},model={},endpoint={}",
+            self.pod, self.model, self.endpoint
+        )?;
+        if let Some(r) = &self.replay {
+            write!(f, ",replay={r}")?;
+        }
+        write!(f, ",block-size={}", self.block_size)?;
+        if !self.topic.is_empty() {
+            write!(f, ",topic={}", self.topic)?;
+        }
+        write!(f, ",media={}", self.media.join("+"))
+    }
+}
+
+/// Precise mode's settings (see `ServerConfig::engines`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Engines followed from the start.
+    pub subscriptions: Vec<Subscription>,
+    /// Where the central collector binds its SUB socket (engines connect
+    /// to it with topics `kv@<pod>@<model>`), or none.
+    pub listen: Option<String>,
+    /// Block size of engines met through the central collector.
+    pub central_block_size: u32,
+    /// Tokens per block of the gateways' token keys: what engine blocks are
+    /// hashed into.
+    pub token_block: u32,
+    /// How long a replay may take before the pod is resynced instead.
+    pub replay_timeout: Duration,
+    /// Live batches held back during a replay; past it, resync.
+    pub max_held_batches: usize,
+    /// Most engine subscriptions (configured, added at run time and met by
+    /// the central collector).
+    pub max_engines: usize,
+    /// Largest event message accepted, in bytes: libzmq drops a connection
+    /// that sends a larger one.
+    pub max_message_bytes: usize,
+    /// Messages libzmq buffers per engine socket while its thread is busy
+    /// (its receive high-water mark); past it libzmq drops them (a gap).
+    /// An engine's buffered bytes are at most this times
+    /// `max_message_bytes`.
+    pub max_queued_messages: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            subscriptions: Vec::new(),
+            listen: None,
+            // vLLM's default block size.
+            central_block_size: 16,
+            token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
+            // vLLM answers a replay request within its publisher loop's
+            // 100 ms tick; 5 s allows for a buffer of thousands of batches.
+            replay_timeout: Duration::from_secs(5),
+            // vLLM's replay buffer holds 10,000 batches: a replay can bring
+            // no more than that many, nor need more held back.
+            max_held_batches: 10_000,
+            max_engines: 1_024,
+            // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
+            // 0.5 MiB; 4 MiB leaves room for steps of many requests.
+            max_message_bytes: 4 << 20,
+            // Seconds of a busy engine's batches (one per scheduler step);
+            // with the message bound, at most 4 GiB from a hostile peer,
+            // a few MiB from a real one.
+            max_queued_messages: 1_000,
+        }
+    }
+}
+
+/// The engine subscriptions of one server: their threads and their state.
+pub struct Engines {
+    index: Arc<Index>,
+    cfg: EngineConfig,
+    ctx: zmq::Context,
+    running: Mutex<BTreeMap<String, Running>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    shutdown: CancellationToken,
+    /// The central collector's bound endpoint, once bound.
+    central: Mutex<Option<String>>,
+}
+
+struct Running {
+    sub: Subscription,
+    stats: Arc<SubStats>,
+    stop: CancellationToken,
+}
+
+/// Stack of a subscription thread: it decodes and applies one batch at a
+/// time, with no deep recursion anywhere.
+const STACK_BYTES: usize = 512 << 10;
+
+impl Engines {
+    /// No subscriptions yet; threads stop when `shutdown` is cancelled.
+    pub fn new(index: Arc<Index>, cfg: EngineConfig, shutdown: CancellationToken) -> Arc<Engines> {
+        Arc::new(Engines {
+            index,
+            cfg,
+            ctx: zmq::Context::new(),
+            running: Mutex::new(BTreeMap::new()),
+            threads: Mutex::new(Vec::new()),
+            shutdown,
+            central: Mutex::new(None),
+        })
+    }
+
+    fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        let handle = std::thread::Builder::new()
+            .name(name)
+            .stack_size(STACK_BYTES)
+            .spawn(f)?;
+        let mut threads = self.threads.lock();
+        threads.retain(|t| !t.is_finished());
+        threads.push(handle);
+        Ok(())
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// The index's description of an engine of `block_size` tokens a block.
+    pub fn spec(&self, block_size: u32) -> EngineSpec {
+        EngineSpec {
+            engine_block: block_size,
+            our_block: self.cfg.token_block,
+            hash: hash_token_block,
+        }
+    }
+
+    /// Starts following `sub` (replacing a subscription of the same pod).
+    pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+        let mut running = self.running.lock();
+        if !running.contains_key(&sub.pod) && running.len() >= self.cfg.max_engines {
+            return Err(SubscriptionError::TooMany {
+                max: self.cfg.max_engines,
+            });
+        }
+        let engine = self
+            .index
+            .engine(&sub.pod, self.spec(sub.block_size))
+            .map_err(|source| SubscriptionError::Index {
+                pod: sub.pod.clone(),
+                source,
+            })?;
+        if let Some(old) = running.remove(&sub.pod) {
+            old.stop.cancel();
+        }
+        let stats = Arc::new(SubStats::default());
+        let stop = self.shutdown.child_token();
+        running.insert(
+            sub.pod.clone(),
+            Running {
+                sub: sub.clone(),
+                stats: stats.clone(),
+                stop: stop.clone(),
+            },
+        );
+        let name = format!("engine-{}", sub.pod);
+        let task = task::Task {
+            index: self.index.clone(),
+            sub,
+            engine,
+            stats,
+            cfg: self.cfg.clone(),
+            ctx: self.ctx.clone(),
+        };
+        let pod = task.sub.pod.clone();
+        self.spawn(name, move || task.run(stop)).map_err(|e| {
+            running.remove(&pod);
+            SubscriptionError::Thread(e.to_string())
+        })
+    }
+
+    /// Stops following `pod`'s engine and drops what it knew (the pod is
+    /// removed; gateway inserts register it again as a plain pod). Returns
+    /// whether it was followed.
+    pub fn unsubscribe(&self, pod: &str) -> bool {
+        let Some(old) = self.running.lock().remove(pod) else {
+            return false;
+        };
+        old.stop.cancel();
+        self.index.drop_engine_pod(pod);
+        true
+    }
+
+    /// Every subscription and its state, by pod name.
+    pub fn list(&self) -> Vec<(Subscription, State)> {
+        self.running
+            .lock()
+            .values()
+            .map(|r| (r.sub.clone(), r.stats.state()))
+            .collect()
+    }
+
+    /// Every subscription's counters, for metrics.
+    pub fn stats(&self) -> Vec<(String, Arc<SubStats>)> {
+        self.running
+            .lock()
+            .iter()
+            .map(|(pod, r)| (pod.clone(), r.stats.clone()))
+            .collect()
+    }
+
+    /// Starts the configured subscriptions and the central collector.
+    pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
+        for sub in self.cfg.subscriptions.clone() {
+            self.subscribe(sub)?;
+        }
+        if let Some(listen) = self.cfg.listen.clone() {
+            let collector = central::Collector::bind(self.clone(), &listen)?;
+            *self.central.lock() = collector.last_endpoint();
+            let stop = self.shutdown.clone();
+            self.spawn("engine-collector".into(), move || collector.run(stop))
+                .map_err(|e| SubscriptionError::Thread(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Where the central collector is bound (`tcp://host:port`), if it is.
+    pub fn central_endpoint(&self) -> Option<String> {
+        self.central.lock().clone()
+    }
+
+    /// A stats slot for a pod met by the central collector.
+    fn central_pod(&self, pod: &str, model: &str) -> Option<(Arc<SubStats>, Subscription)> {
+        let mut running = self.running.lock();
+        if let Some(r) = running.get(pod) {
+            return Some((r.stats.clone(), r.sub.clone()));
+        }
+        if running.len() >= self.cfg.max_engines {
+            return None;
+        }
+        let sub = Subscription {
+            pod: pod.into(),
+            model: model.into(),
+            endpoint: self.cfg.listen.clone().unwrap_or_default(),
+            replay: None,
+            block_size: self.cfg.central_block_size,
+            topic: format!("kv@{pod}@{model}"),
+            media: vec!["GPU".into()],
+        };
+        let stats = Arc::new(SubStats::default());
+        running.insert(
+            pod.into(),
+            Running {
+                sub: sub.clone(),
+                stats: stats.clone(),
+                stop: self.shutdown.child_token(),
+            },
+        );
+        Some((stats, sub))
+    }
+
+    /// Waits for every thread to end (call after cancelling `shutdown`;
+    /// each notices within its poll period).
+    pub fn join(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Why precise mode could not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// A configured subscription was refused.
+    #[error(transparent)]
+    Subscription(#[from] SubscriptionError),
+    /// The central collector could not bind.
+    #[error("engine-listen {endpoint}: {why}")]
+    Bind {
+        /// The endpoint.
+        endpoint: String,
+        /// The socket's error.
+        why: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subscriptions_read_and_write_one_text_form() {
+        let text = "pod=vllm-0,model=Qwen/Qwen3-8B,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,block-size=64,topic=kv,media=GPU+CPU";
+        let sub: Subscription = text.parse().unwrap();
+        assert_eq!(sub.block_size, 64);
+        assert_eq!(sub.media, ["GPU", "CPU"]);
+        assert_eq!(sub.to_string().parse::<Subscription>().unwrap(), sub);
+        let short: Subscription = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
+        assert_eq!(
+            (short.block_size, short.replay, short.media),
+            (16, None, vec!["GPU".into()])
+        );
+        for (bad, why) in [
+            ("pod=a,model=m", "endpoint= is missing"),
+            ("pod=a,model=m,endpoint=ipc:///x", "not tcp://"),
+            (
+                "pod=a,model=m,endpoint=tcp://h:1,colour=red",
+                "unknown key colour",
+            ),
+            ("pod=a,pod=b,model=m,endpoint=tcp://h:1", "pod given twice"),
+            (
+                "pod=a,model=m,endpoint=tcp://h:1,block-size=x",
+                "not a number",
+            ),
+        ] {
+            let err = bad.parse::<Subscription>().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn media_default_to_the_gpu() {
+        let sub: Subscription = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
+        assert!(sub.routes_medium(Some("gpu")));
+        assert!(sub.routes_medium(None));
+        assert!(!sub.routes_medium(Some("CPU")));
+    }
+}

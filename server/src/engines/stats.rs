@@ -1,0 +1,194 @@
+//! Counters of one engine subscription: written by its thread, read by
+//! metrics scrapes and `list-engines`.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prefix_index::Applied;
+
+use super::apply::Outcome;
+use super::follow::Resync;
+
+/// One subscription's counters. Every access is `Relaxed`: they are
+/// statistics, read independently, never used to order other memory.
+#[derive(Debug, Default)]
+pub struct SubStats {
+    /// Whether the PUB socket is connected (the central collector: whether
+    /// the pod's last message came within the idle period).
+    pub connected: AtomicBool,
+    /// Batches applied.
+    pub batches: AtomicU64,
+    /// Events applied.
+    pub events: AtomicU64,
+    /// Engine block copies stored.
+    pub blocks_stored: AtomicU64,
+    /// Engine block copies removed.
+    pub blocks_removed: AtomicU64,
+    /// Removals of blocks not held (ignored).
+    pub unknown_removed: AtomicU64,
+    /// Stores under an unknown parent.
+    pub orphaned: AtomicU64,
+    /// Stores past `max-key-blocks` or in a parent cycle.
+    pub too_deep: AtomicU64,
+    /// Events refused (wrong block size, token counts, record bound).
+    pub refused: AtomicU64,
+    /// Events of a tier not routed on.
+    pub other_medium: AtomicU64,
+    /// Events of an unknown type.
+    pub unknown_events: AtomicU64,
+    /// Messages that did not decode (framing or payload), and oversized ones.
+    pub decode_errors: AtomicU64,
+    /// Sequence gaps seen.
+    pub gaps: AtomicU64,
+    /// Replays asked for.
+    pub replays: AtomicU64,
+    /// Resyncs, by [`Resync::LABELS`] order.
+    pub resyncs: [AtomicU64; 6],
+    /// The last sequence number applied, plus one (0: none yet).
+    pub last_seq: AtomicU64,
+    /// Milliseconds between the last batch's `ts` and its arrival.
+    pub lag_ms: AtomicI64,
+    /// The latest problem, in words.
+    last_error: Mutex<Option<String>>,
+    /// When each kind of problem was last logged.
+    logged: Mutex<[Option<Instant>; 4]>,
+}
+
+/// Kinds of problems whose logs are rate-limited apart.
+#[derive(Debug, Clone, Copy)]
+pub enum Problem {
+    /// A message did not decode.
+    Decode = 0,
+    /// An event was refused.
+    Refused = 1,
+    /// A resync.
+    Resync = 2,
+    /// The socket (connect, receive).
+    Socket = 3,
+}
+
+/// A subscription's state, for `list-engines`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct State {
+    /// See [`SubStats::connected`].
+    pub connected: bool,
+    /// The last sequence number applied.
+    pub last_seq: Option<u64>,
+    /// Events applied.
+    pub events: u64,
+    /// Engine block copies stored.
+    pub blocks_stored: u64,
+    /// Engine block copies removed.
+    pub blocks_removed: u64,
+    /// Resyncs of every kind.
+    pub resyncs: u64,
+    /// Replays asked for.
+    pub replays: u64,
+    /// Stores under an unknown parent.
+    pub orphaned: u64,
+    /// Messages that did not decode.
+    pub decode_errors: u64,
+    /// See [`SubStats::lag_ms`].
+    pub lag_ms: i64,
+    /// The latest problem.
+    pub last_error: Option<String>,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    // Relaxed: a statistic (see the type's docs).
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn get(c: &AtomicU64) -> u64 {
+    // Relaxed: a statistic (see the type's docs).
+    c.load(Ordering::Relaxed)
+}
+
+/// Logs of one kind at most this often per subscription.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl SubStats {
+    /// Counts one applied batch.
+    pub fn applied(&self, seq: u64, out: &Outcome, lag_ms: i64) {
+        let a: &Applied = &out.applied;
+        add(&self.batches, 1);
+        add(&self.events, out.events);
+        add(&self.blocks_stored, a.stored);
+        add(&self.blocks_removed, a.removed);
+        add(&self.unknown_removed, a.unknown);
+        add(&self.orphaned, a.orphaned);
+        add(&self.too_deep, a.too_deep);
+        add(&self.refused, out.refused);
+        add(&self.other_medium, out.other_medium);
+        add(&self.unknown_events, out.unknown_events);
+        // Relaxed: statistics.
+        self.last_seq
+            .store(seq.saturating_add(1), Ordering::Relaxed);
+        self.lag_ms.store(lag_ms, Ordering::Relaxed);
+    }
+
+    /// Counts a resync.
+    pub fn resynced(&self, why: Resync) {
+        if let Some(i) = Resync::LABELS.iter().position(|l| *l == why.label()) {
+            add(&self.resyncs[i], 1);
+        }
+        if matches!(why, Resync::Gap { .. } | Resync::ReplayHole { .. }) {
+            add(&self.gaps, 1);
+        }
+    }
+
+    /// Counts a replay request (a gap the replay endpoint may fill).
+    pub fn replay_asked(&self, whole_buffer: bool) {
+        add(&self.replays, 1);
+        if !whole_buffer {
+            add(&self.gaps, 1);
+        }
+    }
+
+    /// Counts a message that did not decode.
+    pub fn decode_error(&self) {
+        add(&self.decode_errors, 1);
+    }
+
+    /// Records a problem; returns whether to log it now (the first of its
+    /// kind, then at most once per 10 s, so a bad engine cannot flood logs).
+    pub fn problem(&self, kind: Problem, what: &str) -> bool {
+        *self.last_error.lock() = Some(what.to_string());
+        let mut logged = self.logged.lock();
+        let slot = &mut logged[kind as usize];
+        let now = Instant::now();
+        match slot {
+            Some(t) if now.duration_since(*t) < LOG_EVERY => false,
+            _ => {
+                *slot = Some(now);
+                true
+            }
+        }
+    }
+
+    /// Sets the connection state.
+    pub fn set_connected(&self, up: bool) {
+        // Relaxed: a statistic.
+        self.connected.store(up, Ordering::Relaxed);
+    }
+
+    /// The state, for listing.
+    pub fn state(&self) -> State {
+        // Relaxed (all loads): statistics.
+        let last = self.last_seq.load(Ordering::Relaxed);
+        State {
+            connected: self.connected.load(Ordering::Relaxed),
+            last_seq: last.checked_sub(1),
+            events: get(&self.events),
+            blocks_stored: get(&self.blocks_stored),
+            blocks_removed: get(&self.blocks_removed),
+            resyncs: self.resyncs.iter().map(get).sum(),
+            replays: get(&self.replays),
+            orphaned: get(&self.orphaned),
+            decode_errors: get(&self.decode_errors),
+            lag_ms: self.lag_ms.load(Ordering::Relaxed),
+            last_error: self.last_error.lock().clone(),
+        }
+    }
+}

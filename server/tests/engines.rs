@@ -1,0 +1,364 @@
+//! Precise mode end to end: the real server subscribed to an engine that
+//! speaks vLLM's framing through libzmq itself (a PUB socket and a ROUTER
+//! replay socket, as the engines' pyzmq does), with a lost batch that the
+//! replay fills, a restart of the server in between (its snapshot keeps the
+//! engine's blocks, so later events find their parents), and a restart of
+//! the engine (sequence back to 0, empty cache). After each step, gateway
+//! lookups by token key must match the engine's own cache.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use prefix_client::Client;
+use prefix_events::{encode_batch, Batch, Event, Removed, Stored};
+use prefix_proto::key::token_key;
+use prefix_server::engines::Subscription;
+
+const BLOCK: usize = 16;
+const TOPIC: &str = "kv";
+const POD: &str = "vllm-0";
+
+/// The engines' chained block hash: any function of parent and tokens.
+fn chain(parent: u64, tokens: &[u32]) -> u64 {
+    tokens.iter().fold(parent ^ 0x51_7cc1_b727_220a, |h, &t| {
+        (h ^ u64::from(t))
+            .wrapping_mul(0x100_0000_01b3)
+            .rotate_left(17)
+    })
+}
+
+/// Prompt `p` of `blocks` blocks; prompts share their first two blocks.
+fn prompt(p: u32, blocks: usize) -> Vec<u32> {
+    (0..blocks * BLOCK)
+        .map(|i| {
+            let owner = if i < 2 * BLOCK { 0 } else { p };
+            owner * 100_000 + i as u32
+        })
+        .collect()
+}
+
+fn hashes(tokens: &[u32]) -> Vec<u64> {
+    let mut parent = 0;
+    tokens
+        .chunks_exact(BLOCK)
+        .map(|c| {
+            parent = chain(parent, c);
+            parent
+        })
+        .collect()
+}
+
+/// One event's payload, as vLLM 0.33 encodes it.
+fn payload(event: Event) -> Vec<u8> {
+    encode_batch(&Batch {
+        ts: 1.8e9,
+        events: vec![event],
+        data_parallel_rank: Some(0),
+        unknown_events: 0,
+    })
+}
+
+fn stored(parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> Event {
+    Event::Stored(Stored {
+        hashes: hashes.to_vec(),
+        parent,
+        tokens: tokens.to_vec(),
+        block_size: BLOCK as u32,
+        lora_name: None,
+        medium: Some("GPU".into()),
+    })
+}
+
+type Buffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
+
+/// An engine: its cache (copies per block hash), its publisher and its
+/// replay socket, answered by a thread as vLLM's publisher thread does.
+struct Engine {
+    publisher: zmq::Socket,
+    buffer: Buffer,
+    seq: u64,
+    cached: HashMap<u64, u32>,
+    stop: Arc<AtomicBool>,
+    replier: Option<JoinHandle<()>>,
+    endpoints: (String, String),
+}
+
+impl Engine {
+    /// Binds on `endpoints` (`tcp://127.0.0.1:*` twice for new ports).
+    fn start(ctx: &zmq::Context, endpoints: (&str, &str)) -> Engine {
+        // libzmq closes a socket in its I/O thread: a port the engine
+        // before had may be free only a moment after it is dropped.
+        let bind = |kind, endpoint| {
+            let socket = ctx.socket(kind).unwrap();
+            socket.set_linger(0).unwrap();
+            for _ in 0..250 {
+                match socket.bind(endpoint) {
+                    Ok(()) => return socket,
+                    Err(zmq::Error::EADDRINUSE) => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    Err(e) => panic!("bind {endpoint}: {e}"),
+                }
+            }
+            panic!("{endpoint} stays in use");
+        };
+        let publisher = bind(zmq::PUB, endpoints.0);
+        let router = bind(zmq::ROUTER, endpoints.1);
+        let bound = (
+            publisher.get_last_endpoint().unwrap().unwrap(),
+            router.get_last_endpoint().unwrap().unwrap(),
+        );
+        let buffer = Buffer::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (buf, halt) = (buffer.clone(), stop.clone());
+        let replier = std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                if router.poll(zmq::POLLIN, 50).unwrap() == 0 {
+                    continue;
+                }
+                let frames = router.recv_multipart(0).unwrap();
+                let [id, _, start] = &frames[..] else {
+                    continue;
+                };
+                let start = start.iter().fold(0u64, |a, &b| a << 8 | u64::from(b));
+                let batches: Vec<_> = buf
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b.0 >= start)
+                    .cloned()
+                    .collect();
+                for (seq, payload) in batches {
+                    let msg: [&[u8]; 5] = [id, b"", TOPIC.as_bytes(), &seq.to_be_bytes(), &payload];
+                    router.send_multipart(msg, 0).unwrap();
+                }
+                let end: [&[u8]; 5] = [id, b"", b"", &u64::MAX.to_be_bytes(), b""];
+                router.send_multipart(end, 0).unwrap();
+            }
+        });
+        Engine {
+            publisher,
+            buffer,
+            seq: 0,
+            cached: HashMap::new(),
+            stop,
+            replier: Some(replier),
+            endpoints: bound,
+        }
+    }
+
+    /// Publishes a batch (or, with `lost`, only buffers it: the PUB socket
+    /// dropped it for this subscriber).
+    fn publish(&mut self, payload: Vec<u8>, lost: bool) {
+        let seq = self.seq;
+        self.seq += 1;
+        if !lost {
+            let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &seq.to_be_bytes(), &payload];
+            self.publisher.send_multipart(msg, 0).unwrap();
+        }
+        self.buffer.lock().unwrap().push((seq, payload));
+    }
+
+    /// Caches blocks `from..to` of `tokens` (the ones before are cached).
+    fn store(&mut self, tokens: &[u32], from: usize, to: usize, lost: bool) {
+        let hs = hashes(&tokens[..to * BLOCK]);
+        let event = stored(
+            from.checked_sub(1).map(|i| hs[i]),
+            &hs[from..to],
+            &tokens[from * BLOCK..to * BLOCK],
+        );
+        for h in &hs[from..to] {
+            *self.cached.entry(*h).or_default() += 1;
+        }
+        self.publish(payload(event), lost);
+    }
+
+    /// Evicts block `i` of `tokens`.
+    fn evict(&mut self, tokens: &[u32], i: usize, lost: bool) {
+        let h = hashes(tokens)[i];
+        let c = self.cached.get_mut(&h).expect("cached");
+        *c -= 1;
+        let event = Event::Removed(Removed {
+            hashes: vec![h],
+            medium: Some("GPU".into()),
+        });
+        self.publish(payload(event), lost);
+    }
+
+    /// Leading blocks of `tokens` the engine could reuse.
+    fn cached_blocks(&self, tokens: &[u32]) -> u32 {
+        hashes(tokens)
+            .iter()
+            .take_while(|h| self.cached.get(h).is_some_and(|&c| c > 0))
+            .count() as u32
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.replier.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the server answers for each prompt, against the engine's cache.
+async fn agrees(client: &Client, engine: &Engine, prompts: &[Vec<u32>]) -> bool {
+    for p in prompts {
+        let key = token_key(p, BLOCK);
+        let got = client.lookup("m", &key, None).await.unwrap();
+        let blocks = got
+            .matches
+            .iter()
+            .find(|m| m.pod.as_str() == POD)
+            .map_or(0, |m| m.blocks);
+        if blocks != engine.cached_blocks(p) {
+            return false;
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
+    let ctx = zmq::Context::new();
+    let any = "tcp://127.0.0.1:*";
+    let mut engine = Engine::start(&ctx, (any, any));
+    let sub = Subscription {
+        pod: POD.into(),
+        model: "m".into(),
+        endpoint: engine.endpoints.0.clone(),
+        replay: Some(engine.endpoints.1.clone()),
+        block_size: BLOCK as u32,
+        topic: TOPIC.into(),
+        media: vec!["GPU".into()],
+    };
+    let data = tempfile::tempdir().unwrap();
+    let config = |sub: &Subscription| {
+        let mut cfg = common::config(&data);
+        cfg.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        cfg.engines.subscriptions = vec![sub.clone()];
+        cfg
+    };
+    let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
+    let client = server.client().await;
+    let prompts: Vec<Vec<u32>> = (1..=4).map(|p| prompt(p, 6)).collect();
+
+    // Published before the subscription is up, or after: either way the
+    // first batch the server sees makes it replay the engine's buffer.
+    engine.store(&prompts[0], 0, 4, false);
+    engine.store(&prompts[1], 2, 5, false);
+    common::eventually("the first stores arrive", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    assert_eq!(engine.cached_blocks(&prompts[1]), 5);
+
+    // A lost batch: the next one reveals the gap, the replay fills it.
+    engine.evict(&prompts[0], 3, true);
+    engine.store(&prompts[2], 2, 6, false);
+    common::eventually("the gap is replayed", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    assert_eq!(engine.cached_blocks(&prompts[0]), 3);
+
+    // The server restarts; what the engine does meanwhile is in its buffer.
+    client.close().await;
+    server.shutdown().await;
+    engine.store(&prompts[1], 5, 6, false);
+    let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
+    let client = server.client().await;
+    engine.store(&prompts[3], 2, 3, false);
+    common::eventually("events after the restart find their parents", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    assert_eq!(engine.cached_blocks(&prompts[1]), 6);
+
+    // The engine restarts: sequence from 0, nothing cached, same ports.
+    let endpoints = engine.endpoints.clone();
+    drop(engine);
+    let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
+    engine.store(&prompts[3], 0, 3, false);
+    engine.store(&prompts[3], 3, 4, false);
+    // Batches published before the server's socket reconnects are lost to
+    // it (PUB/SUB); the first one it sees tells it the engine restarted,
+    // and the replay brings the rest. An engine under load keeps
+    // publishing; here a copy of a cached block stands for that.
+    common::eventually("the restarted engine is learnt afresh", async || {
+        if agrees(&client, &engine, &prompts).await {
+            return true;
+        }
+        engine.store(&prompts[3], 0, 1, false);
+        false
+    })
+    .await;
+    assert_eq!(engine.cached_blocks(&prompts[0]), 2);
+    let states = server.engines_list();
+    assert!(states[0].1.resyncs >= 1, "{states:?}");
+    let http = server.metrics_addr.unwrap();
+    let pod = |name: &str| format!("prefix_index_{name}{{pod=\"{POD}\"}}");
+    assert!(common::metric(http, &pod("engine_blocks_stored_total")).await > 0.0);
+    assert_eq!(common::metric(http, &pod("engine_connected")).await, 1.0);
+    let restarts = format!("prefix_index_engine_resyncs_total{{pod=\"{POD}\",reason=\"restart\"}}");
+    assert!(common::metric(http, &restarts).await >= 1.0);
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// Central mode: engines connect to the server's SUB socket and name
+/// themselves in the topic. A malformed payload and a stray topic are
+/// counted and skipped; the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_connecting_to_the_server_are_followed_by_topic() {
+    let server = common::start(|cfg| cfg.engines.listen = Some("tcp://127.0.0.1:*".into())).await;
+    let endpoint = server.engines.central_endpoint().expect("bound");
+    let ctx = zmq::Context::new();
+    let publisher = ctx.socket(zmq::PUB).unwrap();
+    publisher.set_linger(0).unwrap();
+    publisher.connect(&endpoint).unwrap();
+    let client = server.client().await;
+    let tokens = prompt(1, 3);
+    let hs = hashes(&tokens);
+    let topic = b"kv@pod-c@m";
+    let mut seq = 0u64;
+    // The subscription reaches the publisher after the connection: publish
+    // until the server has the blocks.
+    common::eventually("the connecting engine is followed", async || {
+        let good = payload(stored(None, &hs, &tokens));
+        let stray: [&[u8]; 3] = [b"kv@", &0u64.to_be_bytes(), b"\x90"];
+        publisher.send_multipart(stray, 0).unwrap();
+        let garbage: [&[u8]; 3] = [topic, &seq.to_be_bytes(), b"\xc1\xc1"];
+        publisher.send_multipart(garbage, 0).unwrap();
+        let good: [&[u8]; 3] = [topic, &(seq + 1).to_be_bytes(), &good];
+        publisher.send_multipart(good, 0).unwrap();
+        seq += 2;
+        let got = client
+            .lookup("m", &token_key(&tokens, BLOCK), None)
+            .await
+            .unwrap();
+        got.matches
+            .iter()
+            .any(|m| m.pod.as_str() == "pod-c" && m.blocks == 3)
+    })
+    .await;
+    let states = server.engines_list();
+    let (sub, state) = &states[0];
+    assert_eq!((sub.pod.as_str(), sub.model.as_str()), ("pod-c", "m"));
+    assert!(state.decode_errors >= 1, "{state:?}");
+    assert!(
+        state
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("batch")),
+        "{state:?}"
+    );
+    client.close().await;
+    server.shutdown().await;
+}
