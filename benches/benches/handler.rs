@@ -47,6 +47,7 @@ fn main() {
         }
     }
     let handler = Handler {
+        engines: None,
         index: index.clone(),
         limits: Limits::default(),
         metrics: Arc::new(Metrics::default()),
