@@ -256,6 +256,21 @@ pub struct Engine {
     /// Set when the pod stops being engine-fed: a subscription still
     /// running then changes nothing.
     pub(crate) closed: bool,
+    /// The last chain walked, while engine blocks are whole blocks of ours:
+    /// engines evict a sequence tail first and extend the one they just
+    /// stored, so the next event's chain is mostly this one, found without
+    /// walking the records to the root again.
+    chain: Option<Chain>,
+}
+
+/// A chain of records from the root, as [`Engine::path`] walks it.
+#[derive(Debug, Default)]
+struct Chain {
+    model: Box<str>,
+    /// Engine hashes, root first.
+    engine: Vec<u64>,
+    /// Our hashes, root first (`r` per engine block).
+    ours: Vec<u64>,
 }
 
 /// Bytes one record costs, as counted in `Stats::engine_bytes`: the map's
@@ -277,6 +292,7 @@ impl Engine {
             models: HashMap::default(),
             last_batch: None,
             closed: false,
+            chain: None,
         })
     }
 
@@ -324,6 +340,18 @@ impl Engine {
         hash: u64,
         max_blocks: usize,
     ) -> Result<Vec<u64>, Placed> {
+        Engine::walk(records, ratio, hash, max_blocks, None)
+    }
+
+    /// As [`Engine::path`], also filling `engine` with the engine hashes of
+    /// the chain, root first.
+    fn walk(
+        records: &Records,
+        ratio: Ratio,
+        hash: u64,
+        max_blocks: usize,
+        mut engine: Option<&mut Vec<u64>>,
+    ) -> Result<Vec<u64>, Placed> {
         let mut rev: Vec<u64> = Vec::new();
         let mut at = Some(hash);
         // A chain longer than this (in records) passes `max_key_blocks`, or
@@ -334,6 +362,9 @@ impl Engine {
         };
         let limit = max_blocks.saturating_add(1).saturating_mul(per);
         let mut steps = 0;
+        if let Some(e) = engine.as_deref_mut() {
+            e.clear();
+        }
         while let Some(h) = at {
             let Some(r) = records.get(&h) else {
                 return Err(Placed::Orphan);
@@ -343,13 +374,103 @@ impl Engine {
                 return Err(Placed::TooDeep);
             }
             rev.extend(r.ours().iter().rev());
+            if let Some(e) = engine.as_deref_mut() {
+                e.push(h);
+            }
             at = r.parent();
         }
         rev.reverse();
+        if let Some(e) = engine {
+            e.reverse();
+        }
         if rev.len() > max_blocks {
             return Err(Placed::TooDeep);
         }
         Ok(rev)
+    }
+
+    /// `hash`'s path: from the chain cache when `hash` ends the last chain
+    /// walked, else walked to the root (and cached).
+    fn chain_path(
+        &mut self,
+        model: &str,
+        hash: u64,
+        max_blocks: usize,
+    ) -> Result<Vec<u64>, Placed> {
+        let records = self.models.get(model).ok_or(Placed::Orphan)?;
+        if !matches!(self.ratio, Ratio::Whole(_)) {
+            return Engine::path(records, self.ratio, hash, max_blocks);
+        }
+        if let Some(c) = &self.chain {
+            if &*c.model == model && c.engine.last() == Some(&hash) {
+                return Ok(c.ours.clone());
+            }
+        }
+        let mut engine = Vec::new();
+        match Engine::walk(records, self.ratio, hash, max_blocks, Some(&mut engine)) {
+            Ok(ours) => {
+                self.chain = Some(Chain {
+                    model: model.into(),
+                    engine,
+                    ours: ours.clone(),
+                });
+                Ok(ours)
+            }
+            Err(e) => {
+                self.chain = None;
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn clear_chain(&mut self) {
+        self.chain = None;
+    }
+
+    /// The chain cache after its tip's record was dropped (`dropped` is how
+    /// many records went: past the tip, the chain names records that are no
+    /// more, and the cache goes).
+    fn chain_popped(&mut self, hash: u64, dropped: usize) {
+        let r = self.ratio.align() as usize;
+        match &mut self.chain {
+            Some(c) if dropped == 1 && c.engine.last() == Some(&hash) => {
+                c.engine.pop();
+                c.ours.truncate(c.ours.len().saturating_sub(r));
+            }
+            Some(_) if dropped > 0 => self.chain = None,
+            _ => {}
+        }
+    }
+
+    /// The chain cache extended by a store of `hashes` under `parent`, if it
+    /// ended at `parent`; the stored blocks' path then, without a walk.
+    fn chain_extended(
+        &mut self,
+        model: &str,
+        parent: Option<u64>,
+        hashes: &[u64],
+        max_blocks: usize,
+    ) -> Option<Vec<u64>> {
+        if !matches!(self.ratio, Ratio::Whole(_)) {
+            return None;
+        }
+        let records = self.models.get(model)?;
+        let c = self.chain.as_mut().filter(|c| &*c.model == model)?;
+        if parent.is_none() || c.engine.last() != parent.as_ref() {
+            return None;
+        }
+        // Only records that hang where the store says (a record keeps the
+        // parent it was first stored under).
+        let mut more = Vec::new();
+        let mut up = parent;
+        for h in hashes {
+            let r = records.get(h).filter(|r| r.parent() == up)?;
+            more.extend_from_slice(r.ours());
+            up = Some(*h);
+        }
+        c.engine.extend_from_slice(hashes);
+        c.ours.extend(more);
+        (c.ours.len() <= max_blocks).then(|| c.ours.clone())
     }
 }
 
@@ -381,6 +502,7 @@ impl Index {
             EngineOp::Cleared => {
                 self.drop_engine(engine);
                 engine.models.clear();
+                engine.chain = None;
                 self.clear_engine_pod(pod, engine.align())?;
                 done.cleared = 1;
             }
@@ -476,9 +598,18 @@ impl Index {
         let Some(last) = up.filter(|_| newly_held) else {
             return Ok(());
         };
+        let model_key: Box<str> = model.into();
+        let extended = engine.chain_extended(model, parent, hashes, max_key);
+        let path = match extended {
+            Some(key) => Ok(key),
+            None => engine.chain_path(&model_key, last, max_key),
+        };
+        let Some(records) = engine.models.get(model) else {
+            return Ok(());
+        };
         // Pages: our blocks are whole groups, held only while every page of
         // the group is; a path through a group missing a page stops before it.
-        let key = match Engine::path(records, ratio, last, max_key) {
+        let key = match path {
             Ok(key) => key,
             Err(Placed::Orphan) => {
                 done.orphaned += 1;
@@ -525,24 +656,28 @@ impl Index {
                 done.unknown += 1;
                 continue;
             };
-            let Some(records) = engine.models.get_mut(&found) else {
-                continue;
-            };
             let model = &*found;
-            let Some(r) = records.get_mut(&h) else {
+            {
+                let Some(r) = engine.models.get_mut(model).and_then(|m| m.get_mut(&h)) else {
+                    continue;
+                };
+                if r.copies == 0 {
+                    done.unknown += 1;
+                    continue;
+                }
+                r.copies -= 1;
+                done.removed += 1;
+                if r.copies > 0 {
+                    continue;
+                }
+            }
+            let path = engine.chain_path(model, h, max_key);
+            let Some(records) = engine.models.get_mut(model) else {
                 continue;
             };
-            if r.copies == 0 {
-                done.unknown += 1;
-                continue;
-            }
-            r.copies -= 1;
-            done.removed += 1;
-            if r.copies > 0 {
-                continue;
-            }
-            done.released += self.release_block(records, ratio, pod, model, h, max_key)?;
-            forget(records, h, |bytes| self.count_record(-bytes, -1));
+            done.released += self.release_block(records, ratio, pod, model, h, path)?;
+            let dropped = forget(records, h, |bytes| self.count_record(-bytes, -1));
+            engine.chain_popped(h, dropped);
         }
         Ok(())
     }
@@ -555,13 +690,13 @@ impl Index {
         pod: &str,
         model: &str,
         h: u64,
-        max_key: usize,
+        path: Result<Vec<u64>, Placed>,
     ) -> Result<u64, EngineError> {
         let Some(r) = records.get(&h) else {
             return Ok(0);
         };
         // Placed nowhere (an orphan, or too deep): nothing to take off.
-        let Ok(path) = Engine::path(records, ratio, h, max_key) else {
+        let Ok(path) = path else {
             return Ok(0);
         };
         let id = self.precise_id(pod, ratio.align())?;
@@ -638,7 +773,8 @@ impl Index {
         }
         for (&h, r) in records {
             if r.copies == 0 && parents.contains(&h) {
-                self.release_block(records, ratio, pod, model, h, max_key)?;
+                let path = Engine::path(records, ratio, h, max_key);
+                self.release_block(records, ratio, pod, model, h, path)?;
             }
         }
         Ok(())
@@ -700,18 +836,26 @@ fn held_groups(records: &Records, last: u64, n: u32, mut key: Vec<u64>) -> Vec<u
 }
 
 /// Drops `h`'s record if it has neither copies nor children, and then any
-/// parent left in that state.
-fn forget(records: &mut Records, mut h: u64, mut counted: impl FnMut(i64)) {
+/// parent left in that state; returns how many records went.
+fn forget(records: &mut Records, mut h: u64, mut counted: impl FnMut(i64)) -> usize {
+    let mut dropped = 0;
     loop {
-        let Some(r) = records.get(&h) else { return };
+        let Some(r) = records.get(&h) else {
+            return dropped;
+        };
         if r.copies > 0 || r.children() > 0 {
-            return;
+            return dropped;
         }
-        let Some(r) = records.remove(&h) else { return };
+        let Some(r) = records.remove(&h) else {
+            return dropped;
+        };
+        dropped += 1;
         counted(record_bytes(&r) as i64);
-        let Some(p) = r.parent() else { return };
+        let Some(p) = r.parent() else {
+            return dropped;
+        };
         let Some(pr) = records.get_mut(&p) else {
-            return;
+            return dropped;
         };
         pr.drop_child();
         h = p;

@@ -291,6 +291,7 @@ impl Index {
     pub(crate) fn close_engine(&self, engine: &mut Engine) {
         self.drop_engine(engine);
         engine.models.clear();
+        engine.clear_chain();
         engine.closed = true;
     }
 

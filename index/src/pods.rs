@@ -90,6 +90,9 @@ pub(crate) struct Pods {
     ranks: Published<Ranks>,
     writer: Mutex<Writer>,
     default_capacity: AtomicU64,
+    /// Set once any pod is engine-fed, never cleared: until then lookups
+    /// skip the engine-fed pods' pass over their answers.
+    any_precise: AtomicBool,
 }
 
 impl Pods {
@@ -114,6 +117,7 @@ impl Pods {
                 dead: Vec::new(),
             }),
             default_capacity: AtomicU64::new(default_capacity),
+            any_precise: AtomicBool::new(false),
         }
     }
 
@@ -363,6 +367,10 @@ impl Pods {
         // Relaxed: pairs with nothing; a setting read by inserts and the
         // engine applier, which take no decision about memory from it.
         if on {
+            // SeqCst: set before the pod's first engine entry is written,
+            // and ordered before the SeqCst fence of every later pin (see
+            // `mark_gappy`), so a lookup that can see such an entry sees it.
+            self.any_precise.store(true, Ordering::SeqCst);
             flags.fetch_or(PRECISE, Ordering::Relaxed);
         } else {
             flags.fetch_and(!PRECISE, Ordering::Relaxed);
@@ -382,6 +390,13 @@ impl Pods {
     pub(crate) fn align(&self, id: u32) -> u32 {
         // Relaxed: as in `set_align`.
         self.slots[id as usize].align.load(Ordering::Relaxed)
+    }
+
+    /// Whether any pod has ever been engine-fed.
+    #[inline]
+    pub(crate) fn any_precise(&self) -> bool {
+        // Relaxed: the pin's SeqCst fence orders it (see `set_precise`).
+        self.any_precise.load(Ordering::Relaxed)
     }
 
     /// Whether a pod is fed by engine events.

@@ -143,14 +143,23 @@ impl Tree {
                             _ => continue 'restart,
                         }
                     }
-                    let Some(locked) = c.lock() else {
-                        continue 'restart;
-                    };
-                    if locked.pods.remove_if(pod, |_| true).is_some() {
-                        let len = c.edge.len() as i64;
-                        sh.pods.add_blocks(pod, -len);
-                        Counters::add(&sh.counters.entries, -len);
-                        released += len as u64;
+                    {
+                        let Some(locked) = c.lock() else {
+                            continue 'restart;
+                        };
+                        if locked.pods.remove_if(pod, |_| true).is_some() {
+                            let len = c.edge.len() as i64;
+                            sh.pods.add_blocks(pod, -len);
+                            Counters::add(&sh.counters.entries, -len);
+                            released += len as u64;
+                        }
+                    }
+                    // A tail no pod holds any more goes now, not at the next
+                    // sweep: engines evict one block at a time, and every
+                    // eviction would otherwise leave a node of one block
+                    // behind for lookups to walk through.
+                    if c.pods.is_empty() && c.children().len() == 0 && unlink(sh, node, c, pin) {
+                        return (released, false);
                     }
                 }
                 if !whole {
@@ -282,6 +291,9 @@ impl Tree {
                     })
                 });
             }
+        }
+        if !sh.pods.any_precise() {
+            return;
         }
         let found = &mut out[first_match..];
         if found
