@@ -31,8 +31,6 @@ pub(super) struct Collector {
     engines: Arc<Engines>,
     socket: zmq::Socket,
     pods: HashMap<String, Pod>,
-    /// Messages that named no pod, or one past `max-engines`.
-    pub(super) strays: u64,
 }
 
 impl Collector {
@@ -57,7 +55,6 @@ impl Collector {
             engines,
             socket,
             pods: HashMap::new(),
-            strays: 0,
         })
     }
 
@@ -90,16 +87,16 @@ impl Collector {
 
     fn message(&mut self, frames: &[Vec<u8>], actions: &mut Vec<Action<Vec<u8>>>) {
         let Ok(live) = parse_live(frames) else {
-            self.strays += 1;
+            self.engines.stray();
             return;
         };
         let Some((pod, model)) = parse_topic(live.topic) else {
-            self.strays += 1;
+            self.engines.stray();
             return;
         };
         if !self.pods.contains_key(pod) {
             let Some(found) = self.meet(pod, model) else {
-                self.strays += 1;
+                self.engines.stray();
                 return;
             };
             self.pods.insert(pod.to_string(), found);

@@ -104,6 +104,14 @@ impl Collector for EngineCollector {
         let Some(engines) = self.0.get().and_then(Weak::upgrade) else {
             return Ok(());
         };
+        let strays = ConstCounter::new(engines.strays());
+        let family = encoder.encode_descriptor(
+            "engine_stray_messages",
+            "Messages to --engine-listen naming no pod (or one past max-engines), skipped",
+            None,
+            strays.metric_type(),
+        )?;
+        strays.encode(family)?;
         let all = engines.stats();
         for (name, help, read) in COUNTERS {
             let mut family = encoder.encode_descriptor(

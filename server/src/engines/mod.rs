@@ -244,6 +244,9 @@ pub struct Engines {
     shutdown: CancellationToken,
     /// The central collector's bound endpoint, once bound.
     central: Mutex<Option<String>>,
+    /// Messages the central collector could not place: not a live message,
+    /// a topic naming no pod, or a pod past `max-engines`.
+    strays: std::sync::atomic::AtomicU64,
 }
 
 struct Running {
@@ -267,6 +270,7 @@ impl Engines {
             threads: Mutex::new(Vec::new()),
             shutdown,
             central: Mutex::new(None),
+            strays: Default::default(),
         })
     }
 
@@ -382,6 +386,18 @@ impl Engines {
                 .map_err(|e| SubscriptionError::Thread(e.to_string()))?;
         }
         Ok(())
+    }
+
+    fn stray(&self) {
+        // Relaxed: a statistic.
+        self.strays
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Messages the central collector could not place.
+    pub fn strays(&self) -> u64 {
+        // Relaxed: a statistic.
+        self.strays.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Where the central collector is bound (`tcp://host:port`), if it is.

@@ -69,6 +69,7 @@ impl Task {
     /// that the first connection is seen too).
     fn socket(&self, kind: zmq::SocketType, endpoint: &str) -> Result<Watched, zmq::Error> {
         let socket = self.configured(kind)?;
+        // Relaxed: a name counter; only its uniqueness matters.
         let n = MONITORS.fetch_add(1, Ordering::Relaxed);
         let addr = format!("inproc://engine-monitor-{n}");
         socket.monitor(
