@@ -7,6 +7,8 @@
 //!   `hash_ids` are ready-made keys.
 //! - [`RwLockIndex`]: the per-gateway index design we replace: a map from the
 //!   chained hash of each prefix to its pods, behind one read-write lock.
+//! - [`precise`]: the Mooncake trace as engine KV-cache events, served by
+//!   simulated pods with LRU caches, and vLLM's msgpack form of them.
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -17,6 +19,8 @@ use prefix_proto::key;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smallvec::SmallVec;
+
+pub mod precise;
 
 /// Pods in every workload.
 pub const PODS: usize = 16;

@@ -75,16 +75,57 @@ fn read() -> procfs::ProcResult<CpuTimes> {
     Ok(CpuTimes { total, server })
 }
 
+/// One live thread of this process and the CPU time it has used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadTime {
+    /// Its kernel thread id.
+    pub tid: i32,
+    /// Its name (the kernel keeps 15 bytes of it).
+    pub name: String,
+    /// User and system time used so far.
+    pub cpu: Duration,
+}
+
+/// Every live thread of this process, or `None` where `/proc` cannot be
+/// read.
+#[cfg(target_os = "linux")]
+pub fn threads() -> Option<Vec<ThreadTime>> {
+    let me = procfs::process::Process::myself().ok()?;
+    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    let mut all = Vec::new();
+    for task in me.tasks().ok()? {
+        // A thread may exit between the listing and the read: skip it.
+        let Ok(stat) = task.and_then(|t| t.stat()) else {
+            continue;
+        };
+        all.push(ThreadTime {
+            tid: stat.pid,
+            cpu: Duration::from_nanos(
+                stat.utime
+                    .saturating_add(stat.stime)
+                    .saturating_mul(tick_ns),
+            ),
+            name: stat.comm,
+        });
+    }
+    Some(all)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn threads() -> Option<Vec<ThreadTime>> {
+    None
+}
+
 /// Steal time of the whole machine so far (all its CPUs), or `None` where the
 /// kernel does not report it.
 #[cfg(target_os = "linux")]
-fn steal() -> Option<Duration> {
+pub fn steal() -> Option<Duration> {
     use procfs::CurrentSI;
     procfs::KernelStats::current().ok()?.total.steal_duration()
 }
 
 #[cfg(not(target_os = "linux"))]
-fn steal() -> Option<Duration> {
+pub fn steal() -> Option<Duration> {
     None
 }
 

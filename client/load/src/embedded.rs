@@ -15,6 +15,7 @@ use anyhow::Context;
 use prefix_client::TlsConfig;
 use prefix_proto::{Limits, Op, Reply, Request, ResponseWriter, MAX_FRAME_CEILING};
 use prefix_server::access::Access;
+use prefix_server::engines::Engines;
 use prefix_server::{Server, ServerConfig, Service};
 use tokio::runtime::Runtime;
 use tokio::sync::oneshot;
@@ -33,6 +34,8 @@ pub struct Embedded {
     pub addr: SocketAddr,
     /// TLS trusting its certificate.
     pub tls: TlsConfig,
+    /// Its engine subscriptions (precise mode).
+    pub engines: Arc<Engines>,
     // Dropped in this order: the stop signal starts the server's shutdown,
     // then the runtime ends every task, then the directory goes.
     _stop: oneshot::Sender<()>,
@@ -43,7 +46,7 @@ pub struct Embedded {
 impl Embedded {
     /// A server started on `runtime` whose certificate is in `dir`.
     fn new(
-        addr: SocketAddr,
+        (addr, engines): (SocketAddr, Arc<Engines>),
         runtime: ServerRuntime,
         stop: oneshot::Sender<()>,
         dir: tempfile::TempDir,
@@ -52,6 +55,7 @@ impl Embedded {
         Ok(Embedded {
             addr,
             tls,
+            engines,
             _stop: stop,
             _runtime: runtime,
             _dir: dir,
@@ -139,7 +143,7 @@ async fn launch(
             let server = Server::bind(cfg)
                 .await
                 .context("starting the in-process server")?;
-            let addr = server.local_addr();
+            let addr = (server.local_addr(), server.engines().clone());
             let stopped = async move {
                 let _ = stopped.await;
             };

@@ -8,7 +8,11 @@
 //! process, and the summary splits the CPU time between it and the load
 //! generator.
 //! `prefix-load simulate` replays a trace through the index as G gateways
-//! routing to P pods and reports hit ratios per routing policy.
+//! routing to P pods and reports hit ratios per routing policy (approximate
+//! mode with capacity models, precise mode fed by the pods' cache events,
+//! and an oracle that reads the caches).
+//! `prefix-load events` replays the trace as engine KV-cache events through
+//! libzmq PUB sockets into a server and reports its ingest rate end to end.
 //! `prefix-load stalls` measures how long the machine itself keeps threads
 //! from running, the floor under any latency measured on it.
 
@@ -24,6 +28,7 @@ use prefix_client::{Client, ClientConfig, TlsConfig};
 
 mod cpu;
 mod embedded;
+mod ingest;
 mod load;
 mod simulate;
 mod stalls;
@@ -44,11 +49,56 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Replay a trace through the index as G gateways routing to P pods, and
-    /// report block hit ratio and load imbalance per routing policy.
+    /// report block hit ratio, load imbalance and the index's accuracy per
+    /// routing policy.
     Simulate(SimArgs),
+    /// Replay a trace as engine KV-cache events (vLLM's format) from N
+    /// engines publishing through libzmq PUB sockets into a server, and
+    /// report the blocks per second it applies end to end and where the
+    /// time goes.
+    Events(EventsArgs),
     /// Measure how long the machine itself keeps threads from running (the
     /// floor under any latency measured here), then exit.
     Stalls(StallArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct EventsArgs {
+    /// Trace file [default: ../shared/traces/mooncake_conversation.jsonl].
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Engines publishing in parallel, each with its own socket and thread.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    engines: u16,
+    /// Each engine's KV cache in blocks (its evictions are the removals).
+    #[arg(long, default_value_t = 4096)]
+    capacity: usize,
+    /// Times the trace is replayed, each time with fresh block ids.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    rounds: u16,
+    /// Give up waiting for the server after this long.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Subscribe this server (on this machine: the engines bind on
+    /// 127.0.0.1) instead of starting one in this process.
+    #[arg(long)]
+    server: Option<SocketAddr>,
+    /// CA certificate of --server.
+    #[arg(long, default_value = "prefix-index-data/cert.pem")]
+    ca: PathBuf,
+    /// Client certificate for --server (a writer identity, when the server
+    /// has roles).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    /// Its private key.
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// --server's metrics listener, for its CPU time.
+    #[arg(long, requires = "server")]
+    metrics: Option<SocketAddr>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -87,7 +137,23 @@ struct SimArgs {
     /// Weight of load against prefix match (see the formula in the docs).
     #[arg(long, default_value_t = 0.5)]
     balance: f64,
-    /// Use the server at this address instead of an in-process index.
+    /// prefix-shared and prefix-local: the capacity the index is told each
+    /// pod has, as a multiple of --capacity (1: right; 0.5: half; 2:
+    /// double). Each value given is simulated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    capacity_model: Vec<f64>,
+    /// precise: from a change of a pod's cache to the index applying the
+    /// engine's event: about one scheduler step, since vLLM publishes a
+    /// step's events when it schedules the step.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    event_delay: Duration,
+    /// precise: how long a gateway's insert for an engine-fed pod stays
+    /// visible unless the engine's events confirm it; 0s: gateways do not
+    /// insert for engine-fed pods.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    speculative_ttl: Duration,
+    /// Use the server at this address instead of an in-process index (not
+    /// with the precise policy).
     #[arg(long)]
     server: Option<SocketAddr>,
     /// CA certificate of --server.
@@ -235,6 +301,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
+        Some(Command::Events(a)) => rt.block_on(events_main(a)),
         Some(Command::Stalls(a)) => {
             let threads = a.threads.unwrap_or_else(cores);
             let report = stalls::run(threads, a.duration)?;
@@ -428,6 +495,11 @@ fn cores() -> usize {
 const MODEL: &str = "llama-3-8b";
 
 async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
+    if a.server.is_some() && a.policies.contains(&simulate::Policy::Precise) {
+        anyhow::bail!(
+            "the precise policy needs the in-process index (the simulated engines' events are applied in this process): drop --server or the policy"
+        );
+    }
     let path = a.trace.clone().unwrap_or_else(workload::default_trace);
     let trace = workload::load_trace(&path)?;
     let backend = match a.server {
@@ -441,12 +513,21 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
             simulate::Backend::Remote(Client::connect(addr, cfg).await?)
         }
     };
+    if a.capacity_model
+        .iter()
+        .any(|m| !(m.is_finite() && *m > 0.0))
+    {
+        anyhow::bail!("--capacity-model takes positive multiples of --capacity");
+    }
     let cfg = simulate::SimConfig {
         pods: a.pods.max(1),
         capacity: a.capacity.max(1),
+        capacity_model: 1.0,
         window: a.window.max(1),
         balance: a.balance,
         seed: 7,
+        event_delay: a.event_delay,
+        speculative_ttl: a.speculative_ttl,
     };
     let bound = simulate::upper_bound(&trace);
     // Distinct names per run keep runs apart on a shared server.
@@ -454,10 +535,20 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as usize % 100_000);
     let mut results = Vec::new();
-    for (k, &policy) in a.policies.iter().enumerate() {
-        for (j, &g) in a.gateways.iter().enumerate() {
-            let id = run_id * 100 + k * 10 + j;
-            results.push(simulate::simulate(&trace, g, policy, &cfg, &backend, id).await?);
+    for &policy in &a.policies {
+        let models = match policy.models_capacity() {
+            true => &a.capacity_model[..],
+            false => &[1.0][..],
+        };
+        for &capacity_model in models {
+            let cfg = simulate::SimConfig {
+                capacity_model,
+                ..cfg.clone()
+            };
+            for &g in &a.gateways {
+                let id = run_id * 1000 + results.len();
+                results.push(simulate::simulate(&trace, g, policy, &cfg, &backend, id).await?);
+            }
         }
     }
     if let Some(p) = &a.plot {
@@ -469,29 +560,77 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{} requests, {} pods x {} blocks, load window {}, balance {}; upper bound (one unbounded cache) {:.3}",
+        "{} requests, {} pods x {} blocks, load window {}, balance {}; precise: event delay {:?}, speculative TTL {:?}; upper bound (one unbounded cache) {:.3}",
         trace.len(),
         cfg.pods,
         cfg.capacity,
         cfg.window,
         cfg.balance,
+        cfg.event_delay,
+        cfg.speculative_ttl,
         bound
     );
-    println!("| policy | gateways | hit ratio | of 1-gateway | of bound | imbalance (max/mean) |");
-    println!("|---|---|---|---|---|---|");
+    println!("| policy | gateways | hit ratio | of 1-gateway | of bound | imbalance (max/mean) | accuracy | recall |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let share = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
     for r in &results {
         let one = results
             .iter()
-            .find(|o| o.policy == r.policy && o.gateways == 1)
+            .find(|o| o.label() == r.label() && o.gateways == 1)
             .map_or(f64::NAN, |o| r.hit_ratio / o.hit_ratio);
         println!(
-            "| {} | {} | {:.3} | {:.2} | {:.2} | {:.2} |",
-            r.policy.name(),
+            "| {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            r.label(),
             r.gateways,
             r.hit_ratio,
             one,
             r.hit_ratio / bound,
-            r.imbalance
+            r.imbalance,
+            share(r.accuracy),
+            share(r.recall),
+        );
+    }
+    Ok(())
+}
+
+async fn events_main(a: EventsArgs) -> anyhow::Result<()> {
+    let path = a.trace.clone().unwrap_or_else(workload::default_trace);
+    let trace = workload::load_trace(&path)?;
+    let cfg = ingest::IngestConfig {
+        engines: a.engines.into(),
+        capacity: a.capacity.max(1),
+        rounds: a.rounds.into(),
+        timeout: a.timeout,
+    };
+    let (target, name) = match a.server {
+        None => (
+            ingest::Target::Embedded,
+            "server in this process (its own runtime, one thread per subscription)".to_string(),
+        ),
+        Some(addr) => {
+            let cfg = ClientConfig {
+                tls: TlsConfig::from_files(&a.ca, a.cert.as_deref(), a.key.as_deref())
+                    .with_context(|| format!("loading --ca {}", a.ca.display()))?,
+                deadline: Duration::from_secs(5),
+                ..ClientConfig::default()
+            };
+            let client = Client::connect(addr, cfg)
+                .await
+                .with_context(|| format!("connecting to {addr}"))?;
+            let metrics = a.metrics.map(|m| format!("http://{m}/metrics"));
+            (ingest::Target::Remote { client, metrics }, addr.to_string())
+        }
+    };
+    let report = ingest::run(&trace, &cfg, target).await?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        ingest::print(&report, &cfg, trace.len(), &name);
+    }
+    if !report.complete {
+        anyhow::bail!(
+            "the server had not applied every batch after {:?}",
+            a.timeout
         );
     }
     Ok(())

@@ -4,14 +4,20 @@
 //! Request i goes to gateway i mod G. The gateway scores every pod, picks the
 //! best, and the request's leading blocks found in that pod's cache count as
 //! hits (engines reuse only a contiguous cached prefix). Then the blocks enter
-//! the pod's cache (an LRU of `capacity` blocks) and the gateway tells its
-//! index that the pod holds the key. Policies:
+//! the pod's cache (an LRU of `capacity` blocks, [`cache`]) and the gateway
+//! tells its index that the pod holds the key. Policies:
 //!
 //! - `random`: a uniformly random pod;
 //! - `least-loaded`: the pod with the least current load;
-//! - `prefix-shared`: every gateway asks one shared index;
+//! - `prefix-shared`: every gateway asks one shared index (approximate mode:
+//!   the index learns from the gateways' inserts and forgets by its model
+//!   of each pod's capacity, `capacity_model` times the real cache);
 //! - `prefix-local`: each gateway asks its own index, which learns only from
-//!   the requests that gateway routed.
+//!   the requests that gateway routed (same capacity model);
+//! - `precise`: one shared index fed by the pods' own cache events, as the
+//!   server's engine subscriptions feed it ([`precise`]); gateways look up
+//!   token keys and their inserts are speculative;
+//! - `oracle`: the gateway reads every pod's cache itself.
 //!
 //! Load is what a gateway can observe of each pod: how many of the last
 //! `window` requests (from all gateways) went to it, as the queue depth that
@@ -23,10 +29,23 @@
 //!
 //! and take the highest (ties: least loaded, then lowest index): a full match
 //! is worth `1 / balance` times the mean load, so a hot prefix spills to
-//! other pods once its holder is that much busier than average.
+//! other pods once its holder is that much busier than average. `matched`
+//! is the index's answer, or for the oracle the pod's real cache.
+//!
+//! The index's **accuracy** is measured on the pod each request goes to: of
+//! the blocks the index said that pod held, the share it held (and, as
+//! recall, of the blocks it held, the share the index said).
+//!
+//! Time is the trace's: request times are milliseconds after [`EPOCH`], so
+//! the index's TTLs, the speculative TTL and the event delay all run on it.
+
+mod cache;
+mod plot;
+pub mod precise;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use prefix_client::Client;
 use prefix_index::{Index, IndexConfig};
@@ -35,6 +54,12 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::workload::Request;
+pub use cache::Lru;
+pub use plot::plot;
+
+/// The simulation's clock at the trace's time 0, in ms: a real date, so that
+/// times dated back by a TTL stay positive.
+pub const EPOCH: u64 = 1_700_000_000_000;
 
 /// How gateways pick pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -48,15 +73,21 @@ pub enum Policy {
     PrefixShared,
     /// Longest prefix in the gateway's own index, weighed against load.
     PrefixLocal,
+    /// Longest prefix in one shared index fed by the pods' cache events.
+    Precise,
+    /// Longest prefix in the pods' real caches.
+    Oracle,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 4] = [
+    pub const ALL: [Policy; 6] = [
         Policy::Random,
         Policy::LeastLoaded,
         Policy::PrefixShared,
         Policy::PrefixLocal,
+        Policy::Precise,
+        Policy::Oracle,
     ];
 
     /// Its name on the command line and in reports.
@@ -66,7 +97,23 @@ impl Policy {
             Policy::LeastLoaded => "least-loaded",
             Policy::PrefixShared => "prefix-shared",
             Policy::PrefixLocal => "prefix-local",
+            Policy::Precise => "precise",
+            Policy::Oracle => "oracle",
         }
+    }
+
+    /// Whether it models pod capacities (and so runs once per capacity
+    /// model).
+    pub fn models_capacity(self) -> bool {
+        matches!(self, Policy::PrefixShared | Policy::PrefixLocal)
+    }
+
+    /// Whether it routes on an index's answers.
+    fn uses_index(self) -> bool {
+        matches!(
+            self,
+            Policy::PrefixShared | Policy::PrefixLocal | Policy::Precise
+        )
     }
 }
 
@@ -77,72 +124,50 @@ pub struct SimConfig {
     pub pods: usize,
     /// Each pod's KV cache, in blocks.
     pub capacity: usize,
+    /// The approximate policies' capacity model: the capacity the index is
+    /// told each pod has, as a multiple of `capacity`.
+    pub capacity_model: f64,
     /// Requests that define "current load".
     pub window: usize,
     /// Weight of load against match in the prefix policies.
     pub balance: f64,
     /// Seed of the random policy.
     pub seed: u64,
+    /// Precise: from a change of a pod's cache to the index applying its
+    /// event.
+    pub event_delay: Duration,
+    /// Precise: how long a gateway's insert stays visible unless the
+    /// engine's events confirm it; zero: gateways do not insert.
+    pub speculative_ttl: Duration,
 }
 
-/// One (gateways, policy) result.
+/// One (gateways, policy, capacity model) result.
 #[derive(Debug, Clone, Serialize)]
 pub struct SimResult {
     /// Gateway replicas.
     pub gateways: usize,
     /// Policy.
     pub policy: Policy,
+    /// The index's capacity model over the real cache, for the policies
+    /// that have one.
+    pub capacity_model: Option<f64>,
     /// Cached blocks hit / prompt blocks.
     pub hit_ratio: f64,
     /// Most requests on one pod / mean requests per pod.
     pub imbalance: f64,
+    /// Of the blocks the index said the chosen pod held, the share it held
+    /// (for the policies that ask an index).
+    pub accuracy: Option<f64>,
+    /// Of the blocks the chosen pod held, the share the index said it held.
+    pub recall: Option<f64>,
 }
 
-/// A pod's simulated KV cache: LRU over blocks, identified by their prefix
-/// position (Mooncake ids are already unique per prefix).
-struct Lru {
-    capacity: usize,
-    tick: u64,
-    last: HashMap<u64, u64>,
-    order: VecDeque<(u64, u64)>,
-}
-
-impl Lru {
-    fn new(capacity: usize) -> Lru {
-        Lru {
-            capacity,
-            tick: 0,
-            last: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    /// Leading blocks of `key` present.
-    fn hits(&self, key: &[u64]) -> usize {
-        key.iter().take_while(|b| self.last.contains_key(b)).count()
-    }
-
-    /// Uses every block of `key` now, evicting the least recently used past
-    /// capacity.
-    fn touch(&mut self, key: &[u64]) {
-        for &b in key {
-            self.tick += 1;
-            self.last.insert(b, self.tick);
-            self.order.push_back((b, self.tick));
-        }
-        while self.last.len() > self.capacity {
-            let Some((b, t)) = self.order.pop_front() else {
-                break;
-            };
-            // Stale queue entries (the block was used again later) are skipped.
-            if self.last.get(&b) == Some(&t) {
-                self.last.remove(&b);
-            }
-        }
-        // Keep the queue from growing without bound on hot blocks.
-        if self.order.len() > 4 * self.capacity.max(1024) {
-            let last = &self.last;
-            self.order.retain(|(b, t)| last.get(b) == Some(t));
+impl SimResult {
+    /// The policy's name, with its capacity model unless that is right.
+    pub fn label(&self) -> String {
+        match self.capacity_model {
+            Some(m) if m != 1.0 => format!("{} (capacity model {m}x)", self.policy.name()),
+            _ => self.policy.name().to_string(),
         }
     }
 }
@@ -216,6 +241,39 @@ pub fn upper_bound(trace: &[Request]) -> f64 {
     hits as f64 / total.max(1) as f64
 }
 
+/// Blocks the index predicted on the chosen pods, blocks those pods held,
+/// and blocks both.
+#[derive(Default)]
+struct Accuracy {
+    predicted: u64,
+    held: u64,
+    both: u64,
+}
+
+impl Accuracy {
+    fn add(&mut self, predicted: usize, held: usize) {
+        // Both are leading runs of the key: the shorter is in both.
+        self.predicted += predicted as u64;
+        self.held += held as u64;
+        self.both += predicted.min(held) as u64;
+    }
+
+    fn accuracy(&self) -> f64 {
+        // No prediction is no wrong prediction.
+        match self.predicted {
+            0 => 1.0,
+            p => self.both as f64 / p as f64,
+        }
+    }
+
+    fn recall(&self) -> f64 {
+        match self.held {
+            0 => 1.0,
+            h => self.both as f64 / h as f64,
+        }
+    }
+}
+
 /// Replays `trace` with `gateways` gateways under `policy`.
 pub async fn simulate(
     trace: &[Request],
@@ -233,29 +291,48 @@ pub async fn simulate(
         .enumerate()
         .map(|(i, p)| (p.as_str(), i))
         .collect();
+    let speculate = !cfg.speculative_ttl.is_zero();
     let idx = match backend {
         Backend::Embedded => Idx::Local(Arc::new(Index::new(IndexConfig {
             // The trace spans an hour; entries should leave by capacity, as
             // the simulated caches evict, not by age.
-            ttl: std::time::Duration::from_secs(4 * 3600),
+            ttl: Duration::from_secs(4 * 3600),
             max_blocks: 1 << 26,
+            speculative_ttl: cfg.speculative_ttl,
             ..IndexConfig::default()
         }))),
+        Backend::Remote(_) if policy == Policy::Precise => anyhow::bail!(
+            "the precise policy needs the in-process index (the simulated engines' events are applied in this process)"
+        ),
         Backend::Remote(c) => Idx::Remote(c.clone()),
     };
-    for p in &pods {
-        idx.set_capacity(p, cfg.capacity as u64).await?;
-    }
     let model = |g: usize| match policy {
         Policy::PrefixLocal => format!("sim-r{run_id}-g{g}"),
         _ => format!("sim-r{run_id}"),
     };
+    let mut feeder = match (&idx, policy) {
+        (Idx::Local(index), Policy::Precise) => Some(precise::Feeder::new(
+            index.clone(),
+            &model(0),
+            &pods,
+            u64::try_from(cfg.event_delay.as_millis()).unwrap_or(u64::MAX),
+        )?),
+        _ => None,
+    };
+    if policy.models_capacity() {
+        let modelled = (cfg.capacity as f64 * cfg.capacity_model).round() as u64;
+        for p in &pods {
+            idx.set_capacity(p, modelled.max(1)).await?;
+        }
+    }
     let mut caches: Vec<Lru> = (0..cfg.pods).map(|_| Lru::new(cfg.capacity)).collect();
     let mut load = vec![0usize; cfg.pods];
     let mut recent: VecDeque<usize> = VecDeque::new();
     let mut served = vec![0u64; cfg.pods];
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let (mut hits, mut total) = (0usize, 0usize);
+    let mut accuracy = Accuracy::default();
+    let (mut new, mut evicted) = (Vec::new(), Vec::new());
     let mean_load = (cfg.window as f64 / cfg.pods as f64).max(1e-9);
     // Ties go round-robin (by request number), not always to pod 0.
     let least_loaded = |load: &[usize], i: usize| {
@@ -266,15 +343,28 @@ pub async fn simulate(
     };
     for (i, r) in trace.iter().enumerate() {
         let g = i % gateways.max(1);
-        let now = r.at_ms;
+        let now = EPOCH + r.at_ms;
+        if let Some(f) = &mut feeder {
+            f.deliver(now)?;
+        }
+        // Engine-fed pods are matched by token keys; the others by the
+        // trace's ids.
+        let token_key = feeder.as_ref().map(|_| precise::token_key(&r.key));
+        let key = token_key.as_deref().unwrap_or(&r.key);
+        let mut matched = vec![0u32; cfg.pods];
         let pod = match policy {
             Policy::Random => rng.random_range(0..cfg.pods),
             Policy::LeastLoaded => least_loaded(&load, i),
-            Policy::PrefixShared | Policy::PrefixLocal => {
-                let mut matched = vec![0u32; cfg.pods];
-                for (name, blocks) in idx.lookup(&model(g), &r.key, now).await? {
-                    if let Some(&p) = pod_of.get(name.as_str()) {
-                        matched[p] = blocks;
+            Policy::PrefixShared | Policy::PrefixLocal | Policy::Precise | Policy::Oracle => {
+                if policy == Policy::Oracle {
+                    for (m, c) in matched.iter_mut().zip(&caches) {
+                        *m = c.hits(&r.key) as u32;
+                    }
+                } else {
+                    for (name, blocks) in idx.lookup(&model(g), key, now).await? {
+                        if let Some(&p) = pod_of.get(name.as_str()) {
+                            matched[p] = blocks;
+                        }
                     }
                 }
                 let n = r.key.len().max(1) as f64;
@@ -290,9 +380,14 @@ pub async fn simulate(
                     .unwrap_or(0)
             }
         };
-        hits += caches[pod].hits(&r.key);
+        let held = caches[pod].hits(&r.key);
+        accuracy.add(matched[pod] as usize, held);
+        hits += held;
         total += r.key.len();
-        caches[pod].touch(&r.key);
+        caches[pod].touch(&r.key, &mut new, &mut evicted);
+        if let Some(f) = &mut feeder {
+            f.changed(pod, &r.key, &new, &evicted, now)?;
+        }
         served[pod] += 1;
         load[pod] += 1;
         recent.push_back(pod);
@@ -301,8 +396,12 @@ pub async fn simulate(
                 load[old] -= 1;
             }
         }
-        if matches!(policy, Policy::PrefixShared | Policy::PrefixLocal) {
-            idx.insert(&model(g), &r.key, &pods[pod], now).await?;
+        let inserts = match policy {
+            Policy::Precise => speculate,
+            p => p.uses_index(),
+        };
+        if inserts {
+            idx.insert(&model(g), key, &pods[pod], now).await?;
             if i % 64 == 63 {
                 idx.sweep(now);
             }
@@ -310,84 +409,16 @@ pub async fn simulate(
     }
     let mean = served.iter().sum::<u64>() as f64 / cfg.pods as f64;
     let max = served.iter().copied().max().unwrap_or(0) as f64;
+    let predicts = policy.uses_index() || policy == Policy::Oracle;
     Ok(SimResult {
         gateways,
         policy,
+        capacity_model: policy.models_capacity().then_some(cfg.capacity_model),
         hit_ratio: hits as f64 / total.max(1) as f64,
         imbalance: max / mean.max(1e-9),
+        accuracy: predicts.then(|| accuracy.accuracy()),
+        recall: predicts.then(|| accuracy.recall()),
     })
-}
-
-/// Draws hit ratio against gateways, one line per policy, with the upper
-/// bound, as SVG: ticks at the simulated gateway counts, and the legend in
-/// a band above the bound, where no line goes.
-pub fn plot(results: &[SimResult], bound: f64, path: &std::path::Path) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    let root = SVGBackend::new(path, (720, 440)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut counts: Vec<usize> = results.iter().map(|r| r.gateways).collect();
-    counts.sort_unstable();
-    counts.dedup();
-    let max_g = counts.last().copied().unwrap_or(8) as f64;
-    // Every line is at or under the bound; the top 40% of the height holds
-    // the legend (five entries) clear of them.
-    let top = (bound / 0.6).max(0.05);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Block hit ratio vs gateway replicas (Mooncake trace)",
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(48)
-        .build_cartesian_2d(0.5f64..max_g + 0.5, 0f64..top)?;
-    // The x axis gets its ticks and labels below, at the simulated counts
-    // only: plotters would place them at round fractions.
-    chart
-        .configure_mesh()
-        .x_desc("gateway replicas")
-        .y_desc("block hit ratio")
-        .x_labels(0)
-        .disable_x_mesh()
-        .draw()?;
-    let font = ("sans-serif", 13).into_font().color(&BLACK);
-    for &g in &counts {
-        let (px, py) = chart.backend_coord(&(g as f64, 0.0));
-        root.draw(&PathElement::new(vec![(px, py), (px, py + 5)], BLACK))?;
-        let label = g.to_string();
-        let (w, _) = root.estimate_text_size(&label, &font)?;
-        root.draw(&Text::new(label, (px - w as i32 / 2, py + 8), font.clone()))?;
-    }
-    chart
-        .draw_series(LineSeries::new(
-            [(0.5, bound), (max_g + 0.5, bound)],
-            BLACK.stroke_width(1),
-        ))?
-        .label("upper bound (one unbounded cache)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-    let colors = [RED, BLUE, GREEN, MAGENTA];
-    for (policy, color) in Policy::ALL.iter().zip(colors) {
-        let pts: Vec<(f64, f64)> = results
-            .iter()
-            .filter(|r| r.policy == *policy)
-            .map(|r| (r.gateways as f64, r.hit_ratio))
-            .collect();
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-            .label(policy.name())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
-            });
-        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE)
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -402,105 +433,119 @@ mod tests {
         }
     }
 
-    /// The plot's x axis is labelled at the simulated gateway counts only,
-    /// and its legend box covers no line.
-    #[test]
-    fn the_plot_has_integer_ticks_and_a_legend_clear_of_the_lines() {
-        let bound = 0.366;
-        let results: Vec<SimResult> = [1usize, 2, 4, 8]
-            .iter()
-            .flat_map(|&gateways| {
-                Policy::ALL
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, &policy)| SimResult {
-                        gateways,
-                        policy,
-                        hit_ratio: bound * (1.0 - 0.1 * i as f64) / (1.0 + 0.01 * gateways as f64),
-                        imbalance: 1.0,
-                    })
-            })
-            .collect();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sim.svg");
-        plot(&results, bound, &path).unwrap();
-        let svg = std::fs::read_to_string(&path).unwrap();
-        let texts: Vec<&str> = svg
-            .split("<text")
-            .skip(1)
-            .filter_map(|t| Some(t.split('>').nth(1)?.split('<').next()?.trim()))
-            .collect();
-        for tick in ["1", "2", "4", "8"] {
-            assert!(texts.contains(&tick), "no tick {tick} in {texts:?}");
-        }
-        for t in &texts {
-            assert!(
-                !matches!(*t, "1.0" | "1.5" | "2.5" | "3" | "5" | "6" | "7"),
-                "tick {t}"
-            );
-        }
-        // The legend box: the one rectangle with a black border.
-        let legend = svg
-            .split("<rect")
-            .skip(1)
-            .find(|r| r.contains("stroke=\"#000000\""))
-            .expect("a legend box");
-        let attr = |name: &str| -> f64 {
-            legend
-                .split(&format!(" {name}=\""))
-                .nth(1)
-                .and_then(|v| v.split('"').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{name} of {legend}"))
-        };
-        let (x0, y0) = (attr("x"), attr("y"));
-        let (x1, y1) = (x0 + attr("width"), y0 + attr("height"));
-        // Every drawn line's points lie outside the box (the legend's own
-        // sample strokes are inside it, so only the data lines are checked:
-        // polylines with more than two points, and the bound's line).
-        for line in svg.split("<polyline").skip(1) {
-            let points = line
-                .split("points=\"")
-                .nth(1)
-                .unwrap()
-                .split('"')
-                .next()
-                .unwrap();
-            let pts: Vec<(f64, f64)> = points
-                .split_whitespace()
-                .filter_map(|p| {
-                    let (x, y) = p.split_once(',')?;
-                    Some((x.parse().ok()?, y.parse().ok()?))
-                })
-                .collect();
-            let inside_legend = pts
-                .iter()
-                .all(|&(x, y)| x >= x0 && x <= x1 && y >= y0 && y <= y1);
-            if inside_legend {
-                continue; // a legend sample
-            }
-            for w in pts.windows(2) {
-                let (ya, yb) = (w[0].1.min(w[1].1), w[0].1.max(w[1].1));
-                let (xa, xb) = (w[0].0.min(w[1].0), w[0].0.max(w[1].0));
-                let crosses = xa <= x1 && xb >= x0 && ya <= y1 && yb >= y0;
-                assert!(
-                    !crosses,
-                    "a line {w:?} runs through the legend {x0},{y0}..{x1},{y1}"
-                );
-            }
+    fn config(capacity: usize) -> SimConfig {
+        SimConfig {
+            pods: 8,
+            capacity,
+            capacity_model: 1.0,
+            window: 32,
+            balance: 0.5,
+            seed: 1,
+            event_delay: Duration::ZERO,
+            speculative_ttl: Duration::ZERO,
         }
     }
 
-    #[test]
-    fn lru_counts_leading_hits_and_evicts_oldest() {
-        let mut c = Lru::new(3);
-        c.touch(&[1, 2]);
-        assert_eq!(c.hits(&[1, 2, 3]), 2);
-        assert_eq!(c.hits(&[2, 1]), 2);
-        assert_eq!(c.hits(&[5, 1]), 0);
-        c.touch(&[1, 9, 8]); // 2 is now the oldest and goes
-        assert_eq!(c.hits(&[2]), 0);
-        assert_eq!(c.hits(&[1, 9, 8]), 3);
+    /// 41 conversations of 20 turns, each turn two blocks longer than the
+    /// last and `gap_ms` after it; 41 is prime to the gateway counts, so
+    /// turns of one conversation reach different gateways, as round-robin
+    /// does to real sessions.
+    fn conversations(gap_ms: u64) -> Vec<Request> {
+        let mut trace = Vec::new();
+        for turn in 1..=20u64 {
+            for c in 0..41u64 {
+                let key: Vec<u64> = (0..turn * 2).map(|b| c * 10_000 + b).collect();
+                trace.push(Request {
+                    at_ms: turn * gap_ms + c,
+                    key,
+                    session: c,
+                });
+            }
+        }
+        trace
+    }
+
+    async fn run(trace: &[Request], g: usize, p: Policy, cfg: &SimConfig) -> SimResult {
+        simulate(trace, g, p, cfg, &Backend::Embedded, 0)
+            .await
+            .unwrap()
+    }
+
+    /// With events applied at once and no speculation, the precise index
+    /// answers what the caches hold: it routes exactly as the oracle does,
+    /// through caches small enough to evict most of what they get.
+    #[tokio::test]
+    async fn precise_routes_as_the_oracle_when_events_are_immediate() {
+        let trace = conversations(1_000);
+        for capacity in [40, 100, 4096] {
+            let cfg = config(capacity);
+            let oracle = run(&trace, 1, Policy::Oracle, &cfg).await;
+            let precise = run(&trace, 1, Policy::Precise, &cfg).await;
+            assert_eq!(
+                precise.hit_ratio, oracle.hit_ratio,
+                "{capacity}: {precise:?} {oracle:?}"
+            );
+            assert_eq!(precise.imbalance, oracle.imbalance, "{capacity}");
+            assert_eq!((precise.accuracy, precise.recall), (Some(1.0), Some(1.0)));
+            // Immediate events confirm every speculative insert at once.
+            let speculating = SimConfig {
+                speculative_ttl: Duration::from_secs(2),
+                ..cfg.clone()
+            };
+            let spec = run(&trace, 1, Policy::Precise, &speculating).await;
+            assert_eq!(spec.hit_ratio, oracle.hit_ratio, "{capacity}: {spec:?}");
+        }
+    }
+
+    /// Events that arrive later than the next turn leave the index behind
+    /// the caches; speculative inserts bridge the gap while they last.
+    #[tokio::test]
+    async fn late_events_need_speculation_until_they_arrive() {
+        // Turns 1 s apart; the events of a conversation come after its end.
+        let trace = conversations(1_000);
+        let cfg = SimConfig {
+            event_delay: Duration::from_secs(100),
+            ..config(4096)
+        };
+        let oracle = run(&trace, 1, Policy::Oracle, &cfg).await;
+        let blind = run(&trace, 1, Policy::Precise, &cfg).await;
+        let speculating = SimConfig {
+            speculative_ttl: Duration::from_secs(2),
+            ..cfg.clone()
+        };
+        let spec = run(&trace, 1, Policy::Precise, &speculating).await;
+        assert!(
+            blind.hit_ratio < 0.9 * oracle.hit_ratio,
+            "{blind:?} {oracle:?}"
+        );
+        assert!(
+            spec.hit_ratio > 0.99 * oracle.hit_ratio,
+            "{spec:?} {oracle:?}"
+        );
+        // Speculation that ends before the events come does not bridge it.
+        let short = SimConfig {
+            speculative_ttl: Duration::from_millis(500),
+            ..cfg
+        };
+        let short = run(&trace, 1, Policy::Precise, &short).await;
+        assert!(short.hit_ratio < 0.9 * oracle.hit_ratio, "{short:?}");
+    }
+
+    /// A capacity model above the real cache predicts blocks that are gone;
+    /// one below forgets blocks that are there.
+    #[tokio::test]
+    async fn a_wrong_capacity_model_shows_in_accuracy_and_recall() {
+        let trace = conversations(1_000);
+        let at = |m: f64| SimConfig {
+            capacity_model: m,
+            ..config(100)
+        };
+        let over = run(&trace, 1, Policy::PrefixShared, &at(4.0)).await;
+        let under = run(&trace, 1, Policy::PrefixShared, &at(0.25)).await;
+        assert!(over.accuracy.unwrap() < 0.95, "{over:?}");
+        assert!(under.recall.unwrap() < 0.95, "{under:?}");
+        assert_eq!(over.capacity_model, Some(4.0));
+        assert_eq!(over.label(), "prefix-shared (capacity model 4x)");
     }
 
     #[test]
@@ -512,38 +557,11 @@ mod tests {
 
     #[tokio::test]
     async fn prefix_routing_beats_random_on_shared_prefixes() {
-        // 41 conversations of 20 turns, each turn extending the last; 41 is
-        // prime to the gateway count, so turns of one conversation reach
-        // different gateways, as round-robin does to real sessions.
-        let mut trace = Vec::new();
-        for turn in 1..=20u64 {
-            for c in 0..41u64 {
-                let key: Vec<u64> = (0..turn * 2).map(|b| c * 10_000 + b).collect();
-                trace.push(Request {
-                    at_ms: turn * 1000 + c,
-                    key,
-                    session: c,
-                });
-            }
-        }
-        let cfg = SimConfig {
-            pods: 8,
-            capacity: 4096,
-            window: 32,
-            balance: 0.5,
-            seed: 1,
-        };
-        let run = |g, p| {
-            let (trace, cfg) = (&trace, &cfg);
-            async move {
-                simulate(trace, g, p, cfg, &Backend::Embedded, 0)
-                    .await
-                    .unwrap()
-            }
-        };
-        let shared = run(4, Policy::PrefixShared).await;
-        let local = run(4, Policy::PrefixLocal).await;
-        let random = run(4, Policy::Random).await;
+        let trace = conversations(1_000);
+        let cfg = config(4096);
+        let shared = run(&trace, 4, Policy::PrefixShared, &cfg).await;
+        let local = run(&trace, 4, Policy::PrefixLocal, &cfg).await;
+        let random = run(&trace, 4, Policy::Random, &cfg).await;
         let bound = upper_bound(&trace);
         assert!(shared.hit_ratio <= bound + 1e-12);
         assert!(shared.hit_ratio > 0.9 * bound, "{shared:?} vs {bound}");

@@ -175,3 +175,133 @@ fn a_remote_servers_cpu_comes_from_its_metrics() {
     assert!(without["server_cpu_cores"].is_null(), "{without}");
     assert!(without["load_cpu_cores"].is_number(), "{without}");
 }
+
+/// A small Mooncake-format trace: 40 conversations of 5 turns, each turn
+/// two blocks longer than the last, 100 ms apart.
+fn small_trace(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("trace.jsonl");
+    let mut lines = String::new();
+    for turn in 1..=5u64 {
+        for c in 0..40u64 {
+            let ids: Vec<u64> = (0..turn * 2).map(|b| c * 1_000 + b).collect();
+            let at = turn * 4_000 + c * 100;
+            lines.push_str(&format!(
+                "{{\"timestamp\": {at}, \"input_length\": {}, \"output_length\": 1, \"hash_ids\": {ids:?}}}\n",
+                ids.len() * 512
+            ));
+        }
+    }
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
+/// The simulation's precise mode, with events applied at once, routes as
+/// the oracle does, and its JSON carries the accuracy figures.
+#[test]
+fn precise_simulation_matches_the_oracle_in_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(&dir);
+    let v = run(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--gateways",
+        "1,8",
+        "--policies",
+        "prefix-shared,precise,oracle",
+        "--capacity-model",
+        "1,0.5",
+        "--pods",
+        "4",
+        "--capacity",
+        "30",
+        "--event-delay",
+        "0s",
+        "--json",
+    ]);
+    let results = v["results"].as_array().unwrap();
+    // prefix-shared twice (two capacity models), precise and oracle once,
+    // each at two gateway counts.
+    assert_eq!(results.len(), 8, "{v}");
+    let find = |policy: &str, g: u64| {
+        results
+            .iter()
+            .find(|r| r["policy"] == policy && r["gateways"] == g)
+            .unwrap_or_else(|| panic!("no {policy} at {g} in {v}"))
+    };
+    for g in [1, 8] {
+        let (precise, oracle) = (find("precise", g), find("oracle", g));
+        assert_eq!(precise["hit_ratio"], oracle["hit_ratio"], "{v}");
+        assert_eq!(precise["accuracy"], 1.0, "{v}");
+        assert!(oracle["capacity_model"].is_null(), "{v}");
+    }
+    assert!(results
+        .iter()
+        .any(|r| r["policy"] == "prefix-shared" && r["capacity_model"] == 0.5));
+}
+
+/// `prefix-load events` against a server in another process (here: this
+/// test's): it subscribes the server to its engines, which publish through
+/// libzmq on loopback, and the server applies every batch.
+#[cfg(target_os = "linux")]
+#[test]
+fn events_reach_a_remote_server_through_zeromq() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = small_trace(&dir);
+    let cfg = prefix_server::ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        data_dir: dir.path().into(),
+        snapshot_interval: None,
+        ..prefix_server::ServerConfig::default()
+    };
+    let server = rt.block_on(prefix_server::Server::bind(cfg)).unwrap();
+    let (addr, metrics) = (server.local_addr(), server.metrics_addr().unwrap());
+    let engines = server.engines().clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = rt.spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let ca = dir.path().join("cert.pem");
+    let v = run(&[
+        "events",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--engines",
+        "3",
+        "--capacity",
+        "25",
+        "--rounds",
+        "2",
+        "--server",
+        &addr.to_string(),
+        "--ca",
+        ca.to_str().unwrap(),
+        "--metrics",
+        &metrics.to_string(),
+        "--timeout",
+        "60s",
+        "--json",
+    ]);
+    // The run unsubscribed its engines when it ended.
+    let left = engines.list().len();
+    let _ = stop.send(());
+    rt.block_on(serving).unwrap().unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(v["complete"], true, "{v}");
+    assert!(v["blocks_stored"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["blocks_removed"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["applied_stored"], v["blocks_stored"], "{v}");
+    assert_eq!(v["applied_removed"], v["blocks_removed"], "{v}");
+    for key in ["replays", "resyncs", "orphaned", "decode_errors"] {
+        assert_eq!(v[key], 0, "{key} in {v}");
+    }
+    // The server's CPU time comes from its metrics page; the in-process
+    // figures are measured on the same batches.
+    assert!(v["server_cpu_cores"].is_number(), "{v}");
+    assert!(
+        v["in_process"]["stored_blocks_per_sec"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+}

@@ -1,0 +1,169 @@
+//! The server under test, as the run sees it: its subscriptions'
+//! counters, and its CPU time against the engines'.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use prefix_client::Client;
+
+use super::publish::PUBLISH_THREAD;
+use crate::cpu::{self, ThreadTime, SERVER_THREAD};
+
+/// One subscription's counters, as the server reports them.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Progress {
+    /// Whether its socket is connected to the engine.
+    pub(super) connected: bool,
+    /// The last sequence number applied, plus one.
+    pub(super) next_seq: u64,
+    /// Engine blocks stored.
+    pub(super) stored: u64,
+    /// Engine blocks removed.
+    pub(super) removed: u64,
+    /// Replays asked for.
+    pub(super) replays: u64,
+    /// Clears of the pod.
+    pub(super) resyncs: u64,
+    /// Stores under an unknown parent.
+    pub(super) orphaned: u64,
+    /// Messages that did not decode.
+    pub(super) decode_errors: u64,
+}
+
+/// The server under test.
+pub(super) enum Server {
+    /// In this process.
+    Embedded(Box<crate::embedded::Embedded>),
+    /// Elsewhere, through a client.
+    Remote(Client),
+}
+
+impl Server {
+    /// The counters of the subscriptions of `pods`, in that order (a pod
+    /// the server does not list yet reads as all zero).
+    pub(super) async fn progress(&self, pods: &[String]) -> anyhow::Result<Vec<Progress>> {
+        let found: Vec<(String, Progress)> = match self {
+            Server::Embedded(s) => s
+                .engines
+                .list()
+                .into_iter()
+                .map(|(sub, st)| {
+                    let p = Progress {
+                        connected: st.connected,
+                        next_seq: st.last_seq.map_or(0, |s| s + 1),
+                        stored: st.blocks_stored,
+                        removed: st.blocks_removed,
+                        replays: st.replays,
+                        resyncs: st.resyncs,
+                        orphaned: st.orphaned,
+                        decode_errors: st.decode_errors,
+                    };
+                    (sub.pod, p)
+                })
+                .collect(),
+            Server::Remote(c) => c
+                .list_engines()
+                .await?
+                .into_iter()
+                .map(|st| {
+                    let p = Progress {
+                        connected: st.connected,
+                        next_seq: st.last_seq.map_or(0, |s| s + 1),
+                        stored: st.blocks_stored,
+                        removed: st.blocks_removed,
+                        replays: st.replays,
+                        resyncs: st.resyncs,
+                        orphaned: st.orphaned,
+                        decode_errors: st.decode_errors,
+                    };
+                    (st.sub.pod, p)
+                })
+                .collect(),
+        };
+        Ok(pods
+            .iter()
+            .map(|pod| {
+                found
+                    .iter()
+                    .find(|(p, _)| p == pod)
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or_default()
+            })
+            .collect())
+    }
+
+    /// Stops following the engines (their threads end, the pods go).
+    pub(super) async fn unsubscribe(&self, pods: &[String]) {
+        for pod in pods {
+            match self {
+                Server::Embedded(s) => {
+                    s.engines.unsubscribe(pod);
+                }
+                Server::Remote(c) => {
+                    if let Err(e) = c.unsubscribe_engine(pod).await {
+                        tracing::warn!(pod, "unsubscribing: {e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// CPU time by side, summed over threads.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Split {
+    /// The server's subscription threads.
+    pub(super) subscriptions: Duration,
+    /// The server's libzmq threads.
+    pub(super) server_zmq: Duration,
+    /// The server's runtime.
+    pub(super) server_runtime: Duration,
+    /// The engines: publishing, replay and libzmq threads.
+    pub(super) publishers: Duration,
+}
+
+/// Sorts threads by side. The engines' side: the publishing threads, and
+/// the threads that appeared while their sockets were bound (`engines`:
+/// replay threads, libzmq's I/O and reaper threads). The server's side:
+/// its runtime, and the threads named after its subscriptions, which are
+/// the subscription threads (the first of each name) and the libzmq
+/// threads the first of them started (a new thread takes its creator's
+/// name).
+pub(super) fn split(threads: &[ThreadTime], engines: &HashSet<i32>) -> Split {
+    let mut s = Split::default();
+    let first_of = |name: &str| {
+        threads
+            .iter()
+            .filter(|t| t.name == name)
+            .map(|t| t.tid)
+            .min()
+    };
+    for t in threads {
+        let slot = if t.name.starts_with(PUBLISH_THREAD) || engines.contains(&t.tid) {
+            &mut s.publishers
+        } else if t.name == SERVER_THREAD {
+            &mut s.server_runtime
+        } else if t.name.starts_with(SUBSCRIPTION_THREAD) {
+            match first_of(&t.name) == Some(t.tid) {
+                true => &mut s.subscriptions,
+                false => &mut s.server_zmq,
+            }
+        } else {
+            continue;
+        };
+        *slot += t.cpu;
+    }
+    s
+}
+
+/// The name prefix of the server's subscription threads.
+const SUBSCRIPTION_THREAD: &str = "engine-";
+
+/// The ids of this process's threads.
+pub(super) fn thread_ids() -> HashSet<i32> {
+    cpu::threads()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| t.tid)
+        .collect()
+}

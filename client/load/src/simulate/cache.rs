@@ -1,0 +1,96 @@
+//! A pod's simulated KV cache: LRU over blocks, identified by their trace id
+//! (Mooncake ids are already unique per prefix).
+//!
+//! A request's blocks are used in order, so the first block of a prompt is
+//! the least recently used of its blocks and leaves first. Hits count the
+//! leading blocks present only: engines reuse a contiguous cached prefix.
+
+use std::collections::{HashMap, VecDeque};
+
+/// One pod's cache.
+pub struct Lru {
+    capacity: usize,
+    tick: u64,
+    last: HashMap<u64, u64>,
+    order: VecDeque<(u64, u64)>,
+}
+
+impl Lru {
+    /// An empty cache of `capacity` blocks.
+    pub fn new(capacity: usize) -> Lru {
+        Lru {
+            capacity,
+            tick: 0,
+            last: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    /// Leading blocks of `key` present.
+    pub fn hits(&self, key: &[u64]) -> usize {
+        key.iter().take_while(|b| self.last.contains_key(b)).count()
+    }
+
+    /// Uses every block of `key` now, evicting the least recently used past
+    /// capacity. Afterwards `new` holds the positions in `key` of the blocks
+    /// that were not cached, and `evicted` the blocks that left (in the
+    /// order they left; a block of `key` itself leaves only if `key` is
+    /// longer than the cache).
+    pub fn touch(&mut self, key: &[u64], new: &mut Vec<usize>, evicted: &mut Vec<u64>) {
+        new.clear();
+        evicted.clear();
+        for (i, &b) in key.iter().enumerate() {
+            self.tick += 1;
+            if self.last.insert(b, self.tick).is_none() {
+                new.push(i);
+            }
+            self.order.push_back((b, self.tick));
+        }
+        while self.last.len() > self.capacity {
+            let Some((b, t)) = self.order.pop_front() else {
+                break;
+            };
+            // Stale queue entries (the block was used again later) are skipped.
+            if self.last.get(&b) == Some(&t) {
+                self.last.remove(&b);
+                evicted.push(b);
+            }
+        }
+        // Keep the queue from growing without bound on hot blocks.
+        if self.order.len() > 4 * self.capacity.max(1024) {
+            let last = &self.last;
+            self.order.retain(|(b, t)| last.get(b) == Some(t));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(c: &mut Lru, key: &[u64]) -> (Vec<usize>, Vec<u64>) {
+        let (mut new, mut evicted) = (Vec::new(), Vec::new());
+        c.touch(key, &mut new, &mut evicted);
+        (new, evicted)
+    }
+
+    #[test]
+    fn lru_counts_leading_hits_and_evicts_oldest() {
+        let mut c = Lru::new(3);
+        assert_eq!(touch(&mut c, &[1, 2]), (vec![0, 1], vec![]));
+        assert_eq!(c.hits(&[1, 2, 3]), 2);
+        assert_eq!(c.hits(&[2, 1]), 2);
+        assert_eq!(c.hits(&[5, 1]), 0);
+        // 2 is now the oldest and goes; 1 was cached.
+        assert_eq!(touch(&mut c, &[1, 9, 8]), (vec![1, 2], vec![2]));
+        assert_eq!(c.hits(&[2]), 0);
+        assert_eq!(c.hits(&[1, 9, 8]), 3);
+        // A key longer than the cache evicts its own first blocks.
+        assert_eq!(
+            touch(&mut c, &[4, 5, 6, 7]),
+            (vec![0, 1, 2, 3], vec![1, 9, 8, 4])
+        );
+        assert_eq!(c.hits(&[4, 5]), 0);
+        assert_eq!(c.hits(&[5, 6, 7]), 3);
+    }
+}
