@@ -261,6 +261,8 @@ pub struct Engine {
     /// stored, so the next event's chain is mostly this one, found without
     /// walking the records to the root again.
     chain: Option<Chain>,
+    /// The path of engine pages (not cached), reused between events.
+    scratch: Vec<u64>,
 }
 
 /// A chain of records from the root, as [`Engine::path`] walks it.
@@ -293,6 +295,7 @@ impl Engine {
             last_batch: None,
             closed: false,
             chain: None,
+            scratch: Vec::new(),
         })
     }
 
@@ -389,40 +392,6 @@ impl Engine {
         Ok(rev)
     }
 
-    /// `hash`'s path: from the chain cache when `hash` ends the last chain
-    /// walked, else walked to the root (and cached).
-    fn chain_path(
-        &mut self,
-        model: &str,
-        hash: u64,
-        max_blocks: usize,
-    ) -> Result<Vec<u64>, Placed> {
-        let records = self.models.get(model).ok_or(Placed::Orphan)?;
-        if !matches!(self.ratio, Ratio::Whole(_)) {
-            return Engine::path(records, self.ratio, hash, max_blocks);
-        }
-        if let Some(c) = &self.chain {
-            if &*c.model == model && c.engine.last() == Some(&hash) {
-                return Ok(c.ours.clone());
-            }
-        }
-        let mut engine = Vec::new();
-        match Engine::walk(records, self.ratio, hash, max_blocks, Some(&mut engine)) {
-            Ok(ours) => {
-                self.chain = Some(Chain {
-                    model: model.into(),
-                    engine,
-                    ours: ours.clone(),
-                });
-                Ok(ours)
-            }
-            Err(e) => {
-                self.chain = None;
-                Err(e)
-            }
-        }
-    }
-
     pub(crate) fn clear_chain(&mut self) {
         self.chain = None;
     }
@@ -443,14 +412,15 @@ impl Engine {
     }
 
     /// The chain cache extended by a store of `hashes` under `parent`, if it
-    /// ended at `parent`; the stored blocks' path then, without a walk.
+    /// ended at `parent`: it is then the stored blocks' path, found without
+    /// a walk.
     fn chain_extended(
         &mut self,
         model: &str,
         parent: Option<u64>,
         hashes: &[u64],
         max_blocks: usize,
-    ) -> Option<Vec<u64>> {
+    ) -> Option<()> {
         if !matches!(self.ratio, Ratio::Whole(_)) {
             return None;
         }
@@ -470,8 +440,38 @@ impl Engine {
         }
         c.engine.extend_from_slice(hashes);
         c.ours.extend(more);
-        (c.ours.len() <= max_blocks).then(|| c.ours.clone())
+        (c.ours.len() <= max_blocks).then_some(())
     }
+}
+
+/// `hash`'s path under `model`, from `chain` when `hash` ends it, else
+/// walked to the root into `chain`'s buffers (no allocation once they have
+/// grown). Engine pages are not cached.
+fn chain_path<'c>(
+    chain: &'c mut Option<Chain>,
+    scratch: &'c mut Vec<u64>,
+    records: &Records,
+    ratio: Ratio,
+    model: &str,
+    hash: u64,
+    max_blocks: usize,
+) -> Result<&'c [u64], Placed> {
+    if !matches!(ratio, Ratio::Whole(_)) {
+        *scratch = Engine::path(records, ratio, hash, max_blocks)?;
+        return Ok(scratch);
+    }
+    let hit = chain
+        .as_ref()
+        .is_some_and(|c| &*c.model == model && c.engine.last() == Some(&hash));
+    if !hit {
+        let mut c = chain.take().unwrap_or_default();
+        c.ours = Engine::walk(records, ratio, hash, max_blocks, Some(&mut c.engine))?;
+        if *c.model != *model {
+            c.model = model.into();
+        }
+        *chain = Some(c);
+    }
+    Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..]))
 }
 
 /// Why a chain has no place in the tree.
@@ -598,14 +598,20 @@ impl Index {
         let Some(last) = up.filter(|_| newly_held) else {
             return Ok(());
         };
-        let model_key: Box<str> = model.into();
         let extended = engine.chain_extended(model, parent, hashes, max_key);
-        let path = match extended {
-            Some(key) => Ok(key),
-            None => engine.chain_path(&model_key, last, max_key),
-        };
-        let Some(records) = engine.models.get(model) else {
+        let align = engine.align();
+        let Engine {
+            models,
+            chain,
+            scratch,
+            ..
+        } = &mut *engine;
+        let Some(records) = models.get(model) else {
             return Ok(());
+        };
+        let path = match extended {
+            Some(()) => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
+            None => chain_path(chain, scratch, records, ratio, model, last, max_key),
         };
         // Pages: our blocks are whole groups, held only while every page of
         // the group is; a path through a group missing a page stops before it.
@@ -620,14 +626,18 @@ impl Index {
                 return Ok(());
             }
         };
+        let held;
         let key = match ratio {
             Ratio::Whole(_) => key,
-            Ratio::Pages(n) => held_groups(records, last, n, key),
+            Ratio::Pages(n) => {
+                held = held_groups(records, last, n, key.to_vec());
+                &held[..]
+            }
         };
         if key.is_empty() {
             return Ok(());
         }
-        self.insert_at(model, &key, pod, engine.align(), PINNED)
+        self.insert_at(model, key, pod, align, PINNED)
             .map_err(EngineError::Insert)
     }
 
@@ -671,10 +681,16 @@ impl Index {
                     continue;
                 }
             }
-            let path = engine.chain_path(model, h, max_key);
-            let Some(records) = engine.models.get_mut(model) else {
+            let Engine {
+                models,
+                chain,
+                scratch,
+                ..
+            } = &mut *engine;
+            let Some(records) = models.get_mut(model) else {
                 continue;
             };
+            let path = chain_path(chain, scratch, records, ratio, model, h, max_key);
             done.released += self.release_block(records, ratio, pod, model, h, path)?;
             let dropped = forget(records, h, |bytes| self.count_record(-bytes, -1));
             engine.chain_popped(h, dropped);
@@ -690,7 +706,7 @@ impl Index {
         pod: &str,
         model: &str,
         h: u64,
-        path: Result<Vec<u64>, Placed>,
+        path: Result<&[u64], Placed>,
     ) -> Result<u64, EngineError> {
         let Some(r) = records.get(&h) else {
             return Ok(0);
@@ -705,13 +721,13 @@ impl Index {
             // same parent may share the ones before it (the same first
             // tokens), never the last (it would be the same block), and a
             // match ending inside an engine block rounds down to its start.
-            (Ratio::Whole(_), _) => self.release_at(model, &path, path.len().saturating_sub(1), id),
+            (Ratio::Whole(_), _) => self.release_at(model, path, path.len().saturating_sub(1), id),
             (Ratio::Pages(_), Data::Page(p)) if p.group.is_some() => {
-                self.release_at(model, &path, path.len().saturating_sub(1), id)
+                self.release_at(model, path, path.len().saturating_sub(1), id)
             }
             // A page inside a group: that group, on every branch below the
             // groups before it (which of them it belongs to is not known).
-            (Ratio::Pages(_), _) => self.release_branches(model, &path, id),
+            (Ratio::Pages(_), _) => self.release_branches(model, path, id),
         };
         Ok(released)
     }
@@ -774,7 +790,14 @@ impl Index {
         for (&h, r) in records {
             if r.copies == 0 && parents.contains(&h) {
                 let path = Engine::path(records, ratio, h, max_key);
-                self.release_block(records, ratio, pod, model, h, path)?;
+                self.release_block(
+                    records,
+                    ratio,
+                    pod,
+                    model,
+                    h,
+                    path.as_deref().map_err(|e| *e),
+                )?;
             }
         }
         Ok(())
