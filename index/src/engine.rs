@@ -263,6 +263,10 @@ pub struct Engine {
     chain: Option<Chain>,
     /// The path of engine pages (not cached), reused between events.
     scratch: Vec<u64>,
+    /// Records per parent hash not recorded (yet): an orphan's parent,
+    /// stored later, starts with these as its children, so that it is not
+    /// dropped while they still hang from it.
+    waiting: HashMap<u64, u32, ahash::RandomState>,
 }
 
 /// A chain of records from the root, as [`Engine::path`] walks it.
@@ -296,6 +300,7 @@ impl Engine {
             closed: false,
             chain: None,
             scratch: Vec::new(),
+            waiting: HashMap::default(),
         })
     }
 
@@ -392,8 +397,11 @@ impl Engine {
         Ok(rev)
     }
 
+    /// Forgets the chain cache and the waiting children (the records are
+    /// gone).
     pub(crate) fn clear_chain(&mut self) {
         self.chain = None;
+        self.waiting.clear();
     }
 
     /// The chain cache after its tip's record was dropped (`dropped` is how
@@ -503,6 +511,7 @@ impl Index {
                 self.drop_engine(engine);
                 engine.models.clear();
                 engine.chain = None;
+                engine.waiting.clear();
                 self.clear_engine_pod(pod, engine.align())?;
                 done.cleared = 1;
             }
@@ -542,9 +551,14 @@ impl Index {
         let (spec, ratio) = (engine.spec, engine.ratio);
         let max_records = self.sh.cfg.max_engine_blocks;
         let max_key = self.sh.cfg.max_key_blocks;
-        let records = match engine.models.get_mut(model) {
-            Some(r) => r,
-            None => engine.models.entry(model.into()).or_default(),
+        if !engine.models.contains_key(model) {
+            engine.models.insert(model.into(), Records::default());
+        }
+        let Engine {
+            models, waiting, ..
+        } = &mut *engine;
+        let Some(records) = models.get_mut(model) else {
+            return Ok(());
         };
         // Whether a block became held: the event's path is then placed in
         // the tree once, to its last block (held blocks refresh as no-ops).
@@ -582,11 +596,19 @@ impl Index {
                             }))
                         }
                     };
-                    let r = Record::new(up, 1, data);
+                    let mut r = Record::new(up, 1, data);
+                    for _ in 0..waiting.remove(&h).unwrap_or(0) {
+                        r.add_child();
+                    }
                     self.count_record(record_bytes(&r) as i64, 1);
                     records.insert(h, r);
-                    if let Some(p) = up.and_then(|p| records.get_mut(&p)) {
-                        p.add_child();
+                    match up.and_then(|p| records.get_mut(&p)) {
+                        Some(p) => p.add_child(),
+                        None => {
+                            if let Some(p) = up {
+                                *waiting.entry(p).or_default() += 1;
+                            }
+                        }
                     }
                     true
                 }
@@ -685,6 +707,7 @@ impl Index {
                 models,
                 chain,
                 scratch,
+                waiting,
                 ..
             } = &mut *engine;
             let Some(records) = models.get_mut(model) else {
@@ -692,7 +715,7 @@ impl Index {
             };
             let path = chain_path(chain, scratch, records, ratio, model, h, max_key);
             done.released += self.release_block(records, ratio, pod, model, h, path)?;
-            let dropped = forget(records, h, |bytes| self.count_record(-bytes, -1));
+            let dropped = forget(records, waiting, h, |bytes| self.count_record(-bytes, -1));
             engine.chain_popped(h, dropped);
         }
         Ok(())
@@ -748,7 +771,10 @@ impl Index {
         }
         let (ratio, align) = (engine.ratio, engine.align());
         let max_key = self.sh.cfg.max_key_blocks;
-        let records = engine.models.entry(model.into()).or_default();
+        let Engine {
+            models, waiting, ..
+        } = &mut *engine;
+        let records = models.entry(model.into()).or_default();
         let mut parents = std::collections::HashSet::<u64, ahash::RandomState>::default();
         for (h, r) in blocks {
             if let Some(p) = r.parent() {
@@ -761,8 +787,9 @@ impl Index {
         }
         let child_counts: Vec<u64> = records.values().filter_map(Record::parent).collect();
         for p in child_counts {
-            if let Some(r) = records.get_mut(&p) {
-                r.add_child();
+            match records.get_mut(&p) {
+                Some(r) => r.add_child(),
+                None => *waiting.entry(p).or_default() += 1,
             }
         }
         let records = &*records;
@@ -860,7 +887,12 @@ fn held_groups(records: &Records, last: u64, n: u32, mut key: Vec<u64>) -> Vec<u
 
 /// Drops `h`'s record if it has neither copies nor children, and then any
 /// parent left in that state; returns how many records went.
-fn forget(records: &mut Records, mut h: u64, mut counted: impl FnMut(i64)) -> usize {
+fn forget(
+    records: &mut Records,
+    waiting: &mut HashMap<u64, u32, ahash::RandomState>,
+    mut h: u64,
+    mut counted: impl FnMut(i64),
+) -> usize {
     let mut dropped = 0;
     loop {
         let Some(r) = records.get(&h) else {
@@ -878,6 +910,13 @@ fn forget(records: &mut Records, mut h: u64, mut counted: impl FnMut(i64)) -> us
             return dropped;
         };
         let Some(pr) = records.get_mut(&p) else {
+            // It waited for its parent: one waiting child less.
+            if let Some(n) = waiting.get_mut(&p) {
+                *n -= 1;
+                if *n == 0 {
+                    waiting.remove(&p);
+                }
+            }
             return dropped;
         };
         pr.drop_child();
@@ -1106,6 +1145,24 @@ mod tests {
         assert!(matched(&index, &key(1, 1), T0).is_empty());
         // Its removal is known, not "unknown".
         assert_eq!(remove(&index, &e, &[1]).unknown, 0);
+    }
+
+    #[test]
+    fn a_parent_stored_after_its_child_keeps_it() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        // The child first (an orphan), then its parent, then a grandchild.
+        store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
+        store(&index, &e, None, &[1], &tokens(1, 1));
+        store(&index, &e, Some(2), &[3], &tokens(1, 3)[8..]);
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+        // The parent goes; its record stays, so the grandchild's removal
+        // still finds its path.
+        remove(&index, &e, &[1]);
+        assert!(matched(&index, &key(1, 3), T0).is_empty());
+        assert!(remove(&index, &e, &[3]).released > 0);
+        store(&index, &e, None, &[1], &tokens(1, 1));
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
     }
 
     #[test]

@@ -76,7 +76,11 @@ impl Collector {
                     continue;
                 }
             }
-            while let Ok(frames) = self.socket.recv_multipart(zmq::DONTWAIT) {
+            // A burst at a time: the stop signal is looked at between bursts.
+            for _ in 0..super::task::BURST {
+                let Ok(frames) = self.socket.recv_multipart(zmq::DONTWAIT) else {
+                    break;
+                };
                 self.message(&frames, &mut actions);
             }
         }
@@ -144,12 +148,7 @@ impl Collector {
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
-        let (stats, sub) = self.engines.central_pod(pod, model)?;
-        let engine = self
-            .engines
-            .index
-            .engine(pod, self.engines.spec(sub.block_size))
-            .ok()?;
+        let (stats, sub, engine) = self.engines.central_pod(pod, model)?;
         Some(Pod {
             sub,
             engine,

@@ -448,7 +448,11 @@ impl<T: AsRef<[u8]>> Follower<T> {
 
     fn resync(&mut self, why: Resync, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
         out.push(Action::Clear(why));
-        self.replayed_all = false;
+        // After a replay that failed, no full replay at once: the next one
+        // would likely fail the same way (and clear the pod again).
+        if !matches!(why, Resync::ReplayOverflow | Resync::ReplayHole { .. }) {
+            self.replayed_all = false;
+        }
         self.apply(seq, payload, out);
     }
 }

@@ -253,6 +253,10 @@ struct Running {
     sub: Subscription,
     stats: Arc<SubStats>,
     stop: CancellationToken,
+    /// Disconnects when the subscription's thread has ended (its sender is
+    /// dropped with the thread's closure); none for the central collector's
+    /// pods, which have no thread of their own.
+    exited: Option<std::sync::mpsc::Receiver<()>>,
 }
 
 /// Stack of a subscription thread: it decodes and applies one batch at a
@@ -315,16 +319,24 @@ impl Engines {
                 source,
             })?;
         if let Some(old) = running.remove(&sub.pod) {
+            // The old thread applies to the same engine state: it must be
+            // gone before the new one reads where to resume, or a batch in
+            // its hands would be applied twice. It notices within a poll.
             old.stop.cancel();
+            if let Some(exited) = old.exited {
+                let _ = exited.recv_timeout(std::time::Duration::from_secs(5));
+            }
         }
         let stats = Arc::new(SubStats::default());
         let stop = self.shutdown.child_token();
+        let (alive, exited) = std::sync::mpsc::channel::<()>();
         running.insert(
             sub.pod.clone(),
             Running {
                 sub: sub.clone(),
                 stats: stats.clone(),
                 stop: stop.clone(),
+                exited: Some(exited),
             },
         );
         let name = format!("engine-{}", sub.pod);
@@ -337,7 +349,11 @@ impl Engines {
             ctx: self.ctx.clone(),
         };
         let pod = task.sub.pod.clone();
-        self.spawn(name, move || task.run(stop)).map_err(|e| {
+        let run = move || {
+            let _alive = alive;
+            task.run(stop);
+        };
+        self.spawn(name, run).map_err(|e| {
             running.remove(&pod);
             SubscriptionError::Thread(e.to_string())
         })
@@ -406,10 +422,16 @@ impl Engines {
     }
 
     /// A stats slot for a pod met by the central collector.
-    fn central_pod(&self, pod: &str, model: &str) -> Option<(Arc<SubStats>, Subscription)> {
+    fn central_pod(
+        &self,
+        pod: &str,
+        model: &str,
+    ) -> Option<(Arc<SubStats>, Subscription, prefix_index::EngineHandle)> {
         let mut running = self.running.lock();
-        if let Some(r) = running.get(pod) {
-            return Some((r.stats.clone(), r.sub.clone()));
+        if running.contains_key(pod) {
+            // A pod followed otherwise (a configured subscription, say) is
+            // not fed from two sources.
+            return None;
         }
         if running.len() >= self.cfg.max_engines {
             return None;
@@ -423,6 +445,9 @@ impl Engines {
             topic: format!("kv@{pod}@{model}"),
             media: vec!["GPU".into()],
         };
+        // Registered only if the index takes it (a name it refuses must not
+        // hold a slot of `max-engines`).
+        let engine = self.index.engine(pod, self.spec(sub.block_size)).ok()?;
         let stats = Arc::new(SubStats::default());
         running.insert(
             pod.into(),
@@ -430,9 +455,10 @@ impl Engines {
                 sub: sub.clone(),
                 stats: stats.clone(),
                 stop: self.shutdown.child_token(),
+                exited: None,
             },
         );
-        Some((stats, sub))
+        Some((stats, sub, engine))
     }
 
     /// Waits for every thread to end (call after cancelling `shutdown`;

@@ -27,7 +27,7 @@ use super::{EngineConfig, Subscription};
 /// How often a thread looks at its stop signal while its sockets are quiet.
 pub(super) const POLL_MS: i64 = 100;
 /// Messages taken from one socket before the others get a turn.
-const BURST: usize = 256;
+pub(super) const BURST: usize = 256;
 
 /// Names the monitor endpoints of sockets apart.
 static MONITORS: AtomicUsize = AtomicUsize::new(0);
@@ -59,7 +59,13 @@ impl Task {
                     tracing::warn!(pod = %self.sub.pod, endpoint = %self.sub.endpoint, "{what}");
                 }
                 self.stats.set_connected(false);
-                std::thread::sleep(Duration::from_secs(1));
+                // A pause before the next session, cut short by the stop.
+                for _ in 0..10 {
+                    if stop.is_cancelled() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
         }
         self.stats.set_connected(false);
@@ -156,6 +162,7 @@ impl Task {
                     let Ok(frames) = sub.socket.recv_multipart(zmq::DONTWAIT) else {
                         break;
                     };
+                    let was = follower.replaying();
                     match parse_live(&frames) {
                         // SUB filters by prefix: `kv` lets `kv2` through.
                         Ok(m)
@@ -168,27 +175,41 @@ impl Task {
                         Ok(m) => follower.live(m.seq, m.payload.to_vec(), &mut actions),
                         Err(e) => self.bad_message(&format!("live message: {e}")),
                     }
+                    if was && !follower.replaying() {
+                        // Abandoned (too much held back): its answers must
+                        // not pass for the next request's.
+                        deadline = None;
+                        dealer = self.dealer()?;
+                    }
                     self.act(&mut follower, &mut actions, dealer.as_ref(), &mut deadline);
                 }
             }
             if replies {
-                if let Some(d) = &dealer {
-                    for _ in 0..BURST {
-                        let Ok(frames) = d.recv_multipart(zmq::DONTWAIT) else {
-                            break;
-                        };
-                        match parse_replay(&frames) {
-                            Ok(ReplayItem::Batch(m)) => {
-                                follower.replayed(m.seq, m.payload.to_vec(), &mut actions)
-                            }
-                            Ok(ReplayItem::End) => {
-                                deadline = None;
-                                follower.replay_ended(&mut actions);
-                            }
-                            Err(e) => self.bad_message(&format!("replay message: {e}")),
+                for _ in 0..BURST {
+                    let Some(Ok(frames)) = dealer.as_ref().map(|d| d.recv_multipart(zmq::DONTWAIT))
+                    else {
+                        break;
+                    };
+                    let was = follower.replaying();
+                    let mut ended = false;
+                    match parse_replay(&frames) {
+                        Ok(ReplayItem::Batch(m)) => {
+                            follower.replayed(m.seq, m.payload.to_vec(), &mut actions)
                         }
-                        self.act(&mut follower, &mut actions, dealer.as_ref(), &mut deadline);
+                        Ok(ReplayItem::End) => {
+                            ended = true;
+                            deadline = None;
+                            follower.replay_ended(&mut actions);
+                        }
+                        Err(e) => self.bad_message(&format!("replay message: {e}")),
                     }
+                    if was && !follower.replaying() && !ended {
+                        // Abandoned (a hole in the answer): the rest of it
+                        // must not pass for the next request's answer.
+                        deadline = None;
+                        dealer = self.dealer()?;
+                    }
+                    self.act(&mut follower, &mut actions, dealer.as_ref(), &mut deadline);
                 }
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
