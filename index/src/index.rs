@@ -469,12 +469,26 @@ impl Reader<'_> {
         now: u64,
         out: &mut Vec<Match>,
     ) -> u32 {
+        self.lookup_model_into(model, key, candidates, now, out).0
+    }
+
+    /// As [`Reader::lookup_into`], also saying whether `model` has a tree
+    /// (some pod was given a block of it): what a caller that counts
+    /// lookups per model needs, without a second look at the models.
+    pub fn lookup_model_into(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+        now: u64,
+        out: &mut Vec<Match>,
+    ) -> (u32, bool) {
         let index = self.index;
         let key = index.cut(key);
         // `max_key_blocks` is far below 2^32 in any sane config; saturate anyway.
         let key_blocks = u32::try_from(key.len()).unwrap_or(u32::MAX);
         let Some(tree) = index.models(&self.pin).get(model) else {
-            return key_blocks;
+            return (key_blocks, false);
         };
         let ids: Option<SmallVec<[u32; 16]>> = candidates.map(|names| {
             let mut ids: SmallVec<[u32; 16]> = names
@@ -488,12 +502,7 @@ impl Reader<'_> {
             ids
         });
         tree.lookup(&index.sh, key, ids.as_deref(), now, &self.pin, out);
-        key_blocks
-    }
-
-    /// Whether `model` has a tree (some pod was given a block of it).
-    pub fn has_model(&self, model: &str) -> bool {
-        self.index.models(&self.pin).contains_key(model)
+        (key_blocks, true)
     }
 
     /// The name of a pod id from a lookup made through this reader.

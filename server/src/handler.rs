@@ -201,10 +201,11 @@ impl Handler {
                     .as_ref()
                     .map(|c| c.iter().map(String::as_str).collect());
                 scratch.clear();
-                let key_blocks = reader.lookup_into(model, key, names.as_deref(), now, scratch);
+                let (key_blocks, known) =
+                    reader.lookup_model_into(model, key, names.as_deref(), now, scratch);
                 // Matches come longest first. Only models the index has are
                 // counted: a label per name a client makes up is unbounded.
-                if reader.has_model(model) {
+                if known {
                     hits.add(model, key_blocks, scratch.first().map_or(0, |m| m.blocks));
                 }
                 // Names are borrowed from the index for as long as the reader

@@ -37,12 +37,7 @@ impl Collector {
     /// Binds the SUB socket to `endpoint` and subscribes to `kv@`.
     pub(super) fn bind(engines: Arc<Engines>, endpoint: &str) -> Result<Collector, StartError> {
         let bind = || -> Result<zmq::Socket, zmq::Error> {
-            let socket = engines.ctx.socket(zmq::SUB)?;
-            let max = i64::try_from(engines.cfg.max_message_bytes).unwrap_or(i64::MAX);
-            socket.set_maxmsgsize(max)?;
-            socket.set_linger(0)?;
-            let queue = i32::try_from(engines.cfg.max_queued_messages).unwrap_or(i32::MAX);
-            socket.set_rcvhwm(queue)?;
+            let socket = super::task::bounded(&engines.ctx, zmq::SUB, &engines.cfg)?;
             socket.set_subscribe(b"kv@")?;
             socket.bind(endpoint)?;
             Ok(socket)

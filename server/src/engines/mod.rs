@@ -90,6 +90,21 @@ pub enum SubscriptionError {
 }
 
 impl Subscription {
+    /// Refuses endpoints other than `tcp://` (the text form and the
+    /// `subscribe` op alike).
+    pub(crate) fn check_endpoints(&self) -> Result<(), SubscriptionError> {
+        match std::iter::once(&self.endpoint)
+            .chain(&self.replay)
+            .find(|e| !e.starts_with("tcp://"))
+        {
+            Some(e) => Err(SubscriptionError::Syntax {
+                why: format!("endpoint {e} is not tcp://host:port"),
+                text: self.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether events of this medium are routed on (`None`: the engine did
     /// not say, as older vLLM versions do, which means the GPU).
     pub fn routes_medium(&self, medium: Option<&str>) -> bool {
@@ -151,11 +166,7 @@ impl FromStr for Subscription {
                 "unknown key {k} (pod, model, endpoint, replay, block-size, topic, media)"
             )));
         }
-        for e in std::iter::once(&sub.endpoint).chain(&sub.replay) {
-            if !e.starts_with("tcp://") {
-                return Err(err(format!("endpoint {e} is not tcp://host:port")));
-            }
-        }
+        sub.check_endpoints()?;
         Ok(sub)
     }
 }

@@ -90,12 +90,7 @@ impl Task {
 
     /// A socket with the subscription's bounds, not yet connected.
     fn configured(&self, kind: zmq::SocketType) -> Result<zmq::Socket, zmq::Error> {
-        let socket = self.ctx.socket(kind)?;
-        socket.set_maxmsgsize(i64::try_from(self.cfg.max_message_bytes).unwrap_or(i64::MAX))?;
-        // Closing drops unsent requests at once: nothing here must outlive
-        // its socket.
-        socket.set_linger(0)?;
-        socket.set_rcvhwm(i32::try_from(self.cfg.max_queued_messages).unwrap_or(i32::MAX))?;
+        let socket = bounded(&self.ctx, kind, &self.cfg)?;
         socket.set_reconnect_ivl(100)?;
         socket.set_reconnect_ivl_max(5_000)?;
         if kind == zmq::SUB {
@@ -309,6 +304,23 @@ impl Task {
             tracing::warn!(pod = %self.sub.pod, "clearing failed: {e}");
         }
     }
+}
+
+/// A socket of `kind` with the engine bounds of `cfg`: the largest message
+/// (larger ones drop the connection) and the messages queued while its
+/// thread is busy.
+pub(super) fn bounded(
+    ctx: &zmq::Context,
+    kind: zmq::SocketType,
+    cfg: &EngineConfig,
+) -> Result<zmq::Socket, zmq::Error> {
+    let socket = ctx.socket(kind)?;
+    socket.set_maxmsgsize(i64::try_from(cfg.max_message_bytes).unwrap_or(i64::MAX))?;
+    // Closing drops unsent requests at once: nothing here must outlive
+    // its socket.
+    socket.set_linger(0)?;
+    socket.set_rcvhwm(i32::try_from(cfg.max_queued_messages).unwrap_or(i32::MAX))?;
+    Ok(socket)
 }
 
 /// A libzmq monitor message's event: `Some(true)` connected, `Some(false)`

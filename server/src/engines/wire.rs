@@ -24,15 +24,7 @@ impl TryFrom<EngineSub> for Subscription {
             topic: w.topic,
             media: w.media.iter().map(|m| m.to_ascii_uppercase()).collect(),
         };
-        if let Some(e) = std::iter::once(&sub.endpoint)
-            .chain(&sub.replay)
-            .find(|e| !e.starts_with("tcp://"))
-        {
-            return Err(SubscriptionError::Syntax {
-                why: format!("endpoint {e} is not tcp://host:port"),
-                text: sub.to_string(),
-            });
-        }
+        sub.check_endpoints()?;
         Ok(sub)
     }
 }
