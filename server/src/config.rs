@@ -61,6 +61,14 @@ pub struct Settings {
     /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
     #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+    /// TCP address of the HTTP/JSON API (HTTP/1.1 and HTTP/2 over TLS, the
+    /// same certificates and roles as QUIC; docs/http.md); "off" disables it.
+    #[arg(long, env = "PREFIX_INDEX_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+    /// Largest HTTP/JSON request body in bytes; larger ones are refused
+    /// (413) before they are parsed.
+    #[arg(long, env = "PREFIX_INDEX_HTTP_MAX_BODY_BYTES")]
+    pub http_max_body_bytes: Option<usize>,
     /// Directory for the generated certificate and the index snapshot.
     #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -334,10 +342,21 @@ impl Settings {
                 why: "not an address (host:port) or \"off\"",
             })?),
         };
+        let http_listen = match self.http_listen.as_deref() {
+            None => d.http_listen,
+            Some("off") => None,
+            Some(s) => Some(s.parse().map_err(|_| ConfigError::Invalid {
+                name: "http-listen",
+                value: s.into(),
+                why: "not an address (host:port) or \"off\"",
+            })?),
+        };
         let dur = |v: Option<HumanDuration>, d: Duration| v.map_or(d, |h| h.0);
         let cfg = ServerConfig {
             listen: self.listen.unwrap_or(d.listen),
             metrics_listen,
+            http_listen,
+            http_max_body_bytes: self.http_max_body_bytes.unwrap_or(d.http_max_body_bytes),
             data_dir: self.data_dir.unwrap_or(d.data_dir),
             tls: match (self.cert, self.key) {
                 (Some(cert), Some(key)) => CertSource::Files { cert, key },
@@ -430,6 +449,8 @@ impl From<&ServerConfig> for Settings {
         Settings {
             listen: Some(cfg.listen),
             metrics_listen: Some(cfg.metrics_listen.map_or("off".into(), |a| a.to_string())),
+            http_listen: Some(cfg.http_listen.map_or("off".into(), |a| a.to_string())),
+            http_max_body_bytes: Some(cfg.http_max_body_bytes),
             data_dir: Some(cfg.data_dir.clone()),
             cert,
             key,
@@ -530,6 +551,13 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// HTTP address for metrics and probes, or none. Default `127.0.0.1:7071`.
     pub metrics_listen: Option<SocketAddr>,
+    /// The HTTP/JSON API's address, or none. Default none: QUIC is the fast
+    /// path, the HTTP API the convenient one, opened when asked for.
+    pub http_listen: Option<SocketAddr>,
+    /// Largest HTTP/JSON request body. Default 4 MiB: a lookup of a
+    /// 2,048-block key as 32,768 token ids is under 400 KB of JSON, so ten
+    /// of them fit in one batch; at most 64 MiB.
+    pub http_max_body_bytes: usize,
     /// Data directory. Default `./prefix-index-data`.
     pub data_dir: PathBuf,
     /// The server certificate. Default: self-signed.
@@ -597,6 +625,8 @@ impl Default for ServerConfig {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 7071))),
+            http_listen: None,
+            http_max_body_bytes: 4 << 20,
             data_dir: PathBuf::from("prefix-index-data"),
             tls: CertSource::SelfSigned,
             client_ca: None,
@@ -647,6 +677,13 @@ impl ServerConfig {
                 "max-frame-bytes",
                 &self.max_frame_bytes,
                 "must be 64 to 16777216",
+            );
+        }
+        if self.http_max_body_bytes < 1024 || self.http_max_body_bytes > 64 << 20 {
+            return bad(
+                "http-max-body-bytes",
+                &self.http_max_body_bytes,
+                "must be 1024 to 67108864",
             );
         }
         if self.index.max_pods == 0 || self.index.max_pods > (1 << 20) - 1 {
@@ -806,6 +843,8 @@ mod tests {
         ServerConfig {
             listen: "0.0.0.0:9000".parse().unwrap(),
             metrics_listen: None,
+            http_listen: Some("0.0.0.0:8443".parse().unwrap()),
+            http_max_body_bytes: 4096,
             data_dir: "/var/lib/x".into(),
             tls: CertSource::Files {
                 cert: "c.pem".into(),

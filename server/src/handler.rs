@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
+use prefix_proto::json::JsonWriter;
 use prefix_proto::{
     encode_response, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response, ResponseWriter,
     WireStats, MAX_FRAME_CEILING,
@@ -52,6 +53,50 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.in_flight.dec();
     }
+}
+
+/// Where a handler writes its replies: a response frame (QUIC) or a JSON
+/// answer (the HTTP API). Both write lookups from borrowed pod names.
+pub trait Replies {
+    /// Writes a lookup's reply.
+    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]);
+    /// Writes any other reply.
+    fn reply(&mut self, reply: &Reply);
+    /// Bytes written so far: an answer stops at [`MAX_FRAME_CEILING`].
+    fn written(&self) -> usize;
+}
+
+impl Replies for ResponseWriter<'_> {
+    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
+        ResponseWriter::lookup(self, key_blocks, matches);
+    }
+    fn reply(&mut self, reply: &Reply) {
+        ResponseWriter::reply(self, reply);
+    }
+    fn written(&self) -> usize {
+        ResponseWriter::len(self)
+    }
+}
+
+impl Replies for JsonWriter<'_> {
+    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
+        JsonWriter::lookup(self, key_blocks, matches);
+    }
+    fn reply(&mut self, reply: &Reply) {
+        JsonWriter::reply(self, reply);
+    }
+    fn written(&self) -> usize {
+        JsonWriter::len(self)
+    }
+}
+
+/// The refusal of a batch whose answers would pass [`MAX_FRAME_CEILING`]
+/// after `applied` of its `ops` ops.
+fn too_large(applied: usize, ops: usize) -> Reply {
+    ErrorCode::FrameTooLarge.reply(format!(
+        "the answers would exceed {MAX_FRAME_CEILING} bytes; the first {applied} of {ops} ops \
+         were applied; send smaller batches"
+    ))
 }
 
 /// Applies requests to the index.
@@ -181,7 +226,7 @@ impl Handler {
         reader: &Reader<'_>,
         scratch: &mut Vec<Match>,
         hits: &mut Hits<'r>,
-        w: &mut ResponseWriter<'_>,
+        w: &mut impl Replies,
     ) -> bool {
         if let Some(refusal) = forbidden(op, access) {
             w.reply(&refusal);
@@ -240,6 +285,81 @@ impl Handler {
     }
 }
 
+impl Handler {
+    /// Applies `request`'s ops in order for a client allowed `access`,
+    /// writing their replies to `w`, and counts them. Returns how many ops
+    /// were applied if the answers passed [`MAX_FRAME_CEILING`] (the rest
+    /// are skipped: the caller answers `FrameTooLarge` instead). This also
+    /// bounds the memory one request can make the server build.
+    pub fn apply_all(
+        &self,
+        request: &Request,
+        access: &Access,
+        w: &mut impl Replies,
+    ) -> Option<usize> {
+        let _in_flight = InFlight::new(&self.metrics);
+        let started = Instant::now();
+        let now = now_ms();
+        let reader = self.index.reader();
+        let mut tally = Tally::default();
+        let mut scratch = Vec::new();
+        let mut hits = Hits::default();
+        let mut too_large = None;
+        let slot = match request {
+            Request::One(op) => {
+                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut hits, w);
+                let slot = metrics::op_slot(op);
+                tally.add(slot, failed);
+                slot
+            }
+            Request::Batch(ops) => {
+                for (i, op) in ops.iter().enumerate() {
+                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut hits, w);
+                    tally.add(metrics::op_slot(op), failed);
+                    if w.written() > MAX_FRAME_CEILING as usize {
+                        too_large = Some(i + 1);
+                        break;
+                    }
+                }
+                metrics::BATCH
+            }
+        };
+        drop(reader);
+        for &(model, key_blocks, matched) in &hits.0 {
+            self.metrics.lookups(model, key_blocks, matched);
+        }
+        self.metrics.count(&tally);
+        self.metrics.observe(slot, started.elapsed().as_secs_f64());
+        too_large
+    }
+
+    /// Applies `request` as [`Service::serve`] does and appends its JSON
+    /// answer to `out` (see [`prefix_proto::json`]); returns the error code
+    /// that decides the HTTP status: one op's, or a whole batch's refusal.
+    pub fn serve_json(&self, request: &Request, access: &Access, out: &mut Vec<u8>) -> Option<u16> {
+        match request {
+            Request::One(_) => {
+                let mut w = JsonWriter::one(out);
+                self.apply_all(request, access, &mut w);
+                w.finish()
+            }
+            Request::Batch(ops) => {
+                let mut w = JsonWriter::batch(out);
+                match self.apply_all(request, access, &mut w) {
+                    None => w.finish(),
+                    Some(applied) => {
+                        w.abandon();
+                        let reply = too_large(applied, ops.len());
+                        let mut w = JsonWriter::one(out);
+                        w.reply(&reply);
+                        w.finish()
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Service for Handler {
     /// Whether a request should run on the blocking pool: its weight (see
     /// [`Op::weight`]) is over `inline_blocks`.
@@ -259,56 +379,24 @@ impl Service for Handler {
     /// [`crate::access`]); ops it may not do are refused one by one with
     /// `Forbidden` and change nothing.
     fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
-        let _in_flight = InFlight::new(&self.metrics);
-        let started = Instant::now();
-        let now = now_ms();
-        let reader = self.index.reader();
-        let mut tally = Tally::default();
-        let mut scratch = Vec::new();
-        let mut hits = Hits::default();
-        let slot = match request {
-            Request::One(op) => {
+        match request {
+            Request::One(_) => {
                 let mut w = ResponseWriter::one(out, id);
-                let failed = self.apply(op, access, now, &reader, &mut scratch, &mut hits, &mut w);
+                self.apply_all(request, access, &mut w);
                 w.finish();
-                let slot = metrics::op_slot(op);
-                tally.add(slot, failed);
-                slot
             }
             Request::Batch(ops) => {
                 let mut w = ResponseWriter::batch(out, id, ops.len());
-                let mut too_large = None;
-                for (i, op) in ops.iter().enumerate() {
-                    let failed =
-                        self.apply(op, access, now, &reader, &mut scratch, &mut hits, &mut w);
-                    tally.add(metrics::op_slot(op), failed);
-                    if w.len() > MAX_FRAME_CEILING as usize {
-                        too_large = Some(i + 1);
-                        break;
-                    }
-                }
-                match too_large {
+                match self.apply_all(request, access, &mut w) {
                     None => w.finish(),
                     Some(applied) => {
                         w.abandon();
-                        let message = format!(
-                            "the answers would exceed {MAX_FRAME_CEILING} bytes; the first \
-                             {applied} of {} ops were applied; send smaller batches",
-                            ops.len()
-                        );
-                        let reply = ErrorCode::FrameTooLarge.reply(message);
+                        let reply = too_large(applied, ops.len());
                         encode_response(id, &Response::One(reply), out);
                     }
                 }
-                metrics::BATCH
             }
-        };
-        drop(reader);
-        for &(model, key_blocks, matched) in &hits.0 {
-            self.metrics.lookups(model, key_blocks, matched);
         }
-        self.metrics.count(&tally);
-        self.metrics.observe(slot, started.elapsed().as_secs_f64());
     }
 
     /// Counts a frame refused before any op was read.

@@ -9,6 +9,8 @@
 //!   service: framing (with `prefix-proto`'s `FrameReader`), heavy frames,
 //!   back-pressure, drain.
 //! - [`maintenance`]: the sweep task (TTL, capacities, freeing memory).
+//! - [`api`]: the HTTP/JSON API, the same operations for gateways without
+//!   QUIC (off unless `--http-listen` is set).
 //! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
 //! - [`access`]: roles of client certificates (readers and writers).
@@ -46,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub mod access;
+pub mod api;
 pub mod busy_poll;
 pub mod config;
 pub mod engines;
@@ -91,6 +94,8 @@ pub struct Server {
     cfg: ServerConfig,
     endpoint: quinn::Endpoint,
     http: Option<tokio::net::TcpListener>,
+    /// The HTTP/JSON API's socket and TLS, if it is on.
+    api: Option<(tokio::net::TcpListener, Arc<rustls::ServerConfig>)>,
     index: Arc<Index>,
     metrics: Arc<Metrics>,
     /// The snapshot period, unless snapshots are off (by config, or because
@@ -108,6 +113,7 @@ impl Server {
     pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate()?;
         let tls = tls::rustls_config(&cfg)?;
+        let api_tls = Arc::new(api::http_tls(tls.clone()));
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| {
             tls::ServerTlsError::from(prefix_proto::tls::TlsError::Quic(e.to_string()))
         })?;
@@ -129,6 +135,15 @@ impl Server {
                     .await
                     .map_err(bind_err(addr))?,
             ),
+            None => None,
+        };
+        let api = match cfg.http_listen {
+            Some(addr) => Some((
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_err(addr))?,
+                api_tls,
+            )),
             None => None,
         };
         let index = Arc::new(Index::new(cfg.index.clone()));
@@ -166,6 +181,7 @@ impl Server {
             cfg,
             endpoint,
             http,
+            api,
             engines,
             token,
         })
@@ -186,6 +202,11 @@ impl Server {
     /// The HTTP address actually bound, if any.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The HTTP/JSON API's address actually bound, if it is on.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
     /// The server's metrics (tests read them directly).
@@ -209,7 +230,8 @@ impl Server {
             inline_blocks: self.cfg.inline_blocks,
             engines: Some(self.engines.clone()),
         });
-        self.serve(handler, shutdown).await
+        self.serve_with(handler.clone(), Some(handler), shutdown)
+            .await
     }
 
     /// As [`Server::run`], with `service` answering the requests: the same
@@ -218,6 +240,17 @@ impl Server {
     pub async fn serve<S: Service>(
         self,
         service: Arc<S>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), ServerError> {
+        self.serve_with(service, None, shutdown).await
+    }
+
+    /// As [`Server::serve`], with the HTTP/JSON API answered by `api` (the
+    /// API needs the index's handler: a stand-in service has none).
+    async fn serve_with<S: Service>(
+        mut self,
+        service: Arc<S>,
+        api: Option<Arc<Handler>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServerError> {
         let token = self.token.clone();
@@ -260,6 +293,28 @@ impl Server {
                 }
             })
         });
+        if let (Some((socket, tls)), Some(handler)) = (self.api.take(), api) {
+            let keys = prefix_proto::json::KeyOptions {
+                block_tokens: self.cfg.engines.token_block as usize,
+                ..Default::default()
+            };
+            let app = api::router(Arc::new(api::Api {
+                handler,
+                keys,
+                max_body: self.cfg.http_max_body_bytes,
+            }));
+            tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
+            let listener = api::Listener {
+                socket,
+                tls,
+                roles: self.cfg.roles.clone(),
+                max_connections: self.cfg.max_connections,
+                max_in_flight: self.cfg.max_in_flight,
+                idle_timeout: self.cfg.idle_timeout,
+                metrics: self.metrics.clone(),
+            };
+            tracker.spawn(api::serve(listener, app, token.clone(), tracker.clone()));
+        }
         tracing::info!(
             listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
             "serving"

@@ -2,7 +2,8 @@
 
 mod common;
 
-use prefix_client::replay::{replay, KeyOptions};
+use prefix_client::replay::replay;
+use prefix_client::wire::json::KeyOptions;
 use serde_json::Value;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -53,19 +54,32 @@ async fn replay_answers_every_line_in_order() {
     assert!(ok(0) && ok(1));
     assert_eq!(
         lines[2].to_string(),
-        r#"{"ok":true,"blocks":3,"matches":[{"pod":"b","blocks":3},{"pod":"a","blocks":1}]}"#
+        r#"{"ok":true,"key_blocks":3,"matches":[{"pod":"b","blocks":3},{"pod":"a","blocks":1}]}"#
     );
     assert_eq!(
         lines[3].to_string(),
-        r#"{"ok":true,"blocks":3,"matches":[{"pod":"a","blocks":1}]}"#
+        r#"{"ok":true,"key_blocks":3,"matches":[{"pod":"a","blocks":1}]}"#
     );
-    assert!(!ok(4) && lines[4]["error"].as_str().unwrap().contains("bad line"));
+    assert!(
+        !ok(4)
+            && lines[4]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("bad JSON")
+    );
     // Three tokens make no full 16-token block: an empty key, a no-op.
     assert!(ok(5));
     assert!(ok(6));
     assert_eq!(lines[7].to_string(), r#"{"ok":true,"removed":true}"#);
-    assert!(!ok(8) && lines[8]["error"].as_str().unwrap().contains("only one"));
+    assert!(
+        !ok(8)
+            && lines[8]["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("only one")
+    );
     assert_eq!(lines[9]["pods"], 1);
     assert!(!ok(10));
+    assert_eq!(lines[10]["error"]["name"], "malformed");
     server.shutdown().await;
 }

@@ -36,6 +36,8 @@ pub struct Embedded {
     pub tls: TlsConfig,
     /// Its engine subscriptions (precise mode).
     pub engines: Arc<Engines>,
+    /// Its HTTP/JSON API, if the config turned it on.
+    pub api: Option<SocketAddr>,
     // Dropped in this order: the stop signal starts the server's shutdown,
     // then the runtime ends every task, then the directory goes.
     _stop: oneshot::Sender<()>,
@@ -46,7 +48,7 @@ pub struct Embedded {
 impl Embedded {
     /// A server started on `runtime` whose certificate is in `dir`.
     fn new(
-        (addr, engines): (SocketAddr, Arc<Engines>),
+        (addr, engines, api): (SocketAddr, Arc<Engines>, Option<SocketAddr>),
         runtime: ServerRuntime,
         stop: oneshot::Sender<()>,
         dir: tempfile::TempDir,
@@ -56,10 +58,18 @@ impl Embedded {
             addr,
             tls,
             engines,
+            api,
             _stop: stop,
             _runtime: runtime,
             _dir: dir,
         })
+    }
+}
+
+impl Embedded {
+    /// Its certificate, for clients other than `prefix-client`.
+    pub fn ca_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("cert.pem")
     }
 }
 
@@ -143,7 +153,11 @@ async fn launch(
             let server = Server::bind(cfg)
                 .await
                 .context("starting the in-process server")?;
-            let addr = (server.local_addr(), server.engines().clone());
+            let addr = (
+                server.local_addr(),
+                server.engines().clone(),
+                server.api_addr(),
+            );
             let stopped = async move {
                 let _ = stopped.await;
             };

@@ -27,6 +27,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 
 mod cpu;
+mod door;
 mod embedded;
 mod ingest;
 mod load;
@@ -60,6 +61,38 @@ enum Command {
     /// Measure how long the machine itself keeps threads from running (the
     /// floor under any latency measured here), then exit.
     Stalls(StallArgs),
+    /// The HTTP/JSON API beside QUIC against one in-process server: the
+    /// same lookups over QUIC, HTTP/1.1 and HTTP/2, lookups/s, p50/p99 and
+    /// the server's CPU per lookup at each depth, in alternating rounds.
+    Http(HttpArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct HttpArgs {
+    /// Pods, each holding every key (each answer names them all).
+    #[arg(long, default_value_t = 16)]
+    pods: usize,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 1024)]
+    keys: usize,
+    /// Blocks per key.
+    #[arg(long, default_value_t = 32)]
+    key_blocks: usize,
+    /// Requests in flight, one cell each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    in_flight: Vec<usize>,
+    /// Length of each cell.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Rounds, each transport's turn rotating.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The in-process server's worker threads.
+    #[arg(long, default_value_t = 1)]
+    server_threads: usize,
+    /// Print the cells as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -302,6 +335,24 @@ fn main() -> anyhow::Result<()> {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
         Some(Command::Events(a)) => rt.block_on(events_main(a)),
+        Some(Command::Http(a)) => {
+            let plan = door::Plan {
+                pods: a.pods,
+                keys: a.keys,
+                key_blocks: a.key_blocks,
+                in_flight: a.in_flight,
+                duration: a.duration,
+                rounds: a.rounds,
+                server_threads: a.server_threads,
+            };
+            let cells = rt.block_on(door::run(&plan))?;
+            if a.json {
+                println!("{}", serde_json::to_string(&cells)?);
+            } else {
+                door::print(&cells);
+            }
+            Ok(())
+        }
         Some(Command::Stalls(a)) => {
             let threads = a.threads.unwrap_or_else(cores);
             let report = stalls::run(threads, a.duration)?;

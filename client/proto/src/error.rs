@@ -75,6 +75,28 @@ impl ErrorCode {
         Self::ALL.into_iter().find(|c| *c as u16 == n)
     }
 
+    /// Its name in `snake_case`, as JSON error bodies and metrics carry it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ErrorCode::Malformed => "malformed",
+            ErrorCode::BadVersion => "bad_version",
+            ErrorCode::UnknownKind => "unknown_kind",
+            ErrorCode::FrameTooLarge => "frame_too_large",
+            ErrorCode::KeyTooLong => "key_too_long",
+            ErrorCode::BatchTooLarge => "batch_too_large",
+            ErrorCode::BadName => "bad_name",
+            ErrorCode::TooManyCandidates => "too_many_candidates",
+            ErrorCode::TooManyPods => "too_many_pods",
+            ErrorCode::TooManyModels => "too_many_models",
+            ErrorCode::IndexFull => "index_full",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Internal => "internal",
+            ErrorCode::BadSubscription => "bad_subscription",
+            ErrorCode::Unsupported => "unsupported",
+        }
+    }
+
     /// A reply carrying this code and `message`.
     pub fn reply(self, message: impl ToString) -> Reply {
         Reply::Error {

@@ -14,6 +14,8 @@
 //! - [`codec`]: payloads to bytes and back, with allocation budgets.
 //! - [`Limits`] and [`ErrorCode`]/[`WireError`]: what is refused, and how.
 //! - [`key`]: how a prompt becomes block hashes, identical in every gateway.
+//! - [`json`]: the operations and replies as JSON objects (the HTTP API's
+//!   bodies, `prefix-client replay`'s lines).
 //! - [`tls`]: PEM loading shared by both ends.
 //!
 //! ```
@@ -35,6 +37,7 @@
 pub mod codec;
 mod error;
 pub mod frame;
+pub mod json;
 pub mod key;
 mod limits;
 pub mod message;

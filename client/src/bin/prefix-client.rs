@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use prefix_client::replay::{self, KeyOptions, Line};
+use prefix_client::replay;
+use prefix_client::wire::json::{JsonOp, KeyOptions};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use tokio::io::{AsyncWriteExt, BufReader};
 
@@ -57,7 +58,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     #[command(flatten)]
-    Op(Line),
+    Op(JsonOp),
     /// Apply JSON Lines ops from FILE (or stdin), one JSON answer per line.
     Replay {
         /// Input file; stdin when absent or "-".

@@ -19,6 +19,8 @@ use tokio::task::JoinHandle;
 pub struct TestServer {
     pub addr: SocketAddr,
     pub metrics_addr: Option<SocketAddr>,
+    /// The HTTP/JSON API's address, if the config turned it on.
+    pub api_addr: Option<SocketAddr>,
     pub index: Arc<Index>,
     pub metrics: Arc<Metrics>,
     pub ca: PathBuf,
@@ -51,6 +53,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
     let server = Server::bind(cfg).await.unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
     let (addr, metrics_addr) = (server.local_addr(), server.metrics_addr());
+    let api_addr = server.api_addr();
     let (index, metrics) = (server.index().clone(), server.metrics().clone());
     let engines = server.engines().clone();
     let task = tokio::spawn(server.run(async move {
@@ -59,6 +62,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
     TestServer {
         addr,
         metrics_addr,
+        api_addr,
         index,
         metrics,
         ca,

@@ -1,0 +1,923 @@
+//! The protocol's operations as JSON, without I/O: the bodies of the
+//! server's HTTP API and the lines of `prefix-client replay`.
+//!
+//! One [`JsonOp`] per operation of the table ([`OpKind`]), tagged by its
+//! name:
+//!
+//! ```text
+//! {"op":"insert","model":M,"text":T,"pod":P}      ("tokens":[..] or "hashes":[..] instead of "text")
+//! {"op":"lookup","model":M,"text":T,"candidates":[..]}   (candidates optional)
+//! {"op":"remove_pod","pod":P}
+//! {"op":"set_pod_capacity","pod":P,"blocks":N}
+//! {"op":"stats"}
+//! {"op":"ping"}
+//! {"op":"subscribe","pod":P,"model":M,"endpoint":E}   (optional: "replay":E, "block_size":16, "topic":"", "media":["GPU"])
+//! {"op":"unsubscribe","pod":P}
+//! {"op":"list_engines"}
+//! ```
+//!
+//! The HTTP API takes the same objects without `"op"` (the route names it),
+//! and a batch as `{"ops":[...]}`. Parsing is strict: a field the op does not
+//! have is refused, as is a wrong type or a second key source. Keys are
+//! hashed here with the rule of [`crate::key`], so a gateway in any language
+//! can send text or token ids and leave hashing to the other end.
+//!
+//! Every answer is one object: `{"ok":true,...}` with the reply's fields
+//! ([`reply_json`]), or `{"ok":false,"error":{"code":N,"name":S,"message":M}}`
+//! with the protocol's [`ErrorCode`] ([`error_json`]).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::error::ErrorCode;
+use crate::key;
+use crate::message::{EngineState, EngineSub, Op, OpKind, Reply, Request, WireStats};
+
+/// How text and token ids become block hashes; every gateway of a model
+/// must agree on these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOptions {
+    /// Bytes per text block (default 64).
+    pub block_bytes: usize,
+    /// Token ids per token block (default 16).
+    pub block_tokens: usize,
+}
+
+impl Default for KeyOptions {
+    fn default() -> Self {
+        KeyOptions {
+            block_bytes: key::TEXT_BLOCK_BYTES,
+            block_tokens: key::TOKEN_BLOCK_TOKENS,
+        }
+    }
+}
+
+/// A key given as text, token ids or ready hashes (exactly one). On the
+/// command line, `--text`, `--tokens 1,2,3` or `--hashes 7,8`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[cfg_attr(feature = "clap", group(required = true, multiple = false))]
+pub struct KeySource {
+    /// Prompt text, hashed in blocks of `block_bytes` (--block-bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub text: Option<String>,
+    /// Token ids (comma-separated on the command line), hashed in blocks of
+    /// `block_tokens` (--block-tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub tokens: Option<Vec<u32>>,
+    /// Block hashes (comma-separated on the command line), used as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub hashes: Option<Vec<u64>>,
+}
+
+impl KeySource {
+    /// The block hashes, or why there are none.
+    pub fn key(&self, opts: &KeyOptions) -> Result<Vec<u64>, JsonError> {
+        match (&self.text, &self.tokens, &self.hashes) {
+            (Some(t), None, None) => Ok(key::text_key(t, opts.block_bytes)),
+            (None, Some(t), None) => Ok(key::token_key(t, opts.block_tokens)),
+            (None, None, Some(h)) => Ok(h.clone()),
+            (None, None, None) => Err(JsonError::new(
+                "give one of \"text\", \"tokens\" or \"hashes\"",
+            )),
+            _ => Err(JsonError::new(
+                "give only one of \"text\", \"tokens\" or \"hashes\"",
+            )),
+        }
+    }
+}
+
+/// An engine to follow, as `subscribe` takes it: the fields of
+/// [`EngineSub`], with the defaults of the server's `--engine`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+pub struct EngineArgs {
+    /// The pod the engine serves (gateways route to this name).
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub pod: String,
+    /// The model it serves.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub model: String,
+    /// The engine's ZeroMQ PUB endpoint, tcp://host:port.
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub endpoint: String,
+    /// The engine's replay (ROUTER) endpoint, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub replay: Option<String>,
+    /// Tokens per engine block (vLLM --block-size, SGLang --page-size).
+    #[serde(default = "default_block_size")]
+    #[cfg_attr(feature = "clap", arg(long, default_value_t = default_block_size()))]
+    pub block_size: u32,
+    /// The topic to subscribe to (empty: every message).
+    #[serde(default)]
+    #[cfg_attr(feature = "clap", arg(long, default_value = ""))]
+    pub topic: String,
+    /// Cache tiers routed on (comma-separated on the command line).
+    #[serde(default = "default_media")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, value_delimiter = ',', default_value = "GPU")
+    )]
+    pub media: Vec<String>,
+}
+
+/// vLLM's default block size.
+fn default_block_size() -> u32 {
+    16
+}
+
+/// Engines cache in GPU memory; other tiers are offloads.
+fn default_media() -> Vec<String> {
+    vec!["GPU".into()]
+}
+
+impl From<&EngineArgs> for EngineSub {
+    fn from(a: &EngineArgs) -> Self {
+        EngineSub {
+            pod: a.pod.clone(),
+            model: a.model.clone(),
+            endpoint: a.endpoint.clone(),
+            replay: a.replay.clone(),
+            block_size: a.block_size,
+            topic: a.topic.clone(),
+            media: a.media.clone(),
+        }
+    }
+}
+
+/// One operation as JSON (a replay line, an HTTP body), and one
+/// `prefix-client` subcommand: one variant per operation of the protocol,
+/// named by its [`OpKind::name`].
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum JsonOp {
+    /// Record that a pod holds every prefix of a key.
+    Insert {
+        /// Model name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        key: KeySource,
+        /// Pod name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        pod: String,
+    },
+    /// Each pod's matched leading blocks of a key.
+    Lookup {
+        /// Model name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        key: KeySource,
+        /// Only these pods (comma-separated on the command line).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+        candidates: Option<Vec<String>>,
+    },
+    /// Forget a pod everywhere.
+    RemovePod {
+        /// Pod name.
+        pod: String,
+    },
+    /// Set a pod's KV-cache capacity in blocks.
+    SetPodCapacity {
+        /// Pod name.
+        pod: String,
+        /// Capacity in blocks.
+        blocks: u64,
+    },
+    /// Index statistics.
+    Stats,
+    /// Round trip to the server.
+    Ping,
+    /// Follow an inference engine's KV-cache events (precise mode).
+    Subscribe {
+        /// The engine.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        engine: EngineArgs,
+    },
+    /// Stop following a pod's engine (the pod is removed).
+    Unsubscribe {
+        /// Pod name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        pod: String,
+    },
+    /// Every engine followed, with its state.
+    ListEngines,
+}
+
+/// Why a JSON body or line is not an operation. Answered with
+/// [`ErrorCode::Malformed`].
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{0}")]
+pub struct JsonError(String);
+
+impl JsonError {
+    fn new(message: impl Into<String>) -> Self {
+        JsonError(message.into())
+    }
+
+    /// This error as a reply.
+    pub fn to_reply(&self) -> Reply {
+        ErrorCode::Malformed.reply(self)
+    }
+}
+
+/// The fields each operation's object may have (besides `"op"`). Parsing
+/// refuses others, which serde cannot do for objects with flattened parts.
+pub fn fields(kind: OpKind) -> &'static [&'static str] {
+    match kind {
+        OpKind::Lookup => &["model", "text", "tokens", "hashes", "candidates"],
+        OpKind::Insert => &["model", "text", "tokens", "hashes", "pod"],
+        OpKind::RemovePod | OpKind::Unsubscribe => &["pod"],
+        OpKind::SetPodCapacity => &["pod", "blocks"],
+        OpKind::Stats | OpKind::Ping | OpKind::ListEngines => &[],
+        OpKind::Subscribe => &[
+            "pod",
+            "model",
+            "endpoint",
+            "replay",
+            "block_size",
+            "topic",
+            "media",
+        ],
+    }
+}
+
+/// The operation named `name` ([`OpKind::name`]).
+pub fn kind_named(name: &str) -> Option<OpKind> {
+    OpKind::ALL.into_iter().find(|k| k.name() == name)
+}
+
+impl JsonOp {
+    /// The operation this is.
+    pub fn kind(&self) -> OpKind {
+        match self {
+            JsonOp::Insert { .. } => OpKind::Insert,
+            JsonOp::Lookup { .. } => OpKind::Lookup,
+            JsonOp::RemovePod { .. } => OpKind::RemovePod,
+            JsonOp::SetPodCapacity { .. } => OpKind::SetPodCapacity,
+            JsonOp::Stats => OpKind::Stats,
+            JsonOp::Ping => OpKind::Ping,
+            JsonOp::Subscribe { .. } => OpKind::Subscribe,
+            JsonOp::Unsubscribe { .. } => OpKind::Unsubscribe,
+            JsonOp::ListEngines => OpKind::ListEngines,
+        }
+    }
+
+    /// One operation from its object, which names it with `"op"`.
+    pub fn parse(bytes: &[u8]) -> Result<JsonOp, JsonError> {
+        JsonOp::from_value(parse_value(bytes)?, None)
+    }
+
+    /// One operation of kind `kind` from its object without `"op"` (an HTTP
+    /// body: the route names the operation).
+    pub fn parse_as(kind: OpKind, bytes: &[u8]) -> Result<JsonOp, JsonError> {
+        JsonOp::from_value(parse_value(bytes)?, Some(kind))
+    }
+
+    /// One operation from a parsed object: named by `"op"`, or of kind
+    /// `kind` (then `"op"` may not be given).
+    pub fn from_value(value: Value, kind: Option<OpKind>) -> Result<JsonOp, JsonError> {
+        let Value::Object(mut obj) = value else {
+            return Err(JsonError::new(format!(
+                "expected a JSON object, found {}",
+                type_name(&value)
+            )));
+        };
+        let kind = match kind {
+            Some(kind) => {
+                if obj.contains_key("op") {
+                    return Err(JsonError::new(
+                        "unknown field \"op\": the path names the operation",
+                    ));
+                }
+                obj.insert("op".into(), Value::String(kind.name().into()));
+                kind
+            }
+            None => match obj.get("op") {
+                Some(Value::String(name)) => kind_named(name).ok_or_else(|| {
+                    JsonError::new(format!("unknown op {name:?}; the ops are {}", op_names()))
+                })?,
+                Some(other) => {
+                    return Err(JsonError::new(format!(
+                        "\"op\" must be a string, found {}",
+                        type_name(other)
+                    )))
+                }
+                None => {
+                    return Err(JsonError::new(format!(
+                        "missing field \"op\"; one of {}",
+                        op_names()
+                    )))
+                }
+            },
+        };
+        let allowed = fields(kind);
+        if let Some(extra) = obj
+            .keys()
+            .find(|k| *k != "op" && !allowed.contains(&k.as_str()))
+        {
+            return Err(JsonError::new(format!(
+                "unknown field {extra:?} for {}; its fields are {}",
+                kind.name(),
+                if allowed.is_empty() {
+                    "none".into()
+                } else {
+                    allowed.join(", ")
+                }
+            )));
+        }
+        serde_json::from_value(Value::Object(obj))
+            .map_err(|e| JsonError::new(format!("{}: {e}", kind.name())))
+    }
+
+    /// The protocol operation, with its key hashed by `opts`.
+    pub fn to_op(&self, opts: &KeyOptions) -> Result<Op, JsonError> {
+        Ok(match self {
+            JsonOp::Insert { model, key, pod } => Op::Insert {
+                model: model.clone(),
+                key: key.key(opts)?,
+                pod: pod.clone(),
+            },
+            JsonOp::Lookup {
+                model,
+                key,
+                candidates,
+            } => Op::Lookup {
+                model: model.clone(),
+                key: key.key(opts)?,
+                candidates: candidates.clone(),
+            },
+            JsonOp::RemovePod { pod } => Op::RemovePod { pod: pod.clone() },
+            JsonOp::SetPodCapacity { pod, blocks } => Op::SetPodCapacity {
+                pod: pod.clone(),
+                blocks: *blocks,
+            },
+            JsonOp::Stats => Op::Stats,
+            JsonOp::Ping => Op::Ping,
+            JsonOp::Subscribe { engine } => Op::Subscribe(engine.into()),
+            JsonOp::Unsubscribe { pod } => Op::Unsubscribe { pod: pod.clone() },
+            JsonOp::ListEngines => Op::ListEngines,
+        })
+    }
+}
+
+/// A batch body, `{"ops":[op, ...]}`, each op an object naming itself with
+/// `"op"`, as a request (hashed by `opts`). At most `max_batch` ops are read:
+/// a longer list is refused before its ops are parsed.
+pub fn parse_batch(bytes: &[u8], opts: &KeyOptions, max_batch: usize) -> Result<Request, Reply> {
+    let malformed = |e: JsonError| e.to_reply();
+    let Value::Object(mut obj) = parse_value(bytes).map_err(malformed)? else {
+        return Err(JsonError::new("expected a JSON object {\"ops\":[...]}").to_reply());
+    };
+    if let Some(extra) = obj.keys().find(|k| *k != "ops") {
+        return Err(
+            JsonError::new(format!("unknown field {extra:?}; a batch has \"ops\"")).to_reply(),
+        );
+    }
+    let Some(Value::Array(items)) = obj.remove("ops") else {
+        return Err(JsonError::new("\"ops\" must be an array of ops").to_reply());
+    };
+    if items.len() > max_batch {
+        return Err(ErrorCode::BatchTooLarge.reply(format!(
+            "batch of {} ops exceeds max_batch = {max_batch}",
+            items.len()
+        )));
+    }
+    let ops = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            JsonOp::from_value(v, None)
+                .and_then(|op| op.to_op(opts))
+                .map_err(|e| JsonError::new(format!("ops[{i}]: {e}")).to_reply())
+        })
+        .collect::<Result<Vec<Op>, Reply>>()?;
+    Ok(Request::Batch(ops))
+}
+
+fn parse_value(bytes: &[u8]) -> Result<Value, JsonError> {
+    serde_json::from_slice(bytes).map_err(|e| JsonError::new(format!("bad JSON: {e}")))
+}
+
+fn op_names() -> String {
+    let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
+    names.join(", ")
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A reply as its JSON object: `{"ok":true,...}` with its fields, or the
+/// error object of [`error_json`].
+///
+/// - lookup: `"key_blocks"` (the key's length in blocks) and `"matches"`,
+///   `[{"pod":P,"blocks":K},...]`, every pod with `K ≥ 1`, by `K`
+///   descending then pod name;
+/// - remove_pod, unsubscribe: `"removed"`, whether the pod was there;
+/// - stats: the index's counts; list_engines: `"engines"`, one object per
+///   subscription, its fields then its state;
+/// - insert, set_pod_capacity, subscribe, ping: nothing more.
+pub fn reply_json(reply: &Reply) -> Value {
+    match reply {
+        Reply::Lookup {
+            key_blocks,
+            matches,
+        } => {
+            let matches: Vec<Value> = matches
+                .iter()
+                .map(|m| json!({ "pod": m.pod.as_str(), "blocks": m.blocks }))
+                .collect();
+            json!({ "ok": true, "key_blocks": key_blocks, "matches": matches })
+        }
+        Reply::Done | Reply::Pong => json!({ "ok": true }),
+        Reply::Removed(removed) => json!({ "ok": true, "removed": removed }),
+        Reply::Stats(s) => stats_json(s),
+        Reply::Engines(engines) => {
+            let engines: Vec<Value> = engines.iter().map(engine_json).collect();
+            json!({ "ok": true, "engines": engines })
+        }
+        Reply::Error { code, message } => error_json(Some(*code), message),
+    }
+}
+
+/// Writes a JSON answer piece by piece, from borrowed data, as
+/// [`crate::ResponseWriter`] writes a frame: the server's HTTP API answers
+/// lookups without copying pod names into owned replies. One op's answer is
+/// its reply object; a batch's is `{"ok":true,"results":[...]}`, one object
+/// per op in order.
+pub struct JsonWriter<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+    batch: bool,
+    written: usize,
+    error: Option<u16>,
+}
+
+impl<'a> JsonWriter<'a> {
+    /// Starts the answer to one op; write exactly one reply next.
+    pub fn one(out: &'a mut Vec<u8>) -> Self {
+        let start = out.len();
+        JsonWriter {
+            out,
+            start,
+            batch: false,
+            written: 0,
+            error: None,
+        }
+    }
+
+    /// Starts the answer to a batch.
+    pub fn batch(out: &'a mut Vec<u8>) -> Self {
+        let start = out.len();
+        out.extend_from_slice(br#"{"ok":true,"results":["#);
+        JsonWriter {
+            out,
+            start,
+            batch: true,
+            written: 0,
+            error: None,
+        }
+    }
+
+    fn next(&mut self) {
+        if self.batch && self.written > 0 {
+            self.out.push(b',');
+        }
+        self.written += 1;
+    }
+
+    /// Writes a lookup's reply listing `matches` (pod name, blocks).
+    pub fn lookup<S: AsRef<str>>(&mut self, key_blocks: u32, matches: &[(S, u32)]) {
+        #[derive(Serialize)]
+        struct Match<'m> {
+            pod: &'m str,
+            blocks: u32,
+        }
+        #[derive(Serialize)]
+        struct Lookup<'m> {
+            ok: bool,
+            key_blocks: u32,
+            matches: Vec<Match<'m>>,
+        }
+        self.next();
+        let answer = Lookup {
+            ok: true,
+            key_blocks,
+            matches: matches
+                .iter()
+                .map(|(pod, blocks)| Match {
+                    pod: pod.as_ref(),
+                    blocks: *blocks,
+                })
+                .collect(),
+        };
+        // Writing into a Vec cannot fail, and these types always serialize.
+        let _ = serde_json::to_writer(&mut *self.out, &answer);
+    }
+
+    /// Writes any reply ([`reply_json`]).
+    pub fn reply(&mut self, reply: &Reply) {
+        self.next();
+        if let Reply::Error { code, .. } = reply {
+            self.error.get_or_insert(*code);
+        }
+        let _ = serde_json::to_writer(&mut *self.out, &reply_json(reply));
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.out.len() - self.start
+    }
+
+    /// Whether nothing has been written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops the answer written so far, leaving the buffer as it was.
+    pub fn abandon(self) {
+        self.out.truncate(self.start);
+    }
+
+    /// Completes the answer; returns the error code of one op's reply, if
+    /// it was an error (a batch's answer is whole even when ops failed).
+    pub fn finish(self) -> Option<u16> {
+        if self.batch {
+            self.out.extend_from_slice(b"]}");
+            None
+        } else {
+            self.error
+        }
+    }
+}
+
+fn stats_json(s: &WireStats) -> Value {
+    json!({
+        "ok": true,
+        "models": s.models,
+        "pods": s.pods,
+        "nodes": s.nodes,
+        "tree_blocks": s.tree_blocks,
+        "entries": s.entries,
+        "bytes": s.bytes,
+    })
+}
+
+/// One engine of a `list_engines` answer.
+fn engine_json(e: &EngineState) -> Value {
+    let s = &e.sub;
+    json!({
+        "pod": s.pod,
+        "model": s.model,
+        "endpoint": s.endpoint,
+        "replay": s.replay,
+        "block_size": s.block_size,
+        "topic": s.topic,
+        "media": s.media,
+        "connected": e.connected,
+        "last_seq": e.last_seq,
+        "events": e.events,
+        "blocks_stored": e.blocks_stored,
+        "blocks_removed": e.blocks_removed,
+        "resyncs": e.resyncs,
+        "replays": e.replays,
+        "orphaned": e.orphaned,
+        "decode_errors": e.decode_errors,
+        "lag_ms": e.lag_ms,
+        "last_error": e.last_error,
+    })
+}
+
+/// An error's JSON object: `{"ok":false,"error":{"code":N,"name":S,
+/// "message":M}}`. `code` is the protocol's [`ErrorCode`] number (`null`
+/// for failures with none, such as a client's timeout); `name` its
+/// [`ErrorCode::name`] (`null` for a number this build does not know).
+pub fn error_json(code: Option<u16>, message: &str) -> Value {
+    let name = code.and_then(ErrorCode::from_u16).map(ErrorCode::name);
+    json!({
+        "ok": false,
+        "error": { "code": code, "name": name, "message": message },
+    })
+}
+
+/// The HTTP status that answers an error code: 4xx for what the request
+/// got wrong, 5xx for what the server cannot do now.
+pub fn http_status(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::Malformed
+        | ErrorCode::BadVersion
+        | ErrorCode::UnknownKind
+        | ErrorCode::BadName
+        | ErrorCode::BadSubscription => 400,
+        ErrorCode::Forbidden => 403,
+        ErrorCode::FrameTooLarge => 413,
+        ErrorCode::KeyTooLong | ErrorCode::BatchTooLarge | ErrorCode::TooManyCandidates => 422,
+        ErrorCode::TooManyPods | ErrorCode::TooManyModels => 507,
+        ErrorCode::IndexFull | ErrorCode::Unavailable => 503,
+        ErrorCode::Internal => 500,
+        ErrorCode::Unsupported => 501,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::PodBlocks;
+
+    fn full(kind: OpKind) -> JsonOp {
+        let key = KeySource {
+            text: Some("t".into()),
+            tokens: Some(vec![1]),
+            hashes: Some(vec![2]),
+        };
+        match kind {
+            OpKind::Lookup => JsonOp::Lookup {
+                model: "m".into(),
+                key,
+                candidates: Some(vec!["a".into()]),
+            },
+            OpKind::Insert => JsonOp::Insert {
+                model: "m".into(),
+                key,
+                pod: "p".into(),
+            },
+            OpKind::RemovePod => JsonOp::RemovePod { pod: "p".into() },
+            OpKind::SetPodCapacity => JsonOp::SetPodCapacity {
+                pod: "p".into(),
+                blocks: 1,
+            },
+            OpKind::Stats => JsonOp::Stats,
+            OpKind::Ping => JsonOp::Ping,
+            OpKind::Subscribe => JsonOp::Subscribe {
+                engine: EngineArgs {
+                    pod: "p".into(),
+                    model: "m".into(),
+                    endpoint: "tcp://h:1".into(),
+                    replay: Some("tcp://h:2".into()),
+                    block_size: 16,
+                    topic: "kv".into(),
+                    media: vec!["GPU".into()],
+                },
+            },
+            OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: "p".into() },
+            OpKind::ListEngines => JsonOp::ListEngines,
+        }
+    }
+
+    #[test]
+    fn the_field_table_is_what_serde_writes() {
+        for kind in OpKind::ALL {
+            let op = full(kind);
+            assert_eq!(op.kind(), kind);
+            let Value::Object(obj) = serde_json::to_value(&op).unwrap() else {
+                panic!()
+            };
+            let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            let mut want: Vec<&str> = fields(kind).iter().copied().chain(["op"]).collect();
+            want.sort_unstable();
+            assert_eq!(keys, want, "{kind:?}");
+            assert_eq!(obj["op"], kind.name());
+            assert_eq!(kind_named(kind.name()), Some(kind));
+        }
+    }
+
+    #[test]
+    fn ops_parse_with_and_without_their_tag() {
+        let l = JsonOp::parse(br#"{"op":"insert","model":"m","text":"abc","pod":"p"}"#).unwrap();
+        assert_eq!(
+            l,
+            JsonOp::Insert {
+                model: "m".into(),
+                key: KeySource {
+                    text: Some("abc".into()),
+                    ..KeySource::default()
+                },
+                pod: "p".into()
+            }
+        );
+        let body = br#"{"model":"m","hashes":[18446744073709551615],"candidates":["a"]}"#;
+        let op = JsonOp::parse_as(OpKind::Lookup, body).unwrap();
+        assert_eq!(
+            op.to_op(&KeyOptions::default()).unwrap(),
+            Op::Lookup {
+                model: "m".into(),
+                key: vec![u64::MAX],
+                candidates: Some(vec!["a".into()])
+            }
+        );
+        assert_eq!(
+            JsonOp::parse_as(OpKind::Stats, b"{}").unwrap(),
+            JsonOp::Stats
+        );
+    }
+
+    #[test]
+    fn bad_objects_are_refused_with_the_reason() {
+        let cases: [(&[u8], &str); 10] = [
+            (br#"{"op":"drop_table"}"#, "unknown op \"drop_table\""),
+            (br#"{"op":"remove_pod"}"#, "missing field `pod`"),
+            (br#"{"op":7}"#, "\"op\" must be a string"),
+            (br#"{"pod":"p"}"#, "missing field \"op\""),
+            (br#"[1,2]"#, "expected a JSON object, found an array"),
+            (
+                br#"{"op":"ping","x":1}"#,
+                "unknown field \"x\" for ping; its fields are none",
+            ),
+            (
+                br#"{"op":"lookup","model":"m","hashes":[1],"pods":["a"]}"#,
+                "unknown field \"pods\" for lookup",
+            ),
+            (
+                br#"{"op":"lookup","model":"m","hashes":[-1]}"#,
+                "lookup: invalid value",
+            ),
+            (
+                br#"{"op":"set_pod_capacity","pod":"p","blocks":"9"}"#,
+                "invalid type: string",
+            ),
+            (br#"{"op":"ping""#, "bad JSON"),
+        ];
+        for (bytes, want) in cases {
+            let e = JsonOp::parse(bytes).unwrap_err().to_string();
+            assert!(e.contains(want), "{}: {e}", String::from_utf8_lossy(bytes));
+        }
+        let e = JsonOp::parse_as(OpKind::Ping, br#"{"op":"ping"}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("the path names the operation"),
+            "{e}"
+        );
+        let both = KeySource {
+            text: Some("x".into()),
+            tokens: Some(vec![1]),
+            hashes: None,
+        };
+        assert!(both.key(&KeyOptions::default()).is_err());
+        assert!(KeySource::default().key(&KeyOptions::default()).is_err());
+    }
+
+    #[test]
+    fn keys_follow_the_block_sizes() {
+        let opts = KeyOptions {
+            block_bytes: 4,
+            block_tokens: 2,
+        };
+        let text = KeySource {
+            text: Some("abcdefghi".into()),
+            ..KeySource::default()
+        };
+        assert_eq!(text.key(&opts).unwrap().len(), 2);
+        let tokens = KeySource {
+            tokens: Some(vec![1, 2, 3, 4, 5]),
+            ..KeySource::default()
+        };
+        assert_eq!(tokens.key(&opts).unwrap(), key::token_key(&[1, 2, 3, 4], 2));
+    }
+
+    #[test]
+    fn batches_are_bounded_before_their_ops_are_read() {
+        let opts = KeyOptions::default();
+        let req = parse_batch(
+            br#"{"ops":[{"op":"ping"},{"op":"remove_pod","pod":"p"}]}"#,
+            &opts,
+            2,
+        )
+        .unwrap();
+        assert_eq!(
+            req,
+            Request::Batch(vec![Op::Ping, Op::RemovePod { pod: "p".into() }])
+        );
+        let code = |r: Result<Request, Reply>| match r {
+            Err(Reply::Error { code, message }) => (ErrorCode::from_u16(code), message),
+            other => panic!("{other:?}"),
+        };
+        let (c, _) = code(parse_batch(br#"{"ops":[1,2,3]}"#, &opts, 2));
+        assert_eq!(c, Some(ErrorCode::BatchTooLarge));
+        let (c, m) = code(parse_batch(
+            br#"{"ops":[{"op":"ping"},{"op":"nope"}]}"#,
+            &opts,
+            2,
+        ));
+        assert_eq!(c, Some(ErrorCode::Malformed));
+        assert!(m.starts_with("ops[1]: unknown op"), "{m}");
+        let (c, _) = code(parse_batch(br#"{"ops":{}}"#, &opts, 2));
+        assert_eq!(c, Some(ErrorCode::Malformed));
+        let (c, _) = code(parse_batch(br#"{"ops":[],"x":1}"#, &opts, 2));
+        assert_eq!(c, Some(ErrorCode::Malformed));
+    }
+
+    #[test]
+    fn replies_become_objects() {
+        let lookup = Reply::Lookup {
+            key_blocks: 3,
+            matches: vec![PodBlocks {
+                pod: "a".into(),
+                blocks: 2,
+            }],
+        };
+        assert_eq!(
+            reply_json(&lookup),
+            json!({"ok":true,"key_blocks":3,"matches":[{"pod":"a","blocks":2}]})
+        );
+        assert_eq!(
+            reply_json(&ErrorCode::KeyTooLong.reply("too long")),
+            json!({"ok":false,"error":{"code":5,"name":"key_too_long","message":"too long"}})
+        );
+        assert_eq!(
+            error_json(Some(999), "new"),
+            json!({"ok":false,"error":{"code":999,"name":null,"message":"new"}})
+        );
+        assert_eq!(
+            reply_json(&Reply::Removed(true)),
+            json!({"ok":true,"removed":true})
+        );
+    }
+
+    #[test]
+    fn the_writer_writes_what_reply_json_gives() {
+        let lookup = Reply::Lookup {
+            key_blocks: 3,
+            matches: vec![
+                PodBlocks {
+                    pod: "a\"b".into(),
+                    blocks: 2,
+                },
+                PodBlocks {
+                    pod: "c".into(),
+                    blocks: 1,
+                },
+            ],
+        };
+        let err = ErrorCode::BadName.reply("no");
+        let mut out = b"junk".to_vec();
+        let mut w = JsonWriter::one(&mut out);
+        w.lookup(3, &[("a\"b", 2), ("c", 1)]);
+        assert_eq!(w.finish(), None);
+        let v: Value = serde_json::from_slice(&out[4..]).unwrap();
+        assert_eq!(v, reply_json(&lookup));
+
+        let mut out = Vec::new();
+        let mut w = JsonWriter::batch(&mut out);
+        w.lookup(3, &[("a\"b", 2), ("c", 1)]);
+        w.reply(&err);
+        w.reply(&Reply::Pong);
+        assert_eq!(w.finish(), None);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            json!({"ok":true,"results":[reply_json(&lookup), reply_json(&err), {"ok":true}]})
+        );
+
+        let mut out = Vec::new();
+        let mut w = JsonWriter::one(&mut out);
+        w.reply(&err);
+        assert_eq!(w.finish(), Some(ErrorCode::BadName as u16));
+        let mut out = b"x".to_vec();
+        let mut w = JsonWriter::batch(&mut out);
+        w.reply(&err);
+        assert!(w.len() > 10);
+        w.abandon();
+        assert_eq!(out, b"x");
+    }
+
+    #[test]
+    fn every_error_code_has_a_client_or_server_status() {
+        for code in ErrorCode::ALL {
+            let s = http_status(code);
+            assert!((400..600).contains(&s), "{code:?}");
+            assert_eq!(
+                s >= 500,
+                matches!(
+                    code,
+                    ErrorCode::TooManyPods
+                        | ErrorCode::TooManyModels
+                        | ErrorCode::IndexFull
+                        | ErrorCode::Unavailable
+                        | ErrorCode::Internal
+                        | ErrorCode::Unsupported
+                )
+            );
+        }
+    }
+}

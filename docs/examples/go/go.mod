@@ -1,0 +1,3 @@
+module example.invalid/prefixscorer
+
+go 1.19

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+)
+
+// TokenKey is the key of a token-id prompt: one hash per full block of
+// blockTokens ids, each id as 4 little-endian bytes, hashed with XXH3-64
+// (seed 0). A trailing partial block is dropped: engines reuse only full
+// KV blocks.
+func TokenKey(tokens []uint32, blockTokens int) ([]uint64, error) {
+	if blockTokens <= 0 {
+		return nil, fmt.Errorf("block size %d", blockTokens)
+	}
+	buf := make([]byte, 4*blockTokens)
+	key := make([]uint64, 0, len(tokens)/blockTokens)
+	for start := 0; start+blockTokens <= len(tokens); start += blockTokens {
+		for i, t := range tokens[start : start+blockTokens] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
+		}
+		h, err := xxh3(buf)
+		if err != nil {
+			return nil, err
+		}
+		key = append(key, h)
+	}
+	return key, nil
+}
+
+// Match is one pod's answer to a lookup: its matched leading blocks.
+type Match struct {
+	Pod    string `json:"pod"`
+	Blocks uint32 `json:"blocks"`
+}
+
+// Scores turns a lookup's matches into scores in [0, 1], as the endpoint
+// pickers' prefix scorers do: the share of the prompt's blocks a pod
+// already holds. Candidates with no match score 0.
+func Scores(keyBlocks uint32, matches []Match, candidates []string) map[string]float64 {
+	scores := make(map[string]float64, len(candidates))
+	for _, pod := range candidates {
+		scores[pod] = 0
+	}
+	if keyBlocks == 0 {
+		return scores
+	}
+	for _, m := range matches {
+		if _, ok := scores[m.Pod]; ok {
+			scores[m.Pod] = float64(m.Blocks) / float64(keyBlocks)
+		}
+	}
+	return scores
+}
+
+// Client calls the prefix-index HTTP/JSON API (docs/http.md).
+type Client struct {
+	base string
+	http *http.Client
+}
+
+// APIError is the server's error object: the protocol's code and name.
+type APIError struct {
+	Status  int
+	Code    *int    `json:"code"`
+	Name    *string `json:"name"`
+	Message string  `json:"message"`
+}
+
+func (e *APIError) Error() string {
+	name := "none"
+	if e.Name != nil {
+		name = *e.Name
+	}
+	return fmt.Sprintf("HTTP %d, %s: %s", e.Status, name, e.Message)
+}
+
+// NewClient trusts the PEM CA at caPath (the server's cert.pem, or its CA)
+// and, when certPath is set, presents that client certificate (mutual TLS).
+func NewClient(base, caPath, certPath, keyPath string, timeout time.Duration) (*Client, error) {
+	pem, err := os.ReadFile(caPath)
+	if err != nil {
+		return nil, err
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no certificate", caPath)
+	}
+	cfg := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13}
+	if certPath != "" {
+		pair, err := tls.LoadX509KeyPair(certPath, keyPath)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	transport := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16}
+	return &Client{base: base, http: &http.Client{Transport: transport, Timeout: timeout}}, nil
+}
+
+func (c *Client) call(path string, body any, answer any) error {
+	var req *http.Request
+	var err error
+	if body == nil {
+		req, err = http.NewRequest(http.MethodGet, c.base+path, nil)
+	} else {
+		b, merr := json.Marshal(body)
+		if merr != nil {
+			return merr
+		}
+		req, err = http.NewRequest(http.MethodPost, c.base+path, bytes.NewReader(b))
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error APIError `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) != nil {
+			return fmt.Errorf("HTTP %d: %s", resp.StatusCode, raw)
+		}
+		e.Error.Status = resp.StatusCode
+		return &e.Error
+	}
+	return json.Unmarshal(raw, answer)
+}
+
+// Lookup is a lookup's answer.
+type Lookup struct {
+	KeyBlocks uint32  `json:"key_blocks"`
+	Matches   []Match `json:"matches"`
+}
+
+// LookupHashes asks which candidates hold leading blocks of key.
+func (c *Client) LookupHashes(model string, key []uint64, candidates []string) (Lookup, error) {
+	var l Lookup
+	err := c.call("/v1/lookup", map[string]any{"model": model, "hashes": key, "candidates": candidates}, &l)
+	return l, err
+}
+
+// LookupTokens leaves the hashing to the server.
+func (c *Client) LookupTokens(model string, tokens []uint32, candidates []string) (Lookup, error) {
+	var l Lookup
+	err := c.call("/v1/lookup", map[string]any{"model": model, "tokens": tokens, "candidates": candidates}, &l)
+	return l, err
+}
+
+// Insert records that pod holds every prefix of the key (hashes or tokens).
+func (c *Client) Insert(model, pod string, key []uint64, tokens []uint32) error {
+	body := map[string]any{"model": model, "pod": pod}
+	if key != nil {
+		body["hashes"] = key
+	} else {
+		body["tokens"] = tokens
+	}
+	var ok struct{}
+	return c.call("/v1/insert", body, &ok)
+}

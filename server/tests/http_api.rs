@@ -1,0 +1,493 @@
+//! The HTTP/JSON API against a real server: the same answers as QUIC over
+//! HTTP/1.1 and HTTP/2, bad input refused with 4xx and the protocol's code,
+//! roles from client certificates, and `docs/openapi.json` held to the
+//! routes the server really has.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+
+use common::{Ca, TestServer};
+use prefix_client::key::{text_key, token_key};
+use prefix_proto::json::{fields, http_status, reply_json};
+use prefix_proto::{ErrorCode, Op, OpKind, Request, Response};
+use prefix_server::api::{route, BATCH_PATH};
+use serde_json::{json, Value};
+
+/// A server with the API on an ephemeral port.
+async fn start(tweak: impl FnOnce(&mut prefix_server::ServerConfig)) -> (TestServer, SocketAddr) {
+    let server = common::start(|cfg| {
+        cfg.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        tweak(cfg);
+    })
+    .await;
+    let addr = server.api_addr.expect("the API is on");
+    (server, addr)
+}
+
+/// An HTTP client trusting the test server, with a client certificate if
+/// given; `http1` keeps it to HTTP/1.1, else it takes HTTP/2 by ALPN.
+fn client(ca: &Path, identity: Option<(&Path, &Path)>, http1: bool) -> reqwest::Client {
+    let root = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    let mut b = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root)
+        .use_rustls_tls();
+    if let Some((cert, key)) = identity {
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        b = b.identity(reqwest::Identity::from_pem(&pem).unwrap());
+    }
+    if http1 {
+        b = b.http1_only();
+    }
+    b.build().unwrap()
+}
+
+fn url(addr: SocketAddr, path: &str) -> String {
+    format!("https://localhost:{}{path}", addr.port())
+}
+
+/// Sends `body` to `path` (GET when the route says so) and returns the
+/// status, HTTP version and JSON answer.
+async fn call(
+    http: &reqwest::Client,
+    addr: SocketAddr,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, reqwest::Version, Value) {
+    let req = match body {
+        Some(b) => http.post(url(addr, path)).body(b.to_string()),
+        None => http.get(url(addr, path)),
+    };
+    let resp = req.send().await.unwrap();
+    let (status, version) = (resp.status().as_u16(), resp.version());
+    let text = resp.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}: {text}"));
+    (status, version, v)
+}
+
+/// The QUIC answer to `op`, as the API writes it.
+async fn quic(client: &prefix_client::Client, op: Op) -> Value {
+    match client.call(Request::One(op)).await.unwrap() {
+        Response::One(r) => reply_json(&r),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_answers_as_quic_does_over_http1_and_http2() {
+    let (server, addr) = start(|_| {}).await;
+    let before = server.metrics.connections_accepted.get();
+    for http1 in [true, false] {
+        let http = client(&server.ca, None, http1);
+        let want = if http1 {
+            reqwest::Version::HTTP_11
+        } else {
+            reqwest::Version::HTTP_2
+        };
+        let pod = if http1 { "h1" } else { "h2" };
+        let tokens: Vec<u32> = (0..40).collect();
+        let (s, v, a) = call(
+            &http,
+            addr,
+            "/v1/insert",
+            Some(json!({"model": "m", "tokens": tokens, "pod": pod})),
+        )
+        .await;
+        assert_eq!((s, v, a), (200, want, json!({"ok": true})));
+        let text = "t".repeat(64 * 3);
+        let (s, _, a) = call(
+            &http,
+            addr,
+            "/v1/insert",
+            Some(json!({"model": "m", "text": text, "pod": pod})),
+        )
+        .await;
+        assert_eq!((s, a), (200, json!({"ok": true})));
+        // Token ids and text are hashed by the server's rule: the same as
+        // the hashes a gateway would send.
+        let by_tokens = call(
+            &http,
+            addr,
+            "/v1/lookup",
+            Some(json!({"model": "m", "tokens": tokens})),
+        )
+        .await
+        .2;
+        let by_hashes = call(
+            &http,
+            addr,
+            "/v1/lookup",
+            Some(json!({"model": "m", "hashes": token_key(&tokens, 16)})),
+        )
+        .await
+        .2;
+        assert_eq!(by_tokens, by_hashes);
+        assert_eq!(by_tokens["key_blocks"], 2);
+        let by_text = call(
+            &http,
+            addr,
+            "/v1/lookup",
+            Some(json!({"model": "m", "text": text, "candidates": [pod, "nobody"]})),
+        )
+        .await
+        .2;
+        assert_eq!(
+            by_text,
+            json!({"ok": true, "key_blocks": 3, "matches": [{"pod": pod, "blocks": 3}]})
+        );
+    }
+    // Every request of each client went over its one kept-alive connection.
+    assert_eq!(server.metrics.connections_accepted.get() - before, 2);
+
+    // The same ops over QUIC give the same objects.
+    let http = client(&server.ca, None, false);
+    let quic_client = server.client().await;
+    let key = text_key(&"t".repeat(64 * 3), 64);
+    let pairs: Vec<(&str, Option<Value>, Op)> = vec![
+        (
+            "/v1/lookup",
+            Some(json!({"model": "m", "hashes": key})),
+            Op::Lookup {
+                model: "m".into(),
+                key: key.clone(),
+                candidates: None,
+            },
+        ),
+        ("/v1/stats", None, Op::Stats),
+        ("/v1/ping", None, Op::Ping),
+        (
+            "/v1/pod-capacity",
+            Some(json!({"pod": "h1", "blocks": 5})),
+            Op::SetPodCapacity {
+                pod: "h1".into(),
+                blocks: 5,
+            },
+        ),
+        ("/v1/engines", None, Op::ListEngines),
+    ];
+    for (path, body, op) in pairs {
+        let (s, _, a) = call(&http, addr, path, body).await;
+        assert_eq!(s, 200, "{path}: {a}");
+        let mut q = quic(&quic_client, op).await;
+        if path == "/v1/stats" {
+            // The QUIC client's own connection changes nothing counted here.
+            q["bytes"] = a["bytes"].clone();
+        }
+        assert_eq!(a, q, "{path}");
+    }
+    let (s, _, a) = call(&http, addr, "/v1/remove-pod", Some(json!({"pod": "h2"}))).await;
+    assert_eq!((s, a), (200, json!({"ok": true, "removed": true})));
+    assert_eq!(
+        quic(&quic_client, Op::RemovePod { pod: "h2".into() }).await,
+        json!({"ok": true, "removed": false})
+    );
+    // A batch answers each op in place, errors included, with 200.
+    let (s, _, a) = call(
+        &http,
+        addr,
+        BATCH_PATH,
+        Some(json!({"ops": [
+            {"op": "lookup", "model": "m", "hashes": key},
+            {"op": "insert", "model": "m", "hashes": [1], "pod": ""},
+            {"op": "ping"},
+        ]})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        a["results"][0]["matches"][0],
+        json!({"pod": "h1", "blocks": 3})
+    );
+    assert_eq!(a["results"][1]["error"]["name"], "bad_name");
+    assert_eq!(a["results"][2], json!({"ok": true}));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
+    let (server, addr) = start(|cfg| {
+        cfg.http_max_body_bytes = 4096;
+        cfg.max_batch = 2;
+        cfg.max_candidates = 2;
+        cfg.index.max_key_blocks = 8;
+    })
+    .await;
+    let http = client(&server.ca, None, true);
+    let raw = |body: &'static str| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(url(addr, "/v1/insert"))
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            let s = r.status().as_u16();
+            (
+                s,
+                serde_json::from_str::<Value>(&r.text().await.unwrap()).unwrap(),
+            )
+        }
+    };
+    let cases: Vec<(u16, &str, (u16, Value))> = vec![
+        (400, "malformed", raw("{\"model\":").await),
+        (400, "malformed", raw("[]").await),
+        (
+            400,
+            "malformed",
+            raw(r#"{"model":"m","hashes":"1","pod":"p"}"#).await,
+        ),
+        (
+            400,
+            "malformed",
+            raw(r#"{"model":"m","hashes":[1],"pod":"p","ttl":3}"#).await,
+        ),
+        (
+            400,
+            "malformed",
+            raw(r#"{"model":"m","hashes":[1],"text":"x","pod":"p"}"#).await,
+        ),
+        (
+            400,
+            "malformed",
+            raw(r#"{"op":"insert","model":"m","hashes":[1],"pod":"p"}"#).await,
+        ),
+        (
+            400,
+            "bad_name",
+            raw(r#"{"model":"m","hashes":[1],"pod":""}"#).await,
+        ),
+        (
+            422,
+            "key_too_long",
+            raw(r#"{"model":"m","hashes":[1,2,3,4,5,6,7,8,9],"pod":"p"}"#).await,
+        ),
+    ];
+    for (status, name, (s, v)) in cases {
+        assert_eq!(
+            (s, v["error"]["name"].as_str()),
+            (status, Some(name)),
+            "{v}"
+        );
+        assert_eq!(v["ok"], false);
+        let code = v["error"]["code"].as_u64().unwrap() as u16;
+        assert_eq!(ErrorCode::from_u16(code).unwrap().name(), name);
+    }
+    let big = format!(r#"{{"model":"m","text":"{}","pod":"p"}}"#, "x".repeat(5000));
+    let r = http
+        .post(url(addr, "/v1/insert"))
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(v["error"]["name"], "frame_too_large");
+    let (s, _, v) = call(
+        &http,
+        addr,
+        "/v1/lookup",
+        Some(json!({"model": "m", "hashes": [1], "candidates": ["a", "b", "c"]})),
+    )
+    .await;
+    assert_eq!(
+        (s, &v["error"]["name"]),
+        (422, &json!("too_many_candidates"))
+    );
+    let (s, _, v) = call(
+        &http,
+        addr,
+        BATCH_PATH,
+        Some(json!({"ops": [{"op": "ping"}, {"op": "ping"}, {"op": "ping"}]})),
+    )
+    .await;
+    assert_eq!((s, &v["error"]["name"]), (422, &json!("batch_too_large")));
+    let (s, _, v) = call(
+        &http,
+        addr,
+        BATCH_PATH,
+        Some(json!({"ops": [{"op": "insert", "model": "m", "hashes": [1], "pod": "p"}, {"op": "nope"}]})),
+    )
+    .await;
+    // One op that does not parse refuses the batch before any op runs.
+    assert_eq!((s, &v["error"]["name"]), (400, &json!("malformed")));
+    assert_eq!(server.index.stats().entries, 0);
+    assert_eq!(server.index.stats().pods, 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_have_the_same_roles_as_over_quic() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("gateways");
+    let ca_path = ca.write(dir.path(), "clients-ca.pem");
+    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
+    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
+    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
+    let (server, addr) = start(|cfg| {
+        cfg.client_ca = Some(ca_path.clone());
+        cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
+        cfg.roles.writers = vec!["cn:gw-writer".parse().unwrap()];
+    })
+    .await;
+    let insert = json!({"model": "m", "hashes": [1, 2], "pod": "p"});
+    let writer = client(&server.ca, Some((&rw_cert, &rw_key)), false);
+    let (s, _, _) = call(&writer, addr, "/v1/insert", Some(insert.clone())).await;
+    assert_eq!(s, 200);
+    let reader = client(&server.ca, Some((&ro_cert, &ro_key)), true);
+    let (s, _, v) = call(&reader, addr, "/v1/insert", Some(insert.clone())).await;
+    assert_eq!((s, &v["error"]["name"]), (403, &json!("forbidden")));
+    let (s, _, v) = call(
+        &reader,
+        addr,
+        "/v1/lookup",
+        Some(json!({"model": "m", "hashes": [1, 2]})),
+    )
+    .await;
+    assert_eq!((s, &v["matches"][0]["blocks"]), (200, &json!(2)));
+    let stranger = client(&server.ca, Some((&other_cert, &other_key)), false);
+    let (s, _, v) = call(&stranger, addr, "/v1/ping", None).await;
+    assert_eq!((s, &v["error"]["name"]), (403, &json!("forbidden")));
+    // Without a certificate there is no connection at all.
+    let anonymous = client(&server.ca, None, false);
+    assert!(anonymous.get(url(addr, "/v1/ping")).send().await.is_err());
+    assert_eq!(server.index.stats().entries, 2);
+    server.shutdown().await;
+}
+
+/// `docs/openapi.json`, parsed.
+fn openapi() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every (method, path) the server routes, from its table.
+fn routes() -> BTreeSet<(String, String)> {
+    let mut all: BTreeSet<(String, String)> = OpKind::ALL
+        .iter()
+        .map(|k| {
+            let (m, p) = route(*k);
+            (m.as_str().to_lowercase(), p.to_string())
+        })
+        .collect();
+    all.insert(("post".into(), BATCH_PATH.into()));
+    all
+}
+
+#[test]
+fn the_openapi_description_names_the_routes_fields_and_codes() {
+    let doc = openapi();
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(p, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |m| (m.clone(), p.clone()))
+        })
+        .collect();
+    assert_eq!(documented, routes());
+    let schemas = &doc["components"]["schemas"];
+    for kind in OpKind::ALL {
+        let (m, p) = route(kind);
+        let op = &doc["paths"][p][m.as_str().to_lowercase()];
+        // Each route's request schema has exactly the op's fields.
+        let props: BTreeSet<String> =
+            match op["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str() {
+                Some(r) => {
+                    let name = r.rsplit('/').next().unwrap();
+                    assert_eq!(schemas[name]["additionalProperties"], false, "{name}");
+                    schemas[name]["properties"]
+                        .as_object()
+                        .unwrap()
+                        .keys()
+                        .cloned()
+                        .collect()
+                }
+                None => BTreeSet::new(),
+            };
+        let want: BTreeSet<String> = fields(kind).iter().map(|f| f.to_string()).collect();
+        assert_eq!(props, want, "{kind:?}");
+        // Every status an error of this route can get is described.
+        for status in op["responses"].as_object().unwrap().keys() {
+            let name = format!("E{status}");
+            assert!(
+                status == "200" || doc["components"]["responses"].get(&name).is_some(),
+                "{p}: {status}"
+            );
+        }
+    }
+    // The batch's op names and the error names are the protocol's.
+    let ops: Vec<&str> = schemas["Op"]["properties"]["op"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(ops, names);
+    let codes: Vec<Value> = schemas["Error"]["properties"]["error"]["properties"]["name"]["enum"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let mut want: Vec<Value> = ErrorCode::ALL.iter().map(|c| json!(c.name())).collect();
+    want.push(Value::Null);
+    assert_eq!(codes, want);
+    for c in ErrorCode::ALL {
+        let name = format!("E{}", http_status(c));
+        if !matches!(
+            c,
+            ErrorCode::BadVersion | ErrorCode::UnknownKind | ErrorCode::Internal
+        ) {
+            assert!(
+                doc["components"]["responses"].get(&name).is_some(),
+                "{c:?} answers {name}, not described"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_route_answers_and_others_do_not() {
+    let (server, addr) = start(|_| {}).await;
+    let http = client(&server.ca, None, false);
+    let bodies = |kind: OpKind| match kind {
+        OpKind::Lookup => Some(json!({"model": "m", "hashes": [1]})),
+        OpKind::Insert => Some(json!({"model": "m", "hashes": [1], "pod": "p"})),
+        OpKind::RemovePod | OpKind::Unsubscribe => Some(json!({"pod": "p"})),
+        OpKind::SetPodCapacity => Some(json!({"pod": "p", "blocks": 1})),
+        OpKind::Subscribe => {
+            Some(json!({"pod": "e", "model": "m", "endpoint": "tcp://127.0.0.1:1"}))
+        }
+        OpKind::Stats | OpKind::Ping | OpKind::ListEngines => None,
+    };
+    let doc = openapi();
+    for (method, path) in routes() {
+        let op = &doc["paths"][&path][&method];
+        let id = op["operationId"].as_str().unwrap();
+        let body = match id {
+            "batch" => Some(json!({"ops": [{"op": "ping"}]})),
+            name => bodies(prefix_proto::json::kind_named(name).unwrap()),
+        };
+        assert_eq!(body.is_none(), method == "get", "{path}");
+        let (s, _, v) = call(&http, addr, &path, body).await;
+        assert_eq!((s, &v["ok"]), (200, &json!(true)), "{method} {path}: {v}");
+        // The other method is refused, with an error object.
+        let wrong = if method == "get" {
+            http.post(url(addr, &path)).body("{}")
+        } else {
+            http.get(url(addr, &path))
+        };
+        let r = wrong.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 405, "{path}");
+    }
+    let (s, _, v) = call(&http, addr, "/v1/drop-table", Some(json!({}))).await;
+    assert_eq!((s, &v["ok"]), (404, &json!(false)));
+    server.shutdown().await;
+}
