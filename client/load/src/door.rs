@@ -35,6 +35,10 @@ pub struct Plan {
     pub rounds: usize,
     /// The in-process server's worker threads.
     pub server_threads: usize,
+    /// Load this server (QUIC address, CA) instead of one in this process:
+    /// QUIC only, and no server CPU (the Python package's benchmark
+    /// compares itself with the Rust client this way).
+    pub external: Option<(SocketAddr, std::path::PathBuf)>,
 }
 
 /// One way to the server.
@@ -65,6 +69,9 @@ pub struct Cell {
     pub p99_us: u64,
     /// The server's CPU time per lookup, microseconds.
     pub server_cpu_us: Option<f64>,
+    /// This process's CPU time per lookup (the gateway's side),
+    /// microseconds.
+    pub client_cpu_us: Option<f64>,
 }
 
 /// A lookup sender of one transport.
@@ -114,27 +121,46 @@ fn http_client(ca: &std::path::Path, http1: bool) -> anyhow::Result<reqwest::Cli
     Ok(b.build()?)
 }
 
+/// The keys every run looks up: `keys` of `key_blocks` distinct hashes.
+fn keys(plan: &Plan) -> Vec<Vec<u64>> {
+    (0..plan.keys as u64)
+        .map(|k| (0..plan.key_blocks as u64).map(|b| k << 20 | b).collect())
+        .collect()
+}
+
 /// Runs the plan and returns every cell.
 pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
-    let server = embedded::server(plan.server_threads, |cfg| {
-        cfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-        cfg.index.max_key_blocks = cfg.index.max_key_blocks.max(plan.key_blocks);
-        // Every pod holds every key, whatever the default capacity.
-        cfg.index.pod_capacity = (plan.keys * plan.key_blocks) as u64;
-    })
-    .await?;
-    let api = server
-        .api
-        .context("the in-process server has no HTTP API")?;
+    let mut embedded = None;
+    let (addr, tls, ca, api) = match &plan.external {
+        Some((addr, ca)) => (
+            *addr,
+            prefix_client::TlsConfig::from_files(ca, None, None)?,
+            ca.clone(),
+            None,
+        ),
+        None => {
+            let server = embedded::server(plan.server_threads, |cfg| {
+                cfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+                cfg.index.max_key_blocks = cfg.index.max_key_blocks.max(plan.key_blocks);
+                // Every pod holds every key, whatever the default capacity.
+                cfg.index.pod_capacity = (plan.keys * plan.key_blocks) as u64;
+            })
+            .await?;
+            let api = server
+                .api
+                .context("the in-process server has no HTTP API")?;
+            let found = (server.addr, server.tls.clone(), server.ca_path(), Some(api));
+            embedded = Some(server);
+            found
+        }
+    };
     let cfg = ClientConfig {
-        tls: server.tls.clone(),
+        tls,
         deadline: Duration::from_secs(5),
         ..ClientConfig::default()
     };
-    let quic = Client::connect(server.addr, cfg).await?;
-    let keys: Vec<Vec<u64>> = (0..plan.keys as u64)
-        .map(|k| (0..plan.key_blocks as u64).map(|b| k << 20 | b).collect())
-        .collect();
+    let quic = Client::connect(addr, cfg).await?;
+    let keys = keys(plan);
     for pod in 0..plan.pods {
         for chunk in keys.chunks(512) {
             let ops = chunk
@@ -152,21 +178,24 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
             }
         }
     }
-    let ca = server.ca_path();
-    let url = format!("https://localhost:{}/v1/lookup", api.port());
-    let senders = [
-        (Transport::Quic, Sender::Quic(quic.clone())),
-        (
+    let mut senders = vec![(Transport::Quic, Sender::Quic(quic.clone()))];
+    if let Some(api) = api {
+        let url = format!("https://localhost:{}/v1/lookup", api.port());
+        senders.push((
             Transport::Http1,
             Sender::Http(http_client(&ca, true)?, url.clone()),
-        ),
-        (
+        ));
+        senders.push((
             Transport::Http2,
             Sender::Http(http_client(&ca, false)?, url),
-        ),
-    ];
+        ));
+    }
     let keys = Arc::new(keys);
-    let probe = Arc::new(Probe::InProcess);
+    let probe = Arc::new(if embedded.is_some() {
+        Probe::InProcess
+    } else {
+        Probe::LoadOnly
+    });
     let mut cells = Vec::new();
     for round in 0..plan.rounds {
         for &in_flight in &plan.in_flight {
@@ -196,11 +225,13 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
                     p50_us: h.value_at_quantile(0.5),
                     p99_us: h.value_at_quantile(0.99),
                     server_cpu_us: cpu.server_cpu_us_per_op,
+                    client_cpu_us: cpu.load_cpu_us_per_op,
                 });
             }
         }
     }
     quic.close().await;
+    drop(embedded);
     Ok(cells)
 }
 
@@ -249,8 +280,16 @@ async fn measure(
 /// and CPU against QUIC's.
 pub fn print(cells: &[Cell]) {
     println!(
-        "{:>5} {:>6} {:>9} {:>12} {:>8} {:>8} {:>14} {:>10}",
-        "round", "in", "transport", "lookups/s", "p50 µs", "p99 µs", "server µs/op", "vs QUIC"
+        "{:>5} {:>6} {:>9} {:>12} {:>8} {:>8} {:>14} {:>14} {:>10}",
+        "round",
+        "in",
+        "transport",
+        "lookups/s",
+        "p50 µs",
+        "p99 µs",
+        "server µs/op",
+        "client µs/op",
+        "vs QUIC"
     );
     for c in cells {
         let quic = cells.iter().find(|q| {

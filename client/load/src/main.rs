@@ -90,6 +90,14 @@ struct HttpArgs {
     /// The in-process server's worker threads.
     #[arg(long, default_value_t = 1)]
     server_threads: usize,
+    /// Load this server's QUIC address instead of one in this process
+    /// (QUIC only; the index must take the inserts of every key for every
+    /// pod).
+    #[arg(long, requires = "ca")]
+    server: Option<SocketAddr>,
+    /// CA certificate of --server.
+    #[arg(long)]
+    ca: Option<PathBuf>,
     /// Print the cells as JSON.
     #[arg(long)]
     json: bool,
@@ -344,6 +352,7 @@ fn main() -> anyhow::Result<()> {
                 duration: a.duration,
                 rounds: a.rounds,
                 server_threads: a.server_threads,
+                external: a.server.zip(a.ca),
             };
             let cells = rt.block_on(door::run(&plan))?;
             if a.json {

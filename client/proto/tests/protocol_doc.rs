@@ -225,3 +225,32 @@ fn the_documented_answer_to_a_cut_header_is_the_readers() {
     );
     assert!(text.contains(&format!("by a {}-byte frame", answer.len())));
 }
+
+/// The error table lists every code, in order, under the name its JSON
+/// form carries in snake_case.
+#[test]
+fn the_error_table_is_the_codes() {
+    let section = DOC.split("## Errors").nth(1).expect("an Errors section");
+    let rows: Vec<(u16, String)> = section
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            Some((cells.get(1)?.parse().ok()?, cells.get(2)?.to_string()))
+        })
+        .collect();
+    let want: Vec<u16> = prefix_proto::ErrorCode::ALL
+        .iter()
+        .map(|c| *c as u16)
+        .collect();
+    assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), want);
+    for (n, camel) in rows {
+        let mut snake = String::new();
+        for (i, ch) in camel.chars().enumerate() {
+            if ch.is_ascii_uppercase() && i > 0 {
+                snake.push('_');
+            }
+            snake.push(ch.to_ascii_lowercase());
+        }
+        assert_eq!(prefix_proto::ErrorCode::from_u16(n).unwrap().name(), snake);
+    }
+}

@@ -3,7 +3,7 @@
 # prefix-server (CI runs this from .ci/run). Usage: run.sh [prefix-server binary]
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-server_bin="${1:-$here/../../../target/release/prefix-server}"
+server_bin="$(realpath "${1:-$here/../../../target/release/prefix-server}")"
 cd "$here"
 go vet ./...
 go test ./...

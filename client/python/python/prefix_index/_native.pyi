@@ -1,0 +1,157 @@
+"""Types of the native module (PyO3 over the Rust client)."""
+
+from typing import Awaitable, Iterable, Optional, Sequence, Tuple
+
+class PrefixIndexError(Exception):
+    """Every error of this package."""
+
+class DeadlineExceeded(PrefixIndexError):
+    """No answer within the call's deadline (the server may still apply it)."""
+
+class Disconnected(PrefixIndexError):
+    """No connection now; the client reconnects in the background."""
+
+class ServerError(PrefixIndexError):
+    """The server refused the request."""
+    code: int
+    """The protocol's error code (docs/protocol.md)."""
+    name: Optional[str]
+    """Its name, e.g. ``"key_too_long"`` (None for a code this build lacks)."""
+
+class InvalidRequest(PrefixIndexError):
+    """The request breaks a protocol limit and was not sent."""
+    code: int
+    name: Optional[str]
+
+class ConnectFailed(PrefixIndexError):
+    """The client could not be set up or connect."""
+
+class LookupResult:
+    key_blocks: int
+    """Blocks in the key the server looked up."""
+    matches: list[Tuple[str, int]]
+    """``(pod, blocks)`` for every pod holding at least one leading block,
+    by blocks descending, then pod name."""
+
+class Stats:
+    models: int
+    pods: int
+    nodes: int
+    tree_blocks: int
+    entries: int
+    bytes: int
+
+class EngineState:
+    pod: str
+    model: str
+    endpoint: str
+    replay: Optional[str]
+    block_size: int
+    topic: str
+    media: list[str]
+    connected: bool
+    last_seq: Optional[int]
+    events: int
+    blocks_stored: int
+    blocks_removed: int
+    resyncs: int
+    replays: int
+    orphaned: int
+    decode_errors: int
+    lag_ms: int
+    last_error: Optional[str]
+
+class Index:
+    """The calls of Client and Cluster, each blocking and awaitable."""
+
+    def lookup(
+        self, model: str, key: Sequence[int], candidates: Optional[Sequence[str]] = None
+    ) -> LookupResult: ...
+    def lookup_async(
+        self, model: str, key: Sequence[int], candidates: Optional[Sequence[str]] = None
+    ) -> Awaitable[LookupResult]: ...
+    def lookup_many(
+        self,
+        model: str,
+        keys: Sequence[Sequence[int]],
+        candidates: Optional[Sequence[str]] = None,
+    ) -> list[LookupResult]: ...
+    def lookup_many_async(
+        self,
+        model: str,
+        keys: Sequence[Sequence[int]],
+        candidates: Optional[Sequence[str]] = None,
+    ) -> Awaitable[list[LookupResult]]: ...
+    def lookup_tokens(
+        self,
+        model: str,
+        tokens: Sequence[int],
+        candidates: Optional[Sequence[str]] = None,
+        block_tokens: int = 16,
+    ) -> LookupResult: ...
+    def lookup_tokens_async(
+        self,
+        model: str,
+        tokens: Sequence[int],
+        candidates: Optional[Sequence[str]] = None,
+        block_tokens: int = 16,
+    ) -> Awaitable[LookupResult]: ...
+    def insert(self, model: str, key: Sequence[int], pod: str) -> None: ...
+    def insert_async(self, model: str, key: Sequence[int], pod: str) -> Awaitable[None]: ...
+    def remove_pod(self, pod: str) -> bool: ...
+    def remove_pod_async(self, pod: str) -> Awaitable[bool]: ...
+    def set_pod_capacity(self, pod: str, blocks: int) -> None: ...
+    def set_pod_capacity_async(self, pod: str, blocks: int) -> Awaitable[None]: ...
+    def stats(self) -> Stats: ...
+    def stats_async(self) -> Awaitable[Stats]: ...
+    def ping(self) -> None: ...
+    def ping_async(self) -> Awaitable[None]: ...
+
+class Client(Index):
+    """A connection to one server."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        server_name: str = "localhost",
+        deadline: float = 0.002,
+        connect_timeout: float = 5.0,
+    ) -> None: ...
+    def subscribe_engine(
+        self,
+        pod: str,
+        model: str,
+        endpoint: str,
+        *,
+        replay: Optional[str] = None,
+        block_size: int = 16,
+        topic: str = "",
+        media: Sequence[str] = ("GPU",),
+    ) -> None: ...
+    def unsubscribe_engine(self, pod: str) -> bool: ...
+    def list_engines(self) -> list[EngineState]: ...
+    def is_connected(self) -> bool: ...
+    def close(self) -> None: ...
+
+class Cluster(Index):
+    """Several servers, each model placed on one by rendezvous hashing."""
+
+    def __init__(
+        self,
+        servers: Iterable[Tuple[str, str]],
+        *,
+        ca: Optional[str] = None,
+        cert: Optional[str] = None,
+        key: Optional[str] = None,
+        server_name: str = "localhost",
+        deadline: float = 0.002,
+        connect_timeout: float = 5.0,
+    ) -> None: ...
+    def server_for(self, model: str) -> str: ...
+
+def text_key(text: str, block_bytes: int = 64) -> list[int]: ...
+def token_key(tokens: Sequence[int], block_tokens: int = 16) -> list[int]: ...

@@ -1,0 +1,718 @@
+//! `prefix_index._native`: the Rust gateway client (`prefix-client`) for
+//! Python, through PyO3.
+//!
+//! Every call exists twice, `lookup` (blocks the calling thread, the GIL
+//! released) and `lookup_async` (an awaitable for asyncio, see [`aio`]);
+//! both run the same future of the Rust client on one tokio runtime shared
+//! by the process, so a Python gateway gets the Rust gateway's pipelining,
+//! deadlines and reconnection. Errors become the exceptions of
+//! [`PrefixIndexError`]'s family.
+
+mod aio;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use prefix_client::key;
+use prefix_client::wire::{
+    EngineState as WireEngine, EngineSub, ErrorCode, Op, PodBlocks, Reply, WireStats,
+};
+use prefix_client::{
+    ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
+};
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(
+    prefix_index,
+    PrefixIndexError,
+    PyException,
+    "Every error of this package."
+);
+pyo3::create_exception!(
+    prefix_index,
+    DeadlineExceeded,
+    PrefixIndexError,
+    "No answer within the call's deadline (the server may still apply it)."
+);
+pyo3::create_exception!(
+    prefix_index,
+    Disconnected,
+    PrefixIndexError,
+    "No connection to the server now; the client reconnects in the background."
+);
+pyo3::create_exception!(
+    prefix_index,
+    ServerError,
+    PrefixIndexError,
+    "The server refused the request: `code` and `name` are the protocol's error code."
+);
+pyo3::create_exception!(
+    prefix_index,
+    InvalidRequest,
+    PrefixIndexError,
+    "The request breaks a protocol limit and was not sent: `code` and `name` say which."
+);
+pyo3::create_exception!(
+    prefix_index,
+    ConnectFailed,
+    PrefixIndexError,
+    "The client could not be set up or connect (TLS material, address, handshake)."
+);
+
+/// A Python exception for a failed call.
+fn call_error(e: ClientError) -> PyErr {
+    let message = e.to_string();
+    let coded = |err: PyErr, code: u16| {
+        Python::attach(|py| {
+            let v = err.value(py);
+            let name = ErrorCode::from_u16(code).map(ErrorCode::name);
+            let _ = v.setattr("code", code);
+            let _ = v.setattr("name", name);
+        });
+        err
+    };
+    match &e {
+        ClientError::Timeout(_) => DeadlineExceeded::new_err(message),
+        ClientError::Disconnected { .. } => Disconnected::new_err(message),
+        ClientError::Server { code, .. } => coded(ServerError::new_err(message), *code),
+        ClientError::Invalid(w) => coded(InvalidRequest::new_err(message), w.code() as u16),
+        ClientError::Protocol(_) => PrefixIndexError::new_err(message),
+    }
+}
+
+fn connect_error(e: ConnectError) -> PyErr {
+    ConnectFailed::new_err(e.to_string())
+}
+
+fn resolve(addr: &str) -> PyResult<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .map_err(|e| ConnectFailed::new_err(format!("{addr}: {e}")))?
+        .next()
+        .ok_or_else(|| ConnectFailed::new_err(format!("{addr} resolves to no address")))
+}
+
+fn seconds(name: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            PyValueError::new_err(format!("{name} must be a positive number of seconds"))
+        })
+}
+
+/// The client's settings from the constructors' keyword arguments.
+fn config(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    server_name: String,
+    deadline: f64,
+    connect_timeout: f64,
+) -> PyResult<ClientConfig> {
+    let tls = match ca {
+        Some(ca) => TlsConfig::from_files(&ca, cert.as_deref(), key.as_deref())
+            .map_err(|e| ConnectFailed::new_err(e.to_string()))?,
+        None if cert.is_some() || key.is_some() => {
+            return Err(PyValueError::new_err("cert and key need ca"))
+        }
+        None => TlsConfig::default(),
+    };
+    Ok(ClientConfig {
+        tls,
+        server_name,
+        deadline: seconds("deadline", deadline)?,
+        connect_timeout: seconds("connect_timeout", connect_timeout)?,
+        ..ClientConfig::default()
+    })
+}
+
+/// The process's runtime: clients' connections live on it, and blocking
+/// calls and awaitables both run there.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("prefix-index")
+            .enable_all()
+            .build()
+            // Without threads or a timer there is no client at all.
+            .expect("starting the prefix-index runtime")
+    })
+}
+
+/// Runs `fut` to completion with the GIL released.
+fn block<T: Send>(
+    py: Python<'_>,
+    fut: impl Future<Output = Result<T, ClientError>> + Send,
+) -> PyResult<T> {
+    py.detach(|| runtime().block_on(fut)).map_err(call_error)
+}
+
+/// `fut` as an asyncio awaitable of the running loop.
+fn awaitable<'py, T>(
+    py: Python<'py>,
+    fut: impl Future<Output = Result<T, ClientError>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    use pyo3::IntoPyObjectExt;
+    aio::awaitable(py, runtime(), fut, |py, out| {
+        out.map_err(call_error)?.into_py_any(py)
+    })
+}
+
+/// The answer to a lookup.
+#[pyclass(frozen, get_all, module = "prefix_index")]
+#[derive(Debug, Clone)]
+pub struct LookupResult {
+    /// Blocks in the key the server looked up.
+    key_blocks: u32,
+    /// `(pod, blocks)` for every pod holding at least one leading block, by
+    /// blocks descending, then pod name.
+    matches: Vec<(String, u32)>,
+}
+
+#[pymethods]
+impl LookupResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "LookupResult(key_blocks={}, matches={:?})",
+            self.key_blocks, self.matches
+        )
+    }
+}
+
+impl From<WireLookup> for LookupResult {
+    fn from(r: WireLookup) -> Self {
+        LookupResult {
+            key_blocks: r.key_blocks,
+            matches: r
+                .matches
+                .into_iter()
+                .map(|PodBlocks { pod, blocks }| (pod.as_str().to_owned(), blocks))
+                .collect(),
+        }
+    }
+}
+
+/// Index statistics.
+#[pyclass(frozen, get_all, module = "prefix_index")]
+#[derive(Debug, Clone)]
+pub struct Stats {
+    models: u64,
+    pods: u64,
+    nodes: u64,
+    tree_blocks: u64,
+    entries: u64,
+    bytes: u64,
+}
+
+#[pymethods]
+impl Stats {
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl From<WireStats> for Stats {
+    fn from(s: WireStats) -> Self {
+        Stats {
+            models: s.models,
+            pods: s.pods,
+            nodes: s.nodes,
+            tree_blocks: s.tree_blocks,
+            entries: s.entries,
+            bytes: s.bytes,
+        }
+    }
+}
+
+/// One engine subscription and its state.
+#[pyclass(frozen, get_all, module = "prefix_index")]
+#[derive(Debug, Clone)]
+pub struct EngineState {
+    pod: String,
+    model: String,
+    endpoint: String,
+    replay: Option<String>,
+    block_size: u32,
+    topic: String,
+    media: Vec<String>,
+    connected: bool,
+    last_seq: Option<u64>,
+    events: u64,
+    blocks_stored: u64,
+    blocks_removed: u64,
+    resyncs: u64,
+    replays: u64,
+    orphaned: u64,
+    decode_errors: u64,
+    lag_ms: i64,
+    last_error: Option<String>,
+}
+
+#[pymethods]
+impl EngineState {
+    fn __repr__(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl From<WireEngine> for EngineState {
+    fn from(e: WireEngine) -> Self {
+        let s = e.sub;
+        EngineState {
+            pod: s.pod,
+            model: s.model,
+            endpoint: s.endpoint,
+            replay: s.replay,
+            block_size: s.block_size,
+            topic: s.topic,
+            media: s.media,
+            connected: e.connected,
+            last_seq: e.last_seq,
+            events: e.events,
+            blocks_stored: e.blocks_stored,
+            blocks_removed: e.blocks_removed,
+            resyncs: e.resyncs,
+            replays: e.replays,
+            orphaned: e.orphaned,
+            decode_errors: e.decode_errors,
+            lag_ms: e.lag_ms,
+            last_error: e.last_error,
+        }
+    }
+}
+
+/// What both classes call: one server, or a cluster placing models.
+#[derive(Clone)]
+enum Target {
+    One(prefix_client::Client),
+    Many(prefix_client::Cluster),
+}
+
+impl Target {
+    async fn lookup(
+        self,
+        model: String,
+        key: Vec<u64>,
+        candidates: Option<Vec<String>>,
+    ) -> Result<LookupResult, ClientError> {
+        let names: Option<Vec<&str>> = candidates
+            .as_ref()
+            .map(|c| c.iter().map(String::as_str).collect());
+        let r = match &self {
+            Target::One(c) => c.lookup(&model, &key, names.as_deref()).await,
+            Target::Many(c) => c.lookup(&model, &key, names.as_deref()).await,
+        };
+        r.map(LookupResult::from)
+    }
+
+    /// Lookups of several keys in one request (per server), answered in
+    /// order; the first refused one fails the call.
+    async fn lookup_many(
+        self,
+        model: String,
+        keys: Vec<Vec<u64>>,
+        candidates: Option<Vec<String>>,
+    ) -> Result<Vec<LookupResult>, ClientError> {
+        let ops: Vec<Op> = keys
+            .into_iter()
+            .map(|key| Op::Lookup {
+                model: model.clone(),
+                key,
+                candidates: candidates.clone(),
+            })
+            .collect();
+        let replies = match &self {
+            Target::One(c) => c.batch(ops).await?,
+            Target::Many(c) => c.batch(ops).await?,
+        };
+        replies
+            .into_iter()
+            .map(|r| match r {
+                Reply::Lookup {
+                    key_blocks,
+                    matches,
+                } => Ok(LookupResult::from(WireLookup {
+                    key_blocks,
+                    matches,
+                })),
+                Reply::Error { code, message } => Err(ClientError::Server { code, message }),
+                other => Err(ClientError::Protocol(format!(
+                    "a lookup answered {other:?}"
+                ))),
+            })
+            .collect()
+    }
+
+    async fn insert(self, model: String, key: Vec<u64>, pod: String) -> Result<(), ClientError> {
+        match &self {
+            Target::One(c) => c.insert(&model, &key, &pod).await,
+            Target::Many(c) => c.insert(&model, &key, &pod).await,
+        }
+    }
+
+    async fn remove_pod(self, pod: String) -> Result<bool, ClientError> {
+        match &self {
+            Target::One(c) => c.remove_pod(&pod).await,
+            Target::Many(c) => c.remove_pod(&pod).await,
+        }
+    }
+
+    async fn set_pod_capacity(self, pod: String, blocks: u64) -> Result<(), ClientError> {
+        match &self {
+            Target::One(c) => c.set_pod_capacity(&pod, blocks).await,
+            Target::Many(c) => c.set_pod_capacity(&pod, blocks).await,
+        }
+    }
+
+    async fn stats(self) -> Result<Stats, ClientError> {
+        let s = match &self {
+            Target::One(c) => c.stats().await,
+            Target::Many(c) => c.stats().await,
+        };
+        s.map(Stats::from)
+    }
+
+    async fn ping(self) -> Result<(), ClientError> {
+        match &self {
+            Target::One(c) => c.ping().await,
+            Target::Many(c) => {
+                for (_, s) in c.servers() {
+                    s.ping().await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The calls of [`Client`] and [`Cluster`], each blocking and awaitable.
+#[pyclass(subclass, frozen, module = "prefix_index")]
+pub struct Index {
+    target: Target,
+}
+
+/// Token ids to a key with `block_tokens` ids a block.
+fn tokens_key(tokens: &[u32], block_tokens: usize) -> Vec<u64> {
+    key::token_key(tokens, block_tokens)
+}
+
+#[pymethods]
+impl Index {
+    /// Each pod's matched leading blocks of `key` (block hashes).
+    #[pyo3(signature = (model, key, candidates=None))]
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        model: String,
+        key: Vec<u64>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<LookupResult> {
+        block(py, self.target.clone().lookup(model, key, candidates))
+    }
+
+    /// Awaitable [`Index::lookup`].
+    #[pyo3(signature = (model, key, candidates=None))]
+    fn lookup_async<'py>(
+        &self,
+        py: Python<'py>,
+        model: String,
+        key: Vec<u64>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().lookup(model, key, candidates))
+    }
+
+    /// Lookups of several keys in one request: what a gateway placing many
+    /// prompts at once sends, at a fraction of the per-call cost.
+    #[pyo3(signature = (model, keys, candidates=None))]
+    fn lookup_many(
+        &self,
+        py: Python<'_>,
+        model: String,
+        keys: Vec<Vec<u64>>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<Vec<LookupResult>> {
+        block(py, self.target.clone().lookup_many(model, keys, candidates))
+    }
+
+    /// Awaitable [`Index::lookup_many`].
+    #[pyo3(signature = (model, keys, candidates=None))]
+    fn lookup_many_async<'py>(
+        &self,
+        py: Python<'py>,
+        model: String,
+        keys: Vec<Vec<u64>>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().lookup_many(model, keys, candidates))
+    }
+
+    /// A lookup by token ids, hashed here in blocks of `block_tokens`.
+    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16))]
+    fn lookup_tokens(
+        &self,
+        py: Python<'_>,
+        model: String,
+        tokens: Vec<u32>,
+        candidates: Option<Vec<String>>,
+        block_tokens: usize,
+    ) -> PyResult<LookupResult> {
+        let key = tokens_key(&tokens, block_tokens);
+        block(py, self.target.clone().lookup(model, key, candidates))
+    }
+
+    /// Awaitable [`Index::lookup_tokens`].
+    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16))]
+    fn lookup_tokens_async<'py>(
+        &self,
+        py: Python<'py>,
+        model: String,
+        tokens: Vec<u32>,
+        candidates: Option<Vec<String>>,
+        block_tokens: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let key = tokens_key(&tokens, block_tokens);
+        awaitable(py, self.target.clone().lookup(model, key, candidates))
+    }
+
+    /// Records that `pod` holds every prefix of `key`.
+    fn insert(&self, py: Python<'_>, model: String, key: Vec<u64>, pod: String) -> PyResult<()> {
+        block(py, self.target.clone().insert(model, key, pod))
+    }
+
+    /// Awaitable [`Index::insert`].
+    fn insert_async<'py>(
+        &self,
+        py: Python<'py>,
+        model: String,
+        key: Vec<u64>,
+        pod: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().insert(model, key, pod))
+    }
+
+    /// Forgets a pod everywhere; whether it was there.
+    fn remove_pod(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
+        block(py, self.target.clone().remove_pod(pod))
+    }
+
+    /// Awaitable [`Index::remove_pod`].
+    fn remove_pod_async<'py>(&self, py: Python<'py>, pod: String) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().remove_pod(pod))
+    }
+
+    /// Sets a pod's KV-cache capacity in blocks.
+    fn set_pod_capacity(&self, py: Python<'_>, pod: String, blocks: u64) -> PyResult<()> {
+        block(py, self.target.clone().set_pod_capacity(pod, blocks))
+    }
+
+    /// Awaitable [`Index::set_pod_capacity`].
+    fn set_pod_capacity_async<'py>(
+        &self,
+        py: Python<'py>,
+        pod: String,
+        blocks: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().set_pod_capacity(pod, blocks))
+    }
+
+    /// Index statistics (summed over a cluster's servers).
+    fn stats(&self, py: Python<'_>) -> PyResult<Stats> {
+        block(py, self.target.clone().stats())
+    }
+
+    /// Awaitable [`Index::stats`].
+    fn stats_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().stats())
+    }
+
+    /// A round trip to the server (every server of a cluster).
+    fn ping(&self, py: Python<'_>) -> PyResult<()> {
+        block(py, self.target.clone().ping())
+    }
+
+    /// Awaitable [`Index::ping`].
+    fn ping_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, self.target.clone().ping())
+    }
+}
+
+/// A connection to one server.
+#[pyclass(extends = Index, frozen, module = "prefix_index")]
+pub struct Client {
+    client: prefix_client::Client,
+}
+
+#[pymethods]
+impl Client {
+    /// Connects to `address` (host:port), trusting the PEM CA `ca` (the
+    /// server's `cert.pem`), with a client certificate for mutual TLS if
+    /// given. Each call waits at most `deadline` seconds.
+    #[new]
+    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        server_name: String,
+        deadline: f64,
+        connect_timeout: f64,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let addr = resolve(address)?;
+        let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
+        let client = py
+            .detach(|| runtime().block_on(prefix_client::Client::connect(addr, cfg)))
+            .map_err(connect_error)?;
+        Ok(PyClassInitializer::from(Index {
+            target: Target::One(client.clone()),
+        })
+        .add_subclass(Client { client }))
+    }
+
+    /// Follows an inference engine's KV-cache events (precise mode).
+    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=16, topic=String::new(), media=vec!["GPU".to_string()]))]
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe_engine(
+        &self,
+        py: Python<'_>,
+        pod: String,
+        model: String,
+        endpoint: String,
+        replay: Option<String>,
+        block_size: u32,
+        topic: String,
+        media: Vec<String>,
+    ) -> PyResult<()> {
+        let sub = EngineSub {
+            pod,
+            model,
+            endpoint,
+            replay,
+            block_size,
+            topic,
+            media,
+        };
+        let c = self.client.clone();
+        block(py, async move { c.subscribe_engine(sub).await })
+    }
+
+    /// Stops following a pod's engine (the pod is removed); whether it was
+    /// followed.
+    fn unsubscribe_engine(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
+        let c = self.client.clone();
+        block(py, async move { c.unsubscribe_engine(&pod).await })
+    }
+
+    /// Every engine followed, with its state.
+    fn list_engines(&self, py: Python<'_>) -> PyResult<Vec<EngineState>> {
+        let c = self.client.clone();
+        let list = block(py, async move { c.list_engines().await })?;
+        Ok(list.into_iter().map(EngineState::from).collect())
+    }
+
+    /// Whether the connection is up now.
+    fn is_connected(&self) -> bool {
+        self.client.is_connected()
+    }
+
+    /// Closes the connection; later calls fail.
+    fn close(&self, py: Python<'_>) {
+        let c = self.client.clone();
+        py.detach(|| runtime().block_on(c.close()));
+    }
+}
+
+/// Several servers, each model placed on one of them by rendezvous hashing
+/// (the same placement in every gateway; `docs/protocol.md`).
+#[pyclass(extends = Index, frozen, module = "prefix_index")]
+pub struct Cluster {
+    /// The servers' names, in the order given.
+    names: Vec<String>,
+}
+
+#[pymethods]
+impl Cluster {
+    /// `servers` maps each server's stable name (its placement key) to its
+    /// address; the other arguments are [`Client`]'s. Connects to every
+    /// server before returning.
+    #[new]
+    #[pyo3(signature = (servers, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        servers: Vec<(String, String)>,
+        ca: Option<PathBuf>,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        server_name: String,
+        deadline: f64,
+        connect_timeout: f64,
+    ) -> PyResult<PyClassInitializer<Self>> {
+        let servers = servers
+            .into_iter()
+            .map(|(name, addr)| Ok((name, resolve(&addr)?)))
+            .collect::<PyResult<Vec<_>>>()?;
+        let names = servers.iter().map(|(n, _)| n.clone()).collect();
+        let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
+        let cluster = py
+            .detach(|| runtime().block_on(prefix_client::Cluster::connect(&servers, cfg)))
+            .map_err(connect_error)?;
+        Ok(PyClassInitializer::from(Index {
+            target: Target::Many(cluster),
+        })
+        .add_subclass(Cluster { names }))
+    }
+
+    /// The name of the server `model` is placed on.
+    fn server_for(&self, model: &str) -> String {
+        // `Cluster::connect` refuses an empty list: `place` finds one.
+        let i = prefix_client::place(model, &self.names).unwrap_or(0);
+        self.names[i].clone()
+    }
+}
+
+/// The key of a text prompt: one hash per full `block_bytes` bytes of its
+/// UTF-8 encoding.
+#[pyfunction]
+#[pyo3(signature = (text, block_bytes=key::TEXT_BLOCK_BYTES))]
+fn text_key(text: &str, block_bytes: usize) -> Vec<u64> {
+    key::text_key(text, block_bytes)
+}
+
+/// The key of a token-id prompt: one hash per full `block_tokens` ids.
+#[pyfunction]
+#[pyo3(signature = (tokens, block_tokens=key::TOKEN_BLOCK_TOKENS))]
+fn token_key(tokens: Vec<u32>, block_tokens: usize) -> Vec<u64> {
+    tokens_key(&tokens, block_tokens)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Index>()?;
+    m.add_class::<Client>()?;
+    m.add_class::<Cluster>()?;
+    m.add_class::<LookupResult>()?;
+    m.add_class::<Stats>()?;
+    m.add_class::<EngineState>()?;
+    m.add_function(wrap_pyfunction!(text_key, m)?)?;
+    m.add_function(wrap_pyfunction!(token_key, m)?)?;
+    m.add("PrefixIndexError", py.get_type::<PrefixIndexError>())?;
+    m.add("DeadlineExceeded", py.get_type::<DeadlineExceeded>())?;
+    m.add("Disconnected", py.get_type::<Disconnected>())?;
+    m.add("ServerError", py.get_type::<ServerError>())?;
+    m.add("InvalidRequest", py.get_type::<InvalidRequest>())?;
+    m.add("ConnectFailed", py.get_type::<ConnectFailed>())?;
+    Ok(())
+}

@@ -1,0 +1,202 @@
+"""The package against a real server: sync and asyncio calls, key builders,
+errors as exceptions, a cluster's placement, and the stubs."""
+
+import ast
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+import prefix_index
+from prefix_index import (
+    Client,
+    Cluster,
+    ConnectFailed,
+    DeadlineExceeded,
+    InvalidRequest,
+    PrefixIndexError,
+    ServerError,
+    text_key,
+    token_key,
+)
+
+# Generous: a loaded CI machine; the default 2 ms is a gateway's.
+DEADLINE = 5.0
+
+
+def connect(server, **kw):
+    return Client(server.address, ca=server.ca, deadline=kw.pop("deadline", DEADLINE), **kw)
+
+
+def test_keys_follow_the_documented_vectors():
+    llama = [128000, 9906, 1917, 13, 220, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000, 1001]
+    tokens = list(range(16)) + llama + [7, 7, 7]
+    assert token_key(tokens) == [0x79C2079C74A8EE4D, 0xAB0AD845CFD79968]
+    fox = "The quick brown fox jumps over the lazy dog. Pack my box with fi"
+    assert text_key("a" * 64 + fox + "xyz") == [0x2DDDCEF07D26EE8C, 0xBC3B1760E084A797]
+    assert text_key("short") == []
+    assert len(token_key(list(range(40)), block_tokens=8)) == 5
+
+
+def test_blocking_calls(server):
+    c = connect(server)
+    c.ping()
+    key = token_key(list(range(64)))
+    c.insert("m", key, "pod-a")
+    c.insert("m", key[:2], "pod-b")
+    found = c.lookup("m", key)
+    assert found.key_blocks == 4
+    assert found.matches == [("pod-a", 4), ("pod-b", 2)]
+    assert c.lookup("m", key, candidates=["pod-b", "nobody"]).matches == [("pod-b", 2)]
+    assert c.lookup_tokens("m", list(range(70))).matches == [("pod-a", 4), ("pod-b", 2)]
+    assert c.lookup("other", key).matches == []
+    many = c.lookup_many("m", [key, key[:1], [99]])
+    assert [(r.key_blocks, r.matches) for r in many] == [
+        (4, [("pod-a", 4), ("pod-b", 2)]),
+        (1, [("pod-a", 1), ("pod-b", 1)]),
+        (1, []),
+    ]
+    c.set_pod_capacity("pod-a", 100)
+    stats = c.stats()
+    assert (stats.models, stats.pods, stats.entries) == (1, 2, 6)
+    assert c.remove_pod("pod-b") is True
+    assert c.remove_pod("pod-b") is False
+    assert c.lookup("m", key).matches == [("pod-a", 4)]
+    assert c.list_engines() == []
+    assert c.is_connected()
+    c.close()
+
+
+def test_asyncio_calls(server):
+    c = connect(server)
+    keys = [token_key([i] * 16 + list(range(48))) for i in range(200)]
+
+    async def main():
+        await asyncio.gather(*(c.insert_async("m", k, f"pod-{i % 7}") for i, k in enumerate(keys)))
+        found = await asyncio.gather(*(c.lookup_async("m", k) for k in keys))
+        assert [r.matches for r in await c.lookup_many_async("m", keys)] == [r.matches for r in found]
+        await c.ping_async()
+        stats = await c.stats_async()
+        return found, stats
+
+    found, stats = asyncio.run(main())
+    for i, r in enumerate(found):
+        assert r.key_blocks == 4
+        assert r.matches == [(f"pod-{i % 7}", 4)]
+    assert stats.pods == 7
+    # The same answers as the blocking calls.
+    assert [c.lookup("m", k).matches for k in keys] == [r.matches for r in found]
+
+
+def test_errors_are_exceptions_with_the_protocol_code(start_server):
+    server = start_server("--max-key-blocks", "8")
+    c = connect(server)
+    # The server's limit: refused there, with its code and name.
+    with pytest.raises(ServerError) as e:
+        c.insert("m", list(range(9)), "p")
+    assert (e.value.code, e.value.name) == (5, "key_too_long")
+    assert isinstance(e.value, PrefixIndexError)
+    # The client's own limit: never sent.
+    with pytest.raises(InvalidRequest) as e:
+        c.insert("m", [1], "")
+    assert e.value.name == "bad_name"
+
+    async def refused():
+        await c.insert_async("m", list(range(9)), "p")
+
+    with pytest.raises(ServerError):
+        asyncio.run(refused())
+    # A server that stops answering: the deadline.
+    quick = connect(server, deadline=0.05)
+    server.pause()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            quick.lookup("m", [1])
+    finally:
+        server.resume()
+    assert quick.lookup("m", [1]).matches == []
+    with pytest.raises(ValueError):
+        connect(server, deadline=0)
+
+
+def test_connect_failures_are_exceptions(server):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with pytest.raises(ConnectFailed):
+        Client(f"127.0.0.1:{free}", ca=server.ca, connect_timeout=0.5)
+    with pytest.raises(ConnectFailed):
+        Client(server.address, ca="/nonexistent.pem")
+
+
+def test_a_cluster_places_each_model_on_one_server(start_server):
+    first = start_server()
+    # One certificate for both, as a CA-issued one would be.
+    key = str(Path(first.ca).with_name("key.pem"))
+    servers = {"s0": first, "s1": start_server("--cert", first.ca, "--key", key)}
+    cluster = Cluster([(n, s.address) for n, s in servers.items()], ca=first.ca, deadline=DEADLINE)
+    direct = {n: Client(s.address, ca=first.ca, deadline=DEADLINE) for n, s in servers.items()}
+    models = [f"model-{i}" for i in range(12)]
+    for m in models:
+        cluster.insert(m, [1, 2, 3], "pod-a")
+    for m in models:
+        home = cluster.server_for(m)
+        assert home in servers
+        assert direct[home].lookup(m, [1, 2, 3]).matches == [("pod-a", 3)]
+        other = next(n for n in servers if n != home)
+        assert direct[other].lookup(m, [1, 2, 3]).matches == []
+        assert cluster.lookup(m, [1, 2, 3]).matches == [("pod-a", 3)]
+    assert len({cluster.server_for(m) for m in models}) == 2
+    assert cluster.stats().entries == 3 * len(models)
+    # Pods are global: removed from every server.
+    assert cluster.remove_pod("pod-a") is True
+    assert all(cluster.lookup(m, [1, 2, 3]).matches == [] for m in models)
+
+
+def test_the_stubs_name_what_the_module_has():
+    stub = Path(prefix_index.__file__).with_name("_native.pyi")
+    tree = ast.parse(stub.read_text())
+    declared = {n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    assert declared == set(prefix_index.__all__)
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        real = getattr(prefix_index, cls.name)
+        for item in cls.body:
+            if isinstance(item, ast.FunctionDef) and item.name != "__init__":
+                assert hasattr(real, item.name), f"{cls.name}.{item.name}"
+    for name in dir(prefix_index.Client):
+        if not name.startswith("_"):
+            assert name in {i.name for c in tree.body if isinstance(c, ast.ClassDef) and c.name in ("Client", "Index") for i in c.body if isinstance(i, ast.FunctionDef)}, name
+
+
+def test_awaitables_survive_cancellation_and_new_loops(server):
+    c = connect(server)
+    c.insert("m", [1, 2], "pod-a")
+
+    async def cancelled_then_answered():
+        server.pause()
+        try:
+            pending = asyncio.ensure_future(c.lookup_async("m", [1, 2]))
+            await asyncio.sleep(0.05)
+            pending.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await pending
+        finally:
+            server.resume()
+        # The cancelled call's answer arrives later and is dropped; the
+        # next ones are answered.
+        found = await asyncio.gather(*(c.lookup_async("m", [1, 2]) for _ in range(500)))
+        return {tuple(r.matches) for r in found}
+
+    # A fresh event loop each time: each gets its own wake-up socket.
+    for _ in range(3):
+        assert asyncio.run(cancelled_then_answered()) == {(("pod-a", 2),)}
+
+    async def refused():
+        await c.set_pod_capacity_async("", 1)
+
+    # An empty pod name is refused by the client before sending, through
+    # the awaitable too.
+    with pytest.raises(InvalidRequest) as e:
+        asyncio.run(refused())
+    assert e.value.name == "bad_name"
