@@ -298,15 +298,17 @@ pub fn print(cells: &[Cell]) {
         let ratio = quic.map_or(String::new(), |q| {
             format!("{:.2}×", c.lookups_per_s / q.lookups_per_s)
         });
+        let us = |u: Option<f64>| u.map_or("?".into(), |u| format!("{u:.1}"));
         println!(
-            "{:>5} {:>6} {:>9} {:>12.0} {:>8} {:>8} {:>14} {:>10}",
+            "{:>5} {:>6} {:>9} {:>12.0} {:>8} {:>8} {:>14} {:>14} {:>10}",
             c.round,
             c.in_flight,
             format!("{:?}", c.transport),
             c.lookups_per_s,
             c.p50_us,
             c.p99_us,
-            c.server_cpu_us.map_or("?".into(), |u| format!("{u:.1}")),
+            us(c.server_cpu_us),
+            us(c.client_cpu_us),
             ratio
         );
     }
