@@ -152,6 +152,16 @@ impl Client {
         self.inner.addr
     }
 
+    /// How long each call waits for its answer.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// Checks `op` against the limits this client sends under.
+    pub fn check(&self, op: &Op) -> Result<(), ClientError> {
+        Ok(self.inner.cfg.limits.check_op(op)?)
+    }
+
     /// This client with another per-call deadline (sharing the connection).
     pub fn with_deadline(&self, deadline: Duration) -> Client {
         Client {

@@ -1,32 +1,152 @@
-//! [`Cluster`]: several servers, each model placed on one of them by
-//! rendezvous (highest-random-weight) hashing of the model name.
+//! [`Cluster`]: several servers, each model placed on `R` of them (its
+//! replica set) by rendezvous (highest-random-weight) hashing of the model
+//! name.
 //!
 //! Every gateway computes the same placement from the same server list, with
-//! no coordination: a model goes to the server whose `xxh3(name ‖ 0 ‖ model)`
-//! is highest. Adding or removing one server moves only the models it wins or
-//! held (about 1/n of them). The index is soft state, so a moved model simply
-//! starts cold on its new server. Pods are global: `remove_pod` and
-//! `set_pod_capacity` go to every server.
+//! no coordination: a model's replicas are the `R` servers whose
+//! `xxh3(name ‖ 0 ‖ model)` are highest. Adding or removing one server moves
+//! only the replicas it wins or held (about `R/n` of the models lose or gain
+//! one replica). The index is soft state, so a moved replica simply starts
+//! cold (or, in precise mode, follows its engines).
+//!
+//! With `R > 1` there is no single point of failure and no consensus:
+//! replicas that see the same writes converge on their own.
+//! - **Writes** (insert) go to every replica through a bounded queue per
+//!   server, drained by one writer task that batches what has queued up; a
+//!   call returns with the first replica's answer, never waiting for the
+//!   slowest. A full queue drops that replica's copy of the write (counted
+//!   in [`ReplicaStats::dropped`]): a replica that misses writes only routes
+//!   a little worse. Pod removals and capacities go to every server.
+//! - **Lookups** go to one replica: this gateway's preferred one (the replica
+//!   set rotated by a per-gateway seed, so the reads of many gateways divide
+//!   evenly), failing over at once to the next when it is disconnected, and
+//!   hedged to the next when it has not answered within the hedge delay, all
+//!   within the call's deadline.
+//!
+//! With `R = 1` this is sharding by model: the placement above, a server
+//! down fails the calls for its models.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::client::{Client, ClientConfig, LookupResult};
 use crate::error::{ClientError, ConnectError};
-use crate::wire::{Op, Reply, WireStats};
+use crate::wire::{EngineSub, ErrorCode, Op, Reply, WireStats};
 
-/// A set of servers sharing the models between them.
-#[derive(Debug, Clone)]
-pub struct Cluster {
-    servers: Vec<(String, Client)>,
+/// How a cluster replicates models.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replication {
+    /// Servers per model (`R`). Default 1 (sharding, no replicas); at most
+    /// the number of servers.
+    pub replicas: usize,
+    /// Writes waiting per server; past it a server's copy of a write is
+    /// dropped and counted. Default 4,096.
+    pub queue: usize,
+    /// This gateway's seed for its preferred replica of each model: gateways
+    /// with different seeds spread their reads over the replica set.
+    /// Default: random per process.
+    pub seed: u64,
+    /// How long a lookup waits for its preferred replica before asking the
+    /// next one too (a hedged request). Default: half the call's deadline.
+    pub hedge_after: Option<Duration>,
+    /// How long a replica that failed or was outrun by a hedge is read
+    /// last. Default 1 s: a dead replica costs one hedge delay per second
+    /// per model, not one per lookup.
+    pub suspect_for: Duration,
 }
 
-/// The index of the server `model` belongs to among `names` (rendezvous
-/// hashing). `None` if there are no servers.
-pub fn place(model: &str, names: &[impl AsRef<str>]) -> Option<usize> {
+impl Default for Replication {
+    fn default() -> Self {
+        Replication {
+            replicas: 1,
+            queue: 4096,
+            seed: random_seed(),
+            hedge_after: None,
+            suspect_for: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A seed that differs between processes and between calls.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // std's RandomState is seeded from the OS once per process, then
+    // incremented per instance.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    h.finish()
+}
+
+/// One server's replication counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// The server's name.
+    pub name: String,
+    /// Whether its connection is up.
+    pub connected: bool,
+    /// Writes queued for it so far.
+    pub queued: u64,
+    /// Writes it answered (an error answer included).
+    pub applied: u64,
+    /// Writes dropped because its queue was full.
+    pub dropped: u64,
+    /// Writes sent that failed in transport (timeout, disconnection).
+    pub failed: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    queued: AtomicU64,
+    applied: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+    /// Until when (milliseconds since the cluster's epoch) the server is
+    /// read last.
+    suspect_until: AtomicU64,
+}
+
+/// A write for one server's writer, and where its answer goes.
+struct Write {
+    op: Op,
+    answer: mpsc::Sender<Result<Reply, ClientError>>,
+}
+
+#[derive(Debug)]
+struct Server {
+    name: String,
+    client: Client,
+    writes: mpsc::Sender<Write>,
+    counters: Arc<Counters>,
+}
+
+/// A set of servers sharing the models between them, each model on its
+/// replica set.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    servers: Arc<Vec<Server>>,
+    names: Arc<Vec<String>>,
+    replication: Replication,
+    /// What suspicion times count from.
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Write").field("op", &self.op).finish()
+    }
+}
+
+/// The replica set of `model` among `names`: the indexes of the `r`
+/// servers ranked highest by rendezvous hashing, highest first. Empty if
+/// there are no servers; all of them if `r` is larger.
+pub fn replicas(model: &str, names: &[impl AsRef<str>], r: usize) -> Vec<usize> {
     let mut buf = Vec::with_capacity(300);
-    names
+    let mut ranked: Vec<(u64, usize)> = names
         .iter()
         .enumerate()
         .map(|(i, name)| {
@@ -36,27 +156,102 @@ pub fn place(model: &str, names: &[impl AsRef<str>]) -> Option<usize> {
             buf.extend_from_slice(model.as_bytes());
             (xxh3_64(&buf), i)
         })
-        .max()
-        .map(|(_, i)| i)
+        .collect();
+    ranked.sort_unstable_by(|a, b| b.cmp(a));
+    ranked.into_iter().take(r).map(|(_, i)| i).collect()
+}
+
+/// The index of the server `model` belongs to among `names` (its first
+/// replica). `None` if there are no servers.
+pub fn place(model: &str, names: &[impl AsRef<str>]) -> Option<usize> {
+    replicas(model, names, 1).first().copied()
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn mark_suspect(c: &Counters, epoch: Instant, suspect_for: Duration) {
+    let until = millis_since(epoch).saturating_add(suspect_for.as_millis() as u64);
+    // Relaxed: see `Cluster::is_suspect`.
+    c.suspect_until.store(until, Ordering::Relaxed);
+}
+
+/// Whether another replica may answer what this one could not.
+fn fails_over(e: &ClientError) -> bool {
+    match e {
+        ClientError::Timeout(_) | ClientError::Disconnected { .. } => true,
+        ClientError::Server { code, .. } => *code == ErrorCode::Unavailable as u16,
+        ClientError::Invalid(_) | ClientError::Protocol(_) => false,
+    }
+}
+
+/// Most writes one writer sends in one batch.
+const WRITE_BATCH: usize = 256;
+
+/// Drains one server's write queue, a batch of what has queued at a time;
+/// a batch that fails in transport makes the server suspect.
+async fn writer(
+    client: Client,
+    mut queue: mpsc::Receiver<Write>,
+    counters: Arc<Counters>,
+    suspect: impl Fn(&Counters),
+) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = queue.recv().await {
+        batch.push(first);
+        while batch.len() < WRITE_BATCH {
+            match queue.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let ops = batch.iter().map(|w| w.op.clone()).collect();
+        let n = batch.len() as u64;
+        // Relaxed: counters, read for reports only.
+        match client.batch(ops).await {
+            Ok(replies) => {
+                counters.applied.fetch_add(n, Ordering::Relaxed);
+                for (w, reply) in batch.drain(..).zip(replies) {
+                    let _ = w.answer.try_send(Ok(reply));
+                }
+            }
+            Err(e) => {
+                counters.failed.fetch_add(n, Ordering::Relaxed);
+                if fails_over(&e) {
+                    suspect(&counters);
+                }
+                for w in batch.drain(..) {
+                    let _ = w.answer.try_send(Err(e.clone()));
+                }
+            }
+        }
+    }
 }
 
 impl Cluster {
-    /// Starts a client per server. `servers` pairs a stable name (the
-    /// placement key, e.g. a StatefulSet pod's DNS name) with its address.
-    /// Connections are made in the background, so a server that is down at
-    /// start only fails the calls for its models.
+    /// Starts a client per server, sharding models (`R = 1`). `servers`
+    /// pairs a stable name (the placement key, e.g. a StatefulSet pod's DNS
+    /// name) with its address. Connections are made in the background, so a
+    /// server that is down at start only fails the calls for its models.
     pub fn start(
         servers: &[(String, SocketAddr)],
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
-        if servers.is_empty() {
-            return Err(ConnectError::NoServers);
-        }
-        let servers = servers
+        Cluster::start_replicated(servers, Replication::default(), cfg)
+    }
+
+    /// As [`Cluster::start`], each model on `replication.replicas` servers.
+    pub fn start_replicated(
+        servers: &[(String, SocketAddr)],
+        replication: Replication,
+        cfg: ClientConfig,
+    ) -> Result<Cluster, ConnectError> {
+        let clients = servers
             .iter()
             .map(|(name, addr)| Ok((name.clone(), Client::start(*addr, cfg.clone())?)))
             .collect::<Result<Vec<_>, ConnectError>>()?;
-        Ok(Cluster { servers })
+        Cluster::assemble(clients, replication)
     }
 
     /// As [`Cluster::start`], then waits (up to `connect_timeout`) until every
@@ -65,73 +260,360 @@ impl Cluster {
         servers: &[(String, SocketAddr)],
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
-        if servers.is_empty() {
-            return Err(ConnectError::NoServers);
-        }
+        Cluster::connect_replicated(servers, Replication::default(), cfg).await
+    }
+
+    /// As [`Cluster::start_replicated`], waiting until every server is
+    /// connected.
+    pub async fn connect_replicated(
+        servers: &[(String, SocketAddr)],
+        replication: Replication,
+        cfg: ClientConfig,
+    ) -> Result<Cluster, ConnectError> {
         let mut clients = Vec::with_capacity(servers.len());
         for (name, addr) in servers {
             clients.push((name.clone(), Client::connect(*addr, cfg.clone()).await?));
         }
-        Ok(Cluster { servers: clients })
+        Cluster::assemble(clients, replication)
     }
 
-    /// The client of the server that holds `model`.
+    fn assemble(
+        clients: Vec<(String, Client)>,
+        replication: Replication,
+    ) -> Result<Cluster, ConnectError> {
+        if clients.is_empty() {
+            return Err(ConnectError::NoServers);
+        }
+        if replication.replicas == 0 || replication.replicas > clients.len() {
+            return Err(ConnectError::Replicas {
+                replicas: replication.replicas,
+                servers: clients.len(),
+            });
+        }
+        let names = clients.iter().map(|(n, _)| n.clone()).collect();
+        let epoch = Instant::now();
+        let suspect_for = replication.suspect_for;
+        let servers = clients
+            .into_iter()
+            .map(|(name, client)| {
+                let (tx, rx) = mpsc::channel(replication.queue.max(1));
+                let counters = Arc::<Counters>::default();
+                let suspect = move |c: &Counters| mark_suspect(c, epoch, suspect_for);
+                tokio::spawn(writer(client.clone(), rx, counters.clone(), suspect));
+                Server {
+                    name,
+                    client,
+                    writes: tx,
+                    counters,
+                }
+            })
+            .collect();
+        Ok(Cluster {
+            servers: Arc::new(servers),
+            names: Arc::new(names),
+            replication,
+            epoch,
+        })
+    }
+
+    fn suspect(&self, server: usize) {
+        mark_suspect(
+            &self.servers[server].counters,
+            self.epoch,
+            self.replication.suspect_for,
+        );
+    }
+
+    fn is_suspect(&self, server: usize) -> bool {
+        // Relaxed: a hint for ordering reads; a stale value costs at most
+        // one hedge delay.
+        let until = self.servers[server]
+            .counters
+            .suspect_until
+            .load(Ordering::Relaxed);
+        until > millis_since(self.epoch)
+    }
+
+    /// The replica set of `model`: indexes into the server list, highest
+    /// ranked first.
+    fn replica_set(&self, model: &str) -> Vec<usize> {
+        replicas(model, &self.names, self.replication.replicas)
+    }
+
+    /// The replica set in this gateway's order of preference for reads:
+    /// rotated by the seed, suspect replicas last.
+    fn read_order(&self, model: &str) -> Vec<usize> {
+        let mut set = self.replica_set(model);
+        let mut buf = self.replication.seed.to_le_bytes().to_vec();
+        buf.extend_from_slice(model.as_bytes());
+        let first = (xxh3_64(&buf) % set.len().max(1) as u64) as usize;
+        set.rotate_left(first);
+        // Stable: the healthy keep their order, then the suspect theirs.
+        set.sort_by_key(|&s| self.is_suspect(s));
+        set
+    }
+
+    /// The client of the server that holds `model` (its first replica).
     pub fn server_for(&self, model: &str) -> &Client {
-        let names: Vec<&str> = self.servers.iter().map(|(n, _)| n.as_str()).collect();
-        // Cannot panic: `place` returns an index into the list, which the
-        // constructors keep non-empty.
-        &self.servers[place(model, &names).unwrap_or(0)].1
+        // `assemble` keeps the list non-empty: `replicas` finds one.
+        &self.servers[self.replica_set(model)[0]].client
+    }
+
+    /// The names of `model`'s replicas, highest ranked first.
+    pub fn replicas_of(&self, model: &str) -> Vec<&str> {
+        self.replica_set(model)
+            .into_iter()
+            .map(|i| self.names[i].as_str())
+            .collect()
     }
 
     /// The servers, by name.
     pub fn servers(&self) -> impl Iterator<Item = (&str, &Client)> {
-        self.servers.iter().map(|(n, c)| (n.as_str(), c))
+        self.servers.iter().map(|s| (s.name.as_str(), &s.client))
     }
 
-    /// [`Client::lookup`] on the model's server.
+    /// Each server's replication counters.
+    pub fn replica_stats(&self) -> Vec<ReplicaStats> {
+        // Relaxed: counters, read for reports only.
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.servers
+            .iter()
+            .map(|s| ReplicaStats {
+                name: s.name.clone(),
+                connected: s.client.is_connected(),
+                queued: get(&s.counters.queued),
+                applied: get(&s.counters.applied),
+                dropped: get(&s.counters.dropped),
+                failed: get(&s.counters.failed),
+            })
+            .collect()
+    }
+
+    /// [`Client::lookup`] on one of the model's replicas: this gateway's
+    /// preferred one, or the next when it is down or slow, within the
+    /// call's deadline.
     pub async fn lookup(
         &self,
         model: &str,
         key: &[u64],
         candidates: Option<&[&str]>,
     ) -> Result<LookupResult, ClientError> {
-        self.server_for(model).lookup(model, key, candidates).await
+        let order = self.read_order(model);
+        let deadline = self.servers[order[0]].client.deadline();
+        let started = Instant::now();
+        let hedge = self.replication.hedge_after.unwrap_or(deadline / 2);
+        let left = || deadline.saturating_sub(started.elapsed());
+        let mut last = None;
+        let mut i = 0;
+        while i < order.len() {
+            let client = &self.servers[order[i]].client;
+            if left().is_zero() {
+                break;
+            }
+            // A disconnected replica fails at once: no reason to wait.
+            let first = client.with_deadline(left());
+            let attempt = first.lookup(model, key, candidates);
+            let Some(&next) = order.get(i + 1) else {
+                return attempt.await;
+            };
+            tokio::pin!(attempt);
+            let outcome = tokio::select! {
+                r = &mut attempt => Some(r),
+                _ = tokio::time::sleep(hedge) => None,
+            };
+            match outcome {
+                Some(Ok(r)) => return Ok(r),
+                Some(Err(e)) if fails_over(&e) => {
+                    self.suspect(order[i]);
+                    last = Some(e);
+                    i += 1;
+                }
+                Some(Err(e)) => return Err(e),
+                // Slow: ask the next replica too; the first answer wins.
+                None => {
+                    let second = self.servers[next].client.with_deadline(left());
+                    let hedged = second.lookup(model, key, candidates);
+                    tokio::pin!(hedged);
+                    let (r, other) = tokio::select! {
+                        r = &mut attempt => (r, 0),
+                        r = &mut hedged => (r, 1),
+                    };
+                    if other == 1 {
+                        // Outrun by the hedge: read it last for a while.
+                        self.suspect(order[i]);
+                    }
+                    match r {
+                        Ok(found) => return Ok(found),
+                        Err(e) if !fails_over(&e) => return Err(e),
+                        Err(_) => {
+                            // The other one's answer (or failure) decides.
+                            let r = if other == 0 {
+                                hedged.await
+                            } else {
+                                attempt.await
+                            };
+                            match r {
+                                Ok(found) => return Ok(found),
+                                Err(e) if !fails_over(&e) => return Err(e),
+                                Err(e) => last = Some(e),
+                            }
+                            i += 2;
+                        }
+                    }
+                }
+            }
+        }
+        Err(last.unwrap_or(ClientError::Timeout(deadline)))
     }
 
-    /// [`Client::insert`] on the model's server.
+    /// [`Client::insert`] on every replica of the model; returns with the
+    /// first replica's answer (see the module's docs).
     pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
-        self.server_for(model).insert(model, key, pod).await
+        let op = Op::Insert {
+            model: model.into(),
+            key: key.to_vec(),
+            pod: pod.into(),
+        };
+        match self.write(op).await? {
+            Reply::Done => Ok(()),
+            Reply::Error { code, message } => Err(ClientError::Server { code, message }),
+            other => Err(ClientError::Protocol(format!(
+                "an insert answered {other:?}"
+            ))),
+        }
     }
 
-    /// Removes the pod on every server; whether any knew it. Fails if any
-    /// server fails (the others have still removed it).
-    pub async fn remove_pod(&self, pod: &str) -> Result<bool, ClientError> {
+    /// Queues `op` (which names a model) for each of its replicas and waits,
+    /// within the deadline, for the first answer that is not a transport
+    /// failure.
+    async fn write(&self, op: Op) -> Result<Reply, ClientError> {
+        let model = match &op {
+            Op::Insert { model, .. } | Op::Lookup { model, .. } => model.clone(),
+            Op::Subscribe(sub) => sub.model.clone(),
+            other => return Err(ClientError::Protocol(format!("{other:?} names no model"))),
+        };
+        let set = self.replica_set(&model);
+        let deadline = self.servers[set[0]].client.deadline();
+        self.servers[set[0]].client.check(&op)?;
+        let (tx, mut rx) = mpsc::channel(set.len());
+        let mut sent = 0;
+        for &s in &set {
+            let server = &self.servers[s];
+            let write = Write {
+                op: op.clone(),
+                answer: tx.clone(),
+            };
+            // Relaxed: counters, read for reports only.
+            match server.writes.try_send(write) {
+                Ok(()) => {
+                    server.counters.queued.fetch_add(1, Ordering::Relaxed);
+                    sent += 1;
+                }
+                Err(_) => {
+                    server.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        drop(tx);
+        if sent == 0 {
+            return Err(ClientError::Server {
+                code: ErrorCode::Unavailable as u16,
+                message: "every replica's write queue is full".into(),
+            });
+        }
+        let mut last = None;
+        let wait = async {
+            while let Some(r) = rx.recv().await {
+                match r {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(())
+        };
+        // The writers' own calls time out at the deadline; a queue that is
+        // slow to drain is not waited for past twice that.
+        match tokio::time::timeout(deadline * 2, wait).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(())) => Err(last.unwrap_or(ClientError::Timeout(deadline))),
+            Err(_) => Err(ClientError::Timeout(deadline)),
+        }
+    }
+
+    /// Follows an engine on every replica of its model (precise mode: each
+    /// replica subscribes to the engine itself).
+    pub async fn subscribe_engine(&self, sub: EngineSub) -> Result<(), ClientError> {
+        let mut first_err = None;
+        for s in self.replica_set(&sub.model) {
+            if let Err(e) = self.servers[s].client.subscribe_engine(sub.clone()).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// Stops following the pod's engine on every server; whether any did.
+    pub async fn unsubscribe_engine(&self, pod: &str) -> Result<bool, ClientError> {
+        self.everywhere(|c| {
+            let pod = pod.to_string();
+            async move { c.unsubscribe_engine(&pod).await }
+        })
+        .await
+    }
+
+    /// `call` on every server at once: whether any answered true; the first
+    /// error if any failed (the others have still applied it).
+    async fn everywhere<F, Fut>(&self, call: F) -> Result<bool, ClientError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<bool, ClientError>> + Send + 'static,
+    {
+        let mut calls = tokio::task::JoinSet::new();
+        for s in self.servers.iter() {
+            calls.spawn(call(s.client.clone()));
+        }
         let mut found = false;
         let mut first_err = None;
-        for (_, c) in &self.servers {
-            match c.remove_pod(pod).await {
-                Ok(f) => found |= f,
-                Err(e) => {
+        while let Some(joined) = calls.join_next().await {
+            match joined {
+                Ok(Ok(f)) => found |= f,
+                Ok(Err(e)) => {
                     first_err.get_or_insert(e);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(ClientError::Protocol(format!("a call failed: {e}")));
                 }
             }
         }
         first_err.map_or(Ok(found), Err)
     }
 
-    /// Sets the pod's capacity on every server.
-    pub async fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), ClientError> {
-        for (_, c) in &self.servers {
-            c.set_pod_capacity(pod, blocks).await?;
-        }
-        Ok(())
+    /// Removes the pod on every server; whether any knew it. Fails if any
+    /// server fails (the others have still removed it).
+    pub async fn remove_pod(&self, pod: &str) -> Result<bool, ClientError> {
+        self.everywhere(|c| {
+            let pod = pod.to_string();
+            async move { c.remove_pod(&pod).await }
+        })
+        .await
     }
 
-    /// Statistics summed over every server (pods counted once per server).
+    /// Sets the pod's capacity on every server.
+    pub async fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), ClientError> {
+        self.everywhere(|c| {
+            let pod = pod.to_string();
+            async move { c.set_pod_capacity(&pod, blocks).await.map(|()| true) }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Statistics summed over every server (pods counted once per server,
+    /// a model once per replica).
     pub async fn stats(&self) -> Result<WireStats, ClientError> {
         let mut sum = WireStats::default();
-        for (_, c) in &self.servers {
-            let s = c.stats().await?;
+        for s in self.servers.iter() {
+            let s = s.client.stats().await?;
             sum.models += s.models;
             sum.pods += s.pods;
             sum.nodes += s.nodes;
@@ -142,36 +624,41 @@ impl Cluster {
         Ok(sum)
     }
 
-    /// Lookups and inserts grouped per server into one batch each, sent
-    /// concurrently; replies come back in the order of `ops`. Ops without a
+    /// Lookups and inserts in one call, answered in the order of `ops`:
+    /// lookups grouped into one batch per preferred replica, inserts
+    /// written to every replica as [`Cluster::insert`] does. Ops without a
     /// model (pod removal, capacity, stats, ping) are refused here: they
     /// concern every server, so use the dedicated calls.
     pub async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
-        let names: Vec<&str> = self.servers.iter().map(|(n, _)| n.as_str()).collect();
         let mut groups: Vec<(Vec<usize>, Vec<Op>)> = vec![Default::default(); self.servers.len()];
+        let mut writes = tokio::task::JoinSet::new();
+        let total = ops.len();
         for (i, op) in ops.into_iter().enumerate() {
-            let model = match &op {
-                Op::Lookup { model, .. } | Op::Insert { model, .. } => model,
+            match &op {
+                Op::Lookup { model, .. } => {
+                    let s = self.read_order(model)[0];
+                    groups[s].0.push(i);
+                    groups[s].1.push(op);
+                }
+                Op::Insert { .. } => {
+                    let me = self.clone();
+                    writes.spawn(async move { (vec![i], me.write(op).await.map(|r| vec![r])) });
+                }
                 other => {
                     return Err(ClientError::Protocol(format!(
                         "a cluster batch carries only lookups and inserts, not {other:?}"
                     )))
                 }
-            };
-            let s = place(model, &names).unwrap_or(0);
-            groups[s].0.push(i);
-            groups[s].1.push(op);
+            }
         }
-        let total: usize = groups.iter().map(|g| g.0.len()).sum();
-        let mut calls = tokio::task::JoinSet::new();
         for (s, (slots, ops)) in groups.into_iter().enumerate() {
             if !slots.is_empty() {
-                let client = self.servers[s].1.clone();
-                calls.spawn(async move { (slots, client.batch(ops).await) });
+                let client = self.servers[s].client.clone();
+                writes.spawn(async move { (slots, client.batch(ops).await) });
             }
         }
         let mut replies: Vec<Option<Reply>> = vec![None; total];
-        while let Some(joined) = calls.join_next().await {
+        while let Some(joined) = writes.join_next().await {
             let (slots, result) =
                 joined.map_err(|e| ClientError::Protocol(format!("batch task failed: {e}")))?;
             for (slot, reply) in slots.into_iter().zip(result?) {
@@ -209,5 +696,55 @@ mod tests {
         }
         assert!(count.iter().all(|&c| c > 800), "spread: {count:?}");
         assert_eq!(place("m", &[] as &[&str]), None);
+    }
+
+    #[test]
+    fn a_new_server_takes_about_its_share_of_replicas() {
+        let four: Vec<String> = (0..4).map(|i| format!("index-{i}.svc:7070")).collect();
+        let mut five = four.clone();
+        five.push("index-4.svc:7070".into());
+        let models: Vec<String> = (0..4000).map(|m| format!("model-{m}")).collect();
+        let (mut moved, mut per_server) = (0usize, [0usize; 5]);
+        for m in &models {
+            let before = replicas(m, &four, 2);
+            assert_eq!(before.len(), 2);
+            assert_ne!(before[0], before[1]);
+            assert_eq!(before[0], place(m, &four).unwrap());
+            // Every gateway computes the same set: it depends on names only.
+            let shuffled: Vec<String> = four.iter().rev().cloned().collect();
+            let again: Vec<&str> = replicas(m, &shuffled, 2)
+                .into_iter()
+                .map(|i| shuffled[i].as_str())
+                .collect();
+            let named: Vec<&str> = before.iter().map(|&i| four[i].as_str()).collect();
+            assert_eq!(again, named);
+            let after = replicas(m, &five, 2);
+            for &s in &after {
+                per_server[s] += 1;
+            }
+            // Only the new server takes replicas; it takes one replica of a
+            // model at most, and the others keep theirs.
+            let kept = after.iter().filter(|s| before.contains(s)).count();
+            assert!(kept >= 1);
+            if kept == 1 {
+                assert!(after.contains(&4));
+                moved += 1;
+            }
+        }
+        // One replica in R·n' = 10 slots moves to the new server: 2/5 of
+        // the models lose one replica (each replica slot moves with
+        // probability 1/5).
+        let share = moved as f64 / models.len() as f64;
+        assert!((0.35..0.45).contains(&share), "{share}");
+        assert!(per_server.iter().all(|&n| n > 1400), "{per_server:?}");
+    }
+
+    #[test]
+    fn replica_sets_are_the_top_of_the_ranking() {
+        let names = ["a", "b", "c"];
+        assert_eq!(replicas("m", &names, 3).len(), 3);
+        assert_eq!(replicas("m", &names, 5).len(), 3);
+        assert_eq!(replicas("m", &names, 2), replicas("m", &names, 3)[..2]);
+        assert!(replicas("m", &[] as &[&str], 2).is_empty());
     }
 }

@@ -73,6 +73,14 @@ pub enum ConnectError {
     /// A cluster was given no servers.
     #[error("a cluster needs at least one server")]
     NoServers,
+    /// A cluster's replication factor is 0 or more than its servers.
+    #[error("{replicas} replicas per model over {servers} servers: give 1 to {servers}")]
+    Replicas {
+        /// Replicas asked for.
+        replicas: usize,
+        /// Servers given.
+        servers: usize,
+    },
     /// The handshake did not finish within `connect_timeout`.
     #[error("no connection to {addr} within {timeout:?}")]
     Timeout {

@@ -39,7 +39,7 @@ pub mod replay;
 mod tls;
 
 pub use client::{Client, ClientConfig, LookupResult};
-pub use cluster::{place, Cluster};
+pub use cluster::{place, replicas, Cluster, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
 pub use prefix_proto::tls::{load_certs, load_key, TlsError};
 pub use tls::TlsConfig;

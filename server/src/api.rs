@@ -28,7 +28,6 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use prefix_proto::json::{error_json, http_status, parse_batch, JsonOp, KeyOptions};
 use prefix_proto::{ErrorCode, OpKind, Reply, Request};
 use tokio::net::TcpListener;
@@ -71,14 +70,23 @@ pub struct Api {
     pub max_body: usize,
 }
 
-/// One connection's client, as its TLS handshake named it, and its share
-/// of the blocking pool.
+/// One connection's client, as its TLS handshake named it, its share of
+/// the blocking pool, and what its idle timer reads.
 struct Conn {
     access: Access,
     /// Heavy requests running at once (`--max-in-flight`): an HTTP/2
-    /// connection multiplexes requests as a QUIC one does.
-    heavy: Semaphore,
+    /// connection multiplexes requests as a QUIC one does. A permit lives
+    /// as long as its blocking job, even if the client gives up on it.
+    heavy: Arc<Semaphore>,
+    /// Requests being answered.
+    busy: std::sync::atomic::AtomicUsize,
+    /// When the last request ended or began.
+    last: parking_lot::Mutex<std::time::Instant>,
 }
+
+/// Bodies larger than this are parsed (and their keys hashed) on the
+/// blocking pool with the request, not on the async workers QUIC shares.
+const INLINE_BODY: usize = 64 << 10;
 
 /// The routes.
 pub fn router(api: Arc<Api>) -> Router {
@@ -89,18 +97,19 @@ pub fn router(api: Arc<Api>) -> Router {
         let handler = move |State(api): State<Arc<Api>>,
                             Extension(conn): Extension<Arc<Conn>>,
                             body: Result<Bytes, BytesRejection>| async move {
-            let request = body.map_err(|r| refusal(r, api.max_body)).and_then(|body| {
+            let keys = api.keys;
+            let parse = move |body: Bytes| {
                 let body: &[u8] = if method == Method::GET && body.is_empty() {
                     b"{}"
                 } else {
                     &body
                 };
                 JsonOp::parse_as(kind, body)
-                    .and_then(|op| op.to_op(&api.keys))
+                    .and_then(|op| op.into_op(&keys))
                     .map(Request::One)
                     .map_err(|e| e.to_reply())
-            });
-            answer(&api, &conn, request).await
+            };
+            answer(&api, &conn, body, parse).await
         };
         let on: MethodRouter<Arc<Api>> = if route(kind).0 == Method::GET {
             get(handler)
@@ -112,11 +121,9 @@ pub fn router(api: Arc<Api>) -> Router {
     let batch = |State(api): State<Arc<Api>>,
                  Extension(conn): Extension<Arc<Conn>>,
                  body: Result<Bytes, BytesRejection>| async move {
-        let max = api.handler.limits.max_batch;
-        let request = body
-            .map_err(|r| refusal(r, api.max_body))
-            .and_then(|body| parse_batch(&body, &api.keys, max));
-        answer(&api, &conn, request).await
+        let (max, keys) = (api.handler.limits.max_batch, api.keys);
+        let parse = move |body: Bytes| parse_batch(&body, &keys, max);
+        answer(&api, &conn, body, parse).await
     };
     app.route(BATCH_PATH, post(batch))
         .fallback(|| async { not_found(StatusCode::NOT_FOUND, "no such path") })
@@ -158,55 +165,79 @@ fn json_response(status: StatusCode, body: serde_json::Result<Vec<u8>>) -> Respo
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Applies a parsed request (on the blocking pool when it is heavy) and
-/// answers it.
-async fn answer(api: &Arc<Api>, conn: &Arc<Conn>, request: Result<Request, Reply>) -> Response {
-    let request = match request {
-        Ok(r) => r,
-        Err(refused) => {
-            api.handler.refused();
-            let code = match &refused {
-                Reply::Error { code, .. } => *code,
-                _ => ErrorCode::Internal as u16,
-            };
-            let body = serde_json::to_vec(&prefix_proto::json::reply_json(&refused));
-            return json_response(status_of(Some(code)), body);
-        }
+/// Parses a body and applies its request, on the async worker when both
+/// are light, else on the blocking pool under one of the connection's
+/// heavy permits; answers it.
+async fn answer(
+    api: &Arc<Api>,
+    conn: &Arc<Conn>,
+    body: Result<Bytes, BytesRejection>,
+    parse: impl FnOnce(Bytes) -> Result<Request, Reply> + Send + 'static,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(r) => return refused(api, refusal(r, api.max_body)),
     };
-    let mut out = Vec::new();
-    let code = if api.handler.is_heavy(&request) {
-        let Ok(_permit) = conn.heavy.acquire().await else {
-            return json_response(
-                status_of(Some(ErrorCode::Unavailable as u16)),
-                serde_json::to_vec(&error_json(
-                    Some(ErrorCode::Unavailable as u16),
-                    "shutting down",
-                )),
-            );
-        };
-        let (api, conn) = (api.clone(), conn.clone());
-        let ran = tokio::task::spawn_blocking(move || {
-            let mut out = Vec::new();
-            let code = api.handler.serve_json(&request, &conn.access, &mut out);
-            (code, out)
-        })
-        .await;
-        match ran {
-            Ok((code, body)) => {
-                out = body;
-                code
+    // Light: parsed here, and applied here unless the request is heavy.
+    let parsed = if body.len() <= INLINE_BODY {
+        match parse(body) {
+            Ok(request) if !api.handler.is_heavy(&request) => {
+                let mut out = Vec::new();
+                let code = api.handler.serve_json(&request, &conn.access, &mut out);
+                return json_response(status_of(code), Ok(out));
             }
-            Err(_) => {
-                let code = ErrorCode::Internal as u16;
-                out = serde_json::to_vec(&error_json(Some(code), "the request failed"))
-                    .unwrap_or_default();
-                Some(code)
-            }
+            Ok(request) => Ok(request),
+            Err(reply) => return refused(api, reply),
         }
     } else {
-        api.handler.serve_json(&request, &conn.access, &mut out)
+        Err((body, parse))
     };
-    json_response(status_of(code), Ok(out))
+    let Ok(permit) = conn.heavy.clone().acquire_owned().await else {
+        let code = ErrorCode::Unavailable as u16;
+        return json_response(
+            status_of(Some(code)),
+            serde_json::to_vec(&error_json(Some(code), "shutting down")),
+        );
+    };
+    let (api2, conn2) = (api.clone(), conn.clone());
+    let ran = tokio::task::spawn_blocking(move || {
+        // The permit is the job's: a client that gives up on the request
+        // does not free it while the work goes on.
+        let _permit = permit;
+        let request = match parsed {
+            Ok(request) => request,
+            Err((body, parse)) => match parse(body) {
+                Ok(request) => request,
+                Err(reply) => return Err(reply),
+            },
+        };
+        let mut out = Vec::new();
+        let code = api2.handler.serve_json(&request, &conn2.access, &mut out);
+        Ok((code, out))
+    })
+    .await;
+    match ran {
+        Ok(Ok((code, out))) => json_response(status_of(code), Ok(out)),
+        Ok(Err(reply)) => refused(api, reply),
+        Err(_) => {
+            let code = ErrorCode::Internal as u16;
+            json_response(
+                status_of(Some(code)),
+                serde_json::to_vec(&error_json(Some(code), "the request failed")),
+            )
+        }
+    }
+}
+
+/// The answer to a request refused before any op ran.
+fn refused(api: &Api, reply: Reply) -> Response {
+    api.handler.refused();
+    let code = match &reply {
+        Reply::Error { code, .. } => *code,
+        _ => ErrorCode::Internal as u16,
+    };
+    let body = serde_json::to_vec(&prefix_proto::json::reply_json(&reply));
+    json_response(status_of(Some(code)), body)
 }
 
 fn status_of(code: Option<u16>) -> StatusCode {
@@ -218,17 +249,19 @@ fn status_of(code: Option<u16>) -> StatusCode {
 
 /// How the listener runs.
 pub struct Listener {
-    /// The bound socket.
-    pub socket: TcpListener,
     /// The server's TLS, with ALPN set for HTTP.
     pub tls: Arc<rustls::ServerConfig>,
     /// Roles of client identities.
     pub roles: Roles,
-    /// Connections at once; more are closed at once.
+    /// Connections at once (a budget of the API's own, beside QUIC's); more
+    /// are closed at once.
     pub max_connections: usize,
+    /// Requests one HTTP/2 connection may have open at once.
+    pub max_streams: u32,
     /// Heavy requests one connection may have running.
     pub max_in_flight: usize,
-    /// Bounds a TLS handshake and the wait for a request's headers.
+    /// Bounds a TLS handshake, the wait for a request's headers, and how
+    /// long a connection may sit with no request before it is closed.
     pub idle_timeout: Duration,
     /// Counts connections.
     pub metrics: Arc<Metrics>,
@@ -240,18 +273,25 @@ pub fn http_tls(mut tls: rustls::ServerConfig) -> rustls::ServerConfig {
     tls
 }
 
-/// Accepts connections until `token` is cancelled, then lets the requests
-/// in flight finish (each connection closes once idle).
-pub async fn serve(l: Listener, app: Router, token: CancellationToken, tracker: TaskTracker) {
+/// Accepts connections until `token` is cancelled; then stops listening
+/// and lets each connection finish the requests it has (closing it once
+/// idle), until `hard` is cancelled, which drops them.
+pub async fn serve(
+    socket: TcpListener,
+    l: Listener,
+    app: Router,
+    token: CancellationToken,
+    hard: CancellationToken,
+    tracker: TaskTracker,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(l.tls.clone());
     let open = Arc::new(Semaphore::new(l.max_connections));
-    let graceful = GracefulShutdown::new();
     let l = Arc::new(l);
     loop {
         let accepted = tokio::select! {
             biased;
             _ = token.cancelled() => break,
-            a = l.socket.accept() => a,
+            a = socket.accept() => a,
         };
         let (tcp, remote) = match accepted {
             Ok(a) => a,
@@ -268,14 +308,16 @@ pub async fn serve(l: Listener, app: Router, token: CancellationToken, tracker: 
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let (acceptor, app, l, watcher) =
-            (acceptor.clone(), app.clone(), l.clone(), graceful.watcher());
+        let (acceptor, app, l) = (acceptor.clone(), app.clone(), l.clone());
+        let (token, hard) = (token.clone(), hard.clone());
         tracker.spawn(async move {
             let _permit = permit;
-            serve_one(tcp, remote, acceptor, app, &l, watcher).await;
+            serve_one(tcp, remote, acceptor, app, &l, token, hard).await;
         });
     }
-    graceful.shutdown().await;
+    // No new connections: the socket closes here, so clients are refused
+    // rather than left in the backlog.
+    drop(socket);
 }
 
 async fn serve_one(
@@ -284,56 +326,120 @@ async fn serve_one(
     acceptor: tokio_rustls::TlsAcceptor,
     app: Router,
     l: &Listener,
-    watcher: hyper_util::server::graceful::Watcher,
+    token: CancellationToken,
+    hard: CancellationToken,
 ) {
-    let tls = match tokio::time::timeout(l.idle_timeout, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            l.metrics.handshakes_failed.inc();
-            let reason = e.to_string();
-            match prefix_proto::tls::explain_handshake(&reason) {
-                Some(why) => {
-                    tracing::warn!(%remote, %reason, "an HTTP client's handshake failed: {why}")
+    let handshake = tokio::time::timeout(l.idle_timeout, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        _ = token.cancelled() => return,
+        h = handshake => match h {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                l.metrics.handshakes_failed.inc();
+                let reason = e.to_string();
+                match prefix_proto::tls::explain_handshake(&reason) {
+                    Some(why) => tracing::warn!(%remote, %reason, "an HTTP client's handshake failed: {why}"),
+                    None => tracing::debug!(%remote, %reason, "HTTP handshake failed"),
                 }
-                None => tracing::debug!(%remote, %reason, "HTTP handshake failed"),
+                return;
             }
-            return;
-        }
-        Err(_) => {
-            l.metrics.handshakes_failed.inc();
-            return;
-        }
+            Err(_) => {
+                l.metrics.handshakes_failed.inc();
+                return;
+            }
+        },
     };
     let certs = tls.get_ref().1.peer_certificates().map(<[_]>::to_vec);
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let access = l.roles.access(certs.as_deref());
     if let Access::Denied(who) = &access {
         tracing::warn!(%remote, client = %who, "an HTTP client with no role connected; its requests will be refused");
     }
     let conn = Arc::new(Conn {
         access,
-        heavy: Semaphore::new(l.max_in_flight),
+        heavy: Arc::new(Semaphore::new(l.max_in_flight)),
+        busy: Default::default(),
+        last: parking_lot::Mutex::new(std::time::Instant::now()),
     });
     l.metrics.connections_accepted.inc();
     l.metrics.connections.inc();
+    let for_requests = conn.clone();
     let service =
         hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            let conn = for_requests.clone();
             req.extensions_mut().insert(conn.clone());
-            app.clone().call(req)
+            let call = app.clone().call(req);
+            async move {
+                let _busy = Busy::new(&conn);
+                call.await
+            }
         });
+    // The protocol is the one ALPN chose: no sniffing of a preface that a
+    // silent client would never send.
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder = if h2 {
+        builder.http2_only()
+    } else {
+        builder.http1_only()
+    };
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(l.idle_timeout);
-    let served = watcher
-        .watch(
-            builder
-                .serve_connection(TokioIo::new(tls), service)
-                .into_owned(),
-        )
-        .await;
-    if let Err(e) = served {
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(l.max_streams)
+        .keep_alive_interval(l.idle_timeout / 2)
+        .keep_alive_timeout(l.idle_timeout / 2);
+    let served = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(served);
+    let mut closing = false;
+    let mut tick = tokio::time::interval(l.idle_timeout / 4);
+    let result = loop {
+        tokio::select! {
+            r = served.as_mut() => break r,
+            _ = token.cancelled(), if !closing => {
+                closing = true;
+                served.as_mut().graceful_shutdown();
+            }
+            _ = hard.cancelled() => break Ok(()),
+            _ = tick.tick(), if !closing => {
+                // Relaxed: a request that starts meanwhile is answered
+                // before the graceful shutdown closes the connection.
+                let idle = conn.busy.load(std::sync::atomic::Ordering::Relaxed) == 0
+                    && conn.last.lock().elapsed() >= l.idle_timeout;
+                if idle {
+                    closing = true;
+                    served.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(%remote, error = %e, "HTTP connection ended");
     }
     l.metrics.connections.dec();
+}
+
+/// Counts a request as being answered while it lives.
+struct Busy<'a>(&'a Conn);
+
+impl<'a> Busy<'a> {
+    fn new(conn: &'a Conn) -> Self {
+        // Relaxed: read only by the idle timer, which tolerates a late view.
+        conn.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *conn.last.lock() = std::time::Instant::now();
+        Busy(conn)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        *self.0.last.lock() = std::time::Instant::now();
+        // Relaxed: see `Busy::new`.
+        self.0
+            .busy
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -254,6 +254,8 @@ impl Server {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServerError> {
         let token = self.token.clone();
+        // Drops the HTTP API's connections that outlive the drain.
+        let api_hard = CancellationToken::new();
         let tracker = TaskTracker::new();
         let ready = Arc::new(AtomicBool::new(true));
         let busy = self.cfg.busy_poll.map(|window| {
@@ -305,15 +307,22 @@ impl Server {
             }));
             tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
             let listener = api::Listener {
-                socket,
                 tls,
                 roles: self.cfg.roles.clone(),
                 max_connections: self.cfg.max_connections,
+                max_streams: self.cfg.max_streams,
                 max_in_flight: self.cfg.max_in_flight,
                 idle_timeout: self.cfg.idle_timeout,
                 metrics: self.metrics.clone(),
             };
-            tracker.spawn(api::serve(listener, app, token.clone(), tracker.clone()));
+            tracker.spawn(api::serve(
+                socket,
+                listener,
+                app,
+                token.clone(),
+                api_hard.clone(),
+                tracker.clone(),
+            ));
         }
         tracing::info!(
             listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
@@ -353,6 +362,9 @@ impl Server {
         {
             tracing::warn!(timeout = ?self.cfg.drain_timeout, "drain timed out; closing anyway");
         }
+        // Past the drain, nothing more reaches the index before the
+        // snapshot: the API's connections go (QUIC's just below).
+        api_hard.cancel();
         self.endpoint.close(0u32.into(), stream::SHUTDOWN_REASON);
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
         // The token stopped the engine threads; each notices within its

@@ -46,10 +46,11 @@ fn client(ca: &Path, identity: Option<(&Path, &Path)>, http1: bool) -> reqwest::
     b.build().unwrap()
 }
 
-/// GETs `paths` one after the other on one TLS connection speaking
-/// HTTP/1.1, and returns each whole answer (head and body).
-async fn raw_http1(ca: &Path, addr: SocketAddr, paths: &[&str]) -> Vec<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// A TLS connection to the API speaking HTTP/1.1, nothing sent yet.
+async fn tls_http1(
+    ca: &Path,
+    addr: SocketAddr,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     for c in prefix_client::load_certs(ca).unwrap() {
         roots.add(c).unwrap();
@@ -63,10 +64,17 @@ async fn raw_http1(ca: &Path, addr: SocketAddr, paths: &[&str]) -> Vec<String> {
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
         .connect(name, tcp)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// GETs `paths` one after the other on one TLS connection speaking
+/// HTTP/1.1, and returns each whole answer (head and body).
+async fn raw_http1(ca: &Path, addr: SocketAddr, paths: &[&str]) -> Vec<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tls_http1(ca, addr).await;
     let mut answers = Vec::new();
     for path in paths {
         let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n");
@@ -417,6 +425,23 @@ async fn client_certificates_have_the_same_roles_as_over_quic() {
     let anonymous = client(&server.ca, None, false);
     assert!(anonymous.get(url(addr, "/v1/ping")).send().await.is_err());
     assert_eq!(server.index.stats().entries, 2);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_idle_connections_are_closed() {
+    use tokio::io::AsyncReadExt;
+    let (server, addr) = start(|cfg| cfg.idle_timeout = std::time::Duration::from_secs(1)).await;
+    // No TLS handshake at all: dropped after the idle timeout.
+    let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(20), silent.read(&mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+    // A TLS connection that sends no request: closed once idle.
+    let mut quiet = tls_http1(&server.ca, addr).await;
+    let n = tokio::time::timeout(std::time::Duration::from_secs(20), quiet.read(&mut buf)).await;
+    assert!(matches!(n, Ok(Ok(0)) | Ok(Err(_))), "{n:?}");
+    assert_eq!(server.metrics.connections.get(), 0);
     server.shutdown().await;
 }
 

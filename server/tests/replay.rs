@@ -62,10 +62,11 @@ async fn replay_answers_every_line_in_order() {
     );
     assert!(
         !ok(4)
+            && lines[4]["error"]["name"] == "malformed"
             && lines[4]["error"]["message"]
                 .as_str()
                 .unwrap()
-                .contains("bad JSON")
+                .contains("JSON object")
     );
     // Three tokens make no full 16-token block: an empty key, a no-op.
     assert!(ok(5));

@@ -28,6 +28,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+
 use thiserror::Error;
 
 use crate::error::ErrorCode;
@@ -75,6 +76,19 @@ pub struct KeySource {
 }
 
 impl KeySource {
+    /// The block hashes (moved, when given as hashes), or why there are
+    /// none.
+    pub fn into_key(self, opts: &KeyOptions) -> Result<Vec<u64>, JsonError> {
+        match self {
+            KeySource {
+                text: None,
+                tokens: None,
+                hashes: Some(h),
+            } => Ok(h),
+            other => other.key(opts),
+        }
+    }
+
     /// The block hashes, or why there are none.
     pub fn key(&self, opts: &KeyOptions) -> Result<Vec<u64>, JsonError> {
         match (&self.text, &self.tokens, &self.hashes) {
@@ -278,69 +292,71 @@ impl JsonOp {
 
     /// One operation from its object, which names it with `"op"`.
     pub fn parse(bytes: &[u8]) -> Result<JsonOp, JsonError> {
-        JsonOp::from_value(parse_value(bytes)?, None)
+        JsonOp::parse_fields(bytes, None)
     }
 
     /// One operation of kind `kind` from its object without `"op"` (an HTTP
     /// body: the route names the operation).
     pub fn parse_as(kind: OpKind, bytes: &[u8]) -> Result<JsonOp, JsonError> {
-        JsonOp::from_value(parse_value(bytes)?, Some(kind))
+        JsonOp::parse_fields(bytes, Some(kind))
     }
 
-    /// One operation from a parsed object: named by `"op"`, or of kind
-    /// `kind` (then `"op"` may not be given).
-    pub fn from_value(value: Value, kind: Option<OpKind>) -> Result<JsonOp, JsonError> {
-        let Value::Object(mut obj) = value else {
-            return Err(JsonError::new(format!(
-                "expected a JSON object, found {}",
-                type_name(&value)
-            )));
-        };
-        let kind = match kind {
-            Some(kind) => {
-                if obj.contains_key("op") {
-                    return Err(JsonError::new(
-                        "unknown field \"op\": the path names the operation",
-                    ));
-                }
-                obj.insert("op".into(), Value::String(kind.name().into()));
-                kind
-            }
-            None => match obj.get("op") {
-                Some(Value::String(name)) => kind_named(name).ok_or_else(|| {
-                    JsonError::new(format!("unknown op {name:?}; the ops are {}", op_names()))
-                })?,
-                Some(other) => {
-                    return Err(JsonError::new(format!(
-                        "\"op\" must be a string, found {}",
-                        type_name(other)
-                    )))
-                }
-                None => {
-                    return Err(JsonError::new(format!(
-                        "missing field \"op\"; one of {}",
-                        op_names()
-                    )))
-                }
-            },
-        };
-        let allowed = fields(kind);
-        if let Some(extra) = obj
-            .keys()
-            .find(|k| *k != "op" && !allowed.contains(&k.as_str()))
-        {
-            return Err(JsonError::new(format!(
-                "unknown field {extra:?} for {}; its fields are {}",
-                kind.name(),
-                if allowed.is_empty() {
-                    "none".into()
-                } else {
-                    allowed.join(", ")
-                }
-            )));
+    /// Parses straight into typed fields (keys into `Vec`s, no JSON tree in
+    /// between: memory stays near the body's size), then keeps only an
+    /// object whose fields are its op's.
+    fn parse_fields(bytes: &[u8], kind: Option<OpKind>) -> Result<JsonOp, JsonError> {
+        // serde would also take the fields as an array, by position: only
+        // an object is an op.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(JsonError::new("expected a JSON object of an op's fields"));
         }
-        serde_json::from_value(Value::Object(obj))
-            .map_err(|e| JsonError::new(format!("{}: {e}", kind.name())))
+        let f: Fields = serde_json::from_slice(bytes).map_err(|e| {
+            let what = if e.is_syntax() || e.is_eof() {
+                "bad JSON"
+            } else {
+                "bad object"
+            };
+            JsonError::new(format!("{what}: {e}"))
+        })?;
+        let kind = match (kind, f.op.as_deref()) {
+            (Some(_), Some(_)) => {
+                return Err(JsonError::new(
+                    "unknown field \"op\": the path names the operation",
+                ))
+            }
+            (Some(kind), None) => kind,
+            (None, Some(name)) => kind_named(name).ok_or_else(|| {
+                JsonError::new(format!("unknown op {name:?}; the ops are {}", op_names()))
+            })?,
+            (None, None) => {
+                return Err(JsonError::new(format!(
+                    "missing field \"op\"; one of {}",
+                    op_names()
+                )))
+            }
+        };
+        f.into_op(kind)
+    }
+    /// The protocol operation, with its key hashed by `opts`, moving what
+    /// it can (a key of hashes is not copied).
+    pub fn into_op(self, opts: &KeyOptions) -> Result<Op, JsonError> {
+        Ok(match self {
+            JsonOp::Insert { model, key, pod } => Op::Insert {
+                model,
+                key: key.into_key(opts)?,
+                pod,
+            },
+            JsonOp::Lookup {
+                model,
+                key,
+                candidates,
+            } => Op::Lookup {
+                model,
+                key: key.into_key(opts)?,
+                candidates,
+            },
+            other => other.to_op(opts)?,
+        })
     }
 
     /// The protocol operation, with its key hashed by `opts`.
@@ -375,57 +391,145 @@ impl JsonOp {
 }
 
 /// A batch body, `{"ops":[op, ...]}`, each op an object naming itself with
-/// `"op"`, as a request (hashed by `opts`). At most `max_batch` ops are read:
-/// a longer list is refused before its ops are parsed.
+/// `"op"`, as a request (hashed by `opts`). The list is cut into its ops'
+/// raw text first: more than `max_batch` ops are refused before any is
+/// parsed.
 pub fn parse_batch(bytes: &[u8], opts: &KeyOptions, max_batch: usize) -> Result<Request, Reply> {
-    let malformed = |e: JsonError| e.to_reply();
-    let Value::Object(mut obj) = parse_value(bytes).map_err(malformed)? else {
-        return Err(JsonError::new("expected a JSON object {\"ops\":[...]}").to_reply());
-    };
-    if let Some(extra) = obj.keys().find(|k| *k != "ops") {
-        return Err(
-            JsonError::new(format!("unknown field {extra:?}; a batch has \"ops\"")).to_reply(),
-        );
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Batch<'a> {
+        #[serde(borrow)]
+        ops: Vec<&'a serde_json::value::RawValue>,
     }
-    let Some(Value::Array(items)) = obj.remove("ops") else {
-        return Err(JsonError::new("\"ops\" must be an array of ops").to_reply());
-    };
-    if items.len() > max_batch {
+    let batch: Batch<'_> = serde_json::from_slice(bytes)
+        .map_err(|e| JsonError::new(format!("a batch is {{\"ops\":[...]}}: {e}")).to_reply())?;
+    if batch.ops.len() > max_batch {
         return Err(ErrorCode::BatchTooLarge.reply(format!(
             "batch of {} ops exceeds max_batch = {max_batch}",
-            items.len()
+            batch.ops.len()
         )));
     }
-    let ops = items
-        .into_iter()
+    let ops = batch
+        .ops
+        .iter()
         .enumerate()
-        .map(|(i, v)| {
-            JsonOp::from_value(v, None)
-                .and_then(|op| op.to_op(opts))
+        .map(|(i, raw)| {
+            JsonOp::parse(raw.get().as_bytes())
+                .and_then(|op| op.into_op(opts))
                 .map_err(|e| JsonError::new(format!("ops[{i}]: {e}")).to_reply())
         })
         .collect::<Result<Vec<Op>, Reply>>()?;
     Ok(Request::Batch(ops))
 }
 
-fn parse_value(bytes: &[u8]) -> Result<Value, JsonError> {
-    serde_json::from_slice(bytes).map_err(|e| JsonError::new(format!("bad JSON: {e}")))
+/// Every field any op has, typed: what a body parses into before its op's
+/// fields are checked. Unknown fields and repeated ones are refused here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a JSON object of an op's fields")]
+struct Fields {
+    op: Option<String>,
+    model: Option<String>,
+    text: Option<String>,
+    tokens: Option<Vec<u32>>,
+    hashes: Option<Vec<u64>>,
+    candidates: Option<Vec<String>>,
+    pod: Option<String>,
+    blocks: Option<u64>,
+    endpoint: Option<String>,
+    replay: Option<String>,
+    block_size: Option<u32>,
+    topic: Option<String>,
+    media: Option<Vec<String>>,
+}
+
+impl Fields {
+    /// The names of the fields given (besides `"op"`).
+    fn given(&self) -> impl Iterator<Item = &'static str> + '_ {
+        [
+            ("model", self.model.is_some()),
+            ("text", self.text.is_some()),
+            ("tokens", self.tokens.is_some()),
+            ("hashes", self.hashes.is_some()),
+            ("candidates", self.candidates.is_some()),
+            ("pod", self.pod.is_some()),
+            ("blocks", self.blocks.is_some()),
+            ("endpoint", self.endpoint.is_some()),
+            ("replay", self.replay.is_some()),
+            ("block_size", self.block_size.is_some()),
+            ("topic", self.topic.is_some()),
+            ("media", self.media.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, given)| given.then_some(name))
+    }
+
+    /// The op of kind `kind`, if every field given is one of its own and
+    /// every field it needs is given.
+    fn into_op(self, kind: OpKind) -> Result<JsonOp, JsonError> {
+        let allowed = fields(kind);
+        if let Some(extra) = self.given().find(|f| !allowed.contains(f)) {
+            return Err(JsonError::new(format!(
+                "unknown field \"{extra}\" for {}; its fields are {}",
+                kind.name(),
+                if allowed.is_empty() {
+                    "none".into()
+                } else {
+                    allowed.join(", ")
+                }
+            )));
+        }
+        let need = |v: Option<String>, name: &str| {
+            v.ok_or_else(|| JsonError::new(format!("{}: missing field `{name}`", kind.name())))
+        };
+        let key = KeySource {
+            text: self.text,
+            tokens: self.tokens,
+            hashes: self.hashes,
+        };
+        Ok(match kind {
+            OpKind::Lookup => JsonOp::Lookup {
+                model: need(self.model, "model")?,
+                key,
+                candidates: self.candidates,
+            },
+            OpKind::Insert => JsonOp::Insert {
+                model: need(self.model, "model")?,
+                key,
+                pod: need(self.pod, "pod")?,
+            },
+            OpKind::RemovePod => JsonOp::RemovePod {
+                pod: need(self.pod, "pod")?,
+            },
+            OpKind::SetPodCapacity => JsonOp::SetPodCapacity {
+                pod: need(self.pod, "pod")?,
+                blocks: self
+                    .blocks
+                    .ok_or_else(|| JsonError::new("set_pod_capacity: missing field `blocks`"))?,
+            },
+            OpKind::Stats => JsonOp::Stats,
+            OpKind::Ping => JsonOp::Ping,
+            OpKind::Subscribe => JsonOp::Subscribe {
+                engine: EngineArgs {
+                    pod: need(self.pod, "pod")?,
+                    model: need(self.model, "model")?,
+                    endpoint: need(self.endpoint, "endpoint")?,
+                    replay: self.replay,
+                    block_size: self.block_size.unwrap_or_else(default_block_size),
+                    topic: self.topic.unwrap_or_default(),
+                    media: self.media.unwrap_or_else(default_media),
+                },
+            },
+            OpKind::Unsubscribe => JsonOp::Unsubscribe {
+                pod: need(self.pod, "pod")?,
+            },
+            OpKind::ListEngines => JsonOp::ListEngines,
+        })
+    }
 }
 
 fn op_names() -> String {
     let names: Vec<&str> = OpKind::ALL.iter().map(|k| k.name()).collect();
     names.join(", ")
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// A reply as its JSON object: `{"ok":true,...}` with its fields, or the
@@ -735,23 +839,28 @@ mod tests {
 
     #[test]
     fn bad_objects_are_refused_with_the_reason() {
-        let cases: [(&[u8], &str); 10] = [
+        let cases: [(&[u8], &str); 12] = [
             (br#"{"op":"drop_table"}"#, "unknown op \"drop_table\""),
-            (br#"{"op":"remove_pod"}"#, "missing field `pod`"),
-            (br#"{"op":7}"#, "\"op\" must be a string"),
-            (br#"{"pod":"p"}"#, "missing field \"op\""),
-            (br#"[1,2]"#, "expected a JSON object, found an array"),
+            (br#"{"op":"remove_pod"}"#, "remove_pod: missing field `pod`"),
             (
-                br#"{"op":"ping","x":1}"#,
-                "unknown field \"x\" for ping; its fields are none",
+                br#"{"op":7}"#,
+                "invalid type: integer `7`, expected a string",
             ),
+            (br#"{"pod":"p"}"#, "missing field \"op\""),
+            (br#"[1,2]"#, "expected a JSON object of an op's fields"),
+            (br#"{"op":"ping","x":1}"#, "unknown field `x`"),
+            (
+                br#"{"op":"ping","pod":"p"}"#,
+                "unknown field \"pod\" for ping; its fields are none",
+            ),
+            (br#"{"op":"ping","op":"ping"}"#, "duplicate field `op`"),
             (
                 br#"{"op":"lookup","model":"m","hashes":[1],"pods":["a"]}"#,
-                "unknown field \"pods\" for lookup",
+                "unknown field `pods`",
             ),
             (
                 br#"{"op":"lookup","model":"m","hashes":[-1]}"#,
-                "lookup: invalid value",
+                "invalid value: integer `-1`",
             ),
             (
                 br#"{"op":"set_pod_capacity","pod":"p","blocks":"9"}"#,

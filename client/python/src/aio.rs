@@ -160,9 +160,31 @@ pub fn awaitable<'py, T: Send + 'static>(
     // Relaxed: ids only need to be distinct.
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     bridge.futures.lock().insert(id, future.clone().unbind());
-    runtime.spawn(async move {
+    let for_task = bridge.clone();
+    let task = runtime.spawn(async move {
         let out = fut.await;
-        bridge.finish(id, Box::new(move |py| convert(py, out)));
+        for_task.finish(id, Box::new(move |py| convert(py, out)));
     });
+    // A cancelled awaitable stops its call (a request already sent may
+    // still be applied by the server) and lets go of its future, so a loop
+    // closed with calls pending is not kept alive by them.
+    let abort = task.abort_handle();
+    let on_done = PyCFunction::new_closure(
+        py,
+        None,
+        None,
+        move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| {
+            let cancelled = args
+                .get_item(0)
+                .and_then(|f| f.call_method0("cancelled"))
+                .and_then(|c| c.is_truthy())
+                .unwrap_or(false);
+            if cancelled {
+                abort.abort();
+                bridge.futures.lock().remove(&id);
+            }
+        },
+    )?;
+    future.call_method1("add_done_callback", (on_done,))?;
     Ok(future)
 }

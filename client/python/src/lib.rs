@@ -131,17 +131,39 @@ fn config(
 }
 
 /// The process's runtime: clients' connections live on it, and blocking
-/// calls and awaitables both run there.
+/// calls and awaitables both run there. A forked child gets a runtime of
+/// its own (the parent's threads do not exist in it).
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .thread_name("prefix-index")
-            .enable_all()
-            .build()
-            // Without threads or a timer there is no client at all.
-            .expect("starting the prefix-index runtime")
-    })
+    static RUNTIME: parking_lot::Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> =
+        parking_lot::Mutex::new(None);
+    let mut rt = RUNTIME.lock();
+    match *rt {
+        Some((pid, r)) if pid == std::process::id() => r,
+        _ => {
+            let r = tokio::runtime::Builder::new_multi_thread()
+                .thread_name("prefix-index")
+                .enable_all()
+                .build()
+                // Without threads or a timer there is no client at all.
+                .expect("starting the prefix-index runtime");
+            // One per process; a parent's, left in a child, is never used.
+            let r: &'static tokio::runtime::Runtime = Box::leak(Box::new(r));
+            *rt = Some((std::process::id(), r));
+            r
+        }
+    }
+}
+
+/// Refuses a client made in another process: after `os.fork()` its
+/// connection and tasks live in the parent only.
+fn same_process(pid: u32) -> PyResult<()> {
+    if pid == std::process::id() {
+        Ok(())
+    } else {
+        Err(PrefixIndexError::new_err(
+            "this client was made before os.fork(): make a new one in this process",
+        ))
+    }
 }
 
 /// Runs `fut` to completion with the GIL released.
@@ -397,6 +419,16 @@ impl Target {
 #[pyclass(subclass, frozen, module = "prefix_index")]
 pub struct Index {
     target: Target,
+    /// The process the client was made in.
+    pid: u32,
+}
+
+impl Index {
+    /// The target, if this process made it.
+    fn target(&self) -> PyResult<Target> {
+        same_process(self.pid)?;
+        Ok(self.target.clone())
+    }
 }
 
 /// Token ids to a key with `block_tokens` ids a block.
@@ -415,7 +447,7 @@ impl Index {
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<LookupResult> {
-        block(py, self.target.clone().lookup(model, key, candidates))
+        block(py, self.target()?.lookup(model, key, candidates))
     }
 
     /// Awaitable [`Index::lookup`].
@@ -427,7 +459,7 @@ impl Index {
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().lookup(model, key, candidates))
+        awaitable(py, self.target()?.lookup(model, key, candidates))
     }
 
     /// Lookups of several keys in one request: what a gateway placing many
@@ -440,7 +472,7 @@ impl Index {
         keys: Vec<Vec<u64>>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Vec<LookupResult>> {
-        block(py, self.target.clone().lookup_many(model, keys, candidates))
+        block(py, self.target()?.lookup_many(model, keys, candidates))
     }
 
     /// Awaitable [`Index::lookup_many`].
@@ -452,7 +484,7 @@ impl Index {
         keys: Vec<Vec<u64>>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().lookup_many(model, keys, candidates))
+        awaitable(py, self.target()?.lookup_many(model, keys, candidates))
     }
 
     /// A lookup by token ids, hashed here in blocks of `block_tokens`.
@@ -466,7 +498,7 @@ impl Index {
         block_tokens: usize,
     ) -> PyResult<LookupResult> {
         let key = tokens_key(&tokens, block_tokens);
-        block(py, self.target.clone().lookup(model, key, candidates))
+        block(py, self.target()?.lookup(model, key, candidates))
     }
 
     /// Awaitable [`Index::lookup_tokens`].
@@ -480,12 +512,12 @@ impl Index {
         block_tokens: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let key = tokens_key(&tokens, block_tokens);
-        awaitable(py, self.target.clone().lookup(model, key, candidates))
+        awaitable(py, self.target()?.lookup(model, key, candidates))
     }
 
     /// Records that `pod` holds every prefix of `key`.
     fn insert(&self, py: Python<'_>, model: String, key: Vec<u64>, pod: String) -> PyResult<()> {
-        block(py, self.target.clone().insert(model, key, pod))
+        block(py, self.target()?.insert(model, key, pod))
     }
 
     /// Awaitable [`Index::insert`].
@@ -496,22 +528,22 @@ impl Index {
         key: Vec<u64>,
         pod: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().insert(model, key, pod))
+        awaitable(py, self.target()?.insert(model, key, pod))
     }
 
     /// Forgets a pod everywhere; whether it was there.
     fn remove_pod(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
-        block(py, self.target.clone().remove_pod(pod))
+        block(py, self.target()?.remove_pod(pod))
     }
 
     /// Awaitable [`Index::remove_pod`].
     fn remove_pod_async<'py>(&self, py: Python<'py>, pod: String) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().remove_pod(pod))
+        awaitable(py, self.target()?.remove_pod(pod))
     }
 
     /// Sets a pod's KV-cache capacity in blocks.
     fn set_pod_capacity(&self, py: Python<'_>, pod: String, blocks: u64) -> PyResult<()> {
-        block(py, self.target.clone().set_pod_capacity(pod, blocks))
+        block(py, self.target()?.set_pod_capacity(pod, blocks))
     }
 
     /// Awaitable [`Index::set_pod_capacity`].
@@ -521,27 +553,27 @@ impl Index {
         pod: String,
         blocks: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().set_pod_capacity(pod, blocks))
+        awaitable(py, self.target()?.set_pod_capacity(pod, blocks))
     }
 
     /// Index statistics (summed over a cluster's servers).
     fn stats(&self, py: Python<'_>) -> PyResult<Stats> {
-        block(py, self.target.clone().stats())
+        block(py, self.target()?.stats())
     }
 
     /// Awaitable [`Index::stats`].
     fn stats_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().stats())
+        awaitable(py, self.target()?.stats())
     }
 
     /// A round trip to the server (every server of a cluster).
     fn ping(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, self.target.clone().ping())
+        block(py, self.target()?.ping())
     }
 
     /// Awaitable [`Index::ping`].
     fn ping_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target.clone().ping())
+        awaitable(py, self.target()?.ping())
     }
 }
 
@@ -549,6 +581,16 @@ impl Index {
 #[pyclass(extends = Index, frozen, module = "prefix_index")]
 pub struct Client {
     client: prefix_client::Client,
+    /// The process the client was made in.
+    pid: u32,
+}
+
+impl Client {
+    /// The client, if this process made it.
+    fn client(&self) -> PyResult<prefix_client::Client> {
+        same_process(self.pid)?;
+        Ok(self.client.clone())
+    }
 }
 
 #[pymethods]
@@ -576,8 +618,12 @@ impl Client {
             .map_err(connect_error)?;
         Ok(PyClassInitializer::from(Index {
             target: Target::One(client.clone()),
+            pid: std::process::id(),
         })
-        .add_subclass(Client { client }))
+        .add_subclass(Client {
+            client,
+            pid: std::process::id(),
+        }))
     }
 
     /// Follows an inference engine's KV-cache events (precise mode).
@@ -603,20 +649,20 @@ impl Client {
             topic,
             media,
         };
-        let c = self.client.clone();
+        let c = self.client()?;
         block(py, async move { c.subscribe_engine(sub).await })
     }
 
     /// Stops following a pod's engine (the pod is removed); whether it was
     /// followed.
     fn unsubscribe_engine(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
-        let c = self.client.clone();
+        let c = self.client()?;
         block(py, async move { c.unsubscribe_engine(&pod).await })
     }
 
     /// Every engine followed, with its state.
     fn list_engines(&self, py: Python<'_>) -> PyResult<Vec<EngineState>> {
-        let c = self.client.clone();
+        let c = self.client()?;
         let list = block(py, async move { c.list_engines().await })?;
         Ok(list.into_iter().map(EngineState::from).collect())
     }
@@ -627,9 +673,10 @@ impl Client {
     }
 
     /// Closes the connection; later calls fail.
-    fn close(&self, py: Python<'_>) {
-        let c = self.client.clone();
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let c = self.client()?;
         py.detach(|| runtime().block_on(c.close()));
+        Ok(())
     }
 }
 
@@ -639,19 +686,23 @@ impl Client {
 pub struct Cluster {
     /// The servers' names, in the order given.
     names: Vec<String>,
+    /// Servers per model.
+    replicas: usize,
 }
 
 #[pymethods]
 impl Cluster {
-    /// `servers` maps each server's stable name (its placement key) to its
-    /// address; the other arguments are [`Client`]'s. Connects to every
-    /// server before returning.
+    /// `servers` pairs each server's stable name (its placement key) with
+    /// its address; each model lives on `replicas` of them (writes to all,
+    /// reads from one, failing over). The other arguments are [`Client`]'s.
+    /// Connects to every server before returning.
     #[new]
-    #[pyo3(signature = (servers, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
+    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         servers: Vec<(String, String)>,
+        replicas: usize,
         ca: Option<PathBuf>,
         cert: Option<PathBuf>,
         key: Option<PathBuf>,
@@ -665,20 +716,39 @@ impl Cluster {
             .collect::<PyResult<Vec<_>>>()?;
         let names = servers.iter().map(|(n, _)| n.clone()).collect();
         let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
+        let replication = prefix_client::Replication {
+            replicas,
+            ..Default::default()
+        };
         let cluster = py
-            .detach(|| runtime().block_on(prefix_client::Cluster::connect(&servers, cfg)))
+            .detach(|| {
+                runtime().block_on(prefix_client::Cluster::connect_replicated(
+                    &servers,
+                    replication,
+                    cfg,
+                ))
+            })
             .map_err(connect_error)?;
         Ok(PyClassInitializer::from(Index {
             target: Target::Many(cluster),
+            pid: std::process::id(),
         })
-        .add_subclass(Cluster { names }))
+        .add_subclass(Cluster { names, replicas }))
     }
 
-    /// The name of the server `model` is placed on.
+    /// The name of the server `model` is placed on (its first replica).
     fn server_for(&self, model: &str) -> String {
         // `Cluster::connect` refuses an empty list: `place` finds one.
         let i = prefix_client::place(model, &self.names).unwrap_or(0);
         self.names[i].clone()
+    }
+
+    /// The names of `model`'s replicas, highest ranked first.
+    fn replicas_of(&self, model: &str) -> Vec<String> {
+        prefix_client::replicas(model, &self.names, self.replicas)
+            .into_iter()
+            .map(|i| self.names[i].clone())
+            .collect()
     }
 }
 

@@ -4,6 +4,7 @@ errors as exceptions, a cluster's placement, and the stubs."""
 import ast
 import asyncio
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,16 @@ def test_a_cluster_places_each_model_on_one_server(start_server):
         assert cluster.lookup(m, [1, 2, 3]).matches == [("pod-a", 3)]
     assert len({cluster.server_for(m) for m in models}) == 2
     assert cluster.stats().entries == 3 * len(models)
+    # With two replicas each model lives on both servers.
+    both = Cluster([(n, s.address) for n, s in servers.items()], replicas=2, ca=first.ca, deadline=DEADLINE)
+    assert sorted(both.replicas_of("model-x")) == ["s0", "s1"]
+    assert both.replicas_of("model-x")[0] == both.server_for("model-x")
+    both.insert("model-x", [7, 8], "pod-r")
+    for n in servers:
+        deadline = time.monotonic() + 5
+        while direct[n].lookup("model-x", [7, 8]).matches != [("pod-r", 2)]:
+            assert time.monotonic() < deadline, f"{n} never got the write"
+            time.sleep(0.01)
     # Pods are global: removed from every server.
     assert cluster.remove_pod("pod-a") is True
     assert all(cluster.lookup(m, [1, 2, 3]).matches == [] for m in models)
@@ -200,3 +211,27 @@ def test_awaitables_survive_cancellation_and_new_loops(server):
     with pytest.raises(InvalidRequest) as e:
         asyncio.run(refused())
     assert e.value.name == "bad_name"
+
+
+def test_a_client_made_before_fork_refuses_in_the_child(server):
+    import os
+
+    c = connect(server)
+    c.ping()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            try:
+                c.ping()
+            except PrefixIndexError as e:
+                code = 0 if "os.fork()" in str(e) else 2
+            # A new client in the child works.
+            if code == 0:
+                connect(server).ping()
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    c.ping()

@@ -37,7 +37,12 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	candidates := strings.Split(*pods, ",")
+	var candidates []string
+	for _, p := range strings.Split(*pods, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			candidates = append(candidates, p)
+		}
+	}
 	if *demo {
 		if err := runDemo(c, *model, candidates, *block); err != nil {
 			fail(err)

@@ -167,10 +167,13 @@ func (c *Client) LookupTokens(model string, tokens []uint32, candidates []string
 // Insert records that pod holds every prefix of the key (hashes or tokens).
 func (c *Client) Insert(model, pod string, key []uint64, tokens []uint32) error {
 	body := map[string]any{"model": model, "pod": pod}
-	if key != nil {
+	switch {
+	case key != nil:
 		body["hashes"] = key
-	} else {
+	case tokens != nil:
 		body["tokens"] = tokens
+	default:
+		return fmt.Errorf("insert: give a key or token ids")
 	}
 	var ok struct{}
 	return c.call("/v1/insert", body, &ok)

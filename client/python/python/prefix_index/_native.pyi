@@ -138,12 +138,14 @@ class Client(Index):
     def close(self) -> None: ...
 
 class Cluster(Index):
-    """Several servers, each model placed on one by rendezvous hashing."""
+    """Several servers, each model on ``replicas`` of them by rendezvous
+    hashing: writes go to all of them, reads to one, failing over."""
 
     def __init__(
         self,
         servers: Iterable[Tuple[str, str]],
         *,
+        replicas: int = 1,
         ca: Optional[str] = None,
         cert: Optional[str] = None,
         key: Optional[str] = None,
@@ -152,6 +154,7 @@ class Cluster(Index):
         connect_timeout: float = 5.0,
     ) -> None: ...
     def server_for(self, model: str) -> str: ...
+    def replicas_of(self, model: str) -> list[str]: ...
 
 def text_key(text: str, block_bytes: int = 64) -> list[int]: ...
 def token_key(tokens: Sequence[int], block_tokens: int = 16) -> list[int]: ...

@@ -1,0 +1,259 @@
+//! Replica sets: each model on R servers, writes to all of them, reads
+//! spread over gateways and failing over within the deadline.
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Proc;
+use prefix_client::{ClientConfig, Cluster, Replication, TlsConfig};
+
+/// Lookups answered `ok` by a server, from its metrics page.
+async fn lookups_served(metrics: SocketAddr) -> f64 {
+    common::metric(
+        metrics,
+        "prefix_index_requests_total{op=\"lookup\",outcome=\"ok\"}",
+    )
+    .await
+}
+
+fn replication(replicas: usize, seed: u64) -> Replication {
+    Replication {
+        replicas,
+        seed,
+        hedge_after: Some(Duration::from_millis(100)),
+        ..Replication::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_reach_every_replica_and_reads_divide_over_gateways() {
+    let first = common::start(|_| {}).await;
+    let cert = first.ca.clone();
+    let key = first.dir.path().join("key.pem");
+    let mut servers = vec![first];
+    for _ in 0..2 {
+        let (c, k) = (cert.clone(), key.clone());
+        servers.push(
+            common::start(move |cfg| {
+                cfg.tls = prefix_server::config::CertSource::Files { cert: c, key: k };
+            })
+            .await,
+        );
+    }
+    let list: Vec<(String, SocketAddr)> = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("index-{i}"), s.addr))
+        .collect();
+    let cfg = ClientConfig {
+        tls: TlsConfig::from_files(&cert, None, None).unwrap(),
+        deadline: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    let mut gateways = Vec::new();
+    for seed in 0..6 {
+        gateways.push(
+            Cluster::connect_replicated(&list, replication(3, seed), cfg.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let models: Vec<String> = (0..20).map(|m| format!("model-{m}")).collect();
+    for m in &models {
+        gateways[0].insert(m, &[1, 2, 3], "pod-a").await.unwrap();
+    }
+    // Every replica gets every write (the call returned with the first).
+    for s in &servers {
+        common::eventually("every replica has every model", async || {
+            s.index.stats().models == models.len() as u64
+        })
+        .await;
+    }
+    let before: Vec<f64> = lookups_by_server(&servers).await;
+    for g in &gateways {
+        for m in &models {
+            let r = g.lookup(m, &[1, 2], None).await.unwrap();
+            assert_eq!(r.matches[0].blocks, 2);
+        }
+    }
+    let after: Vec<f64> = lookups_by_server(&servers).await;
+    let served: Vec<f64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    // 120 lookups over 3 replicas: each takes a share.
+    assert!(served.iter().all(|&n| n >= 15.0), "{served:?}");
+    assert_eq!(served.iter().sum::<f64>(), 120.0);
+    let stats = gateways[0].replica_stats();
+    assert!(
+        stats
+            .iter()
+            .all(|s| s.connected && s.applied == 20 && s.dropped == 0),
+        "{stats:?}"
+    );
+    for s in servers {
+        s.shutdown().await;
+    }
+}
+
+/// Each server's lookups served so far.
+async fn lookups_by_server(servers: &[common::TestServer]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for s in servers {
+        out.push(lookups_served(s.metrics_addr.unwrap()).await);
+    }
+    out
+}
+
+/// What the gateways wrote: (model, first block) → pod, for 4-block keys.
+type Written = parking_lot::Mutex<HashMap<(String, u64), String>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let ports: Vec<(SocketAddr, SocketAddr)> = (0..3).map(|_| common::free_ports()).collect();
+    let mut procs = vec![Proc::start(dirs[0].path(), ports[0].0, ports[0].1, "0s")];
+    procs[0].client().await;
+    let cert = dirs[0].path().join("cert.pem");
+    let key = dirs[0].path().join("key.pem");
+    for i in 1..3 {
+        let flags = [
+            "--snapshot-interval",
+            "0s",
+            "--cert",
+            cert.to_str().unwrap(),
+            "--key",
+            key.to_str().unwrap(),
+        ];
+        procs.push(Proc::start_with(
+            dirs[i].path(),
+            ports[i].0,
+            ports[i].1,
+            &flags,
+        ));
+    }
+    let list: Vec<(String, SocketAddr)> =
+        (0..3).map(|i| (format!("index-{i}"), ports[i].0)).collect();
+    let cfg = ClientConfig {
+        tls: TlsConfig::from_files(&cert, None, None).unwrap(),
+        // Long enough for a loaded CI machine; the hedge (100 ms) is what
+        // moves a lookup off a dead replica.
+        deadline: Duration::from_millis(400),
+        connect_timeout: Duration::from_secs(10),
+        ..ClientConfig::default()
+    };
+    let mut gateways = Vec::new();
+    for seed in 0..2 {
+        let mut tries = 0;
+        let cluster = loop {
+            match Cluster::connect_replicated(&list, replication(3, seed), cfg.clone()).await {
+                Ok(c) => break c,
+                Err(e) if tries < 100 => {
+                    tries += 1;
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        gateways.push(cluster);
+    }
+
+    let written = Arc::new(Written::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (lookups, failed, wrong, stale) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut tasks = Vec::new();
+    for (g, cluster) in gateways.iter().enumerate() {
+        let (cluster, written, stop) = (cluster.clone(), written.clone(), stop.clone());
+        let (lookups, failed, wrong, stale) = (
+            lookups.clone(),
+            failed.clone(),
+            wrong.clone(),
+            stale.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut i: u64 = 0;
+            let mut mine: Vec<(String, Vec<u64>, String)> = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let model = format!("model-{}", i % 8);
+                let key: Vec<u64> = (0..4).map(|b| (g as u64) << 40 | i << 8 | b).collect();
+                let pod = format!("pod-{}", i % 5);
+                // Recorded before the insert: a lookup may see it as soon as
+                // one replica has it.
+                written.lock().insert((model.clone(), key[0]), pod.clone());
+                let _ = cluster.insert(&model, &key, &pod).await;
+                mine.push((model, key, pod));
+                // Look up an earlier write of this gateway.
+                let (m, k, _) = &mine[(i as usize * 7919) % mine.len()];
+                lookups.fetch_add(1, Ordering::Relaxed);
+                match cluster.lookup(m, k, None).await {
+                    Err(_) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(r) => {
+                        let w = written.lock();
+                        let want = w.get(&(m.clone(), k[0])).cloned();
+                        // Only the pod written for this key may match, and
+                        // by at most the key's length.
+                        let bad = r
+                            .matches
+                            .iter()
+                            .any(|pm| Some(pm.pod.as_str()) != want.as_deref() || pm.blocks > 4);
+                        if bad {
+                            wrong.fetch_add(1, Ordering::Relaxed);
+                        } else if r.matches.is_empty() {
+                            stale.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before_kill = (
+        lookups.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+    );
+    procs[1].signal("-KILL");
+    procs[1].wait().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (n, f, w, s) = (
+        lookups.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        wrong.load(Ordering::Relaxed),
+        stale.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "{n} lookups ({} before the kill), {f} failed ({} before), {w} wrong, {s} stale; replicas {:?}",
+        before_kill.0,
+        before_kill.1,
+        gateways[0].replica_stats()
+    );
+    assert!(n > 200, "too little load to say anything: {n}");
+    assert_eq!(w, 0, "wrong answers");
+    assert_eq!(before_kill.1, 0, "lookups failed with every replica up");
+    // At most the lookups in flight to the dead replica when it died: one
+    // per gateway (each has one call in flight at a time).
+    assert!(
+        f <= gateways.len() as u64,
+        "{f} lookups failed after the kill"
+    );
+    let dead = &gateways[0].replica_stats()[1];
+    assert!(!dead.connected || dead.failed > 0, "{dead:?}");
+    for mut p in procs {
+        let _ = p.child.kill();
+        let _ = p.wait().await;
+    }
+}
