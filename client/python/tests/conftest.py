@@ -41,7 +41,17 @@ class Server:
         raise RuntimeError("the server did not start:\n" + self.log.read())
 
     def pause(self):
+        """Stops the process, and returns once it is stopped (a signal is
+        delivered a moment after it is sent)."""
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                # The state follows the parenthesised command name.
+                if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+            time.sleep(0.005)
+        raise RuntimeError("the server did not stop")
 
     def resume(self):
         self.proc.send_signal(signal.SIGCONT)

@@ -116,7 +116,16 @@ def test_errors_are_exceptions_with_the_protocol_code(start_server):
             quick.lookup("m", [1])
     finally:
         server.resume()
-    assert quick.lookup("m", [1]).matches == []
+    # The same client answers again once the server does (its first calls
+    # may still meet the backlog the pause left).
+    for _ in range(200):
+        try:
+            assert quick.lookup("m", [1]).matches == []
+            break
+        except DeadlineExceeded:
+            time.sleep(0.01)
+    else:
+        pytest.fail("the client never recovered")
     with pytest.raises(ValueError):
         connect(server, deadline=0)
 
