@@ -157,6 +157,11 @@ impl Client {
         self.deadline
     }
 
+    /// The limits this client sends under.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.cfg.limits
+    }
+
     /// Checks `op` against the limits this client sends under.
     pub fn check(&self, op: &Op) -> Result<(), ClientError> {
         Ok(self.inner.cfg.limits.check_op(op)?)

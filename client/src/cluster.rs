@@ -56,8 +56,12 @@ pub struct Replication {
     pub hedge_after: Option<Duration>,
     /// How long a replica that failed or was outrun by a hedge is read
     /// last. Default 1 s: a dead replica costs one hedge delay per second
-    /// per model, not one per lookup.
+    /// (it is suspect for every model it holds), not one per lookup.
     pub suspect_for: Duration,
+    /// How long a writer's batch may take before it counts as failed.
+    /// Default 1 s: writes are off the gateway's request path, and a batch
+    /// of long keys runs on the server's blocking pool.
+    pub write_deadline: Duration,
 }
 
 impl Default for Replication {
@@ -68,6 +72,7 @@ impl Default for Replication {
             seed: random_seed(),
             hedge_after: None,
             suspect_for: Duration::from_secs(1),
+            write_deadline: Duration::from_secs(1),
         }
     }
 }
@@ -95,7 +100,8 @@ pub struct ReplicaStats {
     pub applied: u64,
     /// Writes dropped because its queue was full.
     pub dropped: u64,
-    /// Writes sent that failed in transport (timeout, disconnection).
+    /// Writes whose batch failed as a whole (timeout, disconnection, a
+    /// refusal of the whole batch, a writer gone).
     pub failed: u64,
 }
 
@@ -172,7 +178,8 @@ fn millis_since(epoch: Instant) -> u64 {
 }
 
 fn mark_suspect(c: &Counters, epoch: Instant, suspect_for: Duration) {
-    let until = millis_since(epoch).saturating_add(suspect_for.as_millis() as u64);
+    let for_ms = u64::try_from(suspect_for.as_millis()).unwrap_or(u64::MAX);
+    let until = millis_since(epoch).saturating_add(for_ms);
     // Relaxed: see `Cluster::is_suspect`.
     c.suspect_until.store(until, Ordering::Relaxed);
 }
@@ -189,20 +196,52 @@ fn fails_over(e: &ClientError) -> bool {
 /// Most writes one writer sends in one batch.
 const WRITE_BATCH: usize = 256;
 
-/// Drains one server's write queue, a batch of what has queued at a time;
-/// a batch that fails in transport makes the server suspect.
+/// About the bytes `op` takes in a frame (bincode varints: a random hash
+/// takes 9 bytes).
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Insert { model, key, pod } => 16 + model.len() + pod.len() + 9 * key.len(),
+        Op::Lookup { model, key, .. } => 16 + model.len() + 9 * key.len(),
+        _ => 64,
+    }
+}
+
+/// Drains one server's write queue, a batch of what has queued at a time,
+/// each batch within the client's frame and batch limits; a batch that
+/// fails because the server is gone makes the server suspect.
 async fn writer(
     client: Client,
     mut queue: mpsc::Receiver<Write>,
     counters: Arc<Counters>,
     suspect: impl Fn(&Counters),
 ) {
-    let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = queue.recv().await {
+    let limits = client.limits().clone();
+    let most = WRITE_BATCH.min(limits.max_batch).max(1);
+    // Half the frame: the estimate is rough, and the margin is cheap.
+    let budget = limits.frame_bytes() as usize / 2;
+    let mut batch: Vec<Write> = Vec::with_capacity(most);
+    let mut carried: Option<Write> = None;
+    loop {
+        let first = match carried.take() {
+            Some(w) => w,
+            None => match queue.recv().await {
+                Some(w) => w,
+                None => return,
+            },
+        };
+        let mut size = op_bytes(&first.op);
         batch.push(first);
-        while batch.len() < WRITE_BATCH {
+        while batch.len() < most {
             match queue.try_recv() {
-                Ok(w) => batch.push(w),
+                Ok(w) => {
+                    let s = op_bytes(&w.op);
+                    if size + s > budget {
+                        carried = Some(w);
+                        break;
+                    }
+                    size += s;
+                    batch.push(w);
+                }
                 Err(_) => break,
             }
         }
@@ -218,7 +257,9 @@ async fn writer(
             }
             Err(e) => {
                 counters.failed.fetch_add(n, Ordering::Relaxed);
-                if fails_over(&e) {
+                // Gone, not merely slow: a slow batch of writes says
+                // little about lookups.
+                if down(&e) {
                     suspect(&counters);
                 }
                 for w in batch.drain(..) {
@@ -227,6 +268,21 @@ async fn writer(
             }
         }
     }
+}
+
+/// Whether the error says the server is not there (not merely slow).
+fn down(e: &ClientError) -> bool {
+    match e {
+        ClientError::Disconnected { .. } => true,
+        ClientError::Server { code, .. } => *code == ErrorCode::Unavailable as u16,
+        _ => false,
+    }
+}
+
+/// A failure as the reply in its op's place.
+fn as_reply(e: &ClientError) -> Reply {
+    let code = e.code().unwrap_or(ErrorCode::Unavailable);
+    code.reply(e)
 }
 
 impl Cluster {
@@ -299,7 +355,8 @@ impl Cluster {
                 let (tx, rx) = mpsc::channel(replication.queue.max(1));
                 let counters = Arc::<Counters>::default();
                 let suspect = move |c: &Counters| mark_suspect(c, epoch, suspect_for);
-                tokio::spawn(writer(client.clone(), rx, counters.clone(), suspect));
+                let writes = client.with_deadline(replication.write_deadline);
+                tokio::spawn(writer(writes, rx, counters.clone(), suspect));
                 Server {
                     name,
                     client,
@@ -348,8 +405,9 @@ impl Cluster {
         buf.extend_from_slice(model.as_bytes());
         let first = (xxh3_64(&buf) % set.len().max(1) as u64) as usize;
         set.rotate_left(first);
-        // Stable: the healthy keep their order, then the suspect theirs.
-        set.sort_by_key(|&s| self.is_suspect(s));
+        // Stable: the healthy keep their order, then the suspect theirs
+        // (each read once: the clock moves during the sort).
+        set.sort_by_cached_key(|&s| self.is_suspect(s));
         set
     }
 
@@ -414,7 +472,13 @@ impl Cluster {
             let first = client.with_deadline(left());
             let attempt = first.lookup(model, key, candidates);
             let Some(&next) = order.get(i + 1) else {
-                return attempt.await;
+                let r = attempt.await;
+                if let Err(e) = &r {
+                    if fails_over(e) {
+                        self.suspect(order[i]);
+                    }
+                }
+                return r;
             };
             tokio::pin!(attempt);
             let outcome = tokio::select! {
@@ -429,6 +493,8 @@ impl Cluster {
                     i += 1;
                 }
                 Some(Err(e)) => return Err(e),
+                // Slow, and no time left to ask another: wait for it.
+                None if left().is_zero() => return attempt.await,
                 // Slow: ask the next replica too; the first answer wins.
                 None => {
                     let second = self.servers[next].client.with_deadline(left());
@@ -438,14 +504,22 @@ impl Cluster {
                         r = &mut attempt => (r, 0),
                         r = &mut hedged => (r, 1),
                     };
-                    if other == 1 {
-                        // Outrun by the hedge: read it last for a while.
-                        self.suspect(order[i]);
-                    }
+                    let (first_server, other_server) = if other == 0 {
+                        (order[i], next)
+                    } else {
+                        (next, order[i])
+                    };
                     match r {
-                        Ok(found) => return Ok(found),
+                        Ok(found) => {
+                            if other == 1 {
+                                // Outrun by the hedge: read it last a while.
+                                self.suspect(order[i]);
+                            }
+                            return Ok(found);
+                        }
                         Err(e) if !fails_over(&e) => return Err(e),
                         Err(_) => {
+                            self.suspect(first_server);
                             // The other one's answer (or failure) decides.
                             let r = if other == 0 {
                                 hedged.await
@@ -455,7 +529,10 @@ impl Cluster {
                             match r {
                                 Ok(found) => return Ok(found),
                                 Err(e) if !fails_over(&e) => return Err(e),
-                                Err(e) => last = Some(e),
+                                Err(e) => {
+                                    self.suspect(other_server);
+                                    last = Some(e);
+                                }
                             }
                             i += 2;
                         }
@@ -509,8 +586,14 @@ impl Cluster {
                     server.counters.queued.fetch_add(1, Ordering::Relaxed);
                     sent += 1;
                 }
-                Err(_) => {
+                Err(mpsc::error::TrySendError::Full(_)) => {
                     server.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                // The writer is gone (it only ends with the cluster, or
+                // if it panicked): nothing will reach this server.
+                Err(mpsc::error::TrySendError::Closed(_)) => {
+                    server.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.suspect(s);
                 }
             }
         }
@@ -531,9 +614,9 @@ impl Cluster {
             }
             Err(())
         };
-        // The writers' own calls time out at the deadline; a queue that is
-        // slow to drain is not waited for past twice that.
-        match tokio::time::timeout(deadline * 2, wait).await {
+        // A queue that is slow to drain is not waited for past twice the
+        // call's deadline; the write stays queued and may still be applied.
+        match tokio::time::timeout(deadline.saturating_mul(2), wait).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(())) => Err(last.unwrap_or(ClientError::Timeout(deadline))),
             Err(_) => Err(ClientError::Timeout(deadline)),
@@ -625,14 +708,19 @@ impl Cluster {
     }
 
     /// Lookups and inserts in one call, answered in the order of `ops`:
-    /// lookups grouped into one batch per preferred replica, inserts
-    /// written to every replica as [`Cluster::insert`] does. Ops without a
-    /// model (pod removal, capacity, stats, ping) are refused here: they
-    /// concern every server, so use the dedicated calls.
+    /// lookups grouped into one batch per preferred replica (a group whose
+    /// replica is down or slow is asked again one lookup at a time, with
+    /// [`Cluster::lookup`]'s failover), inserts written to every replica as
+    /// [`Cluster::insert`] does. An op that fails gets its error in its
+    /// place. Ops run concurrently, not in order: a lookup does not see an
+    /// insert of the same batch. Ops without a model (pod removal,
+    /// capacity, stats, ping) are refused here: they concern every server,
+    /// so use the dedicated calls.
     pub async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
         let mut groups: Vec<(Vec<usize>, Vec<Op>)> = vec![Default::default(); self.servers.len()];
-        let mut writes = tokio::task::JoinSet::new();
+        let mut calls = tokio::task::JoinSet::new();
         let total = ops.len();
+        let mut inserts = Vec::new();
         for (i, op) in ops.into_iter().enumerate() {
             match &op {
                 Op::Lookup { model, .. } => {
@@ -640,10 +728,7 @@ impl Cluster {
                     groups[s].0.push(i);
                     groups[s].1.push(op);
                 }
-                Op::Insert { .. } => {
-                    let me = self.clone();
-                    writes.spawn(async move { (vec![i], me.write(op).await.map(|r| vec![r])) });
-                }
+                Op::Insert { .. } => inserts.push((i, op)),
                 other => {
                     return Err(ClientError::Protocol(format!(
                         "a cluster batch carries only lookups and inserts, not {other:?}"
@@ -651,17 +736,64 @@ impl Cluster {
                 }
             }
         }
-        for (s, (slots, ops)) in groups.into_iter().enumerate() {
-            if !slots.is_empty() {
-                let client = self.servers[s].client.clone();
-                writes.spawn(async move { (slots, client.batch(ops).await) });
-            }
+        for (i, op) in inserts {
+            let me = self.clone();
+            calls.spawn(async move {
+                let reply = me.write(op).await.unwrap_or_else(|e| as_reply(&e));
+                vec![(i, reply)]
+            });
         }
+        for (s, (slots, ops)) in groups.into_iter().enumerate() {
+            if slots.is_empty() {
+                continue;
+            }
+            let me = self.clone();
+            calls.spawn(async move {
+                let client = me.servers[s].client.clone();
+                match client.batch(ops.clone()).await {
+                    Ok(replies) => slots.into_iter().zip(replies).collect(),
+                    Err(e) if fails_over(&e) => {
+                        me.suspect(s);
+                        let mut out = Vec::with_capacity(slots.len());
+                        for (slot, op) in slots.into_iter().zip(ops) {
+                            let Op::Lookup {
+                                model,
+                                key,
+                                candidates,
+                            } = op
+                            else {
+                                continue;
+                            };
+                            let names: Option<Vec<&str>> = candidates
+                                .as_ref()
+                                .map(|c| c.iter().map(String::as_str).collect());
+                            let reply = match me.lookup(&model, &key, names.as_deref()).await {
+                                Ok(r) => Reply::Lookup {
+                                    key_blocks: r.key_blocks,
+                                    matches: r.matches,
+                                },
+                                Err(e) => as_reply(&e),
+                            };
+                            out.push((slot, reply));
+                        }
+                        out
+                    }
+                    Err(e) => {
+                        let reply = as_reply(&e);
+                        slots
+                            .into_iter()
+                            .map(|slot| (slot, reply.clone()))
+                            .collect()
+                    }
+                }
+            });
+        }
+        // Every task runs to its end: a failure is a reply in its place.
         let mut replies: Vec<Option<Reply>> = vec![None; total];
-        while let Some(joined) = writes.join_next().await {
-            let (slots, result) =
+        while let Some(joined) = calls.join_next().await {
+            let done =
                 joined.map_err(|e| ClientError::Protocol(format!("batch task failed: {e}")))?;
-            for (slot, reply) in slots.into_iter().zip(result?) {
+            for (slot, reply) in done {
                 replies[slot] = Some(reply);
             }
         }

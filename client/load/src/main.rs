@@ -31,6 +31,7 @@ mod door;
 mod embedded;
 mod ingest;
 mod load;
+mod replicas;
 mod simulate;
 mod stalls;
 mod workload;
@@ -65,6 +66,35 @@ enum Command {
     /// same lookups over QUIC, HTTP/1.1 and HTTP/2, lookups/s, p50/p99 and
     /// the server's CPU per lookup at each depth, in alternating rounds.
     Http(HttpArgs),
+    /// Read throughput of one model served by 1, 2, … replicas: a
+    /// `prefix-server` process each (the binary beside this one), gateways
+    /// as replicated `Cluster`s, and each replica's CPU per lookup.
+    Replicas(ReplicasArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ReplicasArgs {
+    /// Replica counts to measure (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+    counts: Vec<usize>,
+    /// Gateways, each a Cluster with its own seed.
+    #[arg(long, default_value_t = 6)]
+    gateways: usize,
+    /// Lookups in flight per gateway.
+    #[arg(long, default_value_t = 8)]
+    in_flight: usize,
+    /// Length of each cell.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Rounds, the counts' order rotating.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Worker threads of each server process.
+    #[arg(long, default_value_t = 1)]
+    server_threads: usize,
+    /// Print the cells as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -343,6 +373,23 @@ fn main() -> anyhow::Result<()> {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
         Some(Command::Events(a)) => rt.block_on(events_main(a)),
+        Some(Command::Replicas(a)) => {
+            let plan = replicas::Plan {
+                counts: a.counts,
+                gateways: a.gateways,
+                in_flight: a.in_flight,
+                duration: a.duration,
+                rounds: a.rounds,
+                server_threads: a.server_threads,
+            };
+            let cells = rt.block_on(replicas::run(&plan))?;
+            if a.json {
+                println!("{}", serde_json::to_string(&cells)?);
+            } else {
+                replicas::print(&cells);
+            }
+            Ok(())
+        }
         Some(Command::Http(a)) => {
             let plan = door::Plan {
                 pods: a.pods,
