@@ -160,6 +160,15 @@ fn not_found(status: StatusCode, what: &str) -> Response {
     json_response(status, serde_json::to_vec(&error_json(None, &message)))
 }
 
+/// An error answer with the protocol's `code`.
+fn error_response(code: ErrorCode, message: &str) -> Response {
+    let code = code as u16;
+    json_response(
+        status_of(Some(code)),
+        serde_json::to_vec(&error_json(Some(code), message)),
+    )
+}
+
 fn json_response(status: StatusCode, body: serde_json::Result<Vec<u8>>) -> Response {
     let body = body.unwrap_or_else(|_| br#"{"ok":false}"#.to_vec());
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -193,11 +202,7 @@ async fn answer(
         Err((body, parse))
     };
     let Ok(permit) = conn.heavy.clone().acquire_owned().await else {
-        let code = ErrorCode::Unavailable as u16;
-        return json_response(
-            status_of(Some(code)),
-            serde_json::to_vec(&error_json(Some(code), "shutting down")),
-        );
+        return error_response(ErrorCode::Unavailable, "shutting down");
     };
     let (api2, conn2) = (api.clone(), conn.clone());
     let ran = tokio::task::spawn_blocking(move || {
@@ -219,13 +224,7 @@ async fn answer(
     match ran {
         Ok(Ok((code, out))) => json_response(status_of(code), Ok(out)),
         Ok(Err(reply)) => refused(api, reply),
-        Err(_) => {
-            let code = ErrorCode::Internal as u16;
-            json_response(
-                status_of(Some(code)),
-                serde_json::to_vec(&error_json(Some(code), "the request failed")),
-            )
-        }
+        Err(_) => error_response(ErrorCode::Internal, "the request failed"),
     }
 }
 

@@ -113,7 +113,10 @@ impl Server {
     pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate()?;
         let tls = tls::rustls_config(&cfg)?;
-        let api_tls = Arc::new(api::http_tls(tls.clone()));
+        let api_tls = cfg
+            .http_listen
+            .is_some()
+            .then(|| Arc::new(api::http_tls(tls.clone())));
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| {
             tls::ServerTlsError::from(prefix_proto::tls::TlsError::Quic(e.to_string()))
         })?;
@@ -137,14 +140,14 @@ impl Server {
             ),
             None => None,
         };
-        let api = match cfg.http_listen {
-            Some(addr) => Some((
+        let api = match (cfg.http_listen, api_tls) {
+            (Some(addr), Some(tls)) => Some((
                 tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(bind_err(addr))?,
-                api_tls,
+                tls,
             )),
-            None => None,
+            _ => None,
         };
         let index = Arc::new(Index::new(cfg.index.clone()));
         let metrics = Arc::<Metrics>::default();

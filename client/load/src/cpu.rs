@@ -53,13 +53,23 @@ impl CpuTimes {
     }
 }
 
+/// The CPU time (user and system) a process or thread's `stat` shows.
+#[cfg(target_os = "linux")]
+fn used(s: &procfs::process::Stat) -> Duration {
+    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
+    Duration::from_nanos(s.utime.saturating_add(s.stime).saturating_mul(tick_ns))
+}
+
+/// The CPU time another process of this machine has used so far.
+#[cfg(target_os = "linux")]
+pub fn process(pid: u32) -> procfs::ProcResult<Duration> {
+    let pid = i32::try_from(pid).unwrap_or(i32::MAX);
+    Ok(used(&procfs::process::Process::new(pid)?.stat()?))
+}
+
 #[cfg(target_os = "linux")]
 fn read() -> procfs::ProcResult<CpuTimes> {
     let me = procfs::process::Process::myself()?;
-    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
-    let used = |s: &procfs::process::Stat| {
-        Duration::from_nanos(s.utime.saturating_add(s.stime).saturating_mul(tick_ns))
-    };
     let mut server = Duration::ZERO;
     for task in me.tasks()? {
         // A thread may exit between the listing and the read: skip it.

@@ -121,10 +121,16 @@ fn http_client(ca: &std::path::Path, http1: bool) -> anyhow::Result<reqwest::Cli
     Ok(b.build()?)
 }
 
+/// Key `k` of the benchmarks' key set: `blocks` hashes no other key shares
+/// (`client/python/bench.py` builds the same ones).
+pub fn key(k: u64, blocks: usize) -> Vec<u64> {
+    (0..blocks as u64).map(|b| k << 20 | b).collect()
+}
+
 /// The keys every run looks up: `keys` of `key_blocks` distinct hashes.
 fn keys(plan: &Plan) -> Vec<Vec<u64>> {
     (0..plan.keys as u64)
-        .map(|k| (0..plan.key_blocks as u64).map(|b| k << 20 | b).collect())
+        .map(|k| key(k, plan.key_blocks))
         .collect()
 }
 

@@ -68,13 +68,6 @@ impl Drop for Proc {
     }
 }
 
-/// The process's CPU time so far, from `/proc`.
-fn cpu(pid: u32) -> anyhow::Result<Duration> {
-    let stat = procfs::process::Process::new(pid as i32)?.stat()?;
-    let tick_ns = 1_000_000_000 / procfs::ticks_per_second().max(1);
-    Ok(Duration::from_nanos((stat.utime + stat.stime) * tick_ns))
-}
-
 fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
@@ -157,7 +150,7 @@ async fn connect(procs: &[Proc], ca: &Path, seed: u64) -> anyhow::Result<Cluster
 }
 
 fn key(k: u64) -> Vec<u64> {
-    (0..KEY_BLOCKS).map(|b| k << 20 | b).collect()
+    crate::door::key(k, KEY_BLOCKS as usize)
 }
 
 /// One cell: `n` fresh replicas, filled, then read.
@@ -193,7 +186,7 @@ async fn cell(plan: &Plan, n: usize, round: usize) -> anyhow::Result<Cell> {
     }
     let cpu_before: Vec<Duration> = procs
         .iter()
-        .map(|p| cpu(p.child.id()))
+        .map(|p| Ok(crate::cpu::process(p.child.id())?))
         .collect::<anyhow::Result<_>>()?;
     let start = Instant::now();
     let mut tasks = Vec::new();
@@ -225,7 +218,7 @@ async fn cell(plan: &Plan, n: usize, round: usize) -> anyhow::Result<Cell> {
     let seconds = start.elapsed().as_secs_f64();
     let cpu_after: Vec<Duration> = procs
         .iter()
-        .map(|p| cpu(p.child.id()))
+        .map(|p| Ok(crate::cpu::process(p.child.id())?))
         .collect::<anyhow::Result<_>>()?;
     let per_replica = all.len() as f64 / n as f64;
     Ok(Cell {

@@ -431,11 +431,6 @@ impl Index {
     }
 }
 
-/// Token ids to a key with `block_tokens` ids a block.
-fn tokens_key(tokens: &[u32], block_tokens: usize) -> Vec<u64> {
-    key::token_key(tokens, block_tokens)
-}
-
 #[pymethods]
 impl Index {
     /// Each pod's matched leading blocks of `key` (block hashes).
@@ -497,7 +492,7 @@ impl Index {
         candidates: Option<Vec<String>>,
         block_tokens: usize,
     ) -> PyResult<LookupResult> {
-        let key = tokens_key(&tokens, block_tokens);
+        let key = key::token_key(&tokens, block_tokens);
         block(py, self.target()?.lookup(model, key, candidates))
     }
 
@@ -511,7 +506,7 @@ impl Index {
         candidates: Option<Vec<String>>,
         block_tokens: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let key = tokens_key(&tokens, block_tokens);
+        let key = key::token_key(&tokens, block_tokens);
         awaitable(py, self.target()?.lookup(model, key, candidates))
     }
 
@@ -764,7 +759,7 @@ fn text_key(text: &str, block_bytes: usize) -> Vec<u64> {
 #[pyfunction]
 #[pyo3(signature = (tokens, block_tokens=key::TOKEN_BLOCK_TOKENS))]
 fn token_key(tokens: Vec<u32>, block_tokens: usize) -> Vec<u64> {
-    tokens_key(&tokens, block_tokens)
+    key::token_key(&tokens, block_tokens)
 }
 
 #[pymodule]
