@@ -106,7 +106,10 @@ impl Engine {
             }
             panic!("{endpoint} stays in use");
         };
-        let publisher = bind(zmq::PUB, endpoints.0);
+        // XPUB: a PUB that also tells when a subscriber's subscription has
+        // arrived (verbose: every one, repeats included).
+        let publisher = bind(zmq::XPUB, endpoints.0);
+        publisher.set_xpub_verbose(true).unwrap();
         let router = bind(zmq::ROUTER, endpoints.1);
         let bound = (
             publisher.get_last_endpoint().unwrap().unwrap(),
@@ -148,6 +151,24 @@ impl Engine {
             stop,
             replier: Some(replier),
             endpoints: bound,
+        }
+    }
+
+    /// Waits until a subscriber's subscription has reached the publisher
+    /// (one not yet waited for): until then a PUB socket drops what it
+    /// sends to it ("slow joiner"), which a test publishing a single batch
+    /// cannot tell from a batch lost on purpose.
+    fn subscribed(&self) {
+        loop {
+            assert!(
+                self.publisher.poll(zmq::POLLIN, 10_000).unwrap() > 0,
+                "no subscriber within 10 s"
+            );
+            let msg = self.publisher.recv_bytes(0).unwrap();
+            // 1: subscribe; 0: unsubscribe (a subscriber that left).
+            if msg.first() == Some(&1) {
+                return;
+            }
         }
     }
 
@@ -259,7 +280,9 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     .await;
     assert_eq!(engine.cached_blocks(&prompts[1]), 5);
 
-    // A lost batch: the next one reveals the gap, the replay fills it.
+    // A lost batch: the next one reveals the gap, the replay fills it (the
+    // next one must reach the server: its subscription is in place).
+    engine.subscribed();
     engine.evict(&prompts[0], 3, true);
     engine.store(&prompts[2], 2, 6, false);
     common::eventually("the gap is replayed", async || {
@@ -274,6 +297,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     engine.store(&prompts[1], 5, 6, false);
     let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
     let client = server.client().await;
+    engine.subscribed();
     engine.store(&prompts[3], 2, 3, false);
     common::eventually("events after the restart find their parents", async || {
         agrees(&client, &engine, &prompts).await
