@@ -48,6 +48,7 @@ fn main() {
     }
     let handler = Handler {
         engines: None,
+        replica: prefix_server::bootstrap::Replica::serving(),
         index: index.clone(),
         limits: Limits::default(),
         metrics: Arc::new(Metrics::default()),

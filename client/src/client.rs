@@ -330,6 +330,22 @@ impl Client {
         }
     }
 
+    /// The server's snapshot: its whole index in the snapshot file's format
+    /// (`prefix_index::Snapshot::parse` reads and checks it), taken on a
+    /// stream of its own within `timeout` (not the call deadline: a large
+    /// index takes seconds). At most `max_bytes` are accepted. When the
+    /// server has roles, it needs a writer or peer certificate.
+    pub async fn snapshot(
+        &self,
+        max_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, ClientError> {
+        let conn = self.inner.conn()?;
+        tokio::time::timeout(timeout, conn.snapshot(max_bytes))
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
+    }
+
     /// Sends one request and waits for its answer until the deadline.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
         let limits = &self.inner.cfg.limits;

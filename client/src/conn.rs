@@ -26,6 +26,9 @@ use crate::wire::{self, FrameReader, Kind, Response, MAX_FRAME_CEILING};
 
 type Answer = Result<Response, ClientError>;
 
+/// Largest piece of a snapshot read at once.
+const SNAPSHOT_CHUNK: usize = 1 << 20;
+
 /// A request on its way to a lane's writer.
 struct Outgoing {
     id: u64,
@@ -124,6 +127,66 @@ impl Conn {
         ClientError::Disconnected {
             addr: self.addr,
             reason: self.reason(),
+        }
+    }
+
+    /// Asks for the server's snapshot on a stream of its own and reads it
+    /// whole: the answer's frame (`Done` or the server's refusal), then the
+    /// snapshot's bytes until the server ends the stream, at most
+    /// `max_bytes` of them.
+    pub(crate) async fn snapshot(&self, max_bytes: u64) -> Result<Vec<u8>, ClientError> {
+        let lost = |e: &dyn std::fmt::Display| ClientError::Disconnected {
+            addr: self.addr,
+            reason: e.to_string(),
+        };
+        let (mut send, mut recv) = self.quic.open_bi().await.map_err(|e| lost(&e))?;
+        let mut frame = Vec::with_capacity(wire::HEADER_LEN);
+        wire::encode_snapshot_request(self.next_id(), &mut frame);
+        send.write_all(&frame).await.map_err(|e| lost(&e))?;
+        // The request is the stream's last frame.
+        let _ = send.finish();
+        let mut buf = Vec::new();
+        let start = loop {
+            let bad =
+                |e: wire::WireError| ClientError::Protocol(format!("a snapshot's answer: {e}"));
+            if let Some(f) = wire::split_frame(&buf, MAX_FRAME_CEILING).map_err(bad)? {
+                match wire::decode_response(f.payload).map_err(bad)? {
+                    Response::One(wire::Reply::Done) => break f.used,
+                    Response::One(wire::Reply::Error { code, message }) => {
+                        return Err(ClientError::Server { code, message })
+                    }
+                    other => {
+                        return Err(ClientError::Protocol(format!(
+                            "expected a snapshot's answer, got {other:?}"
+                        )))
+                    }
+                }
+            }
+            match recv.read_chunk(SNAPSHOT_CHUNK, true).await {
+                Ok(Some(chunk)) => buf.extend_from_slice(&chunk.bytes),
+                Ok(None) => {
+                    return Err(ClientError::Protocol(
+                        "the stream ended before the snapshot's answer".into(),
+                    ))
+                }
+                Err(e) => return Err(lost(&e)),
+            }
+        };
+        buf.drain(..start);
+        loop {
+            match recv.read_chunk(SNAPSHOT_CHUNK, true).await {
+                Ok(Some(chunk)) => {
+                    if (buf.len() + chunk.bytes.len()) as u64 > max_bytes {
+                        let _ = recv.stop(0u32.into());
+                        return Err(ClientError::Protocol(format!(
+                            "the snapshot is over {max_bytes} bytes"
+                        )));
+                    }
+                    buf.extend_from_slice(&chunk.bytes);
+                }
+                Ok(None) => return Ok(buf),
+                Err(e) => return Err(lost(&e)),
+            }
         }
     }
 

@@ -1,12 +1,19 @@
 //! Who may do what: client identities from mutual TLS mapped to roles.
 //!
 //! Mutual TLS (`--client-ca`) decides who may connect. Roles decide what a
-//! connected client may do: identities listed as **readers** may look up, ask
-//! for stats and ping; identities listed as **writers** may also insert,
-//! remove pods and set capacities. When neither list is set, every connected
-//! client is a writer (the behaviour without roles). When either is set, a
-//! client matching neither list may do nothing: every request it sends is
-//! refused with `Forbidden`, naming its certificate so the operator can add it.
+//! connected client may do, from least to most:
+//! - **readers** may look up, ask for stats and ping;
+//! - **peers** (other replicas of the index, `--peer-identity`) may also take
+//!   the server's snapshot, to fill themselves when they start cold;
+//! - **writers** may do everything: insert, remove pods, set capacities,
+//!   follow engines, and take snapshots (whoever may empty the index may read
+//!   it whole).
+//!
+//! A certificate in several lists gets the most it is given. When no list is
+//! set, every connected client is a writer (the behaviour without roles).
+//! When any is set, a client matching none may do nothing: every request it
+//! sends is refused with `Forbidden`, naming its certificate so the operator
+//! can add it.
 //!
 //! An identity is written `sha256:<hex of the DER certificate's SHA-256>`
 //! (pins one certificate) or `cn:<common name>` (any certificate the CA issued
@@ -74,6 +81,8 @@ pub enum Access {
     Write,
     /// Lookups, stats and ping.
     Read,
+    /// What a reader may, and snapshots.
+    Peer,
     /// Nothing; the text describes the certificate (or its absence).
     Denied(String),
 }
@@ -120,6 +129,13 @@ impl Peer {
     }
 }
 
+impl Access {
+    /// Whether it may take the server's snapshot.
+    pub fn may_snapshot(&self) -> bool {
+        matches!(self, Access::Write | Access::Peer)
+    }
+}
+
 impl fmt::Display for Peer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "sha256:")?;
@@ -140,16 +156,18 @@ pub struct Roles {
     pub readers: Vec<Identity>,
     /// Identities that may read and write.
     pub writers: Vec<Identity>,
+    /// Identities that may read and take snapshots: the other replicas.
+    pub peers: Vec<Identity>,
 }
 
 impl Roles {
     /// Whether any role is configured (otherwise everyone connected writes).
     pub fn enabled(&self) -> bool {
-        !self.readers.is_empty() || !self.writers.is_empty()
+        !self.readers.is_empty() || !self.writers.is_empty() || !self.peers.is_empty()
     }
 
-    /// What a connection whose client presented `certs` (leaf first) may do.
-    /// Writers win when a certificate matches both lists.
+    /// What a connection whose client presented `certs` (leaf first) may do:
+    /// the most of every list its certificate matches.
     pub fn access(&self, certs: Option<&[CertificateDer<'_>]>) -> Access {
         if !self.enabled() {
             return Access::Write;
@@ -160,6 +178,8 @@ impl Roles {
         let peer = Peer::from_der(leaf);
         if self.writers.iter().any(|id| peer.matches(id)) {
             Access::Write
+        } else if self.peers.iter().any(|id| peer.matches(id)) {
+            Access::Peer
         } else if self.readers.iter().any(|id| peer.matches(id)) {
             Access::Read
         } else {
@@ -217,14 +237,19 @@ mod tests {
     #[test]
     fn certificates_map_to_roles() {
         let (reader, writer, stranger) = (cert("gw-ro"), cert("gw-rw"), cert("other"));
+        let replica = cert("index-1");
         let roles = Roles {
-            readers: vec!["cn:gw-ro".parse().unwrap()],
+            readers: vec!["cn:gw-ro".parse().unwrap(), "cn:index-1".parse().unwrap()],
             writers: vec![hash(&writer).parse().unwrap()],
+            peers: vec!["cn:index-1".parse().unwrap()],
         };
-        assert_eq!(
-            roles.access(Some(std::slice::from_ref(&reader))),
-            Access::Read
-        );
+        // A replica is a peer (the more of its two lists), a reader is not.
+        let as_replica = roles.access(Some(std::slice::from_ref(&replica)));
+        assert_eq!(as_replica, Access::Peer);
+        assert!(as_replica.may_snapshot());
+        let as_reader = roles.access(Some(std::slice::from_ref(&reader)));
+        assert_eq!(as_reader, Access::Read);
+        assert!(!as_reader.may_snapshot());
         assert_eq!(roles.access(Some(&[writer])), Access::Write);
         let Access::Denied(who) = roles.access(Some(std::slice::from_ref(&stranger))) else {
             panic!("a stranger got in");
@@ -234,10 +259,11 @@ mod tests {
             "{who}"
         );
         assert!(matches!(roles.access(None), Access::Denied(_)));
-        // The writer list wins over the reader list.
+        // The writer list wins over the others.
         let both = Roles {
             readers: vec!["cn:gw-ro".parse().unwrap()],
             writers: vec![hash(&reader).parse().unwrap()],
+            peers: vec!["cn:gw-ro".parse().unwrap()],
         };
         assert_eq!(
             both.access(Some(std::slice::from_ref(&reader))),

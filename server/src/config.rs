@@ -14,6 +14,7 @@ use prefix_index::IndexConfig;
 use prefix_proto::{Limits, MAX_FRAME_CEILING};
 
 use crate::access::{Identity, Roles};
+use crate::bootstrap::ReplicaConfig;
 use crate::engines::{EngineConfig, Ratio, Subscription};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -166,6 +167,42 @@ pub struct Settings {
     /// matching neither may do nothing.
     #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
     pub writers: Option<Vec<String>>,
+    /// A client identity that may look up and take this server's snapshot:
+    /// the certificate the other replicas present (same forms as --reader).
+    #[arg(
+        long = "peer-identity",
+        env = "PREFIX_INDEX_PEER_IDENTITIES",
+        value_delimiter = ';'
+    )]
+    pub peer_identities: Option<Vec<String>>,
+    /// Another replica of this index (host:port of its QUIC listener), asked
+    /// for its snapshot when this server starts cold. Repeat the flag; in the
+    /// environment separate them with ';'. Tried in the order given.
+    #[arg(long = "peer", env = "PREFIX_INDEX_PEERS", value_delimiter = ';')]
+    pub peers: Option<Vec<String>>,
+    /// CA certificate (PEM) the peers' certificates are checked against;
+    /// default: --client-ca, else the server's own certificate.
+    #[arg(long, env = "PREFIX_INDEX_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+    /// The name the peers' certificates are checked for; default: the host
+    /// of each --peer.
+    #[arg(long, env = "PREFIX_INDEX_PEER_SERVER_NAME")]
+    pub peer_server_name: Option<String>,
+    /// A snapshot of its own older than this does not count: the server
+    /// fills itself from a peer instead.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
+    pub bootstrap_max_age: Option<HumanDuration>,
+    /// How long to keep asking peers before starting from the server's own
+    /// snapshot (however old) or empty: all replicas may be starting at once.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
+    pub bootstrap_timeout: Option<HumanDuration>,
+    /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
+    #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
+    pub max_snapshot_bytes: Option<u64>,
+    /// Writes held while a peer's snapshot is being restored (applied right
+    /// after it); past it, writes are refused `Unavailable`.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
+    pub bootstrap_queue: Option<usize>,
     /// An engine to follow (precise mode): pod=<name>,model=<model>,
     /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
     /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
@@ -400,6 +437,18 @@ impl Settings {
             roles: Roles {
                 readers: identities("reader", self.readers)?,
                 writers: identities("writer", self.writers)?,
+                peers: identities("peer-identity", self.peer_identities)?,
+            },
+            replicas: ReplicaConfig {
+                peers: self.peers.unwrap_or_default(),
+                peer_ca: self.peer_ca,
+                peer_server_name: self.peer_server_name,
+                max_age: dur(self.bootstrap_max_age, d.replicas.max_age),
+                timeout: dur(self.bootstrap_timeout, d.replicas.timeout),
+                max_snapshot_bytes: self
+                    .max_snapshot_bytes
+                    .unwrap_or(d.replicas.max_snapshot_bytes),
+                queue: self.bootstrap_queue.unwrap_or(d.replicas.queue),
             },
             engines: EngineConfig {
                 subscriptions: subscriptions(self.engines)?,
@@ -478,6 +527,14 @@ impl From<&ServerConfig> for Settings {
             busy_poll: Some(HumanDuration(cfg.busy_poll.unwrap_or(off))),
             readers: names(&cfg.roles.readers),
             writers: names(&cfg.roles.writers),
+            peer_identities: names(&cfg.roles.peers),
+            peers: (!cfg.replicas.peers.is_empty()).then(|| cfg.replicas.peers.clone()),
+            peer_ca: cfg.replicas.peer_ca.clone(),
+            peer_server_name: cfg.replicas.peer_server_name.clone(),
+            bootstrap_max_age: Some(HumanDuration(cfg.replicas.max_age)),
+            bootstrap_timeout: Some(HumanDuration(cfg.replicas.timeout)),
+            max_snapshot_bytes: Some(cfg.replicas.max_snapshot_bytes),
+            bootstrap_queue: Some(cfg.replicas.queue),
             engines: (!cfg.engines.subscriptions.is_empty()).then(|| {
                 cfg.engines
                     .subscriptions
@@ -617,6 +674,9 @@ pub struct ServerConfig {
     /// Precise mode: engine subscriptions and their limits (see
     /// [`crate::engines`]). Default: no engines.
     pub engines: EngineConfig,
+    /// The other replicas, and how a cold start fills itself from them (see
+    /// [`crate::bootstrap`]). Default: no peers.
+    pub replicas: ReplicaConfig,
 }
 
 impl Default for ServerConfig {
@@ -647,6 +707,7 @@ impl Default for ServerConfig {
             busy_poll: None,
             roles: Roles::default(),
             engines: EngineConfig::default(),
+            replicas: ReplicaConfig::default(),
         }
     }
 }
@@ -725,9 +786,27 @@ impl ServerConfig {
                 "must be at least 65536",
             );
         }
+        let r = &self.replicas;
+        if let Some(p) = r
+            .peers
+            .iter()
+            .find(|p| crate::bootstrap::split_peer(p).is_none())
+        {
+            return bad("peer", p, "not host:port");
+        }
+        if r.queue == 0 || r.timeout.is_zero() {
+            return bad("bootstrap-queue/bootstrap-timeout", &0, "must be positive");
+        }
+        if r.max_snapshot_bytes < 1 << 20 {
+            return bad(
+                "max-snapshot-bytes",
+                &r.max_snapshot_bytes,
+                "must be at least 1048576",
+            );
+        }
         if self.roles.enabled() && self.client_ca.is_none() {
             return bad(
-                "reader/writer",
+                "reader/writer/peer-identity",
                 &"set",
                 "roles name client certificates: they need --client-ca (mutual TLS)",
             );
@@ -883,6 +962,16 @@ mod tests {
                     "cn:w".parse().unwrap(),
                     format!("sha256:{}", "ab".repeat(32)).parse().unwrap(),
                 ],
+                peers: vec!["cn:index".parse().unwrap()],
+            },
+            replicas: ReplicaConfig {
+                peers: vec!["index-1.index:7070".into(), "10.0.0.2:7070".into()],
+                peer_ca: Some("peer-ca.pem".into()),
+                peer_server_name: Some("index.internal".into()),
+                max_age: Duration::from_secs(27),
+                timeout: Duration::from_secs(28),
+                max_snapshot_bytes: 29 << 20,
+                queue: 30,
             },
             engines: EngineConfig {
                 subscriptions: vec![
@@ -981,10 +1070,11 @@ mod tests {
                 "{key}"
             );
             let flag = arg.get_long().unwrap_or_default();
-            assert!(
-                key == flag || key == format!("{flag}s"),
-                "{key} vs --{flag}"
-            );
+            let plural = match flag.strip_suffix('y') {
+                Some(stem) => format!("{stem}ies"),
+                None => format!("{flag}s"),
+            };
+            assert!(key == flag || key == plural, "{key} vs --{flag}");
         }
     }
 

@@ -34,9 +34,10 @@ use prefix_proto::{
 use smallvec::SmallVec;
 
 use crate::access::Access;
+use crate::bootstrap::Replica;
 use crate::engines::{wire::engine_state, Engines, Subscription, SubscriptionError};
 use crate::metrics::{self, Metrics, Tally};
-use crate::service::Service;
+use crate::service::{Service, SnapshotJob};
 
 /// Counts a frame in `requests_in_flight` while it lives, even if applying
 /// it panics.
@@ -113,6 +114,21 @@ pub struct Handler {
     /// where a handler serves an index alone (benchmarks, tests), which
     /// answers them `Unsupported`.
     pub engines: Option<Arc<Engines>>,
+    /// The replica gate: writes held and lookups refused while the server
+    /// fills itself from a peer, and the one snapshot it sends at a time.
+    pub replica: Arc<Replica>,
+}
+
+/// Replies nobody reads: held writes applied after a fill. Their errors
+/// are counted in the metrics like any op's.
+struct Discard;
+
+impl Replies for Discard {
+    fn lookup(&mut self, _: u32, _: &[(&str, u32)]) {}
+    fn reply(&mut self, _: &Reply) {}
+    fn written(&self) -> usize {
+        0
+    }
 }
 
 /// Milliseconds since the Unix epoch: the index's clock. Wall time, so that
@@ -197,12 +213,12 @@ impl<'r> Hits<'r> {
 fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
     match access {
         Access::Write => None,
-        Access::Read if !op.kind().writes() => None,
-        Access::Read => Some(ErrorCode::Forbidden.reply(
+        Access::Read | Access::Peer if !op.kind().writes() => None,
+        Access::Read | Access::Peer => Some(ErrorCode::Forbidden.reply(
             "this client's certificate is a reader: it may look up but not change the index",
         )),
         Access::Denied(who) => Some(ErrorCode::Forbidden.reply(format!(
-            "{who} has no role on this server (see --reader and --writer)"
+            "{who} has no role on this server (see --reader, --writer and --peer-identity)"
         ))),
     }
 }
@@ -236,6 +252,24 @@ impl Handler {
             w.reply(&e.to_reply());
             return true;
         }
+        if let Some(reply) = self.replica.admit(op, &self.metrics) {
+            w.reply(&reply);
+            return matches!(reply, Reply::Error { .. });
+        }
+        self.execute(op, now, reader, scratch, hits, w)
+    }
+
+    /// Applies one op that may be applied now and writes its reply; returns
+    /// whether it failed.
+    fn execute<'r>(
+        &self,
+        op: &'r Op,
+        now: u64,
+        reader: &Reader<'_>,
+        scratch: &mut Vec<Match>,
+        hits: &mut Hits<'r>,
+        w: &mut impl Replies,
+    ) -> bool {
         let reply = match op {
             Op::Lookup {
                 model,
@@ -286,6 +320,21 @@ impl Handler {
 }
 
 impl Handler {
+    /// Applies writes held while the server filled itself from a peer, in
+    /// order, now that the gate lets nothing else through first (they were
+    /// checked against roles and limits when they arrived).
+    pub fn apply_held(&self, ops: Vec<Op>) {
+        let now = now_ms();
+        let reader = self.index.reader();
+        let (mut scratch, mut hits, mut tally) = (Vec::new(), Hits::default(), Tally::default());
+        for op in &ops {
+            let failed = self.execute(op, now, &reader, &mut scratch, &mut hits, &mut Discard);
+            tally.add(metrics::op_slot(op), failed);
+        }
+        drop(reader);
+        self.metrics.count(&tally);
+    }
+
     /// Applies `request`'s ops in order for a client allowed `access`,
     /// writing their replies to `w`, and counts them. Returns how many ops
     /// were applied if the answers passed [`MAX_FRAME_CEILING`] (the rest
@@ -361,6 +410,28 @@ impl Handler {
 }
 
 impl Service for Handler {
+    /// The index's snapshot, for writers and peers, one at a time, once the
+    /// server is not filling itself.
+    fn snapshot(&self, access: &Access) -> Result<SnapshotJob, Reply> {
+        if !access.may_snapshot() {
+            let who = match access {
+                Access::Denied(who) => who.as_str(),
+                _ => "this client's certificate",
+            };
+            return Err(ErrorCode::Forbidden.reply(format!(
+                "{who} may not take snapshots: list it under --peer-identity (or --writer)"
+            )));
+        }
+        let sending = self.replica.send()?;
+        let (index, metrics) = (self.index.clone(), self.metrics.clone());
+        Ok(Box::new(move |out| {
+            let _one_at_a_time = sending;
+            index.write_snapshot(out, now_ms())?;
+            metrics.snapshots_sent.inc();
+            Ok(())
+        }))
+    }
+
     /// Whether a request should run on the blocking pool: its weight (see
     /// [`Op::weight`]) is over `inline_blocks`.
     fn is_heavy(&self, request: &Request) -> bool {
@@ -425,6 +496,7 @@ mod tests {
     fn handler() -> Handler {
         Handler {
             engines: None,
+            replica: crate::bootstrap::Replica::serving(),
             index: Arc::new(Index::new(IndexConfig::default())),
             limits: Limits {
                 max_key_blocks: 4,
@@ -660,6 +732,7 @@ mod tests {
         let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone());
         let h = Handler {
             engines: Some(engines),
+            replica: crate::bootstrap::Replica::serving(),
             ..h
         };
         (h, stop)

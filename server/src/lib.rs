@@ -17,6 +17,7 @@
 //! - [`busy_poll`]: optional spinning workers, for latency on machines where
 //!   waking a thread is slow.
 //! - [`snapshot`]: the index saved to the data directory and restored.
+//! - [`bootstrap`]: a cold replica filled from a live peer's snapshot.
 //! - [`engines`]: precise mode, following engines' KV-cache events over
 //!   ZeroMQ.
 //!
@@ -49,6 +50,7 @@ use tokio_util::task::TaskTracker;
 
 pub mod access;
 pub mod api;
+pub mod bootstrap;
 pub mod busy_poll;
 pub mod config;
 pub mod engines;
@@ -64,7 +66,8 @@ pub mod tls;
 pub use config::{ServerConfig, Settings};
 pub use service::Service;
 
-use handler::Handler;
+use bootstrap::Replica;
+use handler::{now_ms, Handler};
 use metrics::Metrics;
 
 /// Why the server could not start or stopped abnormally.
@@ -101,7 +104,12 @@ pub struct Server {
     /// The snapshot period, unless snapshots are off (by config, or because
     /// an unreadable snapshot is in the way).
     snapshots: Option<Duration>,
-    /// Engine subscriptions (precise mode), started at bind time.
+    /// What a cold start fills itself with from a peer, until it runs.
+    filling: Option<bootstrap::Filling>,
+    /// The replica gate: closed while filling.
+    replica: Arc<Replica>,
+    /// Engine subscriptions (precise mode), started at bind time (or once
+    /// filled from a peer).
     engines: Arc<engines::Engines>,
     /// Stops everything the server started.
     token: CancellationToken,
@@ -151,42 +159,52 @@ impl Server {
         };
         let index = Arc::new(Index::new(cfg.index.clone()));
         let metrics = Arc::<Metrics>::default();
-        let mut snapshots = cfg.snapshot_interval;
-        if snapshots.is_some() {
-            let (i, m, dir) = (index.clone(), metrics.clone(), cfg.data_dir.clone());
-            // Reading and replaying a large snapshot takes seconds: keep it
-            // off the async workers.
-            let loaded =
-                tokio::task::spawn_blocking(move || snapshot::load_and_report(&i, &dir, &m));
-            match loaded.await {
-                Ok(true) => {}
-                Ok(false) => snapshots = None,
-                Err(e) => {
-                    tracing::error!(error = %e, "restoring the snapshot failed; snapshots are off");
-                    snapshots = None;
-                }
-            }
-        }
-        // After the snapshot: engine events then find their parents in the
-        // restored records.
+        let (snapshots, filling) = restore_or_plan(&cfg, &index, &metrics).await?;
         let token = CancellationToken::new();
         let engines = engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone());
-        if let Err(e) = engines.start() {
-            token.cancel();
-            engines.join();
-            return Err(e.into());
+        // After the restore, so that engine events find their parents in the
+        // restored records: now, or once filled from a peer.
+        if filling.is_none() {
+            if let Err(e) = engines.start() {
+                token.cancel();
+                engines.join();
+                return Err(e.into());
+            }
         }
         metrics.watch_engines(&engines);
+        let replica = match filling {
+            Some(_) => Replica::filling(cfg.replicas.queue),
+            None => Replica::serving(),
+        };
         Ok(Server {
             index,
             metrics,
             snapshots,
+            filling,
+            replica,
             cfg,
             endpoint,
             http,
             api,
             engines,
             token,
+        })
+    }
+
+    /// The replica gate (tests read how a fill went).
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// The index's request handler.
+    fn handler(&self) -> Arc<Handler> {
+        Arc::new(Handler {
+            index: self.index.clone(),
+            limits: self.cfg.limits(),
+            metrics: self.metrics.clone(),
+            inline_blocks: self.cfg.inline_blocks,
+            engines: Some(self.engines.clone()),
+            replica: self.replica.clone(),
         })
     }
 
@@ -226,13 +244,7 @@ impl Server {
     /// connections, answers the requests already received (for up to
     /// `drain_timeout`), closes every connection and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-        let handler = Arc::new(Handler {
-            index: self.index.clone(),
-            limits: self.cfg.limits(),
-            metrics: self.metrics.clone(),
-            inline_blocks: self.cfg.inline_blocks,
-            engines: Some(self.engines.clone()),
-        });
+        let handler = self.handler();
         self.serve_with(handler.clone(), Some(handler), shutdown)
             .await
     }
@@ -260,7 +272,16 @@ impl Server {
         // Drops the HTTP API's connections that outlive the drain.
         let api_hard = CancellationToken::new();
         let tracker = TaskTracker::new();
-        let ready = Arc::new(AtomicBool::new(true));
+        let ready = Arc::new(AtomicBool::new(self.filling.is_none()));
+        if let Some(filling) = self.filling.take() {
+            let target = bootstrap::Target {
+                handler: api.clone().unwrap_or_else(|| self.handler()),
+                engines: self.engines.clone(),
+                metrics: self.metrics.clone(),
+                ready: ready.clone(),
+            };
+            tracker.spawn(bootstrap::fill(filling, target, token.clone()));
+        }
         let busy = self.cfg.busy_poll.map(|window| {
             let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
             busy.start(&tracker, &token);
@@ -276,6 +297,7 @@ impl Server {
         if let Some(every) = self.snapshots {
             tracker.spawn(snapshot::run(
                 self.index.clone(),
+                self.replica.clone(),
                 self.cfg.data_dir.clone(),
                 self.metrics.clone(),
                 every,
@@ -374,8 +396,9 @@ impl Server {
         // poll period. Joined before the snapshot, so it has every event.
         let engines = self.engines.clone();
         let _ = tokio::task::spawn_blocking(move || engines.join()).await;
-        if self.snapshots.is_some() {
-            // Every answered insert is in it: the drain is over.
+        if self.snapshots.is_some() && !self.replica.is_filling() {
+            // Every answered insert is in it: the drain is over. (A server
+            // stopped while still filling keeps the snapshot it had.)
             snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)
                 .await;
         }
@@ -392,6 +415,82 @@ impl Server {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Restores the server's own snapshot, or, for a cold start with peers,
+/// plans to fill from one (see [`bootstrap`]): the snapshot period (none
+/// when snapshots are off or an unreadable snapshot is in the way) and the
+/// plan.
+async fn restore_or_plan(
+    cfg: &ServerConfig,
+    index: &Arc<Index>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Option<Duration>, Option<bootstrap::Filling>), ServerError> {
+    let Some(every) = cfg.snapshot_interval else {
+        return Ok((None, plan(cfg, None)?));
+    };
+    let started = std::time::Instant::now();
+    // Reading and replaying a large snapshot takes seconds: keep it off the
+    // async workers.
+    let dir = cfg.data_dir.clone();
+    let found = match tokio::task::spawn_blocking(move || snapshot::find(&dir, now_ms())).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::error!(error = %e, "reading the snapshot failed; snapshots are off");
+            return Ok((None, plan(cfg, None)?));
+        }
+    };
+    let stale = match &found {
+        snapshot::Found::Parsed { age, .. } => *age > cfg.replicas.max_age,
+        _ => true,
+    };
+    if cfg.replicas.peers.is_empty() || !stale {
+        let (i, m, dir) = (index.clone(), metrics.clone(), cfg.data_dir.clone());
+        let restored = tokio::task::spawn_blocking(move || {
+            let loaded = found.restore(&i, now_ms());
+            snapshot::report(loaded, &dir, started, &m)
+        });
+        return match restored.await {
+            Ok(may_save) => Ok((may_save.then_some(every), None)),
+            Err(e) => {
+                tracing::error!(error = %e, "restoring the snapshot failed; snapshots are off");
+                Ok((None, None))
+            }
+        };
+    }
+    let (fallback, may_save) = match found {
+        snapshot::Found::Parsed { snapshot, age } => {
+            tracing::info!(age = ?age, max_age = ?cfg.replicas.max_age, "the snapshot is too old to start from: filling from a peer");
+            (Some(snapshot), true)
+        }
+        snapshot::Found::Missing => {
+            tracing::info!("no snapshot: filling from a peer");
+            (None, true)
+        }
+        snapshot::Found::SetAside { error, moved_to } => {
+            let loaded = snapshot::Loaded::SetAside { error, moved_to };
+            (
+                None,
+                snapshot::report(loaded, &cfg.data_dir, started, metrics),
+            )
+        }
+    };
+    Ok((may_save.then_some(every), plan(cfg, fallback)?))
+}
+
+/// What filling from a peer needs, if the server has peers.
+fn plan(
+    cfg: &ServerConfig,
+    fallback: Option<prefix_index::Snapshot>,
+) -> Result<Option<bootstrap::Filling>, ServerError> {
+    if cfg.replicas.peers.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(bootstrap::Filling {
+        cfg: cfg.replicas.clone(),
+        tls: tls::peer_tls(cfg)?,
+        fallback,
+    }))
 }
 
 /// Accepts connections until cancelled, refusing those over the limit.

@@ -83,6 +83,15 @@ pub struct Metrics {
     pub snapshot_failures: Counter,
     snapshot_bytes: Gauge,
     snapshot_entries: Gauge,
+    /// Snapshots sent to peers (replicas filling themselves).
+    pub snapshots_sent: Counter,
+    /// Snapshots asked of peers that failed or were refused (damaged,
+    /// truncated, too large, peer unreachable).
+    pub bootstrap_failures: Counter,
+    /// Writes held while filling from a peer, applied after the restore.
+    pub bootstrap_held: Counter,
+    /// Whether the server is filling itself from a peer right now (1) or not.
+    pub bootstrapping: Gauge,
     snapshot_seconds: Histogram,
     /// Resident memory of the process, read at scrape time (Linux).
     resident_bytes: Gauge,
@@ -163,6 +172,10 @@ impl Default for Metrics {
             sweep_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 18)),
             snapshots: Counter::default(),
             snapshot_failures: Counter::default(),
+            snapshots_sent: Counter::default(),
+            bootstrap_failures: Counter::default(),
+            bootstrap_held: Counter::default(),
+            bootstrapping: Gauge::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_entries: Gauge::default(),
             snapshot_seconds: Histogram::new(exponential_buckets(1e-3, 2.0, 16)),
@@ -249,6 +262,26 @@ impl Metrics {
             "snapshot_failures",
             "Snapshots that could not be written, or refused at start",
             self.snapshot_failures.clone(),
+        );
+        r.register(
+            "snapshots_sent",
+            "Snapshots sent to peers filling themselves",
+            self.snapshots_sent.clone(),
+        );
+        r.register(
+            "bootstrap_failures",
+            "Snapshots asked of peers that failed or were refused",
+            self.bootstrap_failures.clone(),
+        );
+        r.register(
+            "bootstrap_held_writes",
+            "Writes held while filling from a peer, applied after the restore",
+            self.bootstrap_held.clone(),
+        );
+        r.register(
+            "bootstrapping",
+            "1 while the server fills itself from a peer (not ready), else 0",
+            self.bootstrapping.clone(),
         );
         r.register(
             "snapshot_bytes",

@@ -7,9 +7,13 @@
 //! tester's echo baseline is another, so the baseline measures exactly the
 //! server's transport path with no index work in it.
 
-use prefix_proto::{Limits, Request};
+use prefix_proto::{ErrorCode, Limits, Reply, Request};
 
 use crate::access::Access;
+
+/// Writes a snapshot into the sink it is given; run on the blocking pool
+/// while the stream layer sends what it writes.
+pub type SnapshotJob = Box<dyn FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send>;
 
 /// Answers decoded requests. Called on the async workers, or on the blocking
 /// pool for requests it calls heavy.
@@ -27,4 +31,12 @@ pub trait Service: Send + Sync + 'static {
 
     /// The limits requests are read against (frame size, batch size).
     fn limits(&self) -> &Limits;
+
+    /// The job that writes this service's snapshot for a client allowed
+    /// `access`, or the reply that refuses it. A service without an index
+    /// has none to give.
+    fn snapshot(&self, access: &Access) -> Result<SnapshotJob, Reply> {
+        let _ = access;
+        Err(ErrorCode::Unsupported.reply("this server keeps no index to send"))
+    }
 }

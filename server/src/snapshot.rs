@@ -21,6 +21,7 @@ use thiserror::Error;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::bootstrap::Replica;
 use crate::handler::now_ms;
 use crate::metrics::Metrics;
 
@@ -110,15 +111,35 @@ impl Loaded {
     }
 }
 
-/// Restores `<dir>/index.snapshot` into `index`, if there is one. A bad
-/// snapshot is moved aside and reported, and `index` is left empty.
-pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
+/// What `<dir>/index.snapshot` holds, read and checked but not restored.
+pub enum Found {
+    /// There is none.
+    Missing,
+    /// A snapshot this build can restore.
+    Parsed {
+        /// It, parsed.
+        snapshot: Snapshot,
+        /// How old it is.
+        age: Duration,
+    },
+    /// It could not be read (see [`Loaded::SetAside`]).
+    SetAside {
+        /// Why it was refused.
+        error: SnapshotFileError,
+        /// Where it is now (if the rename worked).
+        moved_to: Option<PathBuf>,
+    },
+}
+
+/// Reads and checks `<dir>/index.snapshot`, if there is one. A bad snapshot
+/// is moved aside.
+pub fn find(dir: &Path, now: u64) -> Found {
     let path = dir.join(FILE);
     let bytes = match fs::read(&path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Loaded::Missing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Found::Missing,
         Err(e) => {
-            return Loaded::SetAside {
+            return Found::SetAside {
                 error: io(&path)(e),
                 moved_to: None,
             }
@@ -129,15 +150,14 @@ pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
     // replay allocates the index.
     drop(bytes);
     match parsed {
-        Ok(snap) => {
-            let age = Duration::from_millis(now.saturating_sub(snap.written_at));
-            let summary = snap.restore(index, now);
-            Loaded::Restored { summary, age }
-        }
+        Ok(snapshot) => Found::Parsed {
+            age: Duration::from_millis(now.saturating_sub(snapshot.written_at)),
+            snapshot,
+        },
         Err(source) => {
             let aside = dir.join(format!("{FILE}.bad-{now}"));
             let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
-            Loaded::SetAside {
+            Found::SetAside {
                 error: SnapshotFileError::Bad { path, source },
                 moved_to,
             }
@@ -145,11 +165,29 @@ pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
     }
 }
 
-/// Loads at start and logs what happened; returns whether snapshots may be
+impl Found {
+    /// Restores what was found into `index`.
+    pub fn restore(self, index: &Index, now: u64) -> Loaded {
+        match self {
+            Found::Missing => Loaded::Missing,
+            Found::Parsed { snapshot, age } => Loaded::Restored {
+                summary: snapshot.restore(index, now),
+                age,
+            },
+            Found::SetAside { error, moved_to } => Loaded::SetAside { error, moved_to },
+        }
+    }
+}
+
+/// Restores `<dir>/index.snapshot` into `index`, if there is one. A bad
+/// snapshot is moved aside and reported, and `index` is left empty.
+pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
+    find(dir, now).restore(index, now)
+}
+
+/// Logs what a start found and restored; returns whether snapshots may be
 /// written (see [`Loaded::may_save`]).
-pub fn load_and_report(index: &Index, dir: &Path, metrics: &Metrics) -> bool {
-    let started = Instant::now();
-    let loaded = load(index, dir, now_ms());
+pub fn report(loaded: Loaded, dir: &Path, started: Instant, metrics: &Metrics) -> bool {
     let may_save = loaded.may_save();
     match loaded {
         Loaded::Missing => tracing::info!(dir = %dir.display(), "no snapshot; starting empty"),
@@ -204,6 +242,7 @@ pub async fn save_and_report(index: Arc<Index>, dir: PathBuf, metrics: &Metrics)
 /// shutdown, is written by the server after the drain).
 pub async fn run(
     index: Arc<Index>,
+    replica: Arc<Replica>,
     dir: PathBuf,
     metrics: Arc<Metrics>,
     interval: Duration,
@@ -217,6 +256,11 @@ pub async fn run(
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // A server filling itself from a peer has nothing worth keeping yet:
+        // its own snapshot stays until the fill is done.
+        if replica.is_filling() {
+            continue;
         }
         save_and_report(index.clone(), dir.clone(), &metrics).await;
     }

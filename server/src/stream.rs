@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use prefix_proto::{encode_response, ErrorCode, FrameReader, Incoming, Kind, Request, Response};
+use prefix_proto::{
+    encode_response, ErrorCode, FrameReader, Incoming, Kind, Reply, Request, Response,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -170,6 +172,8 @@ async fn serve_stream<S: Service>(
     let mut out = Vec::with_capacity(64 << 10);
     let mut heavy = Heavy::new(&shared);
     let mut input = Input::Open;
+    // A snapshot request's id: answered once every earlier request is.
+    let mut snapshot = None;
     loop {
         if !out.is_empty() {
             if send.write_all(&out).await.is_err() {
@@ -240,16 +244,34 @@ async fn serve_stream<S: Service>(
         if heavy.waiting.is_some() {
             continue;
         }
-        if let Some(code) = answer(service, &mut reader, &mut out, &mut heavy) {
-            let _ = recv.stop(u32::from(code).into());
-            input = Input::Closed;
-        } else if input == Input::Ended && heavy.waiting.is_none() {
+        match answer(service, &mut reader, &mut out, &mut heavy) {
+            Some(Stop::Framing(code)) => {
+                let _ = recv.stop(u32::from(code).into());
+                input = Input::Closed;
+                continue;
+            }
+            Some(Stop::Snapshot(id)) => {
+                // The stream's last request: whatever the client sends after
+                // it is not read.
+                let _ = recv.stop(0u32.into());
+                snapshot = Some(id);
+                input = Input::Closed;
+                continue;
+            }
+            None => {}
+        }
+        if input == Input::Ended && heavy.waiting.is_none() {
             // The client finished its side; answer a frame it cut short.
             if let Err(cut) = reader.finish() {
                 service.refused();
                 cut.encode(&mut out);
             }
             input = Input::Closed;
+        }
+    }
+    if let Some(id) = snapshot {
+        if !send_snapshot(&mut send, id, &shared).await {
+            return;
         }
     }
     let _ = send.finish();
@@ -345,19 +367,124 @@ impl<S: Service> Heavy<S> {
     }
 }
 
+/// Pieces of a snapshot handed from the writing job to the stream: large
+/// enough that each write is efficient, few enough in flight to bound the
+/// memory one transfer holds (`SNAPSHOT_PIECES` × this).
+const SNAPSHOT_PIECE: usize = 1 << 20;
+const SNAPSHOT_PIECES: usize = 4;
+
+/// A [`std::io::Write`] that hands full pieces to the sending task; fails
+/// once the task has stopped (the client went away).
+struct Pieces {
+    piece: Vec<u8>,
+    to: tokio::sync::mpsc::Sender<Vec<u8>>,
+}
+
+impl Pieces {
+    fn hand_over(&mut self) -> std::io::Result<()> {
+        let full = std::mem::replace(&mut self.piece, Vec::with_capacity(SNAPSHOT_PIECE));
+        self.to
+            .blocking_send(full)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))
+    }
+}
+
+impl std::io::Write for Pieces {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(SNAPSHOT_PIECE - self.piece.len());
+        self.piece.extend_from_slice(&buf[..n]);
+        if self.piece.len() == SNAPSHOT_PIECE {
+            self.hand_over()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.piece.is_empty() {
+            return Ok(());
+        }
+        self.hand_over()
+    }
+}
+
+/// Answers snapshot request `id`: the refusal, or `Done` followed by the
+/// snapshot's bytes, written by the service's job on the blocking pool as the
+/// stream takes them. Returns whether the stream may be finished normally: a
+/// transfer cut short is reset instead, so the client cannot take a
+/// truncated snapshot for a whole one (its checks would refuse it anyway).
+async fn send_snapshot<S: Service>(
+    send: &mut quinn::SendStream,
+    id: u64,
+    shared: &Shared<S>,
+) -> bool {
+    let mut head = Vec::new();
+    let job = match shared.service.snapshot(&shared.access) {
+        Ok(job) => {
+            encode_response(id, &Response::One(Reply::Done), &mut head);
+            job
+        }
+        Err(refusal) => {
+            encode_response(id, &Response::One(refusal), &mut head);
+            return send.write_all(&head).await.is_ok();
+        }
+    };
+    if send.write_all(&head).await.is_err() {
+        return false;
+    }
+    let (to, mut pieces) = tokio::sync::mpsc::channel(SNAPSHOT_PIECES);
+    let writing = tokio::task::spawn_blocking(move || {
+        let mut sink = Pieces {
+            piece: Vec::with_capacity(SNAPSHOT_PIECE),
+            to,
+        };
+        job(&mut sink)?;
+        std::io::Write::flush(&mut sink)
+    });
+    let mut sent = true;
+    while let Some(piece) = pieces.recv().await {
+        if send.write_all(&piece).await.is_err() {
+            sent = false;
+            break;
+        }
+    }
+    // Dropping the receiver fails the job's next hand-over, so it stops.
+    drop(pieces);
+    match writing.await {
+        Ok(Ok(())) if sent => true,
+        outcome => {
+            let why = match outcome {
+                Ok(Ok(())) => "the client stopped reading".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            tracing::warn!(%why, "a snapshot transfer was cut short");
+            let _ = send.reset(u32::from(ErrorCode::Internal as u16).into());
+            false
+        }
+    }
+}
+
+/// Why a stream stops reading requests.
+enum Stop {
+    /// Its framing is lost: close it with this error code.
+    Framing(u16),
+    /// A snapshot request (this id): answer it once every earlier request is.
+    Snapshot(u64),
+}
+
 /// Answers every whole frame in the reader into `out`, starting heavy ones on
-/// the blocking pool, until no whole frame is left or a heavy frame has to
-/// wait for a permit. Returns the error code if the stream's framing is lost
-/// and it must close.
+/// the blocking pool, until no whole frame is left, a heavy frame has to
+/// wait for a permit, or the stream stops reading requests.
 fn answer<S: Service>(
     service: &S,
     reader: &mut FrameReader,
     out: &mut Vec<u8>,
     heavy: &mut Heavy<S>,
-) -> Option<u16> {
+) -> Option<Stop> {
     loop {
         match reader.next_request(service.limits()) {
             Ok(None) => return None,
+            Ok(Some(Incoming::Snapshot { id })) => return Some(Stop::Snapshot(id)),
             Ok(Some(Incoming::Request { id, request })) => {
                 if service.is_heavy(&request) {
                     // A big batch of long keys takes milliseconds: run it off
@@ -377,7 +504,7 @@ fn answer<S: Service>(
                 tracing::debug!(error = %fatal, "closing a stream");
                 service.refused();
                 fatal.encode(out);
-                return Some(fatal.error.code() as u16);
+                return Some(Stop::Framing(fatal.error.code() as u16));
             }
         }
     }
@@ -439,6 +566,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let handler = Arc::new(Handler {
             engines: None,
+            replica: crate::bootstrap::Replica::serving(),
             index: Arc::new(prefix_index::Index::new(cfg.index.clone())),
             limits: cfg.limits(),
             metrics: Arc::new(crate::metrics::Metrics::default()),

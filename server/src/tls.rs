@@ -108,3 +108,26 @@ pub fn rustls_config(cfg: &ServerConfig) -> Result<rustls::ServerConfig, ServerT
     tls.alpn_protocols = vec![ALPN.to_vec()];
     Ok(tls)
 }
+
+/// What this server trusts in its peers and presents to them when it fills
+/// itself from one (see [`crate::bootstrap`]): its own certificate and key
+/// (so a peer with roles knows it), checked against `peer_ca`, else
+/// `client_ca` (one CA for every party), else its own certificate (replicas
+/// sharing one).
+pub fn peer_tls(cfg: &ServerConfig) -> Result<prefix_client::TlsConfig, ServerTlsError> {
+    let (cert, key) = match &cfg.tls {
+        CertSource::Files { cert, key } => (cert.clone(), key.clone()),
+        CertSource::SelfSigned => (cfg.data_dir.join("cert.pem"), cfg.data_dir.join("key.pem")),
+    };
+    let ca = cfg
+        .replicas
+        .peer_ca
+        .clone()
+        .or_else(|| cfg.client_ca.clone())
+        .unwrap_or_else(|| cert.clone());
+    Ok(prefix_client::TlsConfig::from_files(
+        &ca,
+        Some(&cert),
+        Some(&key),
+    )?)
+}

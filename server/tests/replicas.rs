@@ -114,7 +114,15 @@ type Written = parking_lot::Mutex<HashMap<(String, u64), String>>;
 async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let ports: Vec<(SocketAddr, SocketAddr)> = (0..3).map(|_| common::free_ports()).collect();
-    let mut procs = vec![Proc::start(dirs[0].path(), ports[0].0, ports[0].1, "0s")];
+    // Room for every write: answers then depend on the writes alone, never
+    // on when each replica's sweep evicted over a capacity.
+    const ROOM: [&str; 2] = ["--pod-capacity", "10000000"];
+    let mut procs = vec![Proc::start_with(
+        dirs[0].path(),
+        ports[0].0,
+        ports[0].1,
+        &["--snapshot-interval", "0s", ROOM[0], ROOM[1]],
+    )];
     procs[0].client().await;
     let cert = dirs[0].path().join("cert.pem");
     let key = dirs[0].path().join("key.pem");
@@ -126,6 +134,8 @@ async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
             cert.to_str().unwrap(),
             "--key",
             key.to_str().unwrap(),
+            ROOM[0],
+            ROOM[1],
         ];
         procs.push(Proc::start_with(
             dirs[i].path(),
@@ -252,6 +262,75 @@ async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
     );
     let dead = &gateways[0].replica_stats()[1];
     assert!(!dead.connected || dead.failed > 0, "{dead:?}");
+
+    // The killed replica comes back with an empty data directory: it fills
+    // from a live peer, says it is ready, and then answers as the others do.
+    let empty = tempfile::tempdir().unwrap();
+    let (p0, p2) = (ports[0].0.to_string(), ports[2].0.to_string());
+    let flags = [
+        "--snapshot-interval",
+        "0s",
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+        "--peer",
+        &p0,
+        "--peer",
+        &p2,
+        ROOM[0],
+        ROOM[1],
+    ];
+    procs[1] = Proc::start_with(empty.path(), ports[1].0, ports[1].1, &flags);
+    common::eventually("the restarted replica is ready", async || {
+        std::net::TcpStream::connect(ports[1].1).is_ok()
+            && common::http_get(ports[1].1, "/readyz")
+                .await
+                .contains("200")
+    })
+    .await;
+    let log = procs[1].log();
+    let filled = log
+        .lines()
+        .find(|l| l.contains("filled from a peer; ready"));
+    assert!(filled.is_some_and(|l| l.contains(&p0)), "{log}");
+    eprintln!("{}", filled.unwrap_or_default());
+    let patient = ClientConfig {
+        deadline: Duration::from_secs(5),
+        ..cfg.clone()
+    };
+    let mut direct = Vec::new();
+    for (addr, _) in &ports {
+        direct.push(
+            prefix_client::Client::connect(*addr, patient.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let keys: Vec<(String, Vec<u64>)> = {
+        let w = written.lock();
+        let mut all: Vec<_> = w.keys().cloned().collect();
+        all.sort();
+        let step = (all.len() / 1000).max(1);
+        all.into_iter()
+            .step_by(step)
+            .map(|(m, first)| (m, (0..4).map(|b| first | b).collect()))
+            .collect()
+    };
+    for (m, k) in &keys {
+        let mut answers = Vec::new();
+        for c in &direct {
+            let mut r = c.lookup(m, k, None).await.unwrap();
+            r.matches.sort_by(|a, b| a.pod.cmp(&b.pod));
+            answers.push(r);
+        }
+        assert_eq!(answers[1], answers[0], "{m} {k:?}: the filled replica");
+        assert_eq!(answers[2], answers[0], "{m} {k:?}");
+    }
+    eprintln!(
+        "{} sampled lookups answered alike by all three replicas",
+        keys.len()
+    );
     for mut p in procs {
         let _ = p.child.kill();
         let _ = p.wait().await;

@@ -121,6 +121,15 @@ pub fn encode_request(request_id: u64, request: &Request, out: &mut Vec<u8>) {
     encode_frame(Kind::Request, request_id, request, out);
 }
 
+/// Appends a snapshot request frame ([`Kind::Snapshot`], no payload) to
+/// `out`.
+pub fn encode_snapshot_request(request_id: u64, out: &mut Vec<u8>) {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&[VERSION, Kind::Snapshot as u8]);
+    out.extend_from_slice(&0u32.to_le_bytes());
+    out.extend_from_slice(&request_id.to_le_bytes());
+}
+
 /// Appends a response frame to `out`.
 pub fn encode_response(request_id: u64, response: &Response, out: &mut Vec<u8>) {
     encode_frame(Kind::Response, request_id, response, out);

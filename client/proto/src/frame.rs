@@ -36,6 +36,20 @@ pub enum Kind {
     Request = 1,
     /// Server to client.
     Response = 2,
+    /// Client to server, with an empty payload: "send me your snapshot".
+    /// Answered by one response frame (`Reply::Done` or an error) followed,
+    /// after `Done`, by the snapshot's bytes until the stream ends; so it is
+    /// the last frame a client sends on its stream. A replica filling itself
+    /// from a peer asks this (see `docs/protocol.md`, "Snapshots").
+    Snapshot = 3,
+}
+
+impl Kind {
+    /// Whether a reader expecting `self` frames takes a `kind` frame: a
+    /// server's request streams also carry snapshot requests.
+    fn takes(self, kind: Kind) -> bool {
+        kind == self || (self == Kind::Request && kind == Kind::Snapshot)
+    }
 }
 
 /// A decoded frame header.
@@ -64,6 +78,7 @@ pub fn decode_header(buf: &[u8], max_frame_bytes: u32) -> Result<Option<Header>,
     let kind = match h[3] {
         1 => Kind::Request,
         2 => Kind::Response,
+        3 => Kind::Snapshot,
         k => return Err(WireError::UnknownKind(k)),
     };
     let len = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
@@ -139,6 +154,12 @@ pub enum Incoming {
         id: u64,
         /// The request.
         request: Request,
+    },
+    /// A request for the server's snapshot (a [`Kind::Snapshot`] frame):
+    /// the stream's last request, answered with the snapshot's bytes.
+    Snapshot {
+        /// Its id.
+        id: u64,
     },
     /// A whole frame that must be answered with this error; the stream goes
     /// on (the frame's length was known, so the next frame is found).
@@ -232,7 +253,7 @@ impl FrameReader {
         let rest = &self.buf[self.at..];
         let checked = match decode_header(rest, self.max_frame_bytes) {
             Ok(None) => return Ok(None),
-            Ok(Some(h)) if h.kind != self.expect => Err(WireError::UnknownKind(h.kind as u8)),
+            Ok(Some(h)) if !self.expect.takes(h.kind) => Err(WireError::UnknownKind(h.kind as u8)),
             Ok(Some(h)) if rest.len() < HEADER_LEN + h.len as usize => return Ok(None),
             Ok(Some(h)) => Ok((h, HEADER_LEN + h.len as usize)),
             Err(error) => Err(error),
@@ -257,6 +278,17 @@ impl FrameReader {
     pub fn next_request(&mut self, limits: &Limits) -> Result<Option<Incoming>, FrameError> {
         Ok(self.next_frame()?.map(|frame| {
             let id = frame.header.request_id;
+            if frame.header.kind == Kind::Snapshot {
+                return match frame.payload.len() {
+                    0 => Incoming::Snapshot { id },
+                    n => Incoming::Refused {
+                        id,
+                        error: WireError::Malformed(format!(
+                            "a snapshot request has no payload ({n} bytes given)"
+                        )),
+                    },
+                };
+            }
             match decode_request(frame.payload, limits) {
                 Ok(request) => Incoming::Request { id, request },
                 Err(error) => Incoming::Refused { id, error },
@@ -453,6 +485,47 @@ mod tests {
             })
         );
         assert_eq!(r.next_request(&limits).unwrap(), None);
+    }
+
+    #[test]
+    fn snapshot_requests_ride_request_streams_only() {
+        let mut snap = Vec::new();
+        crate::codec::encode_snapshot_request(9, &mut snap);
+        assert_eq!(snap.len(), HEADER_LEN);
+        let limits = Limits::default();
+        let mut r = reader();
+        r.push(&ping(1));
+        r.push(&snap);
+        assert!(matches!(
+            r.next_request(&limits),
+            Ok(Some(Incoming::Request { id: 1, .. }))
+        ));
+        assert_eq!(
+            r.next_request(&limits),
+            Ok(Some(Incoming::Snapshot { id: 9 }))
+        );
+        // A snapshot request with a payload is refused alone.
+        let mut padded = snap.clone();
+        padded[4] = 1;
+        padded.push(0);
+        r.push(&padded);
+        assert!(matches!(
+            r.next_request(&limits),
+            Ok(Some(Incoming::Refused {
+                id: 9,
+                error: WireError::Malformed(_)
+            }))
+        ));
+        // A client's reader of responses takes none.
+        let mut client = FrameReader::new(Kind::Response, 1 << 20);
+        client.push(&snap);
+        assert_eq!(
+            client.next_frame().map(|f| f.map(|f| f.used)),
+            Err(FrameError {
+                id: 9,
+                error: WireError::UnknownKind(3)
+            })
+        );
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub mod tls;
 
 pub use codec::{
     decode_budget, decode_request, decode_response, encode_error, encode_request, encode_response,
-    ResponseWriter, DECODE_CEILING,
+    encode_snapshot_request, ResponseWriter, DECODE_CEILING,
 };
 pub use error::{ErrorCode, WireError};
 pub use frame::{

@@ -264,7 +264,9 @@ proptest! {
                     Ok(None) => break,
                     Ok(Some(incoming)) => {
                         prop_assert_eq!(errors, 0, "a frame after a framing error");
-                        let (Incoming::Request { id, .. } | Incoming::Refused { id, .. }) = incoming;
+                        let (Incoming::Request { id, .. }
+                        | Incoming::Refused { id, .. }
+                        | Incoming::Snapshot { id }) = incoming;
                         ids.push(id);
                     }
                     Err(e) => {

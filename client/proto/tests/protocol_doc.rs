@@ -3,8 +3,8 @@
 //! the codec refuses is followed by exactly the error frame a server sends.
 
 use prefix_proto::{
-    decode_request, decode_response, encode_request, encode_response, split_frame, FrameReader,
-    Kind, Response, MAX_FRAME_CEILING,
+    decode_request, decode_response, encode_request, encode_response, encode_snapshot_request,
+    split_frame, FrameReader, Kind, Response, MAX_FRAME_CEILING,
 };
 
 const DOC: &str = include_str!("../../../docs/protocol.md");
@@ -67,6 +67,11 @@ fn the_documented_vectors_are_the_codecs_bytes() {
                     continue;
                 }
             },
+            Kind::Snapshot => {
+                assert!(f.payload.is_empty(), "a snapshot request has no payload");
+                encode_snapshot_request(id, &mut again);
+                assert_eq!(&again, bytes);
+            }
             Kind::Response => {
                 let response = decode_response(f.payload).unwrap();
                 if let Some(answer) = refused.take() {
@@ -206,6 +211,12 @@ fn the_documented_vectors_are_the_messages_they_describe() {
                 Reply::Removed(true),
             ]),
         ),
+        {
+            let mut b = Vec::new();
+            encode_snapshot_request(8, &mut b);
+            b
+        },
+        resp(8, Response::One(Reply::Done)),
     ];
     assert_eq!(frames(), expected);
 }

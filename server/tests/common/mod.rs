@@ -26,6 +26,7 @@ pub struct TestServer {
     pub ca: PathBuf,
     pub dir: tempfile::TempDir,
     pub engines: Arc<prefix_server::engines::Engines>,
+    pub replica: Arc<prefix_server::bootstrap::Replica>,
     stop: Option<oneshot::Sender<()>>,
     pub task: Option<JoinHandle<Result<(), prefix_server::ServerError>>>,
 }
@@ -56,6 +57,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
     let api_addr = server.api_addr();
     let (index, metrics) = (server.index().clone(), server.metrics().clone());
     let engines = server.engines().clone();
+    let replica = server.replica().clone();
     let task = tokio::spawn(server.run(async move {
         let _ = stopped.await;
     }));
@@ -68,6 +70,7 @@ pub async fn start_with(cfg: ServerConfig, dir: tempfile::TempDir) -> TestServer
         ca,
         dir,
         engines,
+        replica,
         stop: Some(stop),
         task: Some(task),
     }
@@ -88,6 +91,11 @@ impl TestServer {
             deadline: Duration::from_secs(10),
             ..ClientConfig::default()
         }
+    }
+
+    /// How its fill from a peer went, once it is over.
+    pub fn replica_report(&self) -> Option<prefix_server::bootstrap::FillReport> {
+        self.replica.report()
     }
 
     /// The engine subscriptions and their states.

@@ -1,0 +1,391 @@
+//! A cold replica filled from a live peer: it holds writes and refuses
+//! lookups while it fills, refuses a damaged or truncated snapshot and asks
+//! the next peer, and once ready answers as the peer it filled from.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use prefix_client::{Client, ClientError};
+use prefix_index::Index;
+use prefix_proto::{ErrorCode, Reply, Request};
+use prefix_server::access::Access;
+use prefix_server::bootstrap::Replica;
+use prefix_server::config::CertSource;
+use prefix_server::handler::Handler;
+use prefix_server::service::{Service, SnapshotJob};
+use prefix_server::{Server, ServerConfig};
+use tokio::sync::oneshot;
+
+/// What a test peer does to the snapshot it sends.
+#[derive(Clone)]
+enum Mode {
+    /// Sends it as it is, once the test opens the gate.
+    Gated(Arc<(Mutex<bool>, Condvar)>),
+    /// Flips one bit in its middle.
+    Flip,
+    /// Sends its first two thirds, then ends the stream normally.
+    Cut,
+}
+
+/// A peer answering like the index's handler, with its snapshot altered.
+struct TestPeer {
+    inner: Handler,
+    mode: Mode,
+}
+
+impl Service for TestPeer {
+    fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
+        self.inner.serve(id, request, access, out);
+    }
+    fn is_heavy(&self, request: &Request) -> bool {
+        self.inner.is_heavy(request)
+    }
+    fn refused(&self) {
+        self.inner.refused();
+    }
+    fn limits(&self) -> &prefix_proto::Limits {
+        self.inner.limits()
+    }
+    fn snapshot(&self, access: &Access) -> Result<SnapshotJob, Reply> {
+        let job = self.inner.snapshot(access)?;
+        let mode = self.mode.clone();
+        Ok(Box::new(move |out| {
+            if let Mode::Gated(gate) = &mode {
+                // Bounded, so that a failing test does not leave a blocking
+                // thread the runtime would wait for at exit.
+                let (open, cv) = &**gate;
+                let open = open.lock().unwrap();
+                let (open, _) = cv
+                    .wait_timeout_while(open, Duration::from_secs(30), |open| !*open)
+                    .unwrap();
+                drop(open);
+                return job(out);
+            }
+            let mut bytes = Vec::new();
+            job(&mut bytes)?;
+            match mode {
+                Mode::Flip => {
+                    let mid = bytes.len() / 2;
+                    bytes[mid] ^= 0x10;
+                }
+                Mode::Cut => bytes.truncate(bytes.len() * 2 / 3),
+                Mode::Gated(_) => unreachable!(),
+            }
+            out.write_all(&bytes)
+        }))
+    }
+}
+
+/// The index every peer holds: 3 models, 200 keys each of 6 blocks sharing
+/// a 2-block prefix per model, on 5 pods.
+fn fill(index: &Index) {
+    for m in 0..3u64 {
+        for k in 0..200u64 {
+            index
+                .insert(&model(m), &key(m, k), &format!("pod-{}", k % 5), now())
+                .unwrap();
+        }
+    }
+}
+
+fn model(m: u64) -> String {
+    format!("model-{m}")
+}
+
+fn key(m: u64, k: u64) -> Vec<u64> {
+    let mut key = vec![m << 32, m << 32 | 1];
+    key.extend((0..4).map(|b| m << 32 | k << 8 | (b + 2)));
+    key
+}
+
+fn now() -> u64 {
+    prefix_server::handler::now_ms()
+}
+
+/// A running test peer.
+struct Peer {
+    addr: SocketAddr,
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a peer serving `cert`, holding [`fill`]'s index, altering its
+/// snapshot as `mode` says.
+async fn peer(cert: &Certs, mode: Mode) -> Peer {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ServerConfig {
+        tls: cert.source(),
+        snapshot_interval: None,
+        metrics_listen: None,
+        ..common::config(&dir)
+    };
+    let server = Server::bind(cfg.clone()).await.unwrap();
+    fill(server.index());
+    let inner = Handler {
+        index: server.index().clone(),
+        limits: cfg.limits(),
+        metrics: server.metrics().clone(),
+        inline_blocks: cfg.inline_blocks,
+        engines: None,
+        replica: Replica::serving(),
+    };
+    let addr = server.local_addr();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let service = Arc::new(TestPeer { inner, mode });
+        let _ = server
+            .serve(service, async move {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    Peer {
+        addr,
+        stop,
+        task,
+        _dir: dir,
+    }
+}
+
+impl Peer {
+    async fn shutdown(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// One certificate every server of a test serves and presents to its peers.
+struct Certs {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Certs {
+    fn new() -> Certs {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
+            .unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        Certs {
+            cert,
+            key,
+            _dir: dir,
+        }
+    }
+
+    fn source(&self) -> CertSource {
+        CertSource::Files {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
+}
+
+/// A cold server filling from `peers`.
+async fn cold(certs: &Certs, peers: &[SocketAddr]) -> common::TestServer {
+    let (cert, key) = (certs.cert.clone(), certs.key.clone());
+    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+    let mut server = common::start(move |cfg| {
+        cfg.tls = CertSource::Files { cert, key };
+        cfg.replicas.peers = peers;
+    })
+    .await;
+    server.ca = certs.cert.clone();
+    server
+}
+
+/// Every key of [`fill`] looks up the same on both.
+async fn same_answers(a: &Client, b: &Client) {
+    for m in 0..3 {
+        for k in 0..200 {
+            let (x, y) = (
+                a.lookup(&model(m), &key(m, k), None).await.unwrap(),
+                b.lookup(&model(m), &key(m, k), None).await.unwrap(),
+            );
+            assert_eq!(x, y, "model {m} key {k}");
+            assert!(!x.matches.is_empty(), "model {m} key {k}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_replica_holds_writes_while_it_fills_then_answers_as_its_peer() {
+    let certs = Certs::new();
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let live = peer(&certs, Mode::Gated(gate.clone())).await;
+    let replica = cold(&certs, &[live.addr]).await;
+    let http = replica.metrics_addr.unwrap();
+    let client = replica.client().await;
+
+    // Filling: alive, not ready; lookups refused so a gateway asks another
+    // replica; writes held.
+    common::eventually("the transfer has started", async || {
+        common::metric(http, "prefix_index_bootstrapping").await == 1.0
+    })
+    .await;
+    client.ping().await.unwrap();
+    assert!(common::http_get(http, "/readyz").await.contains("503"));
+    let refused = client.lookup(&model(0), &key(0, 0), None).await;
+    assert!(
+        matches!(&refused, Err(ClientError::Server { code, .. }) if *code == ErrorCode::Unavailable as u16),
+        "{refused:?}"
+    );
+    client.insert("held", &[7, 8, 9], "pod-held").await.unwrap();
+    client.remove_pod("pod-4").await.unwrap();
+    assert_eq!(replica.index.stats().entries, 0, "nothing applied yet");
+
+    // The peer sends; the replica restores, applies what it held, and is
+    // ready.
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    common::eventually("ready", async || {
+        common::http_get(http, "/readyz").await.contains("200")
+    })
+    .await;
+    let report = replica.replica_report().expect("a fill report");
+    assert_eq!(report.from, Some(live.addr.to_string()));
+    assert_eq!((report.held, report.refused.len()), (2, 0), "{report:?}");
+    assert!(report.bytes > 0 && report.inserts >= 600, "{report:?}");
+
+    // The held writes came after the peer's content: the insert is there,
+    // and the removed pod is gone from what the peer had.
+    let held = client.lookup("held", &[7, 8, 9], None).await.unwrap();
+    assert_eq!(held.matches[0].pod.as_str(), "pod-held");
+    let peer_client = Client::connect(live.addr, replica.client_config())
+        .await
+        .unwrap();
+    peer_client.remove_pod("pod-4").await.unwrap();
+    peer_client
+        .insert("held", &[7, 8, 9], "pod-held")
+        .await
+        .unwrap();
+    same_answers(&client, &peer_client).await;
+    assert_eq!(
+        common::metric(http, "prefix_index_bootstrap_held_writes_total").await,
+        2.0
+    );
+    live.shutdown().await;
+    replica.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_or_truncated_snapshot_is_refused_and_the_next_peer_asked() {
+    let certs = Certs::new();
+    let flip = peer(&certs, Mode::Flip).await;
+    let cut = peer(&certs, Mode::Cut).await;
+    let open = Arc::new((Mutex::new(true), Condvar::new()));
+    let good = peer(&certs, Mode::Gated(open)).await;
+    let replica = cold(&certs, &[flip.addr, cut.addr, good.addr]).await;
+    let http = replica.metrics_addr.unwrap();
+    common::eventually("ready", async || {
+        common::http_get(http, "/readyz").await.contains("200")
+    })
+    .await;
+    let report = replica.replica_report().expect("a fill report");
+    assert_eq!(report.from, Some(good.addr.to_string()), "{report:?}");
+    let why: Vec<(String, String)> = report
+        .refused
+        .iter()
+        .map(|r| (r.peer.clone(), r.why.clone()))
+        .collect();
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert_eq!(why[0].0, flip.addr.to_string());
+    assert_eq!(why[1].0, cut.addr.to_string());
+    for (_, w) in &why {
+        assert!(
+            w.contains("refused its snapshot") && w.contains("checksum"),
+            "{w}"
+        );
+    }
+    assert_eq!(
+        common::metric(http, "prefix_index_bootstrap_failures_total").await,
+        2.0
+    );
+    let good_client = Client::connect(good.addr, replica.client_config())
+        .await
+        .unwrap();
+    same_answers(&replica.client().await, &good_client).await;
+    for p in [flip, cut, good] {
+        p.shutdown().await;
+    }
+    replica.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_peer_answering_a_replica_serves_after_the_timeout() {
+    let certs = Certs::new();
+    // Nobody listens there.
+    let nobody = common::free_ports().0;
+    let (cert, key) = (certs.cert.clone(), certs.key.clone());
+    let replica = common::start(move |cfg| {
+        cfg.tls = CertSource::Files { cert, key };
+        cfg.replicas.peers = vec![nobody.to_string()];
+        cfg.replicas.timeout = Duration::from_millis(1500);
+    })
+    .await;
+    let http = replica.metrics_addr.unwrap();
+    common::eventually("ready", async || {
+        common::http_get(http, "/readyz").await.contains("200")
+    })
+    .await;
+    let report = replica.replica_report().expect("a fill report");
+    assert_eq!(report.from, None);
+    assert!(!report.refused.is_empty());
+    replica.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_go_to_writers_and_peers_only() {
+    let ca = common::Ca::new("test-ca");
+    let dir = tempfile::tempdir().unwrap();
+    let ca_pem = ca.write(dir.path(), "ca");
+    let server = common::start(|cfg| {
+        cfg.client_ca = Some(ca_pem.clone());
+        cfg.roles.readers = vec!["cn:gw-ro".parse().unwrap()];
+        cfg.roles.peers = vec!["cn:index-1".parse().unwrap()];
+    })
+    .await;
+    fill(&server.index);
+    let as_client = |name: &str| {
+        let (cert, key) = ca.client(dir.path(), name);
+        prefix_client::ClientConfig {
+            tls: prefix_client::TlsConfig::from_files(&server.ca, Some(&cert), Some(&key)).unwrap(),
+            deadline: Duration::from_secs(10),
+            ..Default::default()
+        }
+    };
+    let reader = Client::connect(server.addr, as_client("gw-ro"))
+        .await
+        .unwrap();
+    let refused = reader.snapshot(1 << 30, Duration::from_secs(10)).await;
+    assert!(
+        matches!(&refused, Err(ClientError::Server { code, .. }) if *code == ErrorCode::Forbidden as u16),
+        "{refused:?}"
+    );
+    let replica = Client::connect(server.addr, as_client("index-1"))
+        .await
+        .unwrap();
+    let bytes = replica
+        .snapshot(1 << 30, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let snap = prefix_index::Snapshot::parse(&bytes).unwrap();
+    let copy = Index::new(Default::default());
+    assert_eq!(snap.restore(&copy, now()).inserts, 600);
+    // A limit smaller than the snapshot stops the transfer.
+    let small = replica
+        .snapshot(bytes.len() as u64 - 1, Duration::from_secs(10))
+        .await;
+    assert!(matches!(small, Err(ClientError::Protocol(_))), "{small:?}");
+    // The connection still serves after both.
+    let looked = replica.lookup(&model(1), &key(1, 3), None).await.unwrap();
+    assert_eq!(looked.matches[0].blocks, 6);
+    server.shutdown().await;
+}
