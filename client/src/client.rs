@@ -12,7 +12,8 @@ use crate::conn::Conn;
 use crate::error::{ClientError, ConnectError};
 use crate::tls::TlsConfig;
 use crate::wire::{
-    self, EngineState, EngineSub, Limits, Op, PodBlocks, Reply, Request, Response, WireStats,
+    self, EngineState, EngineSub, Limits, Op, PodBlocks, Reply, Request, Response, SampledKey,
+    WireStats,
 };
 
 /// How a [`Client`] connects and how long it waits.
@@ -283,6 +284,15 @@ impl Client {
     pub async fn list_engines(&self) -> Result<Vec<EngineState>, ClientError> {
         match self.one(Op::ListEngines).await? {
             Reply::Engines(list) => Ok(list),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Up to `count` keys the server's index holds (at most
+    /// [`wire::MAX_SAMPLE`] per call), picked at random as `seed` decides.
+    pub async fn sample_keys(&self, count: u32, seed: u64) -> Result<Vec<SampledKey>, ClientError> {
+        match self.one(Op::SampleKeys { count, seed }).await? {
+            Reply::Keys(keys) => Ok(keys),
             other => Err(unexpected(other)),
         }
     }

@@ -12,6 +12,7 @@
 //! - [`key`]: block hashing of text and token ids, the protocol's rule, so
 //!   every gateway builds the same keys.
 //! - [`replay`]: the JSON Lines format of `prefix-client replay`.
+//! - [`compare`]: how far replicas differ (`prefix-client compare`).
 //!
 //! It is not a server and holds no index; `prefix-server` does. It depends
 //! on the protocol crate only, not on the index.
@@ -33,6 +34,7 @@ pub use prefix_proto::key;
 
 mod client;
 mod cluster;
+pub mod compare;
 mod conn;
 mod error;
 pub mod replay;

@@ -15,6 +15,7 @@ use crate::stats::{Counters, Stats};
 use crate::sweep::{SweepReport, Sweeper};
 use crate::sync::Mutex;
 use crate::tree::{Match, Tree};
+use crate::walk;
 
 pub(crate) type ModelMap = HashMap<Box<str>, Arc<Tree>, ahash::RandomState>;
 
@@ -503,6 +504,36 @@ impl Reader<'_> {
         });
         tree.lookup(&index.sh, key, ids.as_deref(), now, &self.pin, out);
         (key_blocks, true)
+    }
+
+    /// Up to `count` keys the index holds, each with its model: the blocks
+    /// from a tree's root down to a leaf (at most `max_key_blocks`), by a
+    /// descent that picks the model and each child at random, `seed`
+    /// deciding (the same seed on the same trees gives the same keys). What
+    /// a tool comparing replicas looks up on each. Empty for an empty index.
+    pub fn sample_keys(&self, count: usize, seed: u64) -> Vec<(&str, Vec<u64>)> {
+        let mut trees: Vec<(&str, &Tree)> = self
+            .index
+            .models(&self.pin)
+            .iter()
+            .map(|(model, tree)| (&**model, &**tree))
+            .collect();
+        if trees.is_empty() {
+            return Vec::new();
+        }
+        // A fixed order, so that the seed alone decides.
+        trees.sort_unstable_by_key(|(model, _)| *model);
+        let random = ahash::RandomState::with_seeds(seed, 0x9e37_79b9_7f4a_7c15, 1, 2);
+        let max = self.index.sh.cfg.max_key_blocks;
+        (0..count)
+            .filter_map(|i| {
+                let which = random.hash_one((i, usize::MAX)) % trees.len() as u64;
+                let (model, tree) = trees[which as usize];
+                let pick = |level: usize| random.hash_one((i, level)) as usize;
+                let key = walk::descend(tree.root(&self.pin), max, pick);
+                (!key.is_empty()).then_some((model, key))
+            })
+            .collect()
     }
 
     /// The name of a pod id from a lookup made through this reader.

@@ -11,6 +11,8 @@
 //!   is not followed (its new children are the next walk's), so a walk under
 //!   one pin meets each child of that table at most once. Children replaced or
 //!   removed in that table are seen replaced or removed.
+//! - [`descend`] goes from a node down to a leaf, choosing each child by a
+//!   caller's function: with a random one, it samples the tree's keys.
 //! - A walk's position outlives its pin as [`Mark`]s (first block, next slot,
 //!   table identity per level): [`Walk::resume`] descends by those keys under
 //!   a new pin and restarts a level whose table changed, as the sweep does
@@ -30,6 +32,36 @@ use crate::node_ref::{ChildTable, NodeRef};
 pub(crate) fn step<'g>(node: NodeRef<'g>, rest: &[u64], seed: u64) -> Option<(NodeRef<'g>, usize)> {
     let child = node.child(*rest.first()?, seed)?;
     Some((child, common_prefix(&child.edge, rest)))
+}
+
+/// The blocks from `node` down to a leaf (a node without children), at most
+/// `max` of them: at each level (0 below `node`), the child in the first
+/// occupied slot at or after `pick(level)` modulo the table's size, wrapping.
+/// A random `pick` makes it a random descent (sampling the keys a tree
+/// holds).
+pub(crate) fn descend(
+    mut node: NodeRef<'_>,
+    max: usize,
+    mut pick: impl FnMut(usize) -> usize,
+) -> Vec<u64> {
+    let mut key = Vec::new();
+    let mut level = 0;
+    while key.len() < max {
+        let table = node.children();
+        let slots = table.slots();
+        if slots == 0 {
+            break;
+        }
+        let start = pick(level) % slots;
+        let Some(child) = (0..slots).find_map(|i| table.slot((start + i) % slots)) else {
+            break;
+        };
+        let take = child.edge.len().min(max - key.len());
+        key.extend_from_slice(&child.edge[..take]);
+        node = child;
+        level += 1;
+    }
+    key
 }
 
 /// The nodes along a key, from the root's child down: each with the key's

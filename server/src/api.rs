@@ -56,6 +56,7 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::Subscribe => (Method::POST, "/v1/subscribe"),
         OpKind::Unsubscribe => (Method::POST, "/v1/unsubscribe"),
         OpKind::ListEngines => (Method::GET, "/v1/engines"),
+        OpKind::SampleKeys => (Method::POST, "/v1/sample-keys"),
     }
 }
 

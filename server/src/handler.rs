@@ -29,7 +29,7 @@ use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Sta
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
     encode_response, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response, ResponseWriter,
-    WireStats, MAX_FRAME_CEILING,
+    SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -313,6 +313,17 @@ impl Handler {
             Op::Subscribe(sub) => self.with_engines(|e| subscribe(e, sub)),
             Op::Unsubscribe { pod } => self.with_engines(|e| Reply::Removed(e.unsubscribe(pod))),
             Op::ListEngines => self.with_engines(list_engines),
+            Op::SampleKeys { count, seed } => {
+                let count = (*count).min(MAX_SAMPLE) as usize;
+                let keys = reader.sample_keys(count, *seed).into_iter();
+                Reply::Keys(
+                    keys.map(|(model, key)| SampledKey {
+                        model: model.into(),
+                        key,
+                    })
+                    .collect(),
+                )
+            }
         };
         w.reply(&reply);
         matches!(reply, Reply::Error { .. })

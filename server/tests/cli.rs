@@ -304,3 +304,66 @@ async fn engines_are_followed_from_the_command_line() {
     assert!(server.engines_list().is_empty());
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_counts_the_sampled_lookups_replicas_answer_differently() {
+    let a = common::start(|_| {}).await;
+    let (cert, key) = (a.ca.clone(), a.dir.path().join("key.pem"));
+    let b = common::start(move |cfg| {
+        cfg.tls = prefix_server::config::CertSource::Files { cert, key };
+    })
+    .await;
+    let now = prefix_server::handler::now_ms();
+    // 100 keys on both, 100 more on `a` alone.
+    for k in 0..200u64 {
+        let key = [k << 8, k << 8 | 1, k << 8 | 2];
+        a.index.insert("m", &key, "p", now).unwrap();
+        if k < 100 {
+            b.index.insert("m", &key, "p", now).unwrap();
+        }
+    }
+    let servers = [a.addr.to_string(), b.addr.to_string()];
+    let args = |examples: &'static str| {
+        let mut v = vec!["compare", "--samples", "400", "--examples", examples];
+        v.extend(servers.iter().map(String::as_str));
+        v
+    };
+    let r = run(a.addr, &[&a.ca], &args("1000")).await;
+    assert_eq!(r.code, 0, "{} {}", r.stdout, r.stderr);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    let c = &v["compare"];
+    // Entries count (pod, block) pairs: 3 per key.
+    assert_eq!(c["servers"][0]["stats"]["entries"], 600);
+    assert_eq!(c["servers"][1]["stats"]["entries"], 300);
+    let (sampled, differing) = (
+        c["sampled"].as_u64().unwrap(),
+        c["differing"].as_u64().unwrap(),
+    );
+    // Keys come from both servers' content; those `a` alone holds differ,
+    // and only those.
+    let examples = c["examples"].as_array().unwrap();
+    assert_eq!(examples.len() as u64, differing);
+    assert!(differing > 0 && sampled > differing, "{c}");
+    for e in examples {
+        let first = e["hashes"][0].as_u64().unwrap() >> 8;
+        assert!(first >= 100, "{e}");
+        assert_eq!(e["answers"][1]["matches"], serde_json::json!([]), "{e}");
+    }
+    assert_eq!(
+        c["servers"][1]["differs_from_first"].as_u64(),
+        Some(differing)
+    );
+    let share = c["share_differing"].as_f64().unwrap();
+    assert!((share - differing as f64 / sampled as f64).abs() < 1e-9);
+    // Once `b` has them too, the replicas agree.
+    for k in 100..200u64 {
+        b.index
+            .insert("m", &[k << 8, k << 8 | 1, k << 8 | 2], "p", now)
+            .unwrap();
+    }
+    let r = run(a.addr, &[&a.ca], &args("5")).await;
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["compare"]["differing"], 0, "{v}");
+    a.shutdown().await;
+    b.shutdown().await;
+}

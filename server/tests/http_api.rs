@@ -552,6 +552,7 @@ async fn every_documented_route_answers_and_others_do_not() {
             Some(json!({"pod": "e", "model": "m", "endpoint": "tcp://127.0.0.1:1"}))
         }
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => None,
+        OpKind::SampleKeys => Some(json!({"count": 2})),
     };
     let doc = openapi();
     for (method, path) in routes() {

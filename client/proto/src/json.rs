@@ -229,6 +229,16 @@ pub enum JsonOp {
     },
     /// Every engine followed, with its state.
     ListEngines,
+    /// Keys the index holds, picked at random (to look up on replicas).
+    SampleKeys {
+        /// Keys wanted (at most 256 are answered).
+        #[cfg_attr(feature = "clap", arg(long, default_value_t = 16))]
+        count: u32,
+        /// Decides the picks.
+        #[serde(default)]
+        #[cfg_attr(feature = "clap", arg(long, default_value_t = 0))]
+        seed: u64,
+    },
 }
 
 /// Why a JSON body or line is not an operation. Answered with
@@ -257,6 +267,7 @@ pub fn fields(kind: OpKind) -> &'static [&'static str] {
         OpKind::RemovePod | OpKind::Unsubscribe => &["pod"],
         OpKind::SetPodCapacity => &["pod", "blocks"],
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => &[],
+        OpKind::SampleKeys => &["count", "seed"],
         OpKind::Subscribe => &[
             "pod",
             "model",
@@ -287,6 +298,7 @@ impl JsonOp {
             JsonOp::Subscribe { .. } => OpKind::Subscribe,
             JsonOp::Unsubscribe { .. } => OpKind::Unsubscribe,
             JsonOp::ListEngines => OpKind::ListEngines,
+            JsonOp::SampleKeys { .. } => OpKind::SampleKeys,
         }
     }
 
@@ -386,6 +398,10 @@ impl JsonOp {
             JsonOp::Subscribe { engine } => Op::Subscribe(engine.into()),
             JsonOp::Unsubscribe { pod } => Op::Unsubscribe { pod: pod.clone() },
             JsonOp::ListEngines => Op::ListEngines,
+            JsonOp::SampleKeys { count, seed } => Op::SampleKeys {
+                count: *count,
+                seed: *seed,
+            },
         })
     }
 }
@@ -440,6 +456,8 @@ struct Fields {
     block_size: Option<u32>,
     topic: Option<String>,
     media: Option<Vec<String>>,
+    count: Option<u32>,
+    seed: Option<u64>,
 }
 
 impl Fields {
@@ -458,6 +476,8 @@ impl Fields {
             ("block_size", self.block_size.is_some()),
             ("topic", self.topic.is_some()),
             ("media", self.media.is_some()),
+            ("count", self.count.is_some()),
+            ("seed", self.seed.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -523,6 +543,12 @@ impl Fields {
                 pod: need(self.pod, "pod")?,
             },
             OpKind::ListEngines => JsonOp::ListEngines,
+            OpKind::SampleKeys => JsonOp::SampleKeys {
+                count: self
+                    .count
+                    .ok_or_else(|| JsonError::new("sample_keys: missing field `count`"))?,
+                seed: self.seed.unwrap_or_default(),
+            },
         })
     }
 }
@@ -541,6 +567,7 @@ fn op_names() -> String {
 /// - remove_pod, unsubscribe: `"removed"`, whether the pod was there;
 /// - stats: the index's counts; list_engines: `"engines"`, one object per
 ///   subscription, its fields then its state;
+/// - sample_keys: `"keys"`, `[{"model":M,"hashes":[...]},...]`;
 /// - insert, set_pod_capacity, subscribe, ping: nothing more.
 pub fn reply_json(reply: &Reply) -> Value {
     match reply {
@@ -560,6 +587,13 @@ pub fn reply_json(reply: &Reply) -> Value {
         Reply::Engines(engines) => {
             let engines: Vec<Value> = engines.iter().map(engine_json).collect();
             json!({ "ok": true, "engines": engines })
+        }
+        Reply::Keys(keys) => {
+            let keys: Vec<Value> = keys
+                .iter()
+                .map(|k| json!({ "model": k.model, "hashes": k.key }))
+                .collect();
+            json!({ "ok": true, "keys": keys })
         }
         Reply::Error { code, message } => error_json(Some(*code), message),
     }
@@ -786,6 +820,7 @@ mod tests {
             },
             OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: "p".into() },
             OpKind::ListEngines => JsonOp::ListEngines,
+            OpKind::SampleKeys => JsonOp::SampleKeys { count: 3, seed: 9 },
         }
     }
 

@@ -55,6 +55,7 @@ pub use frame::{
 };
 pub use limits::{Limits, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response, WireStats,
+    EngineState, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response, SampledKey, WireStats,
+    MAX_SAMPLE,
 };
 pub use pod_name::PodName;

@@ -132,7 +132,7 @@ impl Limits {
                 self.check_name(pod)
             }
             Op::Subscribe(sub) => self.check_engine(sub),
-            Op::Stats | Op::Ping | Op::ListEngines => Ok(()),
+            Op::Stats | Op::Ping | Op::ListEngines | Op::SampleKeys { .. } => Ok(()),
         }
     }
 }

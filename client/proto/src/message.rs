@@ -58,6 +58,28 @@ pub enum Op {
     },
     /// Every engine subscription and its state.
     ListEngines,
+    /// Up to `count` (at most [`MAX_SAMPLE`]) keys the index holds, each
+    /// with its model, picked at random (`seed` decides): what a tool
+    /// comparing replicas looks up on each.
+    SampleKeys {
+        /// Keys wanted.
+        count: u32,
+        /// Decides the picks.
+        seed: u64,
+    },
+}
+
+/// Most keys one `SampleKeys` answers (more are not an error: the answer
+/// stops there). 256 keys of the longest length fit well in a frame.
+pub const MAX_SAMPLE: u32 = 256;
+
+/// A key the index holds, as `SampleKeys` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct SampledKey {
+    /// Its model.
+    pub model: String,
+    /// Its block hashes, from the root to a leaf of the model's tree.
+    pub key: Vec<u64>,
 }
 
 /// An engine to follow: the wire form of a server's `--engine` setting.
@@ -135,6 +157,8 @@ pub enum OpKind {
     Unsubscribe,
     /// [`Op::ListEngines`].
     ListEngines,
+    /// [`Op::SampleKeys`].
+    SampleKeys,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -142,9 +166,13 @@ pub enum OpKind {
 /// walking 1,024 blocks.
 pub const POD_TABLE_WEIGHT: usize = 1024;
 
+/// What a server charges each key of a sample: a descent from the root to
+/// a leaf, about a long key's walk.
+pub const SAMPLE_WEIGHT: usize = 256;
+
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 10] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -154,6 +182,7 @@ impl OpKind {
         OpKind::Subscribe,
         OpKind::Unsubscribe,
         OpKind::ListEngines,
+        OpKind::SampleKeys,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -169,6 +198,7 @@ impl OpKind {
             OpKind::Subscribe => "subscribe",
             OpKind::Unsubscribe => "unsubscribe",
             OpKind::ListEngines => "list_engines",
+            OpKind::SampleKeys => "sample_keys",
         }
     }
 
@@ -181,7 +211,11 @@ impl OpKind {
             | OpKind::SetPodCapacity
             | OpKind::Subscribe
             | OpKind::Unsubscribe => true,
-            OpKind::Lookup | OpKind::Stats | OpKind::Ping | OpKind::ListEngines => false,
+            OpKind::Lookup
+            | OpKind::Stats
+            | OpKind::Ping
+            | OpKind::ListEngines
+            | OpKind::SampleKeys => false,
         }
     }
 
@@ -204,13 +238,15 @@ impl Op {
             Op::Subscribe(_) => OpKind::Subscribe,
             Op::Unsubscribe { .. } => OpKind::Unsubscribe,
             Op::ListEngines => OpKind::ListEngines,
+            Op::SampleKeys { .. } => OpKind::SampleKeys,
         }
     }
 
     /// How heavy it is to serve, in key blocks or their equivalent: a lookup
     /// walks its key and hashes each candidate name, an insert walks its key,
     /// a pod-table change (engine subscriptions included: they name or
-    /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`], the rest 1.
+    /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`], a sample
+    /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), the rest 1.
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
@@ -222,6 +258,7 @@ impl Op {
             | Op::Subscribe(_)
             | Op::Unsubscribe { .. } => POD_TABLE_WEIGHT,
             Op::Stats | Op::Ping | Op::ListEngines => 1,
+            Op::SampleKeys { count, .. } => (*count).min(MAX_SAMPLE) as usize * SAMPLE_WEIGHT,
         }
     }
 }
@@ -305,6 +342,8 @@ pub enum Reply {
     },
     /// Answer to `ListEngines`: every subscription, by pod name.
     Engines(Vec<EngineState>),
+    /// Answer to `SampleKeys`.
+    Keys(Vec<SampledKey>),
 }
 
 /// A response payload: one reply per op of the request, in order.
@@ -351,6 +390,10 @@ mod tests {
             }),
             Op::Unsubscribe { pod: "a".into() },
             Op::ListEngines,
+            Op::SampleKeys {
+                count: 1000,
+                seed: 1,
+            },
         ];
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(op.kind(), OpKind::ALL[i]);
@@ -371,13 +414,20 @@ mod tests {
             ]
         );
         let weights: Vec<_> = ops.iter().map(Op::weight).collect();
-        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1]);
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4104);
+        // A sample is charged for at most MAX_SAMPLE keys.
+        let sample = MAX_SAMPLE as usize * SAMPLE_WEIGHT;
+        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample]);
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4104 + sample);
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
-        assert_eq!(names[6..], ["subscribe", "unsubscribe", "list_engines"]);
+        assert_eq!(
+            names[6..],
+            ["subscribe", "unsubscribe", "list_engines", "sample_keys"]
+        );
         // New replies come after the old ones too.
         let engines = bincode::encode_to_vec(Reply::Engines(vec![]), bincode::config::standard());
         assert_eq!(engines.unwrap(), [6, 0]);
+        let keys = bincode::encode_to_vec(Reply::Keys(vec![]), bincode::config::standard());
+        assert_eq!(keys.unwrap(), [7, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 }

@@ -89,6 +89,7 @@ fn op() -> impl Strategy<Value = Op> {
         engine_sub().prop_map(Op::Subscribe),
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
+        (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
     ]
 }
 
@@ -170,6 +171,12 @@ fn reply() -> impl Strategy<Value = Reply> {
         Just(Reply::Pong),
         (any::<u16>(), ".{0,20}").prop_map(|(code, message)| Reply::Error { code, message }),
         prop::collection::vec(engine_state(), 0..3).prop_map(Reply::Engines),
+        prop::collection::vec(
+            (".{0,8}", prop::collection::vec(any::<u64>(), 0..5))
+                .prop_map(|(model, key)| prefix_proto::SampledKey { model, key }),
+            0..3
+        )
+        .prop_map(Reply::Keys),
     ]
 }
 

@@ -63,6 +63,7 @@ fn op() -> impl Strategy<Value = Op> {
             }),
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
+        (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
     ]
 }
 
@@ -84,6 +85,7 @@ fn to_json(op: &Op) -> Value {
         Op::RemovePod { pod } | Op::Unsubscribe { pod } => json!({ "pod": pod }),
         Op::SetPodCapacity { pod, blocks } => json!({"pod": pod, "blocks": blocks}),
         Op::Stats | Op::Ping | Op::ListEngines => json!({}),
+        Op::SampleKeys { count, seed } => json!({"count": count, "seed": seed}),
         Op::Subscribe(s) => {
             let mut v = json!({
                 "pod": s.pod, "model": s.model, "endpoint": s.endpoint,

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use prefix_client::replay;
 use prefix_client::wire::json::{JsonOp, KeyOptions};
+use prefix_client::{compare, replay};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use tokio::io::{AsyncWriteExt, BufReader};
 
@@ -64,30 +64,48 @@ enum Command {
         /// Input file; stdin when absent or "-".
         file: Option<PathBuf>,
     },
+    /// Compare replicas (these servers, not --server): their stats side by
+    /// side, and the share of sampled lookups they answer differently (keys
+    /// sampled from each one's content, looked up on all).
+    Compare {
+        /// The servers (host:port), two or more.
+        #[arg(required = true, num_args = 2..)]
+        servers: Vec<String>,
+        /// Keys to sample, an even share from each server.
+        #[arg(long, default_value_t = 1000)]
+        samples: u32,
+        /// Decides the samples.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Differing keys to print, with each server's answer.
+        #[arg(long, default_value_t = 5)]
+        examples: usize,
+    },
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let addr = resolve(&cli.server).await?;
-    let server_name = cli.server_name.clone().unwrap_or_else(|| {
-        match cli.server.rsplit_once(':').map(|(h, _)| h) {
-            Some(h) if h.parse::<std::net::IpAddr>().is_err() && !h.starts_with('[') => h.into(),
-            _ => "localhost".into(),
-        }
-    });
     let tls = TlsConfig::from_files(&cli.ca, cli.cert.as_deref(), cli.key.as_deref())
         .with_context(|| format!("loading TLS material (--ca {})", cli.ca.display()))?;
-    let cfg = ClientConfig {
-        tls,
-        server_name,
-        deadline: cli.timeout,
-        connect_timeout: cli.timeout.max(Duration::from_secs(1)),
-        ..ClientConfig::default()
-    };
-    let client = Client::connect(addr, cfg)
-        .await
-        .with_context(|| format!("connecting to {addr}"))?;
+    if let Command::Compare {
+        servers,
+        samples,
+        seed,
+        examples,
+    } = &cli.command
+    {
+        let mut clients = Vec::new();
+        for server in servers {
+            clients.push((server.clone(), connect(&cli, &tls, server).await?));
+        }
+        let found = compare::compare(&clients, *samples, *seed, *examples).await?;
+        for (_, c) in &clients {
+            c.close().await;
+        }
+        return print(&serde_json::json!({ "ok": true, "compare": found })).await;
+    }
+    let client = connect(&cli, &tls, &cli.server).await?;
     let opts = KeyOptions {
         block_bytes: cli.block_bytes,
         block_tokens: cli.block_tokens,
@@ -112,10 +130,16 @@ async fn main() -> anyhow::Result<()> {
             return Ok(());
         }
         Command::Op(line) => line,
+        Command::Compare { .. } => unreachable!("answered above"),
     };
     let out = replay::apply(&client, &line, &opts).await;
     client.close().await;
-    let mut text = serde_json::to_vec(&out)?;
+    print(&out).await
+}
+
+/// Prints `out` as one JSON line; exits 1 unless it says `"ok": true`.
+async fn print(out: &serde_json::Value) -> anyhow::Result<()> {
+    let mut text = serde_json::to_vec(out)?;
     text.push(b'\n');
     let mut stdout = tokio::io::stdout();
     stdout.write_all(&text).await?;
@@ -126,6 +150,30 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// A client of `server` with the command line's TLS and timeout.
+async fn connect(cli: &Cli, tls: &TlsConfig, server: &str) -> anyhow::Result<Client> {
+    let addr = resolve(server).await?;
+    let server_name =
+        cli.server_name
+            .clone()
+            .unwrap_or_else(|| match server.rsplit_once(':').map(|(h, _)| h) {
+                Some(h) if h.parse::<std::net::IpAddr>().is_err() && !h.starts_with('[') => {
+                    h.into()
+                }
+                _ => "localhost".into(),
+            });
+    let cfg = ClientConfig {
+        tls: tls.clone(),
+        server_name,
+        deadline: cli.timeout,
+        connect_timeout: cli.timeout.max(Duration::from_secs(1)),
+        ..ClientConfig::default()
+    };
+    Client::connect(addr, cfg)
+        .await
+        .with_context(|| format!("connecting to {addr}"))
 }
 
 /// Resolves host:port (the first address wins).
