@@ -390,7 +390,9 @@ async fn take(
         .await
         .map_err(|e| e.to_string())?;
     let taken = client.snapshot(cfg.max_snapshot_bytes, cfg.timeout).await;
-    client.close().await;
+    // Closing waits for the peer to acknowledge (a few round trips): not on
+    // the way to ready.
+    tokio::spawn(async move { client.close().await });
     let bytes = taken.map_err(|e| e.to_string())?;
     let size = bytes.len() as u64;
     let index = handler.index.clone();

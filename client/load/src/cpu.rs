@@ -67,6 +67,14 @@ pub fn process(pid: u32) -> procfs::ProcResult<Duration> {
     Ok(used(&procfs::process::Process::new(pid)?.stat()?))
 }
 
+/// Resident memory of another process of this machine, bytes.
+#[cfg(target_os = "linux")]
+pub fn resident(pid: u32) -> procfs::ProcResult<u64> {
+    let pid = i32::try_from(pid).unwrap_or(i32::MAX);
+    let status = procfs::process::Process::new(pid)?.status()?;
+    Ok(status.vmrss.unwrap_or(0) * 1024)
+}
+
 #[cfg(target_os = "linux")]
 fn read() -> procfs::ProcResult<CpuTimes> {
     let me = procfs::process::Process::myself()?;

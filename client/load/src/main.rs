@@ -26,6 +26,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use prefix_client::{Client, ClientConfig, TlsConfig};
 
+mod bootstrap;
 mod cpu;
 mod door;
 mod embedded;
@@ -70,6 +71,25 @@ enum Command {
     /// `prefix-server` process each (the binary beside this one), gateways
     /// as replicated `Cluster`s, and each replica's CPU per lookup.
     Replicas(ReplicasArgs),
+    /// Time from a replica's start to ready, filled from a live peer's
+    /// snapshot, against a start from its own snapshot of the same index,
+    /// per index size: `prefix-server` processes (the binary beside this
+    /// one), alternating in each round.
+    Bootstrap(BootstrapArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BootstrapArgs {
+    /// Index sizes in entries (comma-separated); 14,500,000 is the flood's
+    /// last snapshot in docs/benchmarks.md.
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000,14500000")]
+    sizes: Vec<u64>,
+    /// Rounds: each starts one server of each kind per size.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Print the starts as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -387,6 +407,19 @@ fn main() -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&cells)?);
             } else {
                 replicas::print(&cells);
+            }
+            Ok(())
+        }
+        Some(Command::Bootstrap(a)) => {
+            let plan = bootstrap::Plan {
+                sizes: a.sizes,
+                rounds: a.rounds,
+            };
+            let cells = rt.block_on(bootstrap::run(&plan))?;
+            if a.json {
+                println!("{}", serde_json::to_string(&cells)?);
+            } else {
+                bootstrap::print(&cells);
             }
             Ok(())
         }
