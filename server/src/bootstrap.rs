@@ -54,16 +54,25 @@ pub struct ReplicaConfig {
     /// so a server that merely restarted keeps its own, and one that was down
     /// longer than that fills from a peer that saw the writes it missed.
     pub max_age: Duration,
-    /// How long to keep asking peers. Default 30 s: long enough for a peer
-    /// that restarts alongside to come up, short enough that a whole set
-    /// restarting at once serves (from its own snapshots) within a minute.
+    /// How long filling may take in all: every connection, transfer and
+    /// restore, over every peer asked. Default 60 s: long enough for a peer
+    /// that restarts alongside to come up and for a transfer of the default
+    /// bound's snapshot (about 150 MB, 1 to 2 s on loopback), short enough
+    /// that a whole set restarting at once serves (from its own snapshots)
+    /// within about a minute.
     pub timeout: Duration,
     /// Largest snapshot accepted from a peer. Default 4 GiB: the default
     /// index's bound (16.8 M entries) makes snapshots of about 150 MB.
     pub max_snapshot_bytes: u64,
-    /// Writes held while filling. Default 100,000: about ten seconds of a
-    /// busy gateway fleet's inserts, a few tens of MB.
+    /// Writes held while filling, counted by weight (key blocks; 1,024 for
+    /// a pod-table change, as `Op::weight`). Default 4,194,304: 32 MiB of
+    /// block hashes, about ten seconds of a busy gateway fleet's inserts.
     pub queue: usize,
+    /// How long sending one snapshot to a peer may take before the transfer
+    /// is cut: it pins the index's memory (nothing retired meanwhile is
+    /// freed) and holds the one transfer slot. Default 2 minutes: a 4 GiB
+    /// snapshot at 150 MB/s takes half that.
+    pub send_timeout: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -73,9 +82,10 @@ impl Default for ReplicaConfig {
             peer_ca: None,
             peer_server_name: None,
             max_age: Duration::from_secs(60),
-            timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(60),
             max_snapshot_bytes: 4 << 30,
-            queue: 100_000,
+            queue: 4 << 20,
+            send_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -92,11 +102,35 @@ pub fn split_peer(peer: &str) -> Option<(&str, u16)> {
 }
 
 /// Why a peer's snapshot was not restored.
+#[derive(Debug, thiserror::Error)]
+pub enum FillError {
+    /// The peer's address does not resolve.
+    #[error("cannot resolve: {0}")]
+    Resolve(String),
+    /// No connection.
+    #[error(transparent)]
+    Connect(#[from] prefix_client::ConnectError),
+    /// The transfer failed or was refused by the peer.
+    #[error(transparent)]
+    Transfer(#[from] prefix_client::ClientError),
+    /// What arrived is not a snapshot this build restores (damaged,
+    /// truncated, another version).
+    #[error("refused its snapshot: {0}")]
+    Refused(#[from] prefix_index::SnapshotError),
+    /// The restore's task failed.
+    #[error("the restore failed: {0}")]
+    Restore(String),
+    /// `--bootstrap-timeout` ran out during this attempt.
+    #[error("--bootstrap-timeout ran out")]
+    OutOfTime,
+}
+
+/// A peer whose snapshot was not restored, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     /// The peer, as configured.
     pub peer: String,
-    /// What went wrong, in words.
+    /// What went wrong (a [`FillError`], in words).
     pub why: String,
 }
 
@@ -125,13 +159,26 @@ pub struct FillReport {
 pub struct Replica {
     /// Set while filling; cleared once the held writes are applied.
     filling: AtomicBool,
-    held: Mutex<Vec<Op>>,
-    /// Most writes held.
+    held: Mutex<Held>,
+    /// Most weight held (see [`ReplicaConfig::queue`]).
     max_held: usize,
     /// Whether a snapshot is being sent.
     sending: AtomicBool,
     report: Mutex<Option<FillReport>>,
 }
+
+/// Writes held while filling.
+#[derive(Debug, Default)]
+struct Held {
+    ops: Vec<Op>,
+    /// Their weight (`Op::weight`), what `max_held` bounds.
+    weight: usize,
+}
+
+/// Held writes applied in a round of their own while new ones may still
+/// arrive; a round this small is applied with the gate's lock held, so no
+/// new write can come after it and opening always ends.
+const LAST_ROUND: usize = 1024;
 
 /// Held while a snapshot is being sent: the next request is refused.
 pub struct Sending(Arc<Replica>);
@@ -149,7 +196,8 @@ impl Replica {
         Arc::default()
     }
 
-    /// A replica that fills itself first, holding up to `max_held` writes.
+    /// A replica that fills itself first, holding writes up to a weight of
+    /// `max_held`.
     pub fn filling(max_held: usize) -> Arc<Replica> {
         Arc::new(Replica {
             filling: AtomicBool::new(true),
@@ -184,14 +232,16 @@ impl Replica {
             if !self.filling.load(Ordering::Relaxed) {
                 return None;
             }
-            if held.len() >= self.max_held {
+            let weight = op.weight();
+            if held.weight + weight > self.max_held {
                 return Some(ErrorCode::Unavailable.reply(format!(
-                    "this replica is filling itself from a peer and already holds {} writes \
-                     (--bootstrap-queue)",
-                    self.max_held
+                    "this replica is filling itself from a peer and holds writes of weight {} \
+                     already (--bootstrap-queue {})",
+                    held.weight, self.max_held
                 )));
             }
-            held.push(op.clone());
+            held.weight += weight;
+            held.ops.push(op.clone());
             metrics.bootstrap_held.inc();
             // Accepted, not yet applied: a removal cannot tell yet whether
             // the pod was there, and says it was.
@@ -211,22 +261,25 @@ impl Replica {
 
     /// Applies the held writes with `apply`, oldest first, then opens the
     /// gate; returns how many there were. Writes that arrive meanwhile are
-    /// held too and applied in a later round, so they keep their order.
+    /// held too and applied in a later round, so they keep their order; the
+    /// last round, at most [`LAST_ROUND`] writes, is applied under the lock,
+    /// so a steady stream of writes cannot keep the gate closed.
     pub fn open(&self, mut apply: impl FnMut(Vec<Op>)) -> u64 {
         let mut applied = 0;
         loop {
-            let batch = {
-                let mut held = self.held.lock();
-                if held.is_empty() {
-                    // Release: see `is_filling`. Under the lock, so `admit`
-                    // never holds a write after the last round.
-                    self.filling.store(false, Ordering::Release);
-                    *held = Vec::new();
-                    return applied;
-                }
-                std::mem::take(&mut *held)
-            };
+            let mut held = self.held.lock();
+            let batch = std::mem::take(&mut *held).ops;
             applied += batch.len() as u64;
+            if batch.len() <= LAST_ROUND {
+                if !batch.is_empty() {
+                    apply(batch);
+                }
+                // Release: see `is_filling`. Under the lock, so `admit`
+                // never holds a write after the last round.
+                self.filling.store(false, Ordering::Release);
+                return applied;
+            }
+            drop(held);
             apply(batch);
         }
     }
@@ -272,27 +325,35 @@ pub struct Target {
     pub ready: Arc<AtomicBool>,
 }
 
+/// Pause between rounds of asking every peer.
+const ROUND_PAUSE: Duration = Duration::from_secs(1);
+
+/// Most time one connection attempt to a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Fills the index from a peer (or, failing that, from the fallback), starts
 /// the engines, applies the held writes and reports ready.
 pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken) {
     let started = Instant::now();
+    let deadline = tokio::time::Instant::now() + filling.cfg.timeout;
     target.metrics.bootstrapping.set(1);
     let Filling { cfg, tls, fallback } = filling;
     let mut refused = Vec::new();
     let mut restored = None;
-    let mut round = 0u32;
-    'rounds: while started.elapsed() < cfg.timeout {
+    'rounds: for round in 0.. {
+        if round > 0 && tokio::time::Instant::now() + ROUND_PAUSE >= deadline {
+            break;
+        }
         if round > 0 {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = tokio::time::sleep(ROUND_PAUSE) => {}
             }
         }
-        round += 1;
         for peer in &cfg.peers {
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                a = take(peer, &cfg, &tls, &target.handler) => a,
+                a = take(peer, &cfg, &tls, &target.handler, deadline) => a,
             };
             match attempt {
                 Ok(done) => {
@@ -304,14 +365,20 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
                     tracing::warn!(%peer, %why, "no snapshot from this peer; asking the next");
                     refused.push(Refusal {
                         peer: peer.clone(),
-                        why,
+                        why: why.to_string(),
                     });
                 }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break 'rounds;
             }
         }
     }
     let (from, inserts, bytes) = match restored {
-        Some((peer, (inserts, bytes))) => (Some(peer), inserts, bytes),
+        Some((peer, (inserts, bytes))) => {
+            tracing::info!(%peer, inserts, bytes, "restored a peer's snapshot");
+            (Some(peer), inserts, bytes)
+        }
         None => {
             let inserts = match fallback {
                 Some(snap) => {
@@ -332,9 +399,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
     };
     // Engines before the held writes: their subscriptions may be among
     // them, and their events need the restored records.
-    if let Err(e) = target.engines.start() {
-        tracing::error!(error = %e, "the engine subscriptions could not start");
-    }
+    let engines = target.engines.start();
     let handler = target.handler.clone();
     let held = tokio::task::spawn_blocking(move || {
         let gate = handler.replica.clone();
@@ -350,68 +415,80 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
         refused,
         held,
     };
-    tracing::info!(
-        from = report.from.as_deref().unwrap_or("(no peer)"),
-        inserts,
-        bytes,
-        held,
-        took = ?report.took,
-        "filled from a peer; ready"
-    );
-    *target.handler.replica.report.lock() = Some(report);
     target.metrics.bootstrapping.set(0);
-    if !shutdown.is_cancelled() {
-        // Relaxed: see `http::readyz`.
-        target.ready.store(true, Ordering::Relaxed);
+    match engines {
+        Ok(()) => {
+            tracing::info!(held, took = ?report.took, "filled; ready");
+            // Relaxed: see `http::readyz` (which also says not ready once
+            // shutdown has begun).
+            target.ready.store(true, Ordering::Relaxed);
+        }
+        // As at a start without peers, where this stops the server: the
+        // index serves, but the server never says it is ready.
+        Err(e) => tracing::error!(
+            error = %e,
+            "the engine subscriptions could not start: serving, but not ready"
+        ),
     }
+    *target.handler.replica.report.lock() = Some(report);
 }
 
-/// Takes `peer`'s snapshot and restores it: the entries restored and the
-/// bytes taken, or why not (nothing is restored then).
+/// Takes `peer`'s snapshot (by `deadline`) and restores it: the entries
+/// restored and the bytes taken, or why not (nothing is restored then). The
+/// restore, once begun, runs to its end whatever the time: half of one would
+/// leave the index neither empty nor the peer's.
 async fn take(
     peer: &str,
     cfg: &ReplicaConfig,
     tls: &TlsConfig,
     handler: &Arc<Handler>,
-) -> Result<(u64, u64), String> {
-    let (host, port) = split_peer(peer).ok_or("not host:port")?;
-    let addr: SocketAddr = tokio::net::lookup_host((host, port))
-        .await
-        .map_err(|e| format!("cannot resolve: {e}"))?
-        .next()
-        .ok_or("resolves to no address")?;
-    let client_cfg = ClientConfig {
-        tls: tls.clone(),
-        server_name: cfg.peer_server_name.as_deref().unwrap_or(host).into(),
-        connect_timeout: cfg.timeout.min(Duration::from_secs(5)),
-        ..ClientConfig::default()
+    deadline: tokio::time::Instant,
+) -> Result<(u64, u64), FillError> {
+    let fetch = async {
+        let (host, port) =
+            split_peer(peer).ok_or_else(|| FillError::Resolve("not host:port".into()))?;
+        let addr: SocketAddr = tokio::net::lookup_host((host, port))
+            .await
+            .map_err(|e| FillError::Resolve(e.to_string()))?
+            .next()
+            .ok_or_else(|| FillError::Resolve("no address".into()))?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let client_cfg = ClientConfig {
+            tls: tls.clone(),
+            server_name: cfg.peer_server_name.as_deref().unwrap_or(host).into(),
+            connect_timeout: left.min(CONNECT_TIMEOUT),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect(addr, client_cfg).await?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let taken = client.snapshot(cfg.max_snapshot_bytes, left).await;
+        // Closing waits for the peer to acknowledge (a few round trips): not
+        // on the way to ready.
+        tokio::spawn(async move { client.close().await });
+        Ok::<_, FillError>(taken?)
     };
-    let client = Client::connect(addr, client_cfg)
+    let bytes = tokio::time::timeout_at(deadline, fetch)
         .await
-        .map_err(|e| e.to_string())?;
-    let taken = client.snapshot(cfg.max_snapshot_bytes, cfg.timeout).await;
-    // Closing waits for the peer to acknowledge (a few round trips): not on
-    // the way to ready.
-    tokio::spawn(async move { client.close().await });
-    let bytes = taken.map_err(|e| e.to_string())?;
+        .map_err(|_| FillError::OutOfTime)??;
     let size = bytes.len() as u64;
     let index = handler.index.clone();
     let restore = move || {
         // Checked whole before anything is applied: a damaged transfer
         // leaves the index as it was.
-        let snap = Snapshot::parse(&bytes).map_err(|e| format!("refused its snapshot: {e}"))?;
+        let snap = Snapshot::parse(&bytes)?;
         drop(bytes);
-        Ok::<_, String>(snap.restore(&index, now_ms()).inserts)
+        Ok::<_, FillError>(snap.restore(&index, now_ms()).inserts)
     };
     let inserts = tokio::task::spawn_blocking(restore)
         .await
-        .map_err(|e| format!("the restore failed: {e}"))??;
+        .map_err(|e| FillError::Restore(e.to_string()))??;
     Ok((inserts, size))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefix_proto::message::POD_TABLE_WEIGHT;
 
     fn insert(n: u64) -> Op {
         Op::Insert {
@@ -436,7 +513,9 @@ mod tests {
     #[test]
     fn while_filling_writes_are_held_in_order_and_lookups_refused() {
         let m = Metrics::default();
-        let gate = Replica::filling(3);
+        let n = LAST_ROUND as u64 + 100;
+        // Room for `n` one-block inserts and one pod-table change.
+        let gate = Replica::filling(n as usize + POD_TABLE_WEIGHT);
         let lookup = Op::Lookup {
             model: "m".into(),
             key: vec![1],
@@ -445,25 +524,28 @@ mod tests {
         let refused = |r: Option<Reply>| matches!(r, Some(Reply::Error { code, .. }) if code == ErrorCode::Unavailable as u16);
         assert!(refused(gate.admit(&lookup, &m)));
         assert_eq!(gate.admit(&Op::Ping, &m), None);
-        for n in 0..3 {
-            assert_eq!(gate.admit(&insert(n), &m), Some(Reply::Done));
+        for k in 0..n {
+            assert_eq!(gate.admit(&insert(k), &m), Some(Reply::Done));
         }
-        // The queue is full: the fourth write is refused, not held.
-        assert!(refused(gate.admit(&insert(3), &m)));
+        let remove = Op::RemovePod { pod: "p".into() };
+        assert_eq!(gate.admit(&remove, &m), Some(Reply::Removed(true)));
+        // The queue is full by weight: one more block is refused, not held.
+        assert!(refused(gate.admit(&insert(n), &m)));
         assert!(refused(gate.send().err()));
-        let mut seen = Vec::new();
-        let mut first = true;
+        let mut rounds = Vec::new();
         let applied = gate.open(|ops| {
-            seen.extend(ops);
-            // A write that arrives while the held ones are applied is held
-            // and applied after them.
-            if first {
-                first = false;
-                assert_eq!(gate.admit(&insert(9), &m), Some(Reply::Done));
+            // A write that arrives while a round is applied (outside the
+            // lock: the round is large) is held and applied after it.
+            if rounds.is_empty() {
+                assert_eq!(gate.admit(&insert(n + 1), &m), Some(Reply::Done));
             }
+            rounds.push(ops);
         });
-        assert_eq!(applied, 4);
-        assert_eq!(seen, [0, 1, 2, 9].map(insert));
+        let mut want: Vec<Op> = (0..n).map(insert).collect();
+        want.push(remove);
+        assert_eq!(rounds[0], want);
+        assert_eq!(rounds[1..], [vec![insert(n + 1)]]);
+        assert_eq!(applied, n + 2);
         assert!(!gate.is_filling());
         assert_eq!(gate.admit(&insert(5), &m), None);
         assert_eq!(gate.admit(&lookup, &m), None);

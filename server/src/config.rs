@@ -192,17 +192,23 @@ pub struct Settings {
     /// fills itself from a peer instead.
     #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
     pub bootstrap_max_age: Option<HumanDuration>,
-    /// How long to keep asking peers before starting from the server's own
-    /// snapshot (however old) or empty: all replicas may be starting at once.
+    /// How long filling from peers may take in all (connections, transfers,
+    /// restores) before the server starts from its own snapshot, however
+    /// old, or empty: all replicas may be starting at once.
     #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
     pub bootstrap_timeout: Option<HumanDuration>,
     /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
     #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
     pub max_snapshot_bytes: Option<u64>,
     /// Writes held while a peer's snapshot is being restored (applied right
-    /// after it); past it, writes are refused `Unavailable`.
+    /// after it), in key blocks (1,024 for a pod-table change); past it,
+    /// writes are refused `Unavailable`.
     #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
     pub bootstrap_queue: Option<usize>,
+    /// How long sending this server's snapshot to one peer may take before
+    /// the transfer is cut (it holds the index's memory from being freed).
+    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
+    pub snapshot_send_timeout: Option<HumanDuration>,
     /// An engine to follow (precise mode): pod=<name>,model=<model>,
     /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
     /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
@@ -449,6 +455,7 @@ impl Settings {
                     .max_snapshot_bytes
                     .unwrap_or(d.replicas.max_snapshot_bytes),
                 queue: self.bootstrap_queue.unwrap_or(d.replicas.queue),
+                send_timeout: dur(self.snapshot_send_timeout, d.replicas.send_timeout),
             },
             engines: EngineConfig {
                 subscriptions: subscriptions(self.engines)?,
@@ -535,6 +542,7 @@ impl From<&ServerConfig> for Settings {
             bootstrap_timeout: Some(HumanDuration(cfg.replicas.timeout)),
             max_snapshot_bytes: Some(cfg.replicas.max_snapshot_bytes),
             bootstrap_queue: Some(cfg.replicas.queue),
+            snapshot_send_timeout: Some(HumanDuration(cfg.replicas.send_timeout)),
             engines: (!cfg.engines.subscriptions.is_empty()).then(|| {
                 cfg.engines
                     .subscriptions
@@ -794,8 +802,12 @@ impl ServerConfig {
         {
             return bad("peer", p, "not host:port");
         }
-        if r.queue == 0 || r.timeout.is_zero() {
-            return bad("bootstrap-queue/bootstrap-timeout", &0, "must be positive");
+        if r.queue == 0 || r.timeout.is_zero() || r.send_timeout.is_zero() {
+            return bad(
+                "bootstrap-queue/bootstrap-timeout/snapshot-send-timeout",
+                &0,
+                "must be positive",
+            );
         }
         if r.max_snapshot_bytes < 1 << 20 {
             return bad(
@@ -972,6 +984,7 @@ mod tests {
                 timeout: Duration::from_secs(28),
                 max_snapshot_bytes: 29 << 20,
                 queue: 30,
+                send_timeout: Duration::from_secs(31),
             },
             engines: EngineConfig {
                 subscriptions: vec![

@@ -214,8 +214,12 @@ fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
     match access {
         Access::Write => None,
         Access::Read | Access::Peer if !op.kind().writes() => None,
-        Access::Read | Access::Peer => Some(ErrorCode::Forbidden.reply(
+        Access::Read => Some(ErrorCode::Forbidden.reply(
             "this client's certificate is a reader: it may look up but not change the index",
+        )),
+        Access::Peer => Some(ErrorCode::Forbidden.reply(
+            "this client's certificate is a peer: it may look up and take snapshots, but not \
+             change the index",
         )),
         Access::Denied(who) => Some(ErrorCode::Forbidden.reply(format!(
             "{who} has no role on this server (see --reader, --writer and --peer-identity)"
@@ -315,9 +319,18 @@ impl Handler {
             Op::ListEngines => self.with_engines(list_engines),
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
+                // Keys of up to `max-key-blocks` each: stop within a
+                // quarter of the largest answer (a hash takes at most 10
+                // bytes), so that the answer always fits.
+                let mut room = MAX_FRAME_CEILING as usize / 4;
                 let keys = reader.sample_keys(count, *seed).into_iter();
                 Reply::Keys(
-                    keys.map(|(model, key)| SampledKey {
+                    keys.take_while(|(model, key)| {
+                        let size = model.len() + 10 * key.len() + 16;
+                        room = room.saturating_sub(size);
+                        room > 0
+                    })
+                    .map(|(model, key)| SampledKey {
                         model: model.into(),
                         key,
                     })
@@ -333,17 +346,14 @@ impl Handler {
 impl Handler {
     /// Applies writes held while the server filled itself from a peer, in
     /// order, now that the gate lets nothing else through first (they were
-    /// checked against roles and limits when they arrived).
+    /// checked against roles and limits, and counted, when they arrived).
     pub fn apply_held(&self, ops: Vec<Op>) {
         let now = now_ms();
         let reader = self.index.reader();
-        let (mut scratch, mut hits, mut tally) = (Vec::new(), Hits::default(), Tally::default());
+        let (mut scratch, mut hits) = (Vec::new(), Hits::default());
         for op in &ops {
-            let failed = self.execute(op, now, &reader, &mut scratch, &mut hits, &mut Discard);
-            tally.add(metrics::op_slot(op), failed);
+            self.execute(op, now, &reader, &mut scratch, &mut hits, &mut Discard);
         }
-        drop(reader);
-        self.metrics.count(&tally);
     }
 
     /// Applies `request`'s ops in order for a client allowed `access`,

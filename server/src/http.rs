@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use prefix_index::Index;
+use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 
@@ -19,8 +20,10 @@ pub struct Probe {
     pub index: Arc<Index>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
-    /// True while the server accepts connections.
+    /// Set once the server serves (at once, or once filled from a peer).
     pub ready: Arc<AtomicBool>,
+    /// Cancelled when shutdown begins: not ready from then on.
+    pub stopping: CancellationToken,
 }
 
 /// The router.
@@ -45,7 +48,7 @@ async fn metrics(State(p): State<Probe>) -> impl IntoResponse {
 async fn readyz(State(p): State<Probe>) -> impl IntoResponse {
     // Relaxed: a probe may see the change a moment late; nothing else is
     // ordered by this flag.
-    if p.ready.load(Ordering::Relaxed) {
+    if p.ready.load(Ordering::Relaxed) && !p.stopping.is_cancelled() {
         (StatusCode::OK, "ready\n")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")

@@ -309,6 +309,7 @@ impl Server {
                 index: self.index.clone(),
                 metrics: self.metrics.clone(),
                 ready: ready.clone(),
+                stopping: token.clone(),
             });
             let stop = token.clone();
             tokio::spawn(async move {
@@ -360,6 +361,7 @@ impl Server {
             max_in_flight: self.cfg.max_in_flight,
             max_streams: self.cfg.max_streams,
             busy,
+            snapshot_timeout: self.cfg.replicas.send_timeout,
         });
         let accept = accept_loop(
             &self.endpoint,

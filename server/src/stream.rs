@@ -30,6 +30,8 @@ struct Shared<S> {
     permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     busy: Option<Arc<BusyPoll>>,
+    /// How long one snapshot transfer may take.
+    snapshot_timeout: Duration,
 }
 
 impl<S> Drop for Shared<S> {
@@ -55,6 +57,9 @@ pub struct ConnSetup<S> {
     pub max_streams: u32,
     /// Told of every read, when busy polling is on.
     pub busy: Option<Arc<BusyPoll>>,
+    /// How long one snapshot transfer may take before it is reset: it pins
+    /// the index's memory and holds the one transfer slot.
+    pub snapshot_timeout: Duration,
 }
 
 /// Serves one accepted connection: every bidirectional stream the client
@@ -82,6 +87,7 @@ pub async fn serve_connection<S: Service>(
         permits: Arc::new(Semaphore::new(setup.max_in_flight)),
         busy: setup.busy.clone(),
         shutdown: shutdown.clone(),
+        snapshot_timeout: setup.snapshot_timeout,
     });
     loop {
         let accepted = tokio::select! {
@@ -369,7 +375,8 @@ impl<S: Service> Heavy<S> {
 
 /// Pieces of a snapshot handed from the writing job to the stream: large
 /// enough that each write is efficient, few enough in flight to bound the
-/// memory one transfer holds (`SNAPSHOT_PIECES` × this).
+/// memory one transfer holds (`SNAPSHOT_PIECES` queued, one being filled,
+/// one being written: 6 MiB).
 const SNAPSHOT_PIECE: usize = 1 << 20;
 const SNAPSHOT_PIECES: usize = 4;
 
@@ -410,15 +417,23 @@ impl std::io::Write for Pieces {
 /// Answers snapshot request `id`: the refusal, or `Done` followed by the
 /// snapshot's bytes, written by the service's job on the blocking pool as the
 /// stream takes them. Returns whether the stream may be finished normally: a
-/// transfer cut short is reset instead, so the client cannot take a
-/// truncated snapshot for a whole one (its checks would refuse it anyway).
+/// transfer cut short (the client left, the job failed, or it ran past
+/// `snapshot_timeout`: the job pins the index's memory while it runs) is
+/// reset instead, so the client cannot take a truncated snapshot for a whole
+/// one (its checks would refuse it anyway).
 async fn send_snapshot<S: Service>(
     send: &mut quinn::SendStream,
     id: u64,
     shared: &Shared<S>,
 ) -> bool {
     let mut head = Vec::new();
-    let job = match shared.service.snapshot(&shared.access) {
+    let asked = if shared.shutdown.is_cancelled() {
+        // A transfer would hold the drain open.
+        Err(ErrorCode::Unavailable.reply("the server is shutting down: ask another replica"))
+    } else {
+        shared.service.snapshot(&shared.access)
+    };
+    let job = match asked {
         Ok(job) => {
             encode_response(id, &Response::One(Reply::Done), &mut head);
             job
@@ -440,20 +455,27 @@ async fn send_snapshot<S: Service>(
         job(&mut sink)?;
         std::io::Write::flush(&mut sink)
     });
-    let mut sent = true;
-    while let Some(piece) = pieces.recv().await {
-        if send.write_all(&piece).await.is_err() {
-            sent = false;
-            break;
+    let moved = async {
+        while let Some(piece) = pieces.recv().await {
+            if send.write_all(&piece).await.is_err() {
+                return false;
+            }
         }
-    }
+        true
+    };
+    let sent = tokio::time::timeout(shared.snapshot_timeout, moved)
+        .await
+        .unwrap_or(false);
     // Dropping the receiver fails the job's next hand-over, so it stops.
     drop(pieces);
     match writing.await {
         Ok(Ok(())) if sent => true,
         outcome => {
             let why = match outcome {
-                Ok(Ok(())) => "the client stopped reading".to_string(),
+                Ok(Ok(())) => format!(
+                    "the client stopped reading, or took longer than {:?}",
+                    shared.snapshot_timeout
+                ),
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
             };
@@ -578,6 +600,7 @@ mod tests {
             max_in_flight: 4,
             max_streams: cfg.max_streams,
             busy: None,
+            snapshot_timeout: Duration::from_secs(60),
         };
         serve_connection(conn, &setup, shutdown, tracker.clone()).await;
         tracker.close();

@@ -349,6 +349,7 @@ async fn snapshots_go_to_writers_and_peers_only() {
     let server = common::start(|cfg| {
         cfg.client_ca = Some(ca_pem.clone());
         cfg.roles.readers = vec!["cn:gw-ro".parse().unwrap()];
+        cfg.roles.writers = vec!["cn:gw-rw".parse().unwrap()];
         cfg.roles.peers = vec!["cn:index-1".parse().unwrap()];
     })
     .await;
@@ -361,14 +362,21 @@ async fn snapshots_go_to_writers_and_peers_only() {
             ..Default::default()
         }
     };
-    let reader = Client::connect(server.addr, as_client("gw-ro"))
+    for name in ["gw-ro", "stranger"] {
+        let client = Client::connect(server.addr, as_client(name)).await.unwrap();
+        let refused = client.snapshot(1 << 30, Duration::from_secs(10)).await;
+        assert!(
+            matches!(&refused, Err(ClientError::Server { code, .. }) if *code == ErrorCode::Forbidden as u16),
+            "{name}: {refused:?}"
+        );
+    }
+    let writer = Client::connect(server.addr, as_client("gw-rw"))
         .await
         .unwrap();
-    let refused = reader.snapshot(1 << 30, Duration::from_secs(10)).await;
-    assert!(
-        matches!(&refused, Err(ClientError::Server { code, .. }) if *code == ErrorCode::Forbidden as u16),
-        "{refused:?}"
-    );
+    let whole = writer
+        .snapshot(1 << 30, Duration::from_secs(10))
+        .await
+        .unwrap();
     let replica = Client::connect(server.addr, as_client("index-1"))
         .await
         .unwrap();
@@ -376,6 +384,7 @@ async fn snapshots_go_to_writers_and_peers_only() {
         .snapshot(1 << 30, Duration::from_secs(10))
         .await
         .unwrap();
+    assert_eq!(bytes.len(), whole.len());
     let snap = prefix_index::Snapshot::parse(&bytes).unwrap();
     let copy = Index::new(Default::default());
     assert_eq!(snap.restore(&copy, now()).inserts, 600);
@@ -384,8 +393,16 @@ async fn snapshots_go_to_writers_and_peers_only() {
         .snapshot(bytes.len() as u64 - 1, Duration::from_secs(10))
         .await;
     assert!(matches!(small, Err(ClientError::Protocol(_))), "{small:?}");
-    // The connection still serves after both.
+    // The connection still serves after both, and the server sends its
+    // snapshot again once the cut transfer has let go of its slot.
     let looked = replica.lookup(&model(1), &key(1, 3), None).await.unwrap();
     assert_eq!(looked.matches[0].blocks, 6);
+    common::eventually("the slot is free again", async || {
+        replica
+            .snapshot(1 << 30, Duration::from_secs(10))
+            .await
+            .is_ok()
+    })
+    .await;
     server.shutdown().await;
 }
