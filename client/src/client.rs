@@ -75,13 +75,56 @@ pub struct LookupResult {
     pub matches: Vec<PodBlocks>,
 }
 
+/// Where a server is: an address, or a `host:port` name resolved again before
+/// every connection attempt, so that a server back at another address (a
+/// Kubernetes pod keeps its name across restarts, not its IP) is found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerAddr {
+    /// A fixed address.
+    Addr(SocketAddr),
+    /// A `host:port` name.
+    Name(String),
+}
+
+impl From<SocketAddr> for ServerAddr {
+    fn from(addr: SocketAddr) -> Self {
+        ServerAddr::Addr(addr)
+    }
+}
+
+impl From<&str> for ServerAddr {
+    /// An address if it is one (`10.0.0.5:7070`, `[::1]:7070`), else a name.
+    fn from(s: &str) -> Self {
+        s.parse()
+            .map_or_else(|_| ServerAddr::Name(s.into()), ServerAddr::Addr)
+    }
+}
+
+impl From<String> for ServerAddr {
+    fn from(s: String) -> Self {
+        ServerAddr::from(s.as_str())
+    }
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddr::Addr(a) => a.fmt(f),
+            ServerAddr::Name(n) => f.write_str(n),
+        }
+    }
+}
+
 enum State {
     Up(Arc<Conn>),
     Down { reason: String },
 }
 
 struct Inner {
-    addr: SocketAddr,
+    target: ServerAddr,
+    /// The address last connected to or tried (for a name: unspecified, with
+    /// no port, until it first resolves).
+    addr: Mutex<SocketAddr>,
     cfg: ClientConfig,
     endpoint: quinn::Endpoint,
     state: Mutex<State>,
@@ -104,7 +147,7 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("addr", &self.inner.addr)
+            .field("server", &self.inner.target)
             .field("deadline", &self.deadline)
             .finish()
     }
@@ -119,10 +162,14 @@ impl Drop for Inner {
 }
 
 impl Client {
-    /// Connects to `addr`, waiting up to `connect_timeout` for the first
-    /// connection.
-    pub async fn connect(addr: SocketAddr, cfg: ClientConfig) -> Result<Client, ConnectError> {
-        let inner = Inner::new(addr, cfg)?;
+    /// Connects to `server` (an address, or a `host:port` name resolved
+    /// again before every reconnection), waiting up to `connect_timeout` for
+    /// the first connection.
+    pub async fn connect(
+        server: impl Into<ServerAddr>,
+        cfg: ClientConfig,
+    ) -> Result<Client, ConnectError> {
+        let inner = Inner::new(server.into(), cfg)?;
         let conn = inner.dial().await?;
         *inner.state.lock() = State::Up(conn);
         Ok(Client::spawn(inner))
@@ -131,8 +178,8 @@ impl Client {
     /// A client that connects in the background: calls fail with
     /// [`ClientError::Disconnected`] until the server is reached. For gateways
     /// that must start while the index server is down.
-    pub fn start(addr: SocketAddr, cfg: ClientConfig) -> Result<Client, ConnectError> {
-        let inner = Inner::new(addr, cfg)?;
+    pub fn start(server: impl Into<ServerAddr>, cfg: ClientConfig) -> Result<Client, ConnectError> {
+        let inner = Inner::new(server.into(), cfg)?;
         *inner.state.lock() = State::Down {
             reason: "connecting".into(),
         };
@@ -148,9 +195,15 @@ impl Client {
         Client { inner, deadline }
     }
 
-    /// The server's address.
+    /// The server's address (for a name, the one last connected to or
+    /// tried).
     pub fn addr(&self) -> SocketAddr {
-        self.inner.addr
+        *self.inner.addr.lock()
+    }
+
+    /// The server as given: an address or a name.
+    pub fn server(&self) -> &ServerAddr {
+        &self.inner.target
     }
 
     /// How long each call waits for its answer.
@@ -411,17 +464,25 @@ fn unexpected(reply: Reply) -> ClientError {
 }
 
 impl Inner {
-    fn new(addr: SocketAddr, cfg: ClientConfig) -> Result<Inner, ConnectError> {
+    fn new(target: ServerAddr, cfg: ClientConfig) -> Result<Inner, ConnectError> {
         let quic = cfg.tls.quic_config()?;
-        let local: SocketAddr = if addr.is_ipv4() {
-            (Ipv4Addr::UNSPECIFIED, 0).into()
-        } else {
-            (Ipv6Addr::UNSPECIFIED, 0).into()
+        let v4: SocketAddr = (Ipv4Addr::UNSPECIFIED, 0).into();
+        let v6: SocketAddr = (Ipv6Addr::UNSPECIFIED, 0).into();
+        let (mut endpoint, addr) = match &target {
+            ServerAddr::Addr(a) if a.is_ipv4() => (quinn::Endpoint::client(v4)?, *a),
+            ServerAddr::Addr(a) => (quinn::Endpoint::client(v6)?, *a),
+            // A name may resolve to either family: a dual-stack socket
+            // reaches both (quinn maps IPv4 addresses), where the host has
+            // IPv6 at all.
+            ServerAddr::Name(_) => match quinn::Endpoint::client(v6) {
+                Ok(e) => (e, v6),
+                Err(_) => (quinn::Endpoint::client(v4)?, v4),
+            },
         };
-        let mut endpoint = quinn::Endpoint::client(local)?;
         endpoint.set_default_client_config(quic);
         Ok(Inner {
-            addr,
+            target,
+            addr: Mutex::new(addr),
             cfg,
             endpoint,
             state: Mutex::new(State::Down {
@@ -446,34 +507,45 @@ impl Inner {
                 Err(err)
             }
             State::Down { reason } => Err(ClientError::Disconnected {
-                addr: self.addr,
+                addr: *self.addr.lock(),
                 reason: reason.clone(),
             }),
         }
     }
 
-    /// One connection attempt, bounded by `connect_timeout`.
+    /// One connection attempt (a name resolved first), bounded by
+    /// `connect_timeout`.
     async fn dial(&self) -> Result<Arc<Conn>, ConnectError> {
-        let refused = |reason: String| ConnectError::Refused {
-            addr: self.addr,
-            reason,
-        };
+        let refused = |addr, reason: String| ConnectError::Refused { addr, reason };
         let attempt = async {
+            let addr = match &self.target {
+                ServerAddr::Addr(a) => *a,
+                ServerAddr::Name(name) => {
+                    let found = tokio::net::lookup_host(name.as_str()).await;
+                    let tried = *self.addr.lock();
+                    let addr = found
+                        .map_err(|e| refused(tried, format!("{name}: {e}")))?
+                        .next()
+                        .ok_or_else(|| refused(tried, format!("{name} resolves to no address")))?;
+                    *self.addr.lock() = addr;
+                    addr
+                }
+            };
             let connecting = self
                 .endpoint
-                .connect(self.addr, &self.cfg.server_name)
-                .map_err(|e| refused(e.to_string()))?;
+                .connect(addr, &self.cfg.server_name)
+                .map_err(|e| refused(addr, e.to_string()))?;
             let quic = connecting
                 .await
-                .map_err(|e| refused(crate::tls::describe_close(&e)))?;
-            Conn::start(quic, self.addr, self.cfg.streams, self.cfg.queue)
+                .map_err(|e| refused(addr, crate::tls::describe_close(&e)))?;
+            Conn::start(quic, addr, self.cfg.streams, self.cfg.queue)
                 .await
-                .map_err(|e| refused(crate::tls::describe_close(&e)))
+                .map_err(|e| refused(addr, crate::tls::describe_close(&e)))
         };
         tokio::time::timeout(self.cfg.connect_timeout, attempt)
             .await
             .map_err(|_| ConnectError::Timeout {
-                addr: self.addr,
+                addr: *self.addr.lock(),
                 timeout: self.cfg.connect_timeout,
             })?
     }
@@ -506,12 +578,12 @@ async fn reconnect(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
             let started = Instant::now();
             match me.dial().await {
                 Ok(conn) => {
-                    tracing::info!(addr = %me.addr, "connected");
+                    tracing::info!(server = %me.target, addr = %me.addr.lock(), "connected");
                     *me.state.lock() = State::Up(conn);
                     break;
                 }
                 Err(e) => {
-                    tracing::debug!(addr = %me.addr, error = %e, elapsed = ?started.elapsed(), "reconnect failed");
+                    tracing::debug!(server = %me.target, error = %e, elapsed = ?started.elapsed(), "reconnect failed");
                     *me.state.lock() = State::Down {
                         reason: e.to_string(),
                     };

@@ -26,7 +26,6 @@
 //! With `R = 1` this is sharding by model: the placement above, a server
 //! down fails the calls for its models.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,7 +33,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::client::{Client, ClientConfig, LookupResult};
+use crate::client::{Client, ClientConfig, LookupResult, ServerAddr};
 use crate::error::{ClientError, ConnectError};
 use crate::wire::{EngineSub, ErrorCode, Op, Reply, WireStats};
 
@@ -288,32 +287,35 @@ fn as_reply(e: &ClientError) -> Reply {
 impl Cluster {
     /// Starts a client per server, sharding models (`R = 1`). `servers`
     /// pairs a stable name (the placement key, e.g. a StatefulSet pod's DNS
-    /// name) with its address. Connections are made in the background, so a
-    /// server that is down at start only fails the calls for its models.
-    pub fn start(
-        servers: &[(String, SocketAddr)],
+    /// name) with its address: a `std::net::SocketAddr`, or a `host:port` name
+    /// (anything into [`ServerAddr`]) resolved again before every
+    /// reconnection, so a pod restarted at a new IP is found. Connections are
+    /// made in the background, so a server that is down at start only fails
+    /// the calls for its models.
+    pub fn start<A: Into<ServerAddr> + Clone>(
+        servers: &[(String, A)],
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
         Cluster::start_replicated(servers, Replication::default(), cfg)
     }
 
     /// As [`Cluster::start`], each model on `replication.replicas` servers.
-    pub fn start_replicated(
-        servers: &[(String, SocketAddr)],
+    pub fn start_replicated<A: Into<ServerAddr> + Clone>(
+        servers: &[(String, A)],
         replication: Replication,
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
         let clients = servers
             .iter()
-            .map(|(name, addr)| Ok((name.clone(), Client::start(*addr, cfg.clone())?)))
+            .map(|(name, addr)| Ok((name.clone(), Client::start(addr.clone(), cfg.clone())?)))
             .collect::<Result<Vec<_>, ConnectError>>()?;
         Cluster::assemble(clients, replication)
     }
 
     /// As [`Cluster::start`], then waits (up to `connect_timeout`) until every
     /// server is connected; fails with the first server that is not.
-    pub async fn connect(
-        servers: &[(String, SocketAddr)],
+    pub async fn connect<A: Into<ServerAddr> + Clone>(
+        servers: &[(String, A)],
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
         Cluster::connect_replicated(servers, Replication::default(), cfg).await
@@ -321,14 +323,17 @@ impl Cluster {
 
     /// As [`Cluster::start_replicated`], waiting until every server is
     /// connected.
-    pub async fn connect_replicated(
-        servers: &[(String, SocketAddr)],
+    pub async fn connect_replicated<A: Into<ServerAddr> + Clone>(
+        servers: &[(String, A)],
         replication: Replication,
         cfg: ClientConfig,
     ) -> Result<Cluster, ConnectError> {
         let mut clients = Vec::with_capacity(servers.len());
         for (name, addr) in servers {
-            clients.push((name.clone(), Client::connect(*addr, cfg.clone()).await?));
+            clients.push((
+                name.clone(),
+                Client::connect(addr.clone(), cfg.clone()).await?,
+            ));
         }
         Cluster::assemble(clients, replication)
     }

@@ -40,7 +40,7 @@ mod error;
 pub mod replay;
 mod tls;
 
-pub use client::{Client, ClientConfig, LookupResult};
+pub use client::{Client, ClientConfig, LookupResult, ServerAddr};
 pub use cluster::{place, replicas, Cluster, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
 pub use prefix_proto::tls::{load_certs, load_key, TlsError};

@@ -81,3 +81,51 @@ async fn models_are_spread_over_three_servers() {
         s.shutdown().await;
     }
 }
+
+/// Servers given by `host:port` name: connected by name, and found again by
+/// name when they come back (a new process on the same port here; the name
+/// is resolved before every attempt, so a pod back at a new IP is found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn servers_named_by_host_connect_and_reconnect() {
+    use prefix_client::ServerAddr;
+    assert_eq!(
+        ServerAddr::from("10.0.0.5:7070"),
+        ServerAddr::Addr("10.0.0.5:7070".parse().unwrap())
+    );
+    assert_eq!(
+        ServerAddr::from("index-0.index:7070"),
+        ServerAddr::Name("index-0.index:7070".into())
+    );
+    let (addr, http) = common::free_ports();
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = common::Proc::start(dir.path(), addr, http, "0s");
+    first.client().await;
+    let named = format!("localhost:{}", addr.port());
+    let tls = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None).unwrap();
+    let cfg = prefix_client::ClientConfig {
+        tls,
+        deadline: std::time::Duration::from_secs(5),
+        backoff_max: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let cluster = Cluster::connect(&[("index-0".to_string(), named.clone())], cfg)
+        .await
+        .unwrap();
+    cluster.insert("m", &[1, 2], "p").await.unwrap();
+    let (_, client) = cluster.servers().next().unwrap();
+    assert_eq!(client.server(), &ServerAddr::Name(named));
+    assert_eq!(client.addr().port(), addr.port());
+    // Stopped cleanly, so the client sees the connection close at once (a
+    // killed server is noticed only at the idle timeout).
+    first.signal("-TERM");
+    first.wait().await;
+    let mut second = common::Proc::start(dir.path(), addr, http, "0s");
+    common::eventually("the named server is found again", async || {
+        cluster.insert("m", &[3, 4], "p").await.is_ok()
+    })
+    .await;
+    let r = cluster.lookup("m", &[3, 4], None).await.unwrap();
+    assert_eq!(r.matches[0].blocks, 2);
+    let _ = second.child.kill();
+    second.wait().await;
+}

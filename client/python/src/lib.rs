@@ -11,7 +11,6 @@
 mod aio;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -85,14 +84,6 @@ fn call_error(e: ClientError) -> PyErr {
 
 fn connect_error(e: ConnectError) -> PyErr {
     ConnectFailed::new_err(e.to_string())
-}
-
-fn resolve(addr: &str) -> PyResult<SocketAddr> {
-    use std::net::ToSocketAddrs;
-    addr.to_socket_addrs()
-        .map_err(|e| ConnectFailed::new_err(format!("{addr}: {e}")))?
-        .next()
-        .ok_or_else(|| ConnectFailed::new_err(format!("{addr} resolves to no address")))
 }
 
 fn seconds(name: &str, s: f64) -> PyResult<Duration> {
@@ -606,10 +597,12 @@ impl Client {
         deadline: f64,
         connect_timeout: f64,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let addr = resolve(address)?;
+        // A name is resolved again before every reconnection (a restarted
+        // pod may come back at another address).
+        let server = prefix_client::ServerAddr::from(address);
         let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
         let client = py
-            .detach(|| runtime().block_on(prefix_client::Client::connect(addr, cfg)))
+            .detach(|| runtime().block_on(prefix_client::Client::connect(server, cfg)))
             .map_err(connect_error)?;
         Ok(PyClassInitializer::from(Index {
             target: Target::One(client.clone()),
@@ -705,10 +698,10 @@ impl Cluster {
         deadline: f64,
         connect_timeout: f64,
     ) -> PyResult<PyClassInitializer<Self>> {
-        let servers = servers
+        let servers: Vec<(String, prefix_client::ServerAddr)> = servers
             .into_iter()
-            .map(|(name, addr)| Ok((name, resolve(&addr)?)))
-            .collect::<PyResult<Vec<_>>>()?;
+            .map(|(name, addr)| (name, addr.into()))
+            .collect();
         let names = servers.iter().map(|(n, _)| n.clone()).collect();
         let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
         let replication = prefix_client::Replication {

@@ -108,7 +108,9 @@ class Index:
     def ping_async(self) -> Awaitable[None]: ...
 
 class Client(Index):
-    """A connection to one server."""
+    """A connection to one server, at ``address``: ``host:port``, an IP
+    address or a name resolved again before every reconnection (a restarted
+    pod may come back at another address)."""
 
     def __init__(
         self,
@@ -139,7 +141,10 @@ class Client(Index):
 
 class Cluster(Index):
     """Several servers, each model on ``replicas`` of them by rendezvous
-    hashing: writes go to all of them, reads to one, failing over."""
+    hashing: writes go to all of them, reads to one, failing over.
+    ``servers`` pairs each server's stable name (the placement key) with its
+    ``host:port`` address, a name resolved again before every
+    reconnection."""
 
     def __init__(
         self,
