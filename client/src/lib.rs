@@ -21,7 +21,7 @@
 //! use prefix_client::{key, Client, ClientConfig, TlsConfig};
 //! # async fn f() -> anyhow::Result<()> {
 //! let tls = TlsConfig::from_files("prefix-index-data/cert.pem".as_ref(), None, None)?;
-//! let client = Client::connect("127.0.0.1:7070".parse()?, ClientConfig { tls, ..Default::default() }).await?;
+//! let client = Client::connect("127.0.0.1:7070", ClientConfig { tls, ..Default::default() }).await?;
 //! let prompt = key::text_key("You are a helpful assistant. ...", key::TEXT_BLOCK_BYTES);
 //! client.insert("llama-3-8b", &prompt, "pod-a").await?;
 //! let found = client.lookup("llama-3-8b", &prompt, None).await?;
