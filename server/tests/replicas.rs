@@ -126,23 +126,23 @@ async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
     procs[0].client().await;
     let cert = dirs[0].path().join("cert.pem");
     let key = dirs[0].path().join("key.pem");
+    // The other servers: the first one's certificate, room, and `extra`.
+    let flags = |extra: &[&str]| -> Vec<String> {
+        let mut f: Vec<String> = ["--snapshot-interval", "0s", ROOM[0], ROOM[1]]
+            .map(String::from)
+            .into();
+        f.extend(["--cert".into(), cert.to_string_lossy().into_owned()]);
+        f.extend(["--key".into(), key.to_string_lossy().into_owned()]);
+        f.extend(extra.iter().map(|s| s.to_string()));
+        f
+    };
+    let start = |dir: &std::path::Path, (addr, http): (SocketAddr, SocketAddr), extra: &[&str]| {
+        let f = flags(extra);
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
+        Proc::start_with(dir, addr, http, &f)
+    };
     for i in 1..3 {
-        let flags = [
-            "--snapshot-interval",
-            "0s",
-            "--cert",
-            cert.to_str().unwrap(),
-            "--key",
-            key.to_str().unwrap(),
-            ROOM[0],
-            ROOM[1],
-        ];
-        procs.push(Proc::start_with(
-            dirs[i].path(),
-            ports[i].0,
-            ports[i].1,
-            &flags,
-        ));
+        procs.push(start(dirs[i].path(), ports[i], &[]));
     }
     let list: Vec<(String, SocketAddr)> =
         (0..3).map(|i| (format!("index-{i}"), ports[i].0)).collect();
@@ -267,21 +267,7 @@ async fn a_replica_killed_under_load_costs_no_lookup_and_no_wrong_answer() {
     // from a live peer, says it is ready, and then answers as the others do.
     let empty = tempfile::tempdir().unwrap();
     let (p0, p2) = (ports[0].0.to_string(), ports[2].0.to_string());
-    let flags = [
-        "--snapshot-interval",
-        "0s",
-        "--cert",
-        cert.to_str().unwrap(),
-        "--key",
-        key.to_str().unwrap(),
-        "--peer",
-        &p0,
-        "--peer",
-        &p2,
-        ROOM[0],
-        ROOM[1],
-    ];
-    procs[1] = Proc::start_with(empty.path(), ports[1].0, ports[1].1, &flags);
+    procs[1] = start(empty.path(), ports[1], &["--peer", &p0, "--peer", &p2]);
     common::eventually("the restarted replica is ready", async || {
         std::net::TcpStream::connect(ports[1].1).is_ok()
             && common::http_get(ports[1].1, "/readyz")
