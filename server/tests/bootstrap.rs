@@ -406,3 +406,51 @@ async fn snapshots_go_to_writers_and_peers_only() {
     .await;
     server.shutdown().await;
 }
+
+/// On one stream, a heavy frame (run on the blocking pool) and then a
+/// snapshot request: the heavy frame is answered first, then the snapshot's
+/// answer and bytes follow, and the stream ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_request_is_answered_after_the_frames_before_it() {
+    use prefix_proto::{decode_response, encode_request, encode_snapshot_request, split_frame};
+    use prefix_proto::{Op, Response, MAX_FRAME_CEILING};
+    let server = common::start(|_| {}).await;
+    fill(&server.index);
+    // 32 lookups of 1,000 blocks: heavier than `inline-blocks` (16,384).
+    let heavy = Request::Batch(
+        (0..32)
+            .map(|k| Op::Lookup {
+                model: model(0),
+                key: (0..1000).map(|b| k << 16 | b).collect(),
+                candidates: None,
+            })
+            .collect(),
+    );
+    let conn = common::raw(&server).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut frames = Vec::new();
+    encode_request(1, &heavy, &mut frames);
+    encode_snapshot_request(2, &mut frames);
+    send.write_all(&frames).await.unwrap();
+    send.finish().unwrap();
+    let all = recv.read_to_end(64 << 20).await.unwrap();
+    let first = split_frame(&all, MAX_FRAME_CEILING).unwrap().unwrap();
+    assert_eq!(first.header.request_id, 1);
+    let Response::Batch(replies) = decode_response(first.payload).unwrap() else {
+        panic!("not the batch's answer");
+    };
+    assert_eq!(replies.len(), 32);
+    let rest = &all[first.used..];
+    let second = split_frame(rest, MAX_FRAME_CEILING).unwrap().unwrap();
+    assert_eq!(second.header.request_id, 2);
+    assert_eq!(
+        decode_response(second.payload).unwrap(),
+        Response::One(Reply::Done)
+    );
+    let snap = prefix_index::Snapshot::parse(&rest[second.used..]).unwrap();
+    assert_eq!(
+        snap.restore(&Index::new(Default::default()), now()).inserts,
+        600
+    );
+    server.shutdown().await;
+}
