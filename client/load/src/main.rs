@@ -403,12 +403,7 @@ fn main() -> anyhow::Result<()> {
                 server_threads: a.server_threads,
             };
             let cells = rt.block_on(replicas::run(&plan))?;
-            if a.json {
-                println!("{}", serde_json::to_string(&cells)?);
-            } else {
-                replicas::print(&cells);
-            }
-            Ok(())
+            report(cells.as_slice(), a.json, replicas::print)
         }
         Some(Command::Bootstrap(a)) => {
             let plan = bootstrap::Plan {
@@ -416,12 +411,7 @@ fn main() -> anyhow::Result<()> {
                 rounds: a.rounds,
             };
             let cells = rt.block_on(bootstrap::run(&plan))?;
-            if a.json {
-                println!("{}", serde_json::to_string(&cells)?);
-            } else {
-                bootstrap::print(&cells);
-            }
-            Ok(())
+            report(cells.as_slice(), a.json, bootstrap::print)
         }
         Some(Command::Http(a)) => {
             let plan = door::Plan {
@@ -435,24 +425,28 @@ fn main() -> anyhow::Result<()> {
                 external: a.server.zip(a.ca),
             };
             let cells = rt.block_on(door::run(&plan))?;
-            if a.json {
-                println!("{}", serde_json::to_string(&cells)?);
-            } else {
-                door::print(&cells);
-            }
-            Ok(())
+            report(cells.as_slice(), a.json, door::print)
         }
         Some(Command::Stalls(a)) => {
             let threads = a.threads.unwrap_or_else(cores);
-            let report = stalls::run(threads, a.duration)?;
-            if a.json {
-                println!("{}", serde_json::to_string(&report)?);
-            } else {
-                stalls::print(&report);
-            }
-            Ok(())
+            let stalled = stalls::run(threads, a.duration)?;
+            report(&stalled, a.json, stalls::print)
         }
     }
+}
+
+/// Prints what a subcommand measured: as JSON, or as its table.
+fn report<T: serde::Serialize + ?Sized>(
+    measured: &T,
+    json: bool,
+    table: impl FnOnce(&T),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(measured)?);
+    } else {
+        table(measured);
+    }
+    Ok(())
 }
 
 impl LoadArgs {
