@@ -19,11 +19,13 @@
 //!   applies the events that follow the trace at 100,000 block operations a
 //!   second, against the read-only rate in the same group.
 //! - `memory/…` lines (printed): heap per (pod, block) after the ingest,
-//!   counted by the global allocator.
+//!   counted by the global allocator, beside the floor of any layout keyed
+//!   by engine hashes (a table of one word per held engine block).
 //!
 //! `cargo bench -p prefix-benches --bench engine_events`; see
 //! `docs/benchmarks.md`, "Precise mode".
 
+use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -773,6 +775,34 @@ fn memory(w: &Workload, rt: &tokio::runtime::Runtime) {
         heap as f64 / pairs
     );
     drop(crtc);
+    // The least any engine-hash mapping costs here: a table from each held
+    // engine block to one word, shared by the pods (no copy counts, no
+    // parent links, no per-pod state), and one such table per pod.
+    let (shared, heap) = heap_of(|| {
+        let mut t = HashMap::<u64, u64, ahash::RandomState>::default();
+        for (_, h) in w.caches.held_blocks() {
+            t.insert(h, h);
+        }
+        t
+    });
+    eprintln!(
+        "memory/floor: one table of the {} distinct held engine blocks to one word each, shared by the pods: {heap} B = {:.1} B per (pod, block)",
+        shared.len(),
+        heap as f64 / pairs
+    );
+    drop(shared);
+    let (per_pod, heap) = heap_of(|| {
+        let mut t = vec![HashMap::<u64, u64, ahash::RandomState>::default(); PODS];
+        for (pod, h) in w.caches.held_blocks() {
+            t[pod].insert(h, h);
+        }
+        t
+    });
+    eprintln!(
+        "memory/floor: the same, one table per pod: {heap} B = {:.1} B per (pod, block)",
+        heap as f64 / pairs
+    );
+    drop(per_pod);
 }
 
 fn main() {

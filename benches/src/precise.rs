@@ -161,6 +161,14 @@ impl PodCaches {
         self.pods.iter().map(|p| p.used.len()).sum()
     }
 
+    /// Each pod's held engine blocks (their engine hashes).
+    pub fn held_blocks(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.pods
+            .iter()
+            .enumerate()
+            .flat_map(|(pod, lru)| lru.used.keys().map(move |&h| (pod, h)))
+    }
+
     /// What each pod holds, as paths: for every held block with no held
     /// child, a request of `trace` that has it and its place there (the
     /// pod holds that request's blocks up to it).

@@ -12,21 +12,8 @@ async fn models_are_spread_over_three_servers() {
         common::start(|_| {}).await,
         common::start(|_| {}).await,
     ];
-    // Each test server made its own self-signed certificate: trust all three.
-    let mut tls = TlsConfig::default();
-    for s in &servers {
-        tls.roots.extend(prefix_client::load_certs(&s.ca).unwrap());
-    }
-    let names: Vec<String> = (0..3).map(|i| format!("index-{i}")).collect();
-    let list: Vec<(String, std::net::SocketAddr)> = names
-        .iter()
-        .cloned()
-        .zip(servers.iter().map(|s| s.addr))
-        .collect();
-    let cfg = prefix_client::ClientConfig {
-        tls,
-        ..servers[0].client_config()
-    };
+    let (list, cfg) = common::named(&servers);
+    let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
     let cluster = Cluster::connect(&list, cfg).await.unwrap();
 
     let models: Vec<String> = (0..30).map(|m| format!("model-{m}")).collect();

@@ -154,6 +154,19 @@ impl Engine {
         }
     }
 
+    /// The server's subscription to this engine as pod `POD` of model `m`.
+    fn subscription(&self) -> Subscription {
+        Subscription {
+            pod: POD.into(),
+            model: "m".into(),
+            endpoint: self.endpoints.0.clone(),
+            replay: Some(self.endpoints.1.clone()),
+            block_size: BLOCK as u32,
+            topic: TOPIC.into(),
+            media: vec!["GPU".into()],
+        }
+    }
+
     /// Waits until a subscriber's subscription has reached the publisher
     /// (one not yet waited for): until then a PUB socket drops what it
     /// sends to it ("slow joiner"), which a test publishing a single batch
@@ -250,15 +263,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let ctx = zmq::Context::new();
     let any = "tcp://127.0.0.1:*";
     let mut engine = Engine::start(&ctx, (any, any));
-    let sub = Subscription {
-        pod: POD.into(),
-        model: "m".into(),
-        endpoint: engine.endpoints.0.clone(),
-        replay: Some(engine.endpoints.1.clone()),
-        block_size: BLOCK as u32,
-        topic: TOPIC.into(),
-        media: vec!["GPU".into()],
-    };
+    let sub = engine.subscription();
     let data = tempfile::tempdir().unwrap();
     let config = |sub: &Subscription| {
         let mut cfg = common::config(&data);
@@ -385,4 +390,84 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
     );
     client.close().await;
     server.shutdown().await;
+}
+
+/// Precise mode under replicas: a gateway's `Cluster` with R = 2 over three
+/// servers subscribes the engine on the model's two replicas only; each
+/// follows the engine itself and holds the engine's view without talking
+/// to the other, and when one goes, the cluster's lookups fail over to the
+/// other with the same answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_the_engine_each_and_answer_alike() {
+    let ctx = zmq::Context::new();
+    let any = "tcp://127.0.0.1:*";
+    let mut engine = Engine::start(&ctx, (any, any));
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(common::start(|_| {}).await);
+    }
+    let (list, cfg) = common::named(&servers);
+    let names: Vec<String> = list.iter().map(|(n, _)| n.clone()).collect();
+    let replication = prefix_client::Replication {
+        replicas: 2,
+        ..prefix_client::Replication::default()
+    };
+    let cluster = prefix_client::Cluster::connect_replicated(&list, replication, cfg)
+        .await
+        .unwrap();
+    cluster
+        .subscribe_engine(engine.subscription().into())
+        .await
+        .unwrap();
+    let replicas = prefix_client::replicas("m", &names, 2);
+    assert_eq!(replicas.len(), 2);
+    for (i, s) in servers.iter().enumerate() {
+        let subscribed = s.engines_list().len();
+        assert_eq!(subscribed, usize::from(replicas.contains(&i)), "server {i}");
+    }
+    // Both replicas' subscriptions have reached the publisher.
+    engine.subscribed();
+    engine.subscribed();
+
+    let prompts: Vec<Vec<u32>> = (1..=3).map(|p| prompt(p, 5)).collect();
+    engine.store(&prompts[0], 0, 5, false);
+    engine.store(&prompts[1], 2, 4, false);
+    engine.evict(&prompts[0], 4, false);
+    engine.evict(&prompts[0], 3, false);
+    engine.store(&prompts[2], 2, 5, false);
+    let mut clients = Vec::new();
+    for &r in &replicas {
+        let client = servers[r].client().await;
+        common::eventually("each replica follows the engine", async || {
+            agrees(&client, &engine, &prompts).await
+        })
+        .await;
+        clients.push(client);
+    }
+    assert_eq!(engine.cached_blocks(&prompts[0]), 3);
+    let other = (0..3).find(|i| !replicas.contains(i)).unwrap();
+    assert_eq!(servers[other].index.stats().entries, 0);
+
+    // One replica goes: the cluster reads the other, which answers as the
+    // engine holds.
+    for c in clients {
+        c.close().await;
+    }
+    let gone = servers.remove(replicas[0]);
+    gone.shutdown().await;
+    for p in &prompts {
+        let got = cluster
+            .lookup("m", &token_key(p, BLOCK), None)
+            .await
+            .unwrap();
+        let blocks = got
+            .matches
+            .iter()
+            .find(|m| m.pod.as_str() == POD)
+            .map_or(0, |m| m.blocks);
+        assert_eq!(blocks, engine.cached_blocks(p));
+    }
+    for s in servers {
+        s.shutdown().await;
+    }
 }

@@ -126,7 +126,8 @@ async fn main() -> anyhow::Result<()> {
                 }
             };
             client.close().await;
-            eprintln!("{} lines, {} failed", counts.lines, counts.failed);
+            let lines = if counts.lines == 1 { "line" } else { "lines" };
+            eprintln!("{} {lines}, {} failed", counts.lines, counts.failed);
             return Ok(());
         }
         Command::Op(line) => line,

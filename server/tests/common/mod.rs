@@ -128,6 +128,27 @@ impl TestServer {
 }
 
 /// Polls `f` every 20 ms until it is true; panics after 20 s.
+/// The servers named `index-0`, `index-1`, … (a `Cluster`'s list), and a
+/// client config that trusts every one of them (each test server made its
+/// own self-signed certificate).
+pub fn named(servers: &[TestServer]) -> (Vec<(String, SocketAddr)>, ClientConfig) {
+    let mut tls = TlsConfig::default();
+    for s in servers {
+        tls.roots
+            .extend(prefix_client::load_certs(&s.ca).expect("the server's certificate"));
+    }
+    let list = servers
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("index-{i}"), s.addr))
+        .collect();
+    let cfg = ClientConfig {
+        tls,
+        ..servers[0].client_config()
+    };
+    (list, cfg)
+}
+
 pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
     for _ in 0..1000 {
         if f().await {
