@@ -47,6 +47,13 @@ pub struct ClientConfig {
     pub queue: usize,
     /// Limits checked before sending (the server checks its own too).
     pub limits: Limits,
+    /// How long the connection lasts with no answer from the server (the
+    /// client pings four times within it): a killed or cut-off server is
+    /// found gone this long after it went, and reconnection begins. The
+    /// server's own idle timeout (30 s by default) bounds it from above;
+    /// zero leaves it to the server's. Default 5 s
+    /// ([`crate::DEFAULT_IDLE_TIMEOUT`]).
+    pub idle_timeout: Duration,
 }
 
 impl Default for ClientConfig {
@@ -61,6 +68,7 @@ impl Default for ClientConfig {
             streams: 1,
             queue: 4096,
             limits: Limits::default(),
+            idle_timeout: crate::DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -465,7 +473,7 @@ fn unexpected(reply: Reply) -> ClientError {
 
 impl Inner {
     fn new(target: ServerAddr, cfg: ClientConfig) -> Result<Inner, ConnectError> {
-        let quic = cfg.tls.quic_config()?;
+        let quic = cfg.tls.quic_config_with_idle(cfg.idle_timeout)?;
         let v4: SocketAddr = (Ipv4Addr::UNSPECIFIED, 0).into();
         let v6: SocketAddr = (Ipv6Addr::UNSPECIFIED, 0).into();
         let (mut endpoint, addr) = match &target {

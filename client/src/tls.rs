@@ -13,6 +13,15 @@ use prefix_proto::tls::{explain_handshake, load_certs, load_chain, load_key, Tls
 use prefix_proto::ALPN;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+/// How long a connection lasts with no answer from the server, by default:
+/// long enough for any pause of a live server, short enough that a gateway
+/// finds a killed one (and, by name, its successor) within seconds.
+pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The ping interval with no idle timeout of the client's own: well inside
+/// the server's default (30 s).
+const FALLBACK_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What a client trusts and presents.
 #[derive(Debug, Default)]
 pub struct TlsConfig {
@@ -52,8 +61,22 @@ impl TlsConfig {
         })
     }
 
-    /// The quinn client configuration: TLS 1.3, our ALPN, these roots.
+    /// The quinn client configuration: TLS 1.3, our ALPN, these roots, and
+    /// connections that end [`DEFAULT_IDLE_TIMEOUT`] after the server last
+    /// answered.
     pub fn quic_config(&self) -> Result<quinn::ClientConfig, TlsError> {
+        self.quic_config_with_idle(DEFAULT_IDLE_TIMEOUT)
+    }
+
+    /// As [`TlsConfig::quic_config`], with connections that end `idle`
+    /// after the server last answered: the client pings four times within
+    /// it, so only a server that is gone (killed, or cut off) stays silent
+    /// that long, and the connection is then found dead and replaced
+    /// rather than kept for the server's own, longer, idle timeout.
+    pub fn quic_config_with_idle(
+        &self,
+        idle: std::time::Duration,
+    ) -> Result<quinn::ClientConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         for ca in &self.roots {
@@ -71,9 +94,14 @@ impl TlsConfig {
             .map_err(|e| TlsError::Quic(e.to_string()))?;
         let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
         let mut transport = quinn::TransportConfig::default();
-        // A quiet gateway keeps its connection: ping well inside the server's
-        // idle timeout (30 s by default).
-        transport.keep_alive_interval(Some(std::time::Duration::from_secs(5)));
+        // A quiet gateway keeps its connection: it pings well inside the idle
+        // timeout (the shorter of this one and the server's).
+        // Zero sets none of this side's (the server's governs), and pings at
+        // its default interval.
+        let idle = (!idle.is_zero()).then_some(idle);
+        transport
+            .keep_alive_interval(Some(idle.map_or(FALLBACK_KEEP_ALIVE, |i| i / 4)))
+            .max_idle_timeout(idle.and_then(|i| i.try_into().ok()));
         cfg.transport_config(Arc::new(transport));
         Ok(cfg)
     }

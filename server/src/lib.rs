@@ -138,8 +138,14 @@ impl Server {
             .stream_receive_window(cfg.connection_window.min(1 << 20).into());
         server_config.transport_config(Arc::new(transport));
         let bind_err = |addr| move |source| ServerError::Bind { addr, source };
-        let endpoint =
-            quinn::Endpoint::server(server_config, cfg.listen).map_err(bind_err(cfg.listen))?;
+        let socket = std::net::UdpSocket::bind(cfg.listen).map_err(bind_err(cfg.listen))?;
+        let endpoint = quinn::Endpoint::new(
+            tls::endpoint_config(&cfg)?,
+            Some(server_config),
+            socket,
+            Arc::new(quinn::TokioRuntime),
+        )
+        .map_err(bind_err(cfg.listen))?;
         let http = match cfg.metrics_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)

@@ -109,6 +109,35 @@ pub fn rustls_config(cfg: &ServerConfig) -> Result<rustls::ServerConfig, ServerT
     Ok(tls)
 }
 
+/// The QUIC endpoint's configuration, with its stateless-reset key and the
+/// key its connection IDs are signed with both derived from the server's
+/// private key, so that they stay the same across restarts (RFC 9000,
+/// 10.3). A server restarted at the same address then takes the packets of
+/// connections its previous process held for its own IDs and answers them
+/// with a stateless reset their clients accept, and they reconnect at once
+/// instead of sending into a connection nobody holds until their idle
+/// timeout ends it. Replicas that share one certificate share the keys; a
+/// reset concerns only a connection the answering process does not hold.
+pub fn endpoint_config(cfg: &ServerConfig) -> Result<quinn::EndpointConfig, ServerTlsError> {
+    let (_, key) = server_identity(cfg)?;
+    let derive = |label: &[u8]| {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(label);
+        ctx.update(key.secret_der());
+        ctx.finish()
+    };
+    let reset = derive(b"prefix-index QUIC stateless reset key\0");
+    let reset = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, reset.as_ref());
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&derive(b"prefix-index QUIC connection ID key\0").as_ref()[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut endpoint = quinn::EndpointConfig::new(Arc::new(reset));
+    endpoint.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    Ok(endpoint)
+}
+
 /// What this server trusts in its peers and presents to them when it fills
 /// itself from one (see [`crate::bootstrap`]): its own certificate and key
 /// (so a peer with roles knows it), checked against `peer_ca`, else

@@ -1,9 +1,12 @@
 //! Restarts of the real `prefix-server` binary: SIGTERM writes a snapshot the
 //! next start restores; kill -9 loses at most the inserts after the last
-//! periodic snapshot; a damaged snapshot is set aside and the server starts
+//! periodic snapshot, and the restarted server resets the connections the
+//! killed one held; a damaged snapshot is set aside and the server starts
 //! empty.
 
 mod common;
+
+use std::time::{Duration, Instant};
 
 use common::{free_ports, Proc};
 use prefix_client::Client;
@@ -102,6 +105,103 @@ async fn kill_9_loses_at_most_the_last_interval() {
         let found = c.lookup(model, key, None).await.unwrap();
         assert!(found.matches.iter().all(|m| m.blocks <= 4));
     }
+}
+
+/// Flags of the servers that a client outlives: no snapshots, and a server
+/// idle timeout of 10 minutes, so that only the client's timeout or a
+/// reset can end a connection within a test.
+const QUIET: [&str; 4] = ["--snapshot-interval", "0s", "--idle-timeout", "10m"];
+
+/// A server on [`QUIET`] with a client (`deadline`, `idle_timeout`) it has
+/// answered, then killed (SIGKILL: no close reaches the client).
+async fn killed_under_a_client(
+    dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+    http: std::net::SocketAddr,
+    deadline: Duration,
+    idle_timeout: Duration,
+) -> Client {
+    let mut server = Proc::start_with(dir, addr, http, &QUIET);
+    drop(server.client().await);
+    let cfg = prefix_client::ClientConfig {
+        tls: prefix_client::TlsConfig::from_files(&dir.join("cert.pem"), None, None).unwrap(),
+        deadline,
+        idle_timeout,
+        ..prefix_client::ClientConfig::default()
+    };
+    let client = Client::connect(addr, cfg).await.unwrap();
+    client.ping().await.unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    client
+}
+
+/// A server killed and started again at the same address answers the
+/// packets of its predecessor's connections with a stateless reset their
+/// clients accept (its reset and connection-ID keys come from its private
+/// key, so they survive the restart): a client that kept its connection
+/// through the kill reconnects at once. Both idle timeouts are 10 minutes
+/// here, so without the reset the client would keep sending into the dead
+/// connection for that long, and the minute this test waits would pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_resets_the_connections_of_the_killed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, http) = free_ports();
+    let long = Duration::from_secs(600);
+    let client = killed_under_a_client(dir.path(), addr, http, Duration::from_secs(1), long).await;
+    let mut server = Proc::start_with(dir.path(), addr, http, &QUIET);
+    drop(server.client().await);
+    let started = Instant::now();
+    let mut failed = 0;
+    let reconnected = async {
+        while client.ping().await.is_err() {
+            failed += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(60), reconnected)
+            .await
+            .is_ok(),
+        "the old connection was not reset; log:\n{}",
+        server.log()
+    );
+    eprintln!(
+        "the old client answered again {:?} after the new server did, after {failed} failed pings",
+        started.elapsed()
+    );
+}
+
+/// A server killed and not restarted is found gone at the client's idle
+/// timeout (here 1 s; the server's is 10 minutes), not the server's: calls
+/// then fail at once as `Disconnected` while the client tries to
+/// reconnect, where before they timed out one by one on the dead
+/// connection. A test bound of 20 s separates the two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_is_found_gone_at_the_clients_idle_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, http) = free_ports();
+    let (deadline, idle) = (Duration::from_millis(200), Duration::from_secs(1));
+    let client = killed_under_a_client(dir.path(), addr, http, deadline, idle).await;
+    let started = Instant::now();
+    let gone = async {
+        loop {
+            match client.ping().await {
+                Err(prefix_client::ClientError::Disconnected { .. }) => return,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    };
+    assert!(
+        tokio::time::timeout(Duration::from_secs(20), gone)
+            .await
+            .is_ok(),
+        "the dead connection was kept"
+    );
+    eprintln!(
+        "the killed server was found gone after {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
