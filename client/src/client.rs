@@ -48,10 +48,11 @@ pub struct ClientConfig {
     /// Limits checked before sending (the server checks its own too).
     pub limits: Limits,
     /// How long the connection lasts with no answer from the server (the
-    /// client pings four times within it): a killed or cut-off server is
-    /// found gone this long after it went, and reconnection begins. The
-    /// server's own idle timeout (30 s by default) bounds it from above;
-    /// zero leaves it to the server's. Default 5 s
+    /// client pings four times within it, and at least every 5 s): a killed
+    /// or cut-off server is found gone this long after it went, and
+    /// reconnection begins. The server's own idle timeout (30 s by default)
+    /// bounds it from above; zero leaves it to the server's; values below
+    /// [`crate::MIN_IDLE_TIMEOUT`] (100 ms) count as that. Default 5 s
     /// ([`crate::DEFAULT_IDLE_TIMEOUT`]).
     pub idle_timeout: Duration,
 }

@@ -430,6 +430,16 @@ impl Cluster {
             .collect()
     }
 
+    /// The names of `model`'s replicas in this gateway's order for reads:
+    /// its preferred one first (the set rotated by its seed), replicas
+    /// suspected of being down last.
+    pub fn read_order_of(&self, model: &str) -> Vec<&str> {
+        self.read_order(model)
+            .into_iter()
+            .map(|i| self.names[i].as_str())
+            .collect()
+    }
+
     /// The servers, by name.
     pub fn servers(&self) -> impl Iterator<Item = (&str, &Client)> {
         self.servers.iter().map(|s| (s.name.as_str(), &s.client))

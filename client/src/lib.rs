@@ -44,4 +44,4 @@ pub use client::{Client, ClientConfig, LookupResult, ServerAddr};
 pub use cluster::{place, replicas, Cluster, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
 pub use prefix_proto::tls::{load_certs, load_key, TlsError};
-pub use tls::{TlsConfig, DEFAULT_IDLE_TIMEOUT};
+pub use tls::{TlsConfig, DEFAULT_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};

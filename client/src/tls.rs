@@ -18,9 +18,12 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 /// finds a killed one (and, by name, its successor) within seconds.
 pub const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The ping interval with no idle timeout of the client's own: well inside
-/// the server's default (30 s).
-const FALLBACK_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+/// The shortest idle timeout a client sets: shorter ones count as this.
+pub const MIN_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The longest interval between pings: well inside the server's default
+/// idle timeout (30 s), whatever the client's own.
+const MAX_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What a client trusts and presents.
 #[derive(Debug, Default)]
@@ -94,13 +97,14 @@ impl TlsConfig {
             .map_err(|e| TlsError::Quic(e.to_string()))?;
         let mut cfg = quinn::ClientConfig::new(Arc::new(quic));
         let mut transport = quinn::TransportConfig::default();
-        // A quiet gateway keeps its connection: it pings well inside the idle
-        // timeout (the shorter of this one and the server's).
-        // Zero sets none of this side's (the server's governs), and pings at
-        // its default interval.
-        let idle = (!idle.is_zero()).then_some(idle);
+        // A quiet gateway keeps its connection: it pings four times within its
+        // own idle timeout, and at least every 5 s, inside the server's (30 s
+        // by default; the shorter of the two governs). Zero sets no idle
+        // timeout of its own: the server's governs.
+        let idle = (!idle.is_zero()).then(|| idle.max(MIN_IDLE_TIMEOUT));
+        let ping = idle.map_or(MAX_KEEP_ALIVE, |i| (i / 4).min(MAX_KEEP_ALIVE));
         transport
-            .keep_alive_interval(Some(idle.map_or(FALLBACK_KEEP_ALIVE, |i| i / 4)))
+            .keep_alive_interval(Some(ping))
             .max_idle_timeout(idle.and_then(|i| i.try_into().ok()));
         cfg.transport_config(Arc::new(transport));
         Ok(cfg)

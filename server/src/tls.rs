@@ -32,6 +32,9 @@ pub enum ServerTlsError {
     /// The client CA bundle cannot verify clients.
     #[error("client CA: {0}")]
     ClientCa(String),
+    /// The system's random number generator failed.
+    #[error("the system's random number generator failed")]
+    Random,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServerTlsError + '_ {
@@ -109,21 +112,33 @@ pub fn rustls_config(cfg: &ServerConfig) -> Result<rustls::ServerConfig, ServerT
     Ok(tls)
 }
 
-/// The QUIC endpoint's configuration, with its stateless-reset key and the
-/// key its connection IDs are signed with both derived from the server's
-/// private key, so that they stay the same across restarts (RFC 9000,
-/// 10.3). A server restarted at the same address then takes the packets of
-/// connections its previous process held for its own IDs and answers them
-/// with a stateless reset their clients accept, and they reconnect at once
-/// instead of sending into a connection nobody holds until their idle
-/// timeout ends it. Replicas that share one certificate share the keys; a
-/// reset concerns only a connection the answering process does not hold.
+/// Bytes of the QUIC endpoint's secret, `<data-dir>/quic.key`.
+const QUIC_SECRET_LEN: usize = 32;
+
+/// Stateless resets sent at most this often: a restarted server resets up
+/// to a thousand of its predecessor's connections a second (clients whose
+/// packets come faster find theirs gone at their idle timeout). Resets
+/// need little limiting: each is smaller than the packet that caused it
+/// and answers only a connection ID this server's secret signed.
+const MIN_RESET_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The QUIC endpoint's configuration. Its stateless-reset key and the key
+/// its connection IDs are signed with come from a secret of this server's
+/// own, `<data-dir>/quic.key` (made once, readable by the owner only), so
+/// they stay the same across restarts (RFC 9000, 10.3): a server started
+/// again at the same address takes the packets of its predecessor's
+/// connections for its own IDs and answers them with a stateless reset
+/// their clients accept, so they reconnect at once instead of sending into
+/// a connection nobody holds until their idle timeout ends it. The secret
+/// is per server, never shared with its replicas even when they share a
+/// certificate: a server that could sign another's resets could be made
+/// to end that server's connections by anyone who saw their IDs.
 pub fn endpoint_config(cfg: &ServerConfig) -> Result<quinn::EndpointConfig, ServerTlsError> {
-    let (_, key) = server_identity(cfg)?;
+    let secret = quic_secret(&cfg.data_dir)?;
     let derive = |label: &[u8]| {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         ctx.update(label);
-        ctx.update(key.secret_der());
+        ctx.update(&secret);
         ctx.finish()
     };
     let reset = derive(b"prefix-index QUIC stateless reset key\0");
@@ -132,10 +147,30 @@ pub fn endpoint_config(cfg: &ServerConfig) -> Result<quinn::EndpointConfig, Serv
     cid_key.copy_from_slice(&derive(b"prefix-index QUIC connection ID key\0").as_ref()[..8]);
     let cid_key = u64::from_le_bytes(cid_key);
     let mut endpoint = quinn::EndpointConfig::new(Arc::new(reset));
-    endpoint.cid_generator(move || {
-        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
-    });
+    endpoint
+        .cid_generator(move || {
+            Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+        })
+        .min_reset_interval(MIN_RESET_INTERVAL);
     Ok(endpoint)
+}
+
+/// The endpoint's secret in `dir`: read, or made and written (an unreadable
+/// or short file is replaced: connections of the process before then end
+/// at their idle timeout instead of a reset, nothing worse).
+fn quic_secret(dir: &Path) -> Result<[u8; QUIC_SECRET_LEN], ServerTlsError> {
+    let path = dir.join("quic.key");
+    if let Ok(bytes) = std::fs::read(&path) {
+        if let Ok(secret) = <[u8; QUIC_SECRET_LEN]>::try_from(bytes.as_slice()) {
+            return Ok(secret);
+        }
+    }
+    let mut secret = [0u8; QUIC_SECRET_LEN];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut secret)
+        .map_err(|_| ServerTlsError::Random)?;
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    write_private(&path, &secret)?;
+    Ok(secret)
 }
 
 /// What this server trusts in its peers and presents to them when it fills
@@ -159,4 +194,28 @@ pub fn peer_tls(cfg: &ServerConfig) -> Result<prefix_client::TlsConfig, ServerTl
         Some(&cert),
         Some(&key),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quic_secret_is_kept_per_data_directory_and_never_shared() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = quic_secret(a.path()).unwrap();
+        assert_eq!(quic_secret(a.path()).unwrap(), first, "kept across starts");
+        assert_ne!(quic_secret(b.path()).unwrap(), first, "made per server");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(a.path().join("quic.key")).unwrap();
+            assert_eq!(mode.permissions().mode() & 0o777, 0o600);
+        }
+        // A damaged file is replaced, not trusted.
+        std::fs::write(a.path().join("quic.key"), b"short").unwrap();
+        let again = quic_secret(a.path()).unwrap();
+        assert_ne!(again, first);
+        assert_eq!(quic_secret(a.path()).unwrap(), again);
+    }
 }

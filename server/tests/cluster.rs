@@ -102,8 +102,7 @@ async fn servers_named_by_host_connect_and_reconnect() {
     let (_, client) = cluster.servers().next().unwrap();
     assert_eq!(client.server(), &ServerAddr::Name(named));
     assert_eq!(client.addr().port(), addr.port());
-    // Stopped cleanly, so the client sees the connection close at once (a
-    // killed server is noticed only at the idle timeout).
+    // Stopped cleanly, so the client sees the connection close at once.
     first.signal("-TERM");
     first.wait().await;
     let mut second = common::Proc::start(dir.path(), addr, http, "0s");

@@ -130,7 +130,12 @@ async fn killed_under_a_client(
         ..prefix_client::ClientConfig::default()
     };
     let client = Client::connect(addr, cfg).await.unwrap();
-    client.ping().await.unwrap();
+    // The one answer before the kill waits as long as a loaded machine needs.
+    client
+        .with_deadline(Duration::from_secs(10))
+        .ping()
+        .await
+        .unwrap();
     server.child.kill().unwrap();
     server.child.wait().unwrap();
     client
@@ -173,10 +178,10 @@ async fn a_restarted_server_resets_the_connections_of_the_killed_one() {
 }
 
 /// A server killed and not restarted is found gone at the client's idle
-/// timeout (here 1 s; the server's is 10 minutes), not the server's: calls
-/// then fail at once as `Disconnected` while the client tries to
-/// reconnect, where before they timed out one by one on the dead
-/// connection. A test bound of 20 s separates the two.
+/// timeout (1 s here, 5 s by default), not the server's (10 minutes here):
+/// calls then fail at once as `Disconnected` while the client tries to
+/// reconnect, instead of timing out one by one on the dead connection. A
+/// test bound of 20 s separates the client's timeout from the server's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_is_found_gone_at_the_clients_idle_timeout() {
     let dir = tempfile::tempdir().unwrap();

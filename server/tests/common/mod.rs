@@ -127,7 +127,6 @@ impl TestServer {
     }
 }
 
-/// Polls `f` every 20 ms until it is true; panics after 20 s.
 /// The servers named `index-0`, `index-1`, … (a `Cluster`'s list), and a
 /// client config that trusts every one of them (each test server made its
 /// own self-signed certificate).
@@ -149,6 +148,7 @@ pub fn named(servers: &[TestServer]) -> (Vec<(String, SocketAddr)>, ClientConfig
     (list, cfg)
 }
 
+/// Polls `f` every 20 ms until it is true; panics after 20 s.
 pub async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
     for _ in 0..1000 {
         if f().await {
