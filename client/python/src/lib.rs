@@ -103,6 +103,7 @@ fn config(
     server_name: String,
     deadline: f64,
     connect_timeout: f64,
+    idle_timeout: f64,
 ) -> PyResult<ClientConfig> {
     let tls = match ca {
         Some(ca) => TlsConfig::from_files(&ca, cert.as_deref(), key.as_deref())
@@ -117,6 +118,7 @@ fn config(
         server_name,
         deadline: seconds("deadline", deadline)?,
         connect_timeout: seconds("connect_timeout", connect_timeout)?,
+        idle_timeout: seconds("idle_timeout", idle_timeout)?,
         ..ClientConfig::default()
     })
 }
@@ -585,7 +587,7 @@ impl Client {
     /// server's `cert.pem`), with a client certificate for mutual TLS if
     /// given. Each call waits at most `deadline` seconds.
     #[new]
-    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
+    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -596,11 +598,20 @@ impl Client {
         server_name: String,
         deadline: f64,
         connect_timeout: f64,
+        idle_timeout: f64,
     ) -> PyResult<PyClassInitializer<Self>> {
         // A name is resolved again before every reconnection (a restarted
         // pod may come back at another address).
         let server = prefix_client::ServerAddr::from(address);
-        let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
+        let cfg = config(
+            ca,
+            cert,
+            key,
+            server_name,
+            deadline,
+            connect_timeout,
+            idle_timeout,
+        )?;
         let client = py
             .detach(|| runtime().block_on(prefix_client::Client::connect(server, cfg)))
             .map_err(connect_error)?;
@@ -685,7 +696,7 @@ impl Cluster {
     /// reads from one, failing over). The other arguments are [`Client`]'s.
     /// Connects to every server before returning.
     #[new]
-    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0))]
+    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -697,13 +708,22 @@ impl Cluster {
         server_name: String,
         deadline: f64,
         connect_timeout: f64,
+        idle_timeout: f64,
     ) -> PyResult<PyClassInitializer<Self>> {
         let servers: Vec<(String, prefix_client::ServerAddr)> = servers
             .into_iter()
             .map(|(name, addr)| (name, addr.into()))
             .collect();
         let names = servers.iter().map(|(n, _)| n.clone()).collect();
-        let cfg = config(ca, cert, key, server_name, deadline, connect_timeout)?;
+        let cfg = config(
+            ca,
+            cert,
+            key,
+            server_name,
+            deadline,
+            connect_timeout,
+            idle_timeout,
+        )?;
         let replication = prefix_client::Replication {
             replicas,
             ..Default::default()

@@ -140,6 +140,29 @@ def test_connect_failures_are_exceptions(server):
         Client(server.address, ca="/nonexistent.pem")
 
 
+def test_a_killed_server_is_found_gone_at_the_idle_timeout(start_server):
+    # The server's own idle timeout is 10 minutes and the client's default
+    # 5 s: only the 0.5 s given here ends the dead connection within the
+    # 4 s this test waits (8 times the timeout, for a loaded machine).
+    server = start_server("--idle-timeout", "10m")
+    client = connect(server, idle_timeout=0.5, deadline=0.2)
+    client.ping()
+    server.stop()
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+        except prefix_index.Disconnected:
+            break
+        except DeadlineExceeded:
+            pass
+        time.sleep(0.02)
+    else:
+        pytest.fail("the dead connection was kept")
+    with pytest.raises(ValueError):
+        connect(server, idle_timeout=-1)
+
+
 def test_a_cluster_places_each_model_on_one_server(start_server):
     first = start_server()
     # One certificate for both, as a CA-issued one would be.

@@ -122,6 +122,7 @@ class Client(Index):
         server_name: str = "localhost",
         deadline: float = 0.002,
         connect_timeout: float = 5.0,
+        idle_timeout: float = 5.0,
     ) -> None: ...
     def subscribe_engine(
         self,
@@ -157,6 +158,7 @@ class Cluster(Index):
         server_name: str = "localhost",
         deadline: float = 0.002,
         connect_timeout: float = 5.0,
+        idle_timeout: float = 5.0,
     ) -> None: ...
     def server_for(self, model: str) -> str: ...
     def replicas_of(self, model: str) -> list[str]: ...
