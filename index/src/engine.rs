@@ -165,6 +165,10 @@ pub(crate) struct Record {
     pub(crate) data: Data,
 }
 
+// The size the record's doc states, and the memory figures assume.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<Record>() == 32);
+
 /// `Record::links`' flag: the block has a parent.
 const HAS_PARENT: u32 = 1 << 31;
 
@@ -204,7 +208,7 @@ impl Record {
     fn ours(&self) -> &[u64] {
         match &self.data {
             Data::One(h) => std::slice::from_ref(h),
-            Data::Many(hs) => hs,
+            Data::Many(hs) => &hs.0,
             Data::Page(p) => p.group.as_slice(),
         }
     }
@@ -215,11 +219,17 @@ impl Record {
 pub(crate) enum Data {
     /// Our hash of its one block (`Ratio::Whole(1)`).
     One(u64),
-    /// Our hashes of its `r` blocks (`Ratio::Whole(r)`, `r > 1`).
-    Many(Box<[u64]>),
+    /// Our hashes of its `r` blocks (`Ratio::Whole(r)`, `r > 1`), behind a
+    /// thin pointer: a boxed slice's length would widen every record by 8
+    /// bytes, and `One`, the common case, would pay for it.
+    Many(Box<Many>),
     /// A page (`Ratio::Pages`).
     Page(Box<Page>),
 }
+
+/// Our hashes of an engine block of several of ours.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Many(pub(crate) Box<[u64]>);
 
 /// A page smaller than our block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,7 +247,7 @@ impl Data {
     pub(crate) fn whole(ours: Vec<u64>) -> Data {
         match ours[..] {
             [one] => Data::One(one),
-            _ => Data::Many(ours.into()),
+            _ => Data::Many(Box::new(Many(ours.into()))),
         }
     }
 }
@@ -284,7 +294,7 @@ struct Chain {
 pub(crate) fn record_bytes(r: &Record) -> usize {
     let heap = match &r.data {
         Data::One(_) => 0,
-        Data::Many(h) => h.len() * 8,
+        Data::Many(h) => std::mem::size_of::<Many>() + h.0.len() * 8,
         Data::Page(p) => std::mem::size_of::<Page>() + p.tokens.len() * 4,
     };
     8 + std::mem::size_of::<Record>() + 1 + heap

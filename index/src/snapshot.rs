@@ -360,7 +360,7 @@ impl Index {
                 for (&hash, r) in records {
                     let data = match &r.data {
                         Data::One(h) => BlockData::Whole(vec![*h]),
-                        Data::Many(hs) => BlockData::Whole(hs.to_vec()),
+                        Data::Many(hs) => BlockData::Whole(hs.0.to_vec()),
                         Data::Page(p) => BlockData::Page {
                             depth: p.depth,
                             tokens: p.tokens.to_vec(),
