@@ -7,7 +7,7 @@
 //! it evicts and one store of the blocks it adds. The groups:
 //!
 //! - `ingest/…`: every event into a fresh index. Ours through
-//!   `Index::apply`, or from vLLM's msgpack batches through
+//!   `EngineBatch::apply`, a batch per request, or from vLLM's msgpack batches through
 //!   `prefix_events::decode_batch` and the server's `apply_batch`; Dynamo's
 //!   `RadixTree::apply_event`, or from the same batches through its own
 //!   decoder and normalizer (`zmq_wire`); its `ConcurrentRadixTreeCompressed`
@@ -192,12 +192,15 @@ impl Ours {
         Ours { index, engines }
     }
 
+    /// Applies each step's events as one batch (one vLLM batch is one
+    /// step), as the server does.
     fn apply<'a>(&self, names: &[String], steps: impl IntoIterator<Item = &'a Step>) -> Applied {
         let mut done = Applied::default();
         for s in steps {
             let mut engine = self.engines[s.pod].lock();
+            let mut batch = self.index.batch(&mut engine, &names[s.pod]);
             let mut op = |op| {
-                let applied = self.index.apply(&mut engine, &names[s.pod], MODEL, op);
+                let applied = batch.apply(MODEL, op);
                 done.add(&applied.expect("the events are well formed"));
             };
             for h in &s.removed {
@@ -212,6 +215,7 @@ impl Ours {
                     tokens: &st.tokens,
                 });
             }
+            done.add(&batch.finish().expect("the events are well formed"));
         }
         done
     }

@@ -183,6 +183,23 @@ impl<'a> Reader<'a> {
         })
     }
 
+    /// The next value if it is an unsigned int of at most 32 bits (the
+    /// widths token ids take), read with no error path; `None`, consuming
+    /// nothing, for anything else.
+    #[inline]
+    pub(crate) fn small_uint(&mut self) -> Option<u32> {
+        let rest = self.buf.get(self.pos..)?;
+        let (value, len) = match *rest {
+            [b @ 0x00..=0x7f, ..] => (u32::from(b), 1),
+            [0xcc, b, ..] => (u32::from(b), 2),
+            [0xcd, b0, b1, ..] => (u32::from(u16::from_be_bytes([b0, b1])), 3),
+            [0xce, b0, b1, b2, b3, ..] => (u32::from_be_bytes([b0, b1, b2, b3]), 5),
+            _ => return None,
+        };
+        self.pos += len;
+        Some(value)
+    }
+
     /// An int of any width and sign.
     pub(crate) fn int(&mut self) -> Result<i128> {
         let m = self.marker()?;
@@ -386,6 +403,40 @@ mod tests {
         );
         assert_eq!(one(&[0xca, 0x3f, 0xc0, 0, 0], |r| r.float()), Ok(1.5));
         assert_eq!(one(&[0x07], |r| r.float()), Ok(7.0));
+    }
+
+    #[test]
+    fn small_uints_read_as_ints_do_and_nothing_else_is_taken() {
+        for v in [
+            0u64,
+            1,
+            127,
+            128,
+            255,
+            256,
+            65_535,
+            65_536,
+            u64::from(u32::MAX),
+        ] {
+            let mut buf = Vec::new();
+            rmp::encode::write_uint(&mut buf, v).unwrap();
+            let mut r = Reader::new(&buf);
+            assert_eq!(r.small_uint().map(u64::from), Some(v));
+            assert_eq!(r.remaining(), 0);
+        }
+        // Wider, signed, or cut short: left for the general path.
+        for buf in [
+            vec![0xcf, 0, 0, 0, 1, 0, 0, 0, 0],
+            vec![0xd0, 0x85],
+            vec![0xff],
+            vec![0xcd, 1],
+            vec![0xce, 0, 0, 1],
+            vec![],
+        ] {
+            let mut r = Reader::new(&buf);
+            assert_eq!(r.small_uint(), None);
+            assert_eq!(r.remaining(), buf.len());
+        }
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //! with its own event). Our key of a block is the chain of our hashes from
 //! the root, found by following parents.
 //!
-//! What the tree holds for an engine-fed pod, after every event:
+//! What the tree holds for an engine-fed pod, after every batch of events
+//! ([`EngineBatch`], which may hold a run of removals until it ends):
 //! - a block is **held** while its copy count is above zero;
 //! - the pod has an entry on the nodes of every held block's path, with the
 //!   time [`PINNED`], which never expires;
@@ -33,12 +34,17 @@
 //!
 //! One [`Engine`] is written by one subscription at a time (a mutex, never
 //! touched by lookups); the tree it writes is the shared lock-free one.
+//! Its records are laid out in `engine/records.rs`.
 
 use std::collections::HashMap;
 
 use crate::error::EngineError;
 use crate::index::Index;
 use crate::slots::MAX_TIME;
+
+mod records;
+
+pub(crate) use records::{Data, DataRef, Extra, Page, Parent, Records};
 
 /// The time of an entry an engine confirmed: it never expires (TTLs and
 /// speculative TTLs measure age from an entry's time, and no clock reaches
@@ -150,109 +156,26 @@ impl Applied {
     }
 }
 
-/// One engine block as recorded: 32 bytes, a map slot of 40 (the common
-/// case, an engine block of our size, keeps its one hash inline).
+/// An engine block as a snapshot carries it, to be recorded again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
-    /// The parent's engine hash, if [`HAS_PARENT`] is set.
-    parent: u64,
-    /// Copies the engine holds (stores minus removes, never below zero).
+    /// The parent's engine hash.
+    pub(crate) parent: Option<u64>,
+    /// Copies the engine holds.
     pub(crate) copies: u32,
-    /// Records whose parent is this one (a record is dropped when it has
-    /// neither copies nor children, so chains below a held block stay
-    /// whole), and [`HAS_PARENT`].
-    links: u32,
+    /// Our side of the block.
     pub(crate) data: Data,
 }
-
-// The size the record's doc states, and the memory figures assume.
-#[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Record>() == 32);
-
-/// `Record::links`' flag: the block has a parent.
-const HAS_PARENT: u32 = 1 << 31;
 
 impl Record {
     pub(crate) fn new(parent: Option<u64>, copies: u32, data: Data) -> Record {
         Record {
-            parent: parent.unwrap_or(0),
+            parent,
             copies,
-            links: if parent.is_some() { HAS_PARENT } else { 0 },
             data,
         }
     }
-
-    /// The parent's engine hash.
-    pub(crate) fn parent(&self) -> Option<u64> {
-        (self.links & HAS_PARENT != 0).then_some(self.parent)
-    }
-
-    /// Records whose parent is this one.
-    pub(crate) fn children(&self) -> u32 {
-        self.links & !HAS_PARENT
-    }
-
-    fn add_child(&mut self) {
-        if self.children() < !HAS_PARENT {
-            self.links += 1;
-        }
-    }
-
-    fn drop_child(&mut self) {
-        if self.children() > 0 {
-            self.links -= 1;
-        }
-    }
-
-    /// Our hashes of the block (for pages: of the group it closes, if any).
-    fn ours(&self) -> &[u64] {
-        match &self.data {
-            Data::One(h) => std::slice::from_ref(h),
-            Data::Many(hs) => &hs.0,
-            Data::Page(p) => p.group.as_slice(),
-        }
-    }
 }
-
-/// Our side of an engine block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Data {
-    /// Our hash of its one block (`Ratio::Whole(1)`).
-    One(u64),
-    /// Our hashes of its `r` blocks (`Ratio::Whole(r)`, `r > 1`), behind a
-    /// thin pointer: a boxed slice's length would widen every record by 8
-    /// bytes, and `One`, the common case, would pay for it.
-    Many(Box<Many>),
-    /// A page (`Ratio::Pages`).
-    Page(Box<Page>),
-}
-
-/// Our hashes of an engine block of several of ours.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Many(pub(crate) Box<[u64]>);
-
-/// A page smaller than our block.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Page {
-    /// Its depth in pages from the root.
-    pub(crate) depth: u32,
-    /// Its token ids.
-    pub(crate) tokens: Box<[u32]>,
-    /// On a group's last page, our hash of the group.
-    pub(crate) group: Option<u64>,
-}
-
-impl Data {
-    /// Our hashes of a whole engine block.
-    pub(crate) fn whole(ours: Vec<u64>) -> Data {
-        match ours[..] {
-            [one] => Data::One(one),
-            _ => Data::Many(Box::new(Many(ours.into()))),
-        }
-    }
-}
-
-type Records = HashMap<u64, Record, ahash::RandomState>;
 
 /// One pod's engine state: its records per model.
 pub struct Engine {
@@ -273,10 +196,38 @@ pub struct Engine {
     chain: Option<Chain>,
     /// The path of engine pages (not cached), reused between events.
     scratch: Vec<u64>,
-    /// Records per parent hash not recorded (yet): an orphan's parent,
-    /// stored later, starts with these as its children, so that it is not
-    /// dropped while they still hang from it.
-    waiting: HashMap<u64, u32, ahash::RandomState>,
+    /// Removals an [`EngineBatch`] has not taken off the tree yet; empty
+    /// outside one.
+    run: Run,
+}
+
+/// A run of removals not yet taken off the tree: the pod no longer holds
+/// blocks `from..key.len()` of `key` under `model`.
+///
+/// An engine frees a sequence's blocks tail first, and reports each with
+/// its own removal; the run grows while each removal is of the block just
+/// above it, and goes to the tree in one [`Tree::release`] when the run
+/// ends, where a release per block would split an edge and unlink a node
+/// for every one.
+///
+/// [`Tree::release`]: crate::tree::Tree::release
+#[derive(Debug, Default)]
+struct Run {
+    model: Box<str>,
+    /// The path of the run's deepest block, or empty (no run).
+    key: Vec<u64>,
+    from: usize,
+}
+
+impl Run {
+    /// Whether releasing the last block of `path` under `model` extends
+    /// the run (the block is the one just above it).
+    fn extended_by(&self, model: &str, path: &[u64]) -> bool {
+        !path.is_empty()
+            && path.len() == self.from
+            && *self.model == *model
+            && self.key.get(..path.len()) == Some(path)
+    }
 }
 
 /// A chain of records from the root, as [`Engine::path`] walks it.
@@ -289,17 +240,6 @@ struct Chain {
     ours: Vec<u64>,
 }
 
-/// Bytes one record costs, as counted in `Stats::engine_bytes`: the map's
-/// slot (key, record, control byte) and the heap behind the record.
-pub(crate) fn record_bytes(r: &Record) -> usize {
-    let heap = match &r.data {
-        Data::One(_) => 0,
-        Data::Many(h) => std::mem::size_of::<Many>() + h.0.len() * 8,
-        Data::Page(p) => std::mem::size_of::<Page>() + p.tokens.len() * 4,
-    };
-    8 + std::mem::size_of::<Record>() + 1 + heap
-}
-
 impl Engine {
     pub(crate) fn new(spec: EngineSpec) -> Result<Self, EngineError> {
         Ok(Engine {
@@ -310,22 +250,21 @@ impl Engine {
             closed: false,
             chain: None,
             scratch: Vec::new(),
-            waiting: HashMap::default(),
+            run: Run::default(),
         })
     }
 
     /// Engine blocks recorded, over every model.
     pub fn blocks(&self) -> usize {
-        self.models.values().map(HashMap::len).sum()
+        self.models.values().map(Records::len).sum()
     }
 
     /// Engine blocks held (with at least one copy), over every model.
     pub fn held(&self) -> usize {
         self.models
             .values()
-            .flat_map(|m| m.values())
-            .filter(|r| r.copies > 0)
-            .count()
+            .map(|m| m.positions().filter(|&at| m.copies(at) > 0).count())
+            .sum()
     }
 
     /// Our blocks per engine block: what matches round down to.
@@ -371,7 +310,6 @@ impl Engine {
         mut engine: Option<&mut Vec<u64>>,
     ) -> Result<Vec<u64>, Placed> {
         let mut rev: Vec<u64> = Vec::new();
-        let mut at = Some(hash);
         // A chain longer than this (in records) passes `max_key_blocks`, or
         // loops; either way it cannot be placed.
         let per = match ratio {
@@ -383,19 +321,21 @@ impl Engine {
         if let Some(e) = engine.as_deref_mut() {
             e.clear();
         }
-        while let Some(h) = at {
-            let Some(r) = records.get(&h) else {
-                return Err(Placed::Orphan);
-            };
+        let mut at = records.find(hash).ok_or(Placed::Orphan)?;
+        loop {
             steps += 1;
             if steps > limit {
                 return Err(Placed::TooDeep);
             }
-            rev.extend(r.ours().iter().rev());
+            rev.extend(records.ours(at).iter().rev());
             if let Some(e) = engine.as_deref_mut() {
-                e.push(h);
+                e.push(records.hash(at));
             }
-            at = r.parent();
+            match records.parent(at) {
+                Parent::Root => break,
+                Parent::At(p) => at = p,
+                Parent::Unknown(_) => return Err(Placed::Orphan),
+            }
         }
         rev.reverse();
         if let Some(e) = engine {
@@ -407,11 +347,9 @@ impl Engine {
         Ok(rev)
     }
 
-    /// Forgets the chain cache and the waiting children (the records are
-    /// gone).
+    /// Forgets the chain cache (the records are gone).
     pub(crate) fn clear_chain(&mut self) {
         self.chain = None;
-        self.waiting.clear();
     }
 
     /// The chain cache after its tip's record was dropped (`dropped` is how
@@ -449,15 +387,21 @@ impl Engine {
         }
         // Only records that hang where the store says (a record keeps the
         // parent it was first stored under).
-        let mut more = Vec::new();
+        let from = c.ours.len();
         let mut up = parent;
-        for h in hashes {
-            let r = records.get(h).filter(|r| r.parent() == up)?;
-            more.extend_from_slice(r.ours());
-            up = Some(*h);
+        for &h in hashes {
+            let ok = records
+                .find(h)
+                .filter(|&at| records.parent_hash(at) == up)
+                .map(|at| c.ours.extend_from_slice(records.ours(at)));
+            if ok.is_none() {
+                // Put the cache back as it was: it still ends at `parent`.
+                c.ours.truncate(from);
+                return None;
+            }
+            up = Some(h);
         }
         c.engine.extend_from_slice(hashes);
-        c.ours.extend(more);
         (c.ours.len() <= max_blocks).then_some(())
     }
 }
@@ -499,30 +443,38 @@ enum Placed {
     TooDeep,
 }
 
-impl Index {
-    /// Applies one engine event to `pod`'s blocks under `model` (removals,
-    /// which name no model, find their hashes under any). `engine` is the
-    /// pod's state ([`Index::engine`]); hold its lock for the call. Bad
+/// Engine events of one pod being applied, as [`Index::batch`] starts it.
+///
+/// Tail-first removals are held (as one run) until the batch ends or an
+/// event that is not one of them comes: lookups meanwhile still see those
+/// blocks, for as long as the batch takes. Dropping the batch ends it, as
+/// [`EngineBatch::finish`] does.
+pub struct EngineBatch<'a> {
+    index: &'a Index,
+    engine: &'a mut Engine,
+    pod: &'a str,
+}
+
+impl EngineBatch<'_> {
+    /// Applies one engine event to the pod's blocks under `model`
+    /// (removals, which name no model, find their hashes under any). Bad
     /// events (wrong token counts) are refused whole, before anything
-    /// changes.
-    pub fn apply(
-        &self,
-        engine: &mut Engine,
-        pod: &str,
-        model: &str,
-        op: EngineOp<'_>,
-    ) -> Result<Applied, EngineError> {
+    /// changes. Removals held for the end of the batch count as
+    /// [`Applied::released`] when they go to the tree.
+    pub fn apply(&mut self, model: &str, op: EngineOp<'_>) -> Result<Applied, EngineError> {
         let mut done = Applied::default();
+        let (index, engine, pod) = (self.index, &mut *self.engine, self.pod);
         if engine.closed {
             return Ok(done);
         }
         match op {
             EngineOp::Cleared => {
-                self.drop_engine(engine);
+                // The pod gets a new id: the run's entries go with the old.
+                engine.run.key.clear();
+                index.drop_engine(engine);
                 engine.models.clear();
                 engine.chain = None;
-                engine.waiting.clear();
-                self.clear_engine_pod(pod, engine.align())?;
+                index.clear_engine_pod(pod, engine.align())?;
                 done.cleared = 1;
             }
             EngineOp::Stored {
@@ -538,13 +490,76 @@ impl Index {
                         block: engine.spec.engine_block,
                     });
                 }
-                self.store(engine, pod, model, parent, hashes, tokens, &mut done)?;
+                // A store may hold again what the run removed.
+                done.released += index.settle(engine, pod)?;
+                index.store(engine, pod, model, parent, hashes, tokens, &mut done)?;
             }
             EngineOp::Removed { hashes } => {
-                self.remove(engine, pod, model, hashes, &mut done)?;
+                index.remove(engine, pod, model, hashes, &mut done)?;
             }
         }
         Ok(done)
+    }
+
+    /// Ends the batch: held removals go to the tree. Returns what that
+    /// released.
+    pub fn finish(mut self) -> Result<Applied, EngineError> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Result<Applied, EngineError> {
+        Ok(Applied {
+            released: self.index.settle(self.engine, self.pod)?,
+            ..Applied::default()
+        })
+    }
+}
+
+impl Drop for EngineBatch<'_> {
+    fn drop(&mut self) {
+        // Only naming the pod can fail (its id table is full), and the
+        // pod's next event meets the same error and reports it.
+        let _ = self.end();
+    }
+}
+
+impl Index {
+    /// Starts applying a batch of `pod`'s engine events. `engine` is the
+    /// pod's state ([`Index::engine`]); hold its lock for the batch.
+    pub fn batch<'a>(&'a self, engine: &'a mut Engine, pod: &'a str) -> EngineBatch<'a> {
+        EngineBatch {
+            index: self,
+            engine,
+            pod,
+        }
+    }
+
+    /// Applies one engine event to `pod`'s blocks under `model`: a batch of
+    /// one ([`EngineBatch::apply`]).
+    pub fn apply(
+        &self,
+        engine: &mut Engine,
+        pod: &str,
+        model: &str,
+        op: EngineOp<'_>,
+    ) -> Result<Applied, EngineError> {
+        let mut batch = self.batch(engine, pod);
+        let mut done = batch.apply(model, op)?;
+        done.add(&batch.finish()?);
+        Ok(done)
+    }
+
+    /// Takes `engine`'s held removals off the tree; returns the (pod,
+    /// block) pairs released.
+    fn settle(&self, engine: &mut Engine, pod: &str) -> Result<u64, EngineError> {
+        let run = &mut engine.run;
+        if run.key.is_empty() {
+            return Ok(0);
+        }
+        let id = self.precise_id(pod, engine.ratio.align())?;
+        let released = self.release_at(&run.model, &run.key, run.from, id);
+        run.key.clear();
+        Ok(released)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -564,69 +579,68 @@ impl Index {
         if !engine.models.contains_key(model) {
             engine.models.insert(model.into(), Records::default());
         }
-        let Engine {
-            models, waiting, ..
-        } = &mut *engine;
-        let Some(records) = models.get_mut(model) else {
+        let Some(records) = engine.models.get_mut(model) else {
             return Ok(());
         };
+        let per = spec.engine_block as usize;
         // Whether a block became held: the event's path is then placed in
         // the tree once, to its last block (held blocks refresh as no-ops).
         let mut newly_held = false;
         let mut up = parent;
-        for (i, &h) in hashes.iter().enumerate() {
-            let toks = &tokens[i * spec.engine_block as usize..][..spec.engine_block as usize];
-            let became_held = match records.get_mut(&h) {
-                Some(r) => {
-                    r.copies = r.copies.saturating_add(1);
-                    r.copies == 1
-                }
-                None => {
-                    if self.engine_records() >= max_records {
-                        return Err(EngineError::Full { max: max_records });
-                    }
-                    let data = match ratio {
-                        Ratio::Whole(_) => Data::whole(
-                            toks.chunks_exact(spec.our_block as usize)
-                                .map(spec.hash)
-                                .collect(),
-                        ),
-                        Ratio::Pages(n) => {
-                            let depth = match up.and_then(|p| records.get(&p)).map(|r| &r.data) {
-                                Some(Data::Page(p)) => p.depth.saturating_add(1),
-                                _ => 0,
-                            };
-                            let group = (depth % n == n - 1)
-                                .then(|| group_hash(records, up, toks, n, spec))
-                                .flatten();
-                            Data::Page(Box::new(Page {
-                                depth,
-                                tokens: toks.into(),
-                                group,
-                            }))
+        // New records and their bytes, counted once for the event: the
+        // shared counters are atomics, and one update per record was a
+        // tenth of applying.
+        let (mut added, mut added_bytes) = (0u64, 0usize);
+        let recorded: Result<(), EngineError> = 'records: {
+            for (&h, toks) in hashes.iter().zip(tokens.chunks_exact(per)) {
+                let became_held = match records.find(h) {
+                    Some(at) => records.add_copy(at),
+                    None => {
+                        let full = EngineError::Full { max: max_records };
+                        if self.engine_records().saturating_add(added) >= max_records {
+                            break 'records Err(full);
                         }
-                    };
-                    let mut r = Record::new(up, 1, data);
-                    for _ in 0..waiting.remove(&h).unwrap_or(0) {
-                        r.add_child();
-                    }
-                    self.count_record(record_bytes(&r) as i64, 1);
-                    records.insert(h, r);
-                    match up.and_then(|p| records.get_mut(&p)) {
-                        Some(p) => p.add_child(),
-                        None => {
-                            if let Some(p) = up {
-                                *waiting.entry(p).or_default() += 1;
+                        let data = match ratio {
+                            Ratio::Whole(1) => Data::One((spec.hash)(toks)),
+                            Ratio::Whole(_) => Data::whole(
+                                toks.chunks_exact(spec.our_block as usize)
+                                    .map(spec.hash)
+                                    .collect(),
+                            ),
+                            Ratio::Pages(n) => {
+                                let depth = match up.and_then(|p| records.find(p)) {
+                                    Some(at) => match records.data(at) {
+                                        DataRef::Page(p) => p.depth.saturating_add(1),
+                                        _ => 0,
+                                    },
+                                    None => 0,
+                                };
+                                let group = (depth % n == n - 1)
+                                    .then(|| group_hash(records, up, toks, n, spec))
+                                    .flatten();
+                                Data::Extra(Extra::Page(Page {
+                                    depth,
+                                    tokens: toks.into(),
+                                    group,
+                                }))
                             }
-                        }
+                        };
+                        let Some(at) = records.insert(h, up, 1, data) else {
+                            break 'records Err(full);
+                        };
+                        added += 1;
+                        added_bytes += records.record_bytes(at);
+                        true
                     }
-                    true
-                }
-            };
-            done.stored += 1;
-            newly_held |= became_held;
-            up = Some(h);
-        }
+                };
+                done.stored += 1;
+                newly_held |= became_held;
+                up = Some(h);
+            }
+            Ok(())
+        };
+        self.count_record(added_bytes as i64, added as i64);
+        recorded?;
         let Some(last) = up.filter(|_| newly_held) else {
             return Ok(());
         };
@@ -686,76 +700,96 @@ impl Index {
         for &h in hashes {
             // Removals name no model (no LoRA adapter): the event's model
             // first, then whichever holds the hash.
-            let found = match engine.models.get(model).is_some_and(|r| r.contains_key(&h)) {
-                true => Some(model),
-                false => engine
+            let here = engine.models.get(model).and_then(|r| r.find(h));
+            let elsewhere = match here {
+                Some(_) => None,
+                None => engine
                     .models
                     .iter()
-                    .find(|(_, r)| r.contains_key(&h))
-                    .map(|(m, _)| &**m),
+                    .find_map(|(m, r)| Some((m.clone(), r.find(h)?))),
             };
-            let Some(found) = found.map(Box::<str>::from) else {
-                done.unknown += 1;
-                continue;
-            };
-            let model = &*found;
-            {
-                let Some(r) = engine.models.get_mut(model).and_then(|m| m.get_mut(&h)) else {
-                    continue;
-                };
-                if r.copies == 0 {
+            let (model, at) = match (here, &elsewhere) {
+                (Some(at), _) => (model, at),
+                (None, Some((m, at))) => (&**m, *at),
+                (None, None) => {
                     done.unknown += 1;
                     continue;
                 }
-                r.copies -= 1;
-                done.removed += 1;
-                if r.copies > 0 {
-                    continue;
-                }
-            }
+            };
             let Engine {
                 models,
                 chain,
                 scratch,
-                waiting,
+                run,
                 ..
             } = &mut *engine;
             let Some(records) = models.get_mut(model) else {
                 continue;
             };
+            match records.take_copy(at) {
+                None => {
+                    done.unknown += 1;
+                    continue;
+                }
+                Some(left) => {
+                    done.removed += 1;
+                    if left > 0 {
+                        continue;
+                    }
+                }
+            }
             let path = chain_path(chain, scratch, records, ratio, model, h, max_key);
-            done.released += self.release_block(records, ratio, pod, model, h, path)?;
-            let dropped = forget(records, waiting, h, |bytes| self.count_record(-bytes, -1));
+            match (ratio, path) {
+                // The last of our blocks only (see `release_block`), held
+                // in the run.
+                (Ratio::Whole(_), Ok(path)) if run.extended_by(model, path) => {
+                    run.from = path.len() - 1;
+                }
+                (Ratio::Whole(_), Ok(path)) => {
+                    if !run.key.is_empty() {
+                        let id = self.precise_id(pod, ratio.align())?;
+                        done.released += self.release_at(&run.model, &run.key, run.from, id);
+                    }
+                    if *run.model != *model {
+                        run.model = model.into();
+                    }
+                    run.key.clear();
+                    run.key.extend_from_slice(path);
+                    run.from = path.len().saturating_sub(1);
+                }
+                (_, path) => {
+                    done.released += self.release_block(records, ratio, pod, model, at, path)?;
+                }
+            }
+            let dropped = records.forget(at, |bytes| self.count_record(-(bytes as i64), -1));
             engine.chain_popped(h, dropped);
         }
         Ok(())
     }
 
-    /// Takes `pod` off the tree's blocks of engine block `h` (no copy left).
+    /// Takes `pod` off the tree's blocks of the engine block at `at` (no
+    /// copy left), whose path is `path`.
     fn release_block(
         &self,
         records: &Records,
         ratio: Ratio,
         pod: &str,
         model: &str,
-        h: u64,
+        at: u32,
         path: Result<&[u64], Placed>,
     ) -> Result<u64, EngineError> {
-        let Some(r) = records.get(&h) else {
-            return Ok(0);
-        };
         // Placed nowhere (an orphan, or too deep): nothing to take off.
         let Ok(path) = path else {
             return Ok(0);
         };
         let id = self.precise_id(pod, ratio.align())?;
-        let released = match (ratio, &r.data) {
+        let released = match (ratio, records.data(at)) {
             // The last of our blocks only: another engine block under the
             // same parent may share the ones before it (the same first
             // tokens), never the last (it would be the same block), and a
             // match ending inside an engine block rounds down to its start.
             (Ratio::Whole(_), _) => self.release_at(model, path, path.len().saturating_sub(1), id),
-            (Ratio::Pages(_), Data::Page(p)) if p.group.is_some() => {
+            (Ratio::Pages(_), DataRef::Page(p)) if p.group.is_some() => {
                 self.release_at(model, path, path.len().saturating_sub(1), id)
             }
             // A page inside a group: that group, on every branch below the
@@ -767,7 +801,7 @@ impl Index {
 
     /// Loads `pod`'s records under `model` from a snapshot and rebuilds its
     /// entries: every held block's path, less the blocks with no copy left
-    /// under held ones.
+    /// under held ones. A block named twice keeps its first record.
     pub(crate) fn restore_engine(
         &self,
         engine: &mut Engine,
@@ -781,38 +815,29 @@ impl Index {
         }
         let (ratio, align) = (engine.ratio, engine.align());
         let max_key = self.sh.cfg.max_key_blocks;
-        let Engine {
-            models, waiting, ..
-        } = &mut *engine;
-        let records = models.entry(model.into()).or_default();
-        let mut parents = std::collections::HashSet::<u64, ahash::RandomState>::default();
+        let records = engine.models.entry(model.into()).or_default();
         for (h, r) in blocks {
-            if let Some(p) = r.parent() {
-                parents.insert(p);
+            if records.find(h).is_some() {
+                continue;
             }
-            self.count_record(record_bytes(&r) as i64, 1);
-            if let Some(old) = records.insert(h, r) {
-                self.count_record(-(record_bytes(&old) as i64), -1);
-            }
-        }
-        let child_counts: Vec<u64> = records.values().filter_map(Record::parent).collect();
-        for p in child_counts {
-            match records.get_mut(&p) {
-                Some(r) => r.add_child(),
-                None => *waiting.entry(p).or_default() += 1,
-            }
+            let at = records
+                .insert(h, r.parent, r.copies, r.data)
+                .ok_or(EngineError::Full { max })?;
+            self.count_record(records.record_bytes(at) as i64, 1);
         }
         let records = &*records;
         // Held blocks with no held child: their paths cover every held one.
-        let held_parents: std::collections::HashSet<u64, ahash::RandomState> = records
-            .values()
-            .filter(|r| r.copies > 0)
-            .filter_map(Record::parent)
-            .collect();
-        for (&h, r) in records {
-            if r.copies == 0 || held_parents.contains(&h) {
+        let mut held_parent = vec![false; records.span()];
+        for at in records.positions() {
+            if let (true, Parent::At(p)) = (records.copies(at) > 0, records.parent(at)) {
+                held_parent[p as usize] = true;
+            }
+        }
+        for at in records.positions() {
+            if records.copies(at) == 0 || held_parent[at as usize] {
                 continue;
             }
+            let h = records.hash(at);
             let Ok(key) = Engine::path(records, ratio, h, max_key) else {
                 continue;
             };
@@ -824,17 +849,11 @@ impl Index {
                 self.insert_at(model, &key, pod, align, PINNED)?;
             }
         }
-        for (&h, r) in records {
-            if r.copies == 0 && parents.contains(&h) {
-                let path = Engine::path(records, ratio, h, max_key);
-                self.release_block(
-                    records,
-                    ratio,
-                    pod,
-                    model,
-                    h,
-                    path.as_deref().map_err(|e| *e),
-                )?;
+        for at in records.positions() {
+            if records.copies(at) == 0 && records.children(at) > 0 {
+                let path = Engine::path(records, ratio, records.hash(at), max_key);
+                let path = path.as_deref().map_err(|e| *e);
+                self.release_block(records, ratio, pod, model, at, path)?;
             }
         }
         Ok(())
@@ -859,14 +878,17 @@ fn group_hash(
     spec: EngineSpec,
 ) -> Option<u64> {
     let mut pages: Vec<&[u32]> = vec![toks];
-    let mut at = parent;
+    let mut at = parent.and_then(|p| records.find(p));
     for _ in 1..n {
-        let r = records.get(&at?)?;
-        match &r.data {
-            Data::Page(p) => pages.push(&p.tokens),
-            Data::One(_) | Data::Many(_) => return None,
+        let a = at?;
+        match records.data(a) {
+            DataRef::Page(p) => pages.push(&p.tokens),
+            DataRef::One(_) | DataRef::Many(_) => return None,
         }
-        at = r.parent();
+        at = match records.parent(a) {
+            Parent::At(p) => Some(p),
+            Parent::Root | Parent::Unknown(_) => None,
+        };
     }
     let tokens: Vec<u32> = pages.iter().rev().flat_map(|p| p.iter().copied()).collect();
     (tokens.len() == spec.our_block as usize).then(|| (spec.hash)(&tokens))
@@ -877,61 +899,24 @@ fn group_hash(
 fn held_groups(records: &Records, last: u64, n: u32, mut key: Vec<u64>) -> Vec<u64> {
     // Groups from the root: `key[k]` is closed by the page at depth
     // `k * n + n - 1`. A page's depth says its group.
-    let mut at = Some(last);
+    let mut at = records.find(last);
     let mut first_missing: Option<usize> = None;
-    while let Some(h) = at {
-        let Some(r) = records.get(&h) else { break };
-        if let Data::Page(p) = &r.data {
-            if r.copies == 0 {
+    while let Some(a) = at {
+        if let DataRef::Page(p) = records.data(a) {
+            if records.copies(a) == 0 {
                 first_missing = Some((p.depth / n) as usize);
             }
         }
-        at = r.parent();
+        at = match records.parent(a) {
+            Parent::At(p) => Some(p),
+            Parent::Root | Parent::Unknown(_) => None,
+        };
     }
     // Incomplete trailing group: `last` may not close one.
     if let Some(k) = first_missing {
         key.truncate(k);
     }
     key
-}
-
-/// Drops `h`'s record if it has neither copies nor children, and then any
-/// parent left in that state; returns how many records went.
-fn forget(
-    records: &mut Records,
-    waiting: &mut HashMap<u64, u32, ahash::RandomState>,
-    mut h: u64,
-    mut counted: impl FnMut(i64),
-) -> usize {
-    let mut dropped = 0;
-    loop {
-        let Some(r) = records.get(&h) else {
-            return dropped;
-        };
-        if r.copies > 0 || r.children() > 0 {
-            return dropped;
-        }
-        let Some(r) = records.remove(&h) else {
-            return dropped;
-        };
-        dropped += 1;
-        counted(record_bytes(&r) as i64);
-        let Some(p) = r.parent() else {
-            return dropped;
-        };
-        let Some(pr) = records.get_mut(&p) else {
-            // It waited for its parent: one waiting child less.
-            if let Some(n) = waiting.get_mut(&p) {
-                *n -= 1;
-                if *n == 0 {
-                    waiting.remove(&p);
-                }
-            }
-            return dropped;
-        };
-        pr.drop_child();
-        h = p;
-    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -1066,6 +1051,45 @@ mod tests {
         // Removing the first block ends every match through it.
         remove(&index, &e, &[1]);
         assert!(matched(&index, &k, T0).is_empty());
+    }
+
+    #[test]
+    fn a_batch_releases_a_tail_first_run_at_its_end_and_keeps_branches_below() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        // Prompt 1 is blocks 1..=4; prompt 2 shares its first two blocks
+        // and goes on with block 5 (its tokens differ from there).
+        store(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4));
+        let k2: Vec<u64> = key(1, 2)
+            .into_iter()
+            .chain(key(2, 3)[2..].to_vec())
+            .collect();
+        let mut t5 = tokens(1, 2);
+        t5.extend_from_slice(&tokens(2, 3)[8..]);
+        store(&index, &e, Some(2), &[5], &t5[8..]);
+        assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 3)]);
+        let k1 = key(1, 4);
+        let before = index.stats().nodes;
+        let mut engine = e.lock();
+        let mut batch = index.batch(&mut engine, "pod");
+        for h in [4, 3, 2] {
+            let got = batch
+                .apply("m", EngineOp::Removed { hashes: &[h] })
+                .unwrap();
+            // Held, not yet released: lookups still see the run.
+            assert_eq!((got.removed, got.released), (1, 0));
+        }
+        assert_eq!(matched(&index, &k1, T0), [("pod".to_string(), 4)]);
+        assert_eq!(batch.finish().unwrap().released, 3);
+        drop(engine);
+        assert_eq!(matched(&index, &k1, T0), [("pod".to_string(), 1)]);
+        // Block 5 is still cached below the removed block 2: a gap, so the
+        // pod's match on prompt 2 ends before it.
+        assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 1)]);
+        // The run's emptied nodes went at once.
+        assert!(index.stats().nodes <= before);
+        store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
+        assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 3)]);
     }
 
     #[test]

@@ -299,9 +299,7 @@ impl Index {
     /// Uncounts every record of `engine` (which the caller then clears).
     pub(crate) fn drop_engine(&self, engine: &Engine) {
         for records in engine.models.values() {
-            for r in records.values() {
-                self.count_record(-(crate::engine::record_bytes(r) as i64), -1);
-            }
+            self.count_record(-(records.total_bytes() as i64), -(records.len() as i64));
         }
     }
 

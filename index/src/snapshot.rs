@@ -45,7 +45,7 @@ use bincode::{Decode, Encode};
 use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::engine::{Data, EngineSpec, Page, Record as EngineRecord};
+use crate::engine::{Data, DataRef, EngineSpec, Extra, Page, Record as EngineRecord};
 use crate::walk::Walk;
 use crate::Index;
 
@@ -357,20 +357,20 @@ impl Index {
             models.sort_unstable_by(|a, b| a.0.cmp(b.0));
             for (name, records) in models {
                 w.record(&RecordRef::EngineModel { name })?;
-                for (&hash, r) in records {
-                    let data = match &r.data {
-                        Data::One(h) => BlockData::Whole(vec![*h]),
-                        Data::Many(hs) => BlockData::Whole(hs.0.to_vec()),
-                        Data::Page(p) => BlockData::Page {
+                for at in records.positions() {
+                    let data = match records.data(at) {
+                        DataRef::One(h) => BlockData::Whole(vec![h]),
+                        DataRef::Many(hs) => BlockData::Whole(hs.to_vec()),
+                        DataRef::Page(p) => BlockData::Page {
                             depth: p.depth,
                             tokens: p.tokens.to_vec(),
                             group: p.group,
                         },
                     };
                     w.record(&RecordRef::Block {
-                        hash,
-                        parent: r.parent(),
-                        copies: r.copies,
+                        hash: records.hash(at),
+                        parent: records.parent_hash(at),
+                        copies: records.copies(at),
                         data: &data,
                     })?;
                     sum.engine_blocks += 1;
@@ -535,7 +535,7 @@ impl Snapshot {
                             depth,
                             tokens,
                             group,
-                        } => Data::Page(Box::new(Page {
+                        } => Data::Extra(Extra::Page(Page {
                             depth,
                             tokens: tokens.into(),
                             group,

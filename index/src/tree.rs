@@ -94,7 +94,14 @@ impl Tree {
     /// edges at both ends so that blocks outside that range keep their
     /// entries (a precise pod's engine removed those blocks and nothing
     /// else). Returns the (pod, block) pairs removed, and whether the pod
-    /// still has an entry just below the range (the range is then a gap).
+    /// still has an entry below the range (the range is then a gap): on a
+    /// child of its last node, or on a branch leaving the path inside it.
+    ///
+    /// One call for a run of blocks ends as a call per block, deepest
+    /// first, would: nodes of the range left with no pod and no child are
+    /// unlinked, deepest first, at once (an engine evicts one block at a
+    /// time, and lookups would otherwise walk through the empty nodes until
+    /// the next sweep).
     pub(crate) fn release(
         &self,
         sh: &Shared,
@@ -104,24 +111,32 @@ impl Tree {
         pin: &Pin,
     ) -> (u64, bool) {
         let mut released = 0;
-        let below = |node: NodeRef<'_>| {
+        // Whether a child of `node` other than the one starting with
+        // `next` (the path's) holds the pod.
+        let below = |node: NodeRef<'_>, next: Option<u64>| {
             let table = node.children();
             (0..table.slots())
                 .filter_map(|i| table.slot(i))
+                .filter(|c| Some(c.edge.first().copied().unwrap_or(0)) != next)
                 .any(|c| c.pods.find(pod).is_some())
         };
+        // The nodes the pod left, with their parents, top-down.
+        let mut left: SmallVec<[(NodeRef<'_>, NodeRef<'_>); 8]> = SmallVec::new();
+        let mut gap;
         'restart: loop {
+            left.clear();
+            gap = false;
             let mut node = self.root(pin);
             let mut depth = 0;
             while depth < key.len() {
                 let Some((c, m)) = walk::step(node, &key[depth..], sh.seed) else {
-                    return (released, false);
+                    break;
                 };
                 let whole = m == c.edge.len();
                 if depth + m <= from {
                     if !whole {
                         // The key leaves the tree before the range starts.
-                        return (released, false);
+                        break;
                     }
                     node = c;
                     depth += m;
@@ -154,25 +169,25 @@ impl Tree {
                             released += len as u64;
                         }
                     }
-                    // A tail no pod holds any more goes now, not at the next
-                    // sweep: engines evict one block at a time, and every
-                    // eviction would otherwise leave a node of one block
-                    // behind for lookups to walk through.
-                    if c.pods.is_empty() && c.children().len() == 0 && unlink(sh, node, c, pin) {
-                        return (released, false);
-                    }
+                    left.push((node, c));
                 }
                 if !whole {
-                    return (released, false);
+                    break;
                 }
-                if depth + m == key.len() {
-                    return (released, below(c));
-                }
-                node = c;
                 depth += m;
+                gap |= below(c, key.get(depth).copied());
+                node = c;
             }
-            return (released, false);
+            break;
         }
+        // Deepest first, so that each node's only child is gone when it is
+        // tried; the first that stays (it holds a pod or a child) ends it.
+        for &(parent, c) in left.iter().rev() {
+            if !(c.pods.is_empty() && c.children().len() == 0 && unlink(sh, parent, c, pin)) {
+                break;
+            }
+        }
+        (released, gap)
     }
 
     /// The first blocks of every continuation of `prefix` in the tree: the

@@ -1,7 +1,9 @@
 //! The precise mode against a naive model: random engine event streams per
 //! pod (stores with shared prefixes and repeated copies, removals tail first
 //! and out of order, unknown removals, clears) mixed with gateway inserts
-//! (speculative for engine-fed pods), sweeps and lookups. Every lookup must
+//! (speculative for engine-fed pods), sweeps and lookups; batches of
+//! tail-first removals (which the index holds and releases as one run)
+//! followed by a store in the same batch. Every lookup must
 //! agree exactly with the model, which keeps each pod's cached blocks as a
 //! plain map of copy counts and recomputes matches block by block.
 //!
@@ -88,6 +90,17 @@ enum Op {
         pod: usize,
         pick: usize,
     },
+    /// One batch: one copy less of each of the `n` deepest held blocks of
+    /// prompt `p`, deepest first (as an engine frees a sequence), in an
+    /// event each or in one event (`one_event`); then, if `store` says so,
+    /// a store of prompt `store` up to its engine block `end`.
+    RemoveTail {
+        pod: usize,
+        p: u32,
+        n: usize,
+        one_event: bool,
+        store: Option<(u32, u32)>,
+    },
     /// A hash the engine never stored.
     RemoveUnknown {
         pod: usize,
@@ -116,6 +129,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..2usize, 0..PROMPTS, 0..16u32, 1..=16u32)
             .prop_map(|(pod, p, start, end)| Op::Store { pod, p, start, end }),
         3 => (0..2usize, any::<usize>()).prop_map(|(pod, pick)| Op::Remove { pod, pick }),
+        3 => (0..2usize, 0..PROMPTS, 1..8usize, any::<bool>(), prop::option::of((0..PROMPTS, 1..=16u32)))
+            .prop_map(|(pod, p, n, one_event, store)| Op::RemoveTail { pod, p, n, one_event, store }),
         1 => (0..2usize).prop_map(|pod| Op::RemoveUnknown { pod }),
         1 => (0..2usize).prop_map(|pod| Op::Clear { pod }),
         3 => (0..3usize, 0..PROMPTS, 1..=LEN).prop_map(|(pod, p, len)| Op::Insert { pod, p, len }),
@@ -271,6 +286,60 @@ fn run(eb: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 if *c == 0 {
                     model.release(pod, h);
                 }
+            }
+            Op::RemoveTail {
+                pod,
+                p,
+                n,
+                one_event,
+                store,
+            } => {
+                let hashes = engine_hashes(p, eb);
+                let tail: Vec<u64> = hashes
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|h| model.pods[pod].copies.get(h).is_some_and(|&c| c > 0))
+                    .take(n)
+                    .collect();
+                let mut engine = engines[pod].lock();
+                let mut batch = index.batch(&mut engine, ENGINE_PODS[pod]);
+                let events: Vec<&[u64]> = match one_event {
+                    true => vec![&tail[..]],
+                    false => tail.chunks(1).collect(),
+                };
+                for hs in events {
+                    let got = batch.apply("m", EngineOp::Removed { hashes: hs }).unwrap();
+                    prop_assert_eq!((got.removed, got.unknown), (hs.len() as u64, 0));
+                }
+                for &h in &tail {
+                    let c = model.pods[pod].copies.get_mut(&h).unwrap();
+                    *c -= 1;
+                    if *c == 0 {
+                        model.release(pod, h);
+                    }
+                }
+                if let Some((q, end)) = store {
+                    let end = end.min(blocks) as usize;
+                    let hashes = engine_hashes(q, eb);
+                    let m = &mut model.pods[pod];
+                    let start = (0..end)
+                        .find(|&j| m.copies.get(&hashes[j]).is_none_or(|&c| c == 0))
+                        .unwrap_or(end);
+                    if start < end {
+                        let toks = tokens(q);
+                        let op = EngineOp::Stored {
+                            parent: start.checked_sub(1).map(|j| hashes[j]),
+                            hashes: &hashes[start..end],
+                            tokens: &toks[start * eb as usize..end * eb as usize],
+                        };
+                        prop_assert_eq!(batch.apply("m", op).unwrap().orphaned, 0);
+                        for &h in &hashes[start..end] {
+                            *m.copies.entry(h).or_default() += 1;
+                        }
+                    }
+                }
+                batch.finish().unwrap();
             }
             Op::RemoveUnknown { pod } => {
                 let op = EngineOp::Removed { hashes: &[42] };

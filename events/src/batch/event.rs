@@ -57,9 +57,17 @@ fn decode_event(
 /// Where the fields a map-form event may carry start, found in a first pass
 /// over its keys: the `"type"` key may come anywhere (msgspec writes it
 /// first, but nothing requires that), and which fields matter depends on it.
+///
+/// The two long arrays, `token_ids` and `block_hashes`, are read in that
+/// same pass when they decode (their values, not where they start), so the
+/// pass does not step over every token once only to read it again; one
+/// that does not decode is stepped over, and its error reported only if
+/// the event's type needs it.
 #[derive(Default)]
 struct Fields<'a> {
     kind: Option<Reader<'a>>,
+    read_hashes: Option<Vec<u64>>,
+    read_tokens: Option<Vec<u32>>,
     hashes: Option<Reader<'a>>,
     parent: Option<Reader<'a>>,
     tokens: Option<Reader<'a>>,
@@ -91,6 +99,26 @@ fn map_event<'a>(
     let mut f = Fields::<'a>::default();
     for _ in 0..n {
         let key = r.str().map_err(|e| Location::event(i, "map key").err(e))?;
+        // A repeated key: the last one counts, read or not.
+        match key {
+            "block_hashes" => {
+                let mut ahead = *r;
+                f.read_hashes = hashes(&mut ahead, Location::event(i, "block_hashes"), limits).ok();
+                if f.read_hashes.is_some() {
+                    (*r, f.hashes) = (ahead, None);
+                    continue;
+                }
+            }
+            "token_ids" => {
+                let mut ahead = *r;
+                f.read_tokens = tokens(&mut ahead, Location::event(i, "token_ids"), limits).ok();
+                if f.read_tokens.is_some() {
+                    (*r, f.tokens) = (ahead, None);
+                    continue;
+                }
+            }
+            _ => {}
+        }
         let (slot, field) = match key {
             "type" => (Some(&mut f.kind), "type"),
             "block_hashes" => (Some(&mut f.hashes), "block_hashes"),
@@ -126,22 +154,26 @@ fn map_event<'a>(
         Some(mut r) => opt_str(&mut r, Location::event(i, field)),
         None => Ok(None),
     };
+    let block_hashes =
+        |mut r: Reader<'a>| hashes(&mut r, Location::event(i, "block_hashes"), limits);
     Ok(Some(match kind {
         "BlockStored" => Event::Stored(Stored {
-            hashes: hashes(
-                &mut required(f.hashes, "block_hashes")?,
-                Location::event(i, "block_hashes"),
-                limits,
-            )?,
+            hashes: match f.read_hashes {
+                Some(read) => read,
+                None => block_hashes(required(f.hashes, "block_hashes")?)?,
+            },
             parent: match f.parent {
                 Some(mut r) => opt_hash(&mut r, Location::event(i, "parent_block_hash"))?,
                 None => None,
             },
-            tokens: tokens(
-                &mut required(f.tokens, "token_ids")?,
-                Location::event(i, "token_ids"),
-                limits,
-            )?,
+            tokens: match f.read_tokens {
+                Some(read) => read,
+                None => tokens(
+                    &mut required(f.tokens, "token_ids")?,
+                    Location::event(i, "token_ids"),
+                    limits,
+                )?,
+            },
             block_size: uint32(
                 &mut required(f.block_size, "block_size")?,
                 Location::event(i, "block_size"),
@@ -150,11 +182,10 @@ fn map_event<'a>(
             medium: optional_str(f.medium, "medium")?,
         }),
         "BlockRemoved" => Event::Removed(Removed {
-            hashes: hashes(
-                &mut required(f.hashes, "block_hashes")?,
-                Location::event(i, "block_hashes"),
-                limits,
-            )?,
+            hashes: match f.read_hashes {
+                Some(read) => read,
+                None => block_hashes(required(f.hashes, "block_hashes")?)?,
+            },
             medium: optional_str(f.medium, "medium")?,
         }),
         "AllBlocksCleared" => Event::Cleared,
@@ -326,7 +357,13 @@ fn tokens(
     // Each token id takes at least one byte.
     let mut out = Vec::with_capacity(n.min(r.remaining()));
     for j in 0..n {
-        out.push(token(r, at.at(j))?);
+        // Token ids are small unsigned ints but for EAGLE's pairs: those
+        // read without the general path's error locations.
+        let t = match r.small_uint() {
+            Some(t) => t,
+            None => token(r, at.at(j))?,
+        };
+        out.push(t);
     }
     Ok(out)
 }
@@ -537,6 +574,34 @@ mod tests {
         let batch = decode(&[unknown_map, cleared, unknown_array]).unwrap();
         assert_eq!(batch.events, [Event::Cleared]);
         assert_eq!(batch.unknown_events, 2);
+    }
+
+    #[test]
+    fn long_arrays_read_in_the_first_pass_keep_the_last_key_and_its_error() {
+        let payload = |first: &[u8], last: &[u8]| {
+            W::default()
+                .map(5)
+                .s("token_ids")
+                .raw(first)
+                .s("type")
+                .s("BlockStored")
+                .s("block_hashes")
+                .arr(1)
+                .u(7)
+                .s("block_size")
+                .u(2)
+                .s("token_ids")
+                .raw(last)
+                .done()
+        };
+        let ok = decode(&[payload(&[0xa1, b'x'], &[0x92, 1, 0xcd, 1, 0])]).unwrap();
+        assert_eq!(ok.events, [stored(vec![7], None, vec![1, 256])]);
+        assert_eq!(
+            decode(&[payload(&[0x92, 1, 2], &[0xa1, b'x'])])
+                .unwrap_err()
+                .to_string(),
+            "event 0: token_ids: expected an array, found a string"
+        );
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub struct Outcome {
     pub first_refusal: Option<String>,
 }
 
-/// Applies `batch` to `sub`'s pod, holding its engine lock for the batch.
+/// Applies `batch` to `sub`'s pod as one [`prefix_index::EngineBatch`]
+/// (removals run tail first are released together), holding its engine
+/// lock for the batch.
 pub fn apply_batch(
     index: &Index,
     sub: &Subscription,
@@ -42,6 +44,7 @@ pub fn apply_batch(
         ..Outcome::default()
     };
     let mut engine = engine.lock();
+    let mut applying = index.batch(&mut engine, &sub.pod);
     for event in &batch.events {
         let (medium, model, op) = match event {
             Event::Stored(s) => {
@@ -74,7 +77,7 @@ pub fn apply_batch(
             out.other_medium += 1;
             continue;
         }
-        match index.apply(&mut engine, &sub.pod, model, op) {
+        match applying.apply(model, op) {
             Ok(done) => {
                 out.applied.add(&done);
                 out.events += 1;
@@ -86,6 +89,10 @@ pub fn apply_batch(
             ) => out.refuse(e.to_string()),
             Err(e) => out.refuse(e.to_string()),
         }
+    }
+    match applying.finish() {
+        Ok(done) => out.applied.add(&done),
+        Err(e) => out.refuse(e.to_string()),
     }
     out
 }
