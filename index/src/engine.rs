@@ -347,9 +347,11 @@ impl Engine {
         Ok(rev)
     }
 
-    /// Forgets the chain cache (the records are gone).
+    /// Forgets the chain cache and any run of removals not yet released
+    /// (the records are gone).
     pub(crate) fn clear_chain(&mut self) {
         self.chain = None;
+        self.run.key.clear();
     }
 
     /// The chain cache after its tip's record was dropped (`dropped` is how
@@ -401,8 +403,13 @@ impl Engine {
             }
             up = Some(h);
         }
+        if c.ours.len() > max_blocks {
+            // Too deep to place: a walk finds that and counts it.
+            c.ours.truncate(from);
+            return None;
+        }
         c.engine.extend_from_slice(hashes);
-        (c.ours.len() <= max_blocks).then_some(())
+        Some(())
     }
 }
 
@@ -490,9 +497,12 @@ impl EngineBatch<'_> {
                         block: engine.spec.engine_block,
                     });
                 }
-                // A store may hold again what the run removed.
-                done.released += index.settle(engine, pod)?;
-                index.store(engine, pod, model, parent, hashes, tokens, &mut done)?;
+                // A store may hold again what the run removed, so the run
+                // goes first; the store's records change even if it fails.
+                let settled = index.settle(engine, pod);
+                let stored = index.store(engine, pod, model, parent, hashes, tokens, &mut done);
+                done.released += settled?;
+                stored?;
             }
             EngineOp::Removed { hashes } => {
                 index.remove(engine, pod, model, hashes, &mut done)?;
@@ -553,6 +563,10 @@ impl Index {
     /// block) pairs released.
     fn settle(&self, engine: &mut Engine, pod: &str) -> Result<u64, EngineError> {
         let run = &mut engine.run;
+        // A closed engine's pod is gone: naming it would register it again.
+        if engine.closed {
+            run.key.clear();
+        }
         if run.key.is_empty() {
             return Ok(0);
         }
@@ -1209,6 +1223,59 @@ mod tests {
         store(&index, &e, Some(2), &[1], &tokens(1, 1));
         let a = store(&index, &e, Some(1), &[2], &tokens(1, 1));
         assert_eq!(a.too_deep, 1);
+    }
+
+    #[test]
+    fn a_store_that_extends_the_last_chain_past_the_key_limit_is_too_deep() {
+        let index = Index::new(IndexConfig {
+            max_key_blocks: 3,
+            ..IndexConfig::default()
+        });
+        let e = index.engine("pod", spec(4)).unwrap();
+        store(&index, &e, None, &[1, 2], &tokens(1, 2));
+        // Extends the chain just walked, to 4 blocks: not placed, not cut.
+        let a = store(&index, &e, Some(2), &[3, 4], &tokens(1, 4)[8..]);
+        assert_eq!((a.stored, a.too_deep), (2, 1));
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    }
+
+    #[test]
+    fn a_run_that_could_not_be_released_dies_with_its_engine() {
+        let index = Index::new(IndexConfig {
+            max_pods: 1,
+            ttl: Duration::from_secs(60),
+            ..IndexConfig::default()
+        });
+        let e = index.engine("pod", spec(4)).unwrap();
+        store(&index, &e, None, &[1, 2], &tokens(1, 2));
+        // Removed from outside: its id is free only after a sweep, so the
+        // pod cannot be named again until then.
+        assert!(index.remove_pod("pod"));
+        {
+            let mut engine = e.lock();
+            let mut batch = index.batch(&mut engine, "pod");
+            batch
+                .apply("m", EngineOp::Removed { hashes: &[2] })
+                .unwrap();
+            // The run goes first and fails; the store is still recorded.
+            let op = EngineOp::Stored {
+                parent: Some(1),
+                hashes: &[3],
+                tokens: &tokens(2, 2)[4..],
+            };
+            assert!(batch.apply("m", op).is_err());
+            assert!(batch.finish().is_err());
+        }
+        assert_eq!(e.lock().blocks(), 2);
+        assert!(index.drop_engine_pod("pod"));
+        index.sweep(T0, usize::MAX);
+        // A subscription still running ends one more batch: the run it
+        // left names no pod again.
+        let mut engine = e.lock();
+        let late = index.batch(&mut engine, "pod").finish().unwrap();
+        drop(engine);
+        assert_eq!(late, Applied::default());
+        assert_eq!(index.stats().pods, 0);
     }
 
     #[test]

@@ -120,11 +120,12 @@ impl Tree {
                 .filter(|c| Some(c.edge.first().copied().unwrap_or(0)) != next)
                 .any(|c| c.pods.find(pod).is_some())
         };
-        // The nodes the pod left, with their parents, top-down.
+        // The nodes the pod left, with their parents, top-down (kept over
+        // restarts: the pod is gone from them, and a walk again would not
+        // find it there).
         let mut left: SmallVec<[(NodeRef<'_>, NodeRef<'_>); 8]> = SmallVec::new();
         let mut gap;
         'restart: loop {
-            left.clear();
             gap = false;
             let mut node = self.root(pin);
             let mut depth = 0;
@@ -181,10 +182,11 @@ impl Tree {
             break;
         }
         // Deepest first, so that each node's only child is gone when it is
-        // tried; the first that stays (it holds a pod or a child) ends it.
+        // tried. `unlink` checks again under the locks, and refuses a node
+        // another writer replaced or unlinked meanwhile.
         for &(parent, c) in left.iter().rev() {
-            if !(c.pods.is_empty() && c.children().len() == 0 && unlink(sh, parent, c, pin)) {
-                break;
+            if c.pods.is_empty() && c.children().len() == 0 {
+                unlink(sh, parent, c, pin);
             }
         }
         (released, gap)

@@ -357,7 +357,11 @@ impl Records {
 
     fn drop_child(&mut self, at: u32) {
         let s = &mut self.slots[at as usize];
-        if s.links & CHILDREN > 0 {
+        // A count that reached its ceiling stays there: it no longer knows
+        // how many children there are, so the record is never dropped
+        // (which would leave children naming a freed position).
+        let n = s.links & CHILDREN;
+        if n > 0 && n < CHILDREN {
             s.links -= 1;
         }
     }

@@ -24,7 +24,8 @@ pub struct Outcome {
     pub other_medium: u64,
     /// Events of a type this server does not know (skipped by the decoder).
     pub unknown_events: u64,
-    /// Events refused, with the first reason.
+    /// Events refused, with the first reason (and batches whose held
+    /// removals could not be taken off the tree).
     pub refused: u64,
     /// Why the first refused event was refused.
     pub first_refusal: Option<String>,
