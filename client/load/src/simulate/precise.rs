@@ -1,6 +1,7 @@
 //! Precise mode in the simulation: every pod's cache reports its changes to
-//! the index as an inference engine does, and the index applies them as the
-//! server's engine subscriptions do ([`Index::apply`]).
+//! the index as an inference engine does, and the index applies them one
+//! event at a time ([`Index::apply`]); the server's engine subscriptions
+//! apply a batch at a time, which ends in the same state.
 //!
 //! **Tokens.** The trace names blocks by id (Mooncake: ids unique per
 //! prefix). Each id here is one engine block of [`BLOCK_TOKENS`] tokens, a
