@@ -602,8 +602,8 @@ impl Index {
         let mut newly_held = false;
         let mut up = parent;
         // New records and their bytes, counted once for the event: the
-        // shared counters are atomics, and one update per record was a
-        // tenth of applying.
+        // shared counters are atomics, read-modify-writes that each wait
+        // for the stores before them.
         let (mut added, mut added_bytes) = (0u64, 0usize);
         let recorded: Result<(), EngineError> = 'records: {
             for (&h, toks) in hashes.iter().zip(tokens.chunks_exact(per)) {
