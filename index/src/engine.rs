@@ -562,15 +562,20 @@ impl Index {
     /// Takes `engine`'s held removals off the tree; returns the (pod,
     /// block) pairs released.
     fn settle(&self, engine: &mut Engine, pod: &str) -> Result<u64, EngineError> {
-        let run = &mut engine.run;
         // A closed engine's pod is gone: naming it would register it again.
         if engine.closed {
-            run.key.clear();
+            engine.run.key.clear();
         }
+        self.release_run(&mut engine.run, pod, engine.ratio)
+    }
+
+    /// Takes `run` off the tree (if any) and empties it; returns the (pod,
+    /// block) pairs released.
+    fn release_run(&self, run: &mut Run, pod: &str, ratio: Ratio) -> Result<u64, EngineError> {
         if run.key.is_empty() {
             return Ok(0);
         }
-        let id = self.precise_id(pod, engine.ratio.align())?;
+        let id = self.precise_id(pod, ratio.align())?;
         let released = self.release_at(&run.model, &run.key, run.from, id);
         run.key.clear();
         Ok(released)
@@ -760,14 +765,10 @@ impl Index {
                     run.from = path.len() - 1;
                 }
                 (Ratio::Whole(_), Ok(path)) => {
-                    if !run.key.is_empty() {
-                        let id = self.precise_id(pod, ratio.align())?;
-                        done.released += self.release_at(&run.model, &run.key, run.from, id);
-                    }
+                    done.released += self.release_run(run, pod, ratio)?;
                     if *run.model != *model {
                         run.model = model.into();
                     }
-                    run.key.clear();
                     run.key.extend_from_slice(path);
                     run.from = path.len().saturating_sub(1);
                 }

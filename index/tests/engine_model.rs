@@ -140,6 +140,50 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// What an engine stores of prompt `p` up to its engine block `end`: from
+/// `start`, clamped to the first block the pod lacks (engines compute only
+/// past what they hold, and may store held blocks again).
+struct Store {
+    hashes: Vec<u64>,
+    tokens: Vec<u32>,
+    range: std::ops::Range<usize>,
+    eb: usize,
+}
+
+impl Store {
+    /// `None` when the pod holds every block up to `end`.
+    fn new(pod: &Pod, eb: u32, p: u32, start: usize, end: u32) -> Option<Store> {
+        let end = end.min(LEN * OURS / eb) as usize;
+        let hashes = engine_hashes(p, eb);
+        let lacks = (0..end)
+            .find(|&j| pod.copies.get(&hashes[j]).is_none_or(|&c| c == 0))
+            .unwrap_or(end);
+        let start = start.min(lacks);
+        (start < end).then(|| Store {
+            hashes,
+            tokens: tokens(p),
+            range: start..end,
+            eb: eb as usize,
+        })
+    }
+
+    fn op(&self) -> EngineOp<'_> {
+        let (start, end) = (self.range.start, self.range.end);
+        EngineOp::Stored {
+            parent: start.checked_sub(1).map(|j| self.hashes[j]),
+            hashes: &self.hashes[start..end],
+            tokens: &self.tokens[start * self.eb..end * self.eb],
+        }
+    }
+
+    /// The model after the engine applied it.
+    fn done(&self, pod: &mut Pod) {
+        for &h in &self.hashes[self.range.clone()] {
+            *pod.copies.entry(h).or_default() += 1;
+        }
+    }
+}
+
 /// One engine-fed pod as the model sees it.
 #[derive(Default)]
 struct Pod {
@@ -235,34 +279,18 @@ fn run(eb: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
         pods: [Pod::default(), Pod::default()],
         plain: HashMap::new(),
     };
-    let blocks = LEN * OURS / eb;
     let mut now = 1_700_000_000_000u64;
     for op in ops {
         match op {
             Op::Store { pod, p, start, end } => {
-                let end = end.min(blocks) as usize;
-                let hashes = engine_hashes(p, eb);
-                let m = &mut model.pods[pod];
-                let lacks = (0..end)
-                    .find(|&j| m.copies.get(&hashes[j]).is_none_or(|&c| c == 0))
-                    .unwrap_or(end);
-                let start = (start as usize).min(lacks);
-                if start == end {
+                let Some(st) = Store::new(&model.pods[pod], eb, p, start as usize, end) else {
                     continue;
-                }
-                let toks = tokens(p);
-                let op = EngineOp::Stored {
-                    parent: start.checked_sub(1).map(|j| hashes[j]),
-                    hashes: &hashes[start..end],
-                    tokens: &toks[start * eb as usize..end * eb as usize],
                 };
                 let got = index
-                    .apply(&mut engines[pod].lock(), ENGINE_PODS[pod], "m", op)
+                    .apply(&mut engines[pod].lock(), ENGINE_PODS[pod], "m", st.op())
                     .unwrap();
                 prop_assert_eq!(got.orphaned, 0);
-                for &h in &hashes[start..end] {
-                    *m.copies.entry(h).or_default() += 1;
-                }
+                st.done(&mut model.pods[pod]);
             }
             Op::Remove { pod, pick } => {
                 let mut held: Vec<u64> = model.pods[pod]
@@ -320,23 +348,9 @@ fn run(eb: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     }
                 }
                 if let Some((q, end)) = store {
-                    let end = end.min(blocks) as usize;
-                    let hashes = engine_hashes(q, eb);
-                    let m = &mut model.pods[pod];
-                    let start = (0..end)
-                        .find(|&j| m.copies.get(&hashes[j]).is_none_or(|&c| c == 0))
-                        .unwrap_or(end);
-                    if start < end {
-                        let toks = tokens(q);
-                        let op = EngineOp::Stored {
-                            parent: start.checked_sub(1).map(|j| hashes[j]),
-                            hashes: &hashes[start..end],
-                            tokens: &toks[start * eb as usize..end * eb as usize],
-                        };
-                        prop_assert_eq!(batch.apply("m", op).unwrap().orphaned, 0);
-                        for &h in &hashes[start..end] {
-                            *m.copies.entry(h).or_default() += 1;
-                        }
+                    if let Some(st) = Store::new(&model.pods[pod], eb, q, 0, end) {
+                        prop_assert_eq!(batch.apply("m", st.op()).unwrap().orphaned, 0);
+                        st.done(&mut model.pods[pod]);
                     }
                 }
                 batch.finish().unwrap();

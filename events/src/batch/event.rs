@@ -59,18 +59,15 @@ fn decode_event(
 /// first, but nothing requires that), and which fields matter depends on it.
 ///
 /// The two long arrays, `token_ids` and `block_hashes`, are read in that
-/// same pass when they decode (their values, not where they start), so the
-/// pass does not step over every token once only to read it again; one
-/// that does not decode is stepped over, and its error reported only if
-/// the event's type needs it.
+/// same pass (their values, or why they do not decode, not where they
+/// start), so the pass does not step over every token once only to read it
+/// again; an error is reported only if the event's type needs the field.
 #[derive(Default)]
 struct Fields<'a> {
     kind: Option<Reader<'a>>,
-    read_hashes: Option<Vec<u64>>,
-    read_tokens: Option<Vec<u32>>,
-    hashes: Option<Reader<'a>>,
+    hashes: Option<Result<Vec<u64>, DecodeError>>,
     parent: Option<Reader<'a>>,
-    tokens: Option<Reader<'a>>,
+    tokens: Option<Result<Vec<u32>, DecodeError>>,
     block_size: Option<Reader<'a>>,
     lora_name: Option<Reader<'a>>,
     medium: Option<Reader<'a>>,
@@ -99,31 +96,23 @@ fn map_event<'a>(
     let mut f = Fields::<'a>::default();
     for _ in 0..n {
         let key = r.str().map_err(|e| Location::event(i, "map key").err(e))?;
-        // A repeated key: the last one counts, read or not.
+        // A repeated key: the last one counts.
         match key {
             "block_hashes" => {
-                let mut ahead = *r;
-                f.read_hashes = hashes(&mut ahead, Location::event(i, "block_hashes"), limits).ok();
-                if f.read_hashes.is_some() {
-                    (*r, f.hashes) = (ahead, None);
-                    continue;
-                }
+                let at = Location::event(i, "block_hashes");
+                f.hashes = Some(read_now(r, at, |r| hashes(r, at, limits))?);
+                continue;
             }
             "token_ids" => {
-                let mut ahead = *r;
-                f.read_tokens = tokens(&mut ahead, Location::event(i, "token_ids"), limits).ok();
-                if f.read_tokens.is_some() {
-                    (*r, f.tokens) = (ahead, None);
-                    continue;
-                }
+                let at = Location::event(i, "token_ids");
+                f.tokens = Some(read_now(r, at, |r| tokens(r, at, limits))?);
+                continue;
             }
             _ => {}
         }
         let (slot, field) = match key {
             "type" => (Some(&mut f.kind), "type"),
-            "block_hashes" => (Some(&mut f.hashes), "block_hashes"),
             "parent_block_hash" => (Some(&mut f.parent), "parent_block_hash"),
-            "token_ids" => (Some(&mut f.tokens), "token_ids"),
             "block_size" => (Some(&mut f.block_size), "block_size"),
             "lora_name" => (Some(&mut f.lora_name), "lora_name"),
             "medium" => (Some(&mut f.medium), "medium"),
@@ -154,26 +143,17 @@ fn map_event<'a>(
         Some(mut r) => opt_str(&mut r, Location::event(i, field)),
         None => Ok(None),
     };
-    let block_hashes =
-        |mut r: Reader<'a>| hashes(&mut r, Location::event(i, "block_hashes"), limits);
+    let missing = |field| DecodeError::Missing {
+        at: Location::event(i, field),
+    };
     Ok(Some(match kind {
         "BlockStored" => Event::Stored(Stored {
-            hashes: match f.read_hashes {
-                Some(read) => read,
-                None => block_hashes(required(f.hashes, "block_hashes")?)?,
-            },
+            hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
             parent: match f.parent {
                 Some(mut r) => opt_hash(&mut r, Location::event(i, "parent_block_hash"))?,
                 None => None,
             },
-            tokens: match f.read_tokens {
-                Some(read) => read,
-                None => tokens(
-                    &mut required(f.tokens, "token_ids")?,
-                    Location::event(i, "token_ids"),
-                    limits,
-                )?,
-            },
+            tokens: f.tokens.ok_or_else(|| missing("token_ids"))??,
             block_size: uint32(
                 &mut required(f.block_size, "block_size")?,
                 Location::event(i, "block_size"),
@@ -182,15 +162,30 @@ fn map_event<'a>(
             medium: optional_str(f.medium, "medium")?,
         }),
         "BlockRemoved" => Event::Removed(Removed {
-            hashes: match f.read_hashes {
-                Some(read) => read,
-                None => block_hashes(required(f.hashes, "block_hashes")?)?,
-            },
+            hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
             medium: optional_str(f.medium, "medium")?,
         }),
         "AllBlocksCleared" => Event::Cleared,
         _ => return Ok(None),
     }))
+}
+
+/// The value at `r` as `read` reads it, with `r` past it either way: what
+/// did not decode is stepped over, and its error kept for when the field
+/// is needed (stepping over fails only where the payload itself ends or
+/// lies, and that fails the event at once, as for any field).
+fn read_now<'a, T>(
+    r: &mut Reader<'a>,
+    at: Location,
+    read: impl FnOnce(&mut Reader<'a>) -> Result<T, DecodeError>,
+) -> Result<Result<T, DecodeError>, DecodeError> {
+    let mut ahead = *r;
+    let value = read(&mut ahead);
+    match value {
+        Ok(_) => *r = ahead,
+        Err(_) => r.skip().map_err(|e| at.err(e))?,
+    }
+    Ok(value)
 }
 
 /// Positions of an array-form `BlockStored`, for "missing" errors.

@@ -118,9 +118,9 @@ pub(crate) struct Records {
     /// Positions of the records in `slots`, hashed by their engine hash.
     table: HashTable<u32>,
     slots: Vec<Slot>,
-    /// The first vacant slot, or [`NONE`].
-    free: Free,
-    len: usize,
+    /// The first vacant slot; each names the next in its `parent`
+    /// ([`NONE`] after the last).
+    free: Option<u32>,
     /// The data of records that are not one of our blocks.
     extras: slab::Slab<Extra>,
     /// Each orphan's parent engine hash, by the orphan's position.
@@ -130,20 +130,10 @@ pub(crate) struct Records {
     hasher: ahash::RandomState,
 }
 
-/// The head of the free list (a newtype, so that `Default` gives [`NONE`]).
-#[derive(Debug)]
-struct Free(u32);
-
-impl Default for Free {
-    fn default() -> Self {
-        Free(NONE)
-    }
-}
-
 impl Records {
     /// Records held.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.table.len()
     }
 
     /// The position of the record of engine hash `hash`.
@@ -291,8 +281,8 @@ impl Records {
         copies: u32,
         data: Data,
     ) -> Option<u32> {
-        let at = match self.free.0 {
-            NONE => {
+        let at = match self.free {
+            None => {
                 let at = u32::try_from(self.slots.len())
                     .ok()
                     .filter(|&at| at < NONE)?;
@@ -305,8 +295,9 @@ impl Records {
                 });
                 at
             }
-            at => {
-                self.free.0 = self.slot(at).parent;
+            Some(at) => {
+                let next = self.slot(at).parent;
+                self.free = (next != NONE).then_some(next);
                 at
             }
         };
@@ -339,7 +330,6 @@ impl Records {
         self.table.insert_unique(hasher.hash_one(hash), at, |&i| {
             hasher.hash_one(slots[i as usize].hash)
         });
-        self.len += 1;
         for child in self.waiting.remove(&hash).unwrap_or_default() {
             self.orphans.remove(&child);
             self.slots[child as usize].parent = at;
@@ -419,12 +409,11 @@ impl Records {
         self.slots[at as usize] = Slot {
             hash: 0,
             ours: 0,
-            parent: self.free.0,
+            parent: self.free.unwrap_or(NONE),
             copies: 0,
             links: VACANT,
         };
-        self.free.0 = at;
-        self.len -= 1;
+        self.free = Some(at);
     }
 }
 
