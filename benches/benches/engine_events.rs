@@ -8,7 +8,8 @@
 //!
 //! - `ingest/…`: every event into a fresh index. Ours through
 //!   `EngineBatch::apply`, a batch per request, or from vLLM's msgpack batches through
-//!   `prefix_events::decode_batch` and the server's `apply_batch`; Dynamo's
+//!   `prefix_events::decode_batch` and the server's `apply_batch` (and
+//!   through `decode_batch` alone, for its share); Dynamo's
 //!   `RadixTree::apply_event`, or from the same batches through its own
 //!   decoder and normalizer (`zmq_wire`); its `ConcurrentRadixTreeCompressed`
 //!   through `ThreadPoolIndexer` (its only public way in: one producer
@@ -408,6 +409,18 @@ fn ingest(c: &mut Criterion, w: &Workload, rt: &tokio::runtime::Runtime) {
             },
         );
     }
+    // Decoding alone, to tell its share of decode+apply.
+    g.bench_function(BenchmarkId::new("ours/decode", "threads=1"), |b| {
+        let limits = DecodeLimits::default();
+        b.iter(|| {
+            let mut events = 0;
+            for (_, bytes) in &w.payloads {
+                let batch = decode_batch(bytes, &limits).expect("the batches are well formed");
+                events += batch.events.len();
+            }
+            black_box(events)
+        })
+    });
     g.bench_function(BenchmarkId::new("ours/decode+apply", "threads=1"), |b| {
         b.iter_custom(|iters| {
             runs(iters, || {

@@ -49,6 +49,9 @@ mod event;
 #[cfg(test)]
 mod testing;
 
+use compact_str::CompactString;
+use smallvec::SmallVec;
+
 use crate::msgpack::{Reader, Shape};
 pub use error::{DecodeError, Location};
 
@@ -98,20 +101,23 @@ pub struct Stored {
     pub block_size: u32,
     /// The LoRA adapter the blocks were computed with; `None` for the base
     /// model (nil or absent).
-    pub lora_name: Option<String>,
+    pub lora_name: Option<CompactString>,
     /// The storage tier: vLLM `"GPU"`, `"CPU"`, `"STORAGE"`; SGLang `"GPU"`,
     /// `"CPU_PINNED"`, `"DISK"`, `"EXTERNAL"`. `None` when nil or absent
-    /// (older engines: the GPU).
-    pub medium: Option<String>,
+    /// (older engines: the GPU). A name of up to 24 bytes is held inline
+    /// (a payload carries one for every event).
+    pub medium: Option<CompactString>,
 }
 
 /// `BlockRemoved`: blocks were evicted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Removed {
-    /// The evicted blocks' hashes (vLLM's GPU pool: one per event).
-    pub hashes: Vec<u64>,
+    /// The evicted blocks' hashes. vLLM's GPU pool sends one per event, and
+    /// a third of a busy engine's block operations are such events: one
+    /// hash is held inline.
+    pub hashes: SmallVec<[u64; 1]>,
     /// The storage tier they left, as in [`Stored::medium`].
-    pub medium: Option<String>,
+    pub medium: Option<CompactString>,
 }
 
 /// Caps on what one payload may declare, so a hostile or broken publisher
@@ -353,7 +359,7 @@ mod tests {
         assert_eq!(
             batch.events,
             [Event::Removed(Removed {
-                hashes: vec![0x7034_fe9f_f95a_9d6e],
+                hashes: [0x7034_fe9f_f95a_9d6e].into(),
                 medium: Some("GPU".into()),
             })]
         );

@@ -114,7 +114,7 @@ mod tests {
                     medium: Some("GPU".into()),
                 }),
                 Event::Removed(Removed {
-                    hashes: vec![7],
+                    hashes: [7].into(),
                     medium: None,
                 }),
                 Event::Cleared,

@@ -152,6 +152,13 @@ impl<'a> Reader<'a> {
 
     /// A string, borrowed from the payload.
     pub(crate) fn str(&mut self) -> Result<&'a str> {
+        utf8(self.str_bytes()?)
+    }
+
+    /// A string's bytes, not checked to be UTF-8: for comparing with known
+    /// ASCII names (map keys, type tags), which match only UTF-8 bytes
+    /// anyway, so only a string that matches none needs [`utf8`].
+    pub(crate) fn str_bytes(&mut self) -> Result<&'a [u8]> {
         let n = match self.marker()? {
             Marker::FixStr(n) => usize::from(n),
             Marker::Str8 => self.len(1)?,
@@ -159,7 +166,7 @@ impl<'a> Reader<'a> {
             Marker::Str32 => self.len(4)?,
             m => return Self::mismatch("a string", m),
         };
-        std::str::from_utf8(self.take(n)?).map_err(|_| ReadError::Utf8)
+        self.take(n)
     }
 
     /// Reads the int whose marker `m` was just consumed; `None` when `m`
@@ -189,15 +196,62 @@ impl<'a> Reader<'a> {
     #[inline]
     pub(crate) fn small_uint(&mut self) -> Option<u32> {
         let rest = self.buf.get(self.pos..)?;
-        let (value, len) = match *rest {
-            [b @ 0x00..=0x7f, ..] => (u32::from(b), 1),
-            [0xcc, b, ..] => (u32::from(b), 2),
-            [0xcd, b0, b1, ..] => (u32::from(u16::from_be_bytes([b0, b1])), 3),
-            [0xce, b0, b1, b2, b3, ..] => (u32::from_be_bytes([b0, b1, b2, b3]), 5),
-            _ => return None,
+        let len = usize::from(SMALL_UINT_LEN[usize::from(*rest.first()?)]);
+        let (&marker, value) = rest.get(..len)?.split_first()?;
+        let value = match value {
+            // A positive fixint is its own value.
+            [] => u32::from(marker),
+            // At most four bytes (the table's widest).
+            bytes => bytes.iter().fold(0, |acc, &b| acc << 8 | u32::from(b)),
         };
         self.pos += len;
         Some(value)
+    }
+
+    /// Reads up to `n` values into `out` while each is an unsigned int of
+    /// at most 32 bits, as [`Reader::small_uint`] does; stops before any
+    /// other value and returns how many it read.
+    ///
+    /// Token ids are most of a `BlockStored`'s bytes, and their widths vary
+    /// from one to the next (in Llama 3's vocabulary of 128,256 ids, half
+    /// take three bytes and half five; ids below 256, one or two), so a
+    /// branch on each one's width goes the wrong way about as often as not. This loop has no such branch: it loads
+    /// eight bytes, looks the width up by the first, and shifts the value
+    /// out (`small_uint_in_word`). The last values, within eight bytes of
+    /// the payload's end, go through `small_uint`.
+    pub(crate) fn small_uints(&mut self, n: usize, out: &mut Vec<u32>) -> usize {
+        // Locals the loop keeps in registers: the position, and a chunk
+        // of values appended at once (a push per value would store the
+        // vector's length, and the position, at every step).
+        let mut pos = self.pos;
+        let mut chunk = [0u32; 16];
+        let mut read = 0;
+        while read < n {
+            let want = (n - read).min(chunk.len());
+            let mut got = 0;
+            while got < want {
+                let Some((value, len)) = small_uint_in_word(self.buf, pos) else {
+                    break;
+                };
+                chunk[got] = value;
+                pos += len;
+                got += 1;
+            }
+            out.extend_from_slice(&chunk[..got]);
+            read += got;
+            if got < want {
+                break;
+            }
+        }
+        self.pos = pos;
+        while read < n {
+            let Some(value) = self.small_uint() else {
+                break;
+            };
+            out.push(value);
+            read += 1;
+        }
+        read
     }
 
     /// An int of any width and sign.
@@ -287,6 +341,54 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+}
+
+/// Bytes an unsigned int of at most 32 bits takes, marker included, by its
+/// marker byte; 0 for any other marker. [`Reader::small_uint`] and
+/// [`small_uint_in_word`] read by it.
+const SMALL_UINT_LEN: [u8; 256] = {
+    let mut len = [0; 256];
+    let mut b = 0;
+    while b < 0x80 {
+        len[b] = 1;
+        b += 1;
+    }
+    len[0xcc] = 2;
+    len[0xcd] = 3;
+    len[0xce] = 5;
+    len
+};
+
+/// The unsigned int of at most 32 bits at `pos` and the bytes it takes, read
+/// from the eight bytes there; `None` when fewer than eight bytes are left
+/// or the value is another.
+///
+/// The width is looked up, not branched on. The one branch on the width
+/// left tells a positive fixint (its value is its marker byte) from the
+/// others, and token ids are rarely fixints (ids below 128 are a
+/// vocabulary's single bytes), so it goes the same way nearly always. A
+/// form without it (a second table, of the value's bytes) is slower: it
+/// lengthens the chain of dependent instructions from one value's marker
+/// to the next one's, which bounds this loop, by more than a branch
+/// predicted right costs.
+#[inline(always)]
+fn small_uint_in_word(buf: &[u8], pos: usize) -> Option<(u32, usize)> {
+    let word = u64::from_be_bytes(*buf.get(pos..)?.first_chunk::<8>()?);
+    let len = u32::from(SMALL_UINT_LEN[(word >> 56) as usize]);
+    if len == 0 {
+        return None;
+    }
+    // The value's bytes end `len` bytes into the word: after the marker,
+    // or the marker itself for a positive fixint (the top bit clear).
+    let bits = if len == 1 { 8 } else { 8 * (len - 1) };
+    let value = (word >> (64 - 8 * len)) & ((1u64 << bits) - 1);
+    // At most 32 bits: the table lists no wider value.
+    Some((value as u32, len as usize))
+}
+
+/// `bytes` as a string, if they are UTF-8.
+pub(crate) fn utf8(bytes: &[u8]) -> Result<&str> {
+    std::str::from_utf8(bytes).map_err(|_| ReadError::Utf8)
 }
 
 /// How an error names a value's type ("expected an array, found a string").
@@ -405,37 +507,89 @@ mod tests {
         assert_eq!(one(&[0x07], |r| r.float()), Ok(7.0));
     }
 
+    /// Unsigned ints of every width the token readers take, at each edge.
+    const SMALL_UINTS: [u64; 10] = [
+        0,
+        1,
+        127,
+        128,
+        255,
+        256,
+        65_535,
+        65_536,
+        150_000,
+        u32::MAX as u64,
+    ];
+
+    /// Values the token readers leave for the general path: wider, signed,
+    /// nil, an array (an EAGLE pair), cut short, or nothing.
+    const NOT_SMALL_UINTS: [&[u8]; 8] = [
+        &[0xcf, 0, 0, 0, 1, 0, 0, 0, 0],
+        &[0xd0, 0x85],
+        &[0xff],
+        &[0xc0],
+        &[0x92, 1, 2],
+        &[0xcd, 1],
+        &[0xce, 0, 0, 1],
+        &[],
+    ];
+
     #[test]
     fn small_uints_read_as_ints_do_and_nothing_else_is_taken() {
-        for v in [
-            0u64,
-            1,
-            127,
-            128,
-            255,
-            256,
-            65_535,
-            65_536,
-            u64::from(u32::MAX),
-        ] {
+        for v in SMALL_UINTS {
             let mut buf = Vec::new();
             rmp::encode::write_uint(&mut buf, v).unwrap();
             let mut r = Reader::new(&buf);
             assert_eq!(r.small_uint().map(u64::from), Some(v));
             assert_eq!(r.remaining(), 0);
         }
-        // Wider, signed, or cut short: left for the general path.
-        for buf in [
-            vec![0xcf, 0, 0, 0, 1, 0, 0, 0, 0],
-            vec![0xd0, 0x85],
-            vec![0xff],
-            vec![0xcd, 1],
-            vec![0xce, 0, 0, 1],
-            vec![],
-        ] {
-            let mut r = Reader::new(&buf);
+        for buf in NOT_SMALL_UINTS {
+            let mut r = Reader::new(buf);
             assert_eq!(r.small_uint(), None);
             assert_eq!(r.remaining(), buf.len());
+        }
+    }
+
+    /// Every width, each value at every distance from the payload's end
+    /// (the eight-byte loads and the careful tail), and every kind of value
+    /// that stops the run.
+    #[test]
+    fn small_uints_read_runs_as_small_uint_does_and_stop_before_anything_else() {
+        let values = SMALL_UINTS;
+        for len in 0..=values.len() * 2 {
+            // A run of `len` values cycling through the widths, from each
+            // starting width.
+            for start in 0..values.len() {
+                let run: Vec<u64> = (0..len)
+                    .map(|i| values[(start + i) % values.len()])
+                    .collect();
+                for stop in NOT_SMALL_UINTS {
+                    let mut buf = Vec::new();
+                    for &v in &run {
+                        rmp::encode::write_uint(&mut buf, v).unwrap();
+                    }
+                    let end_of_run = buf.len();
+                    buf.extend_from_slice(stop);
+                    // Asked for all of them, for fewer, and for more.
+                    for n in [len, len / 2, len + 3] {
+                        let mut r = Reader::new(&buf);
+                        let mut out = Vec::new();
+                        let read = r.small_uints(n, &mut out);
+                        let want = n.min(len);
+                        assert_eq!(read, want, "run {run:?}, stop {stop:?}, n {n}");
+                        let got: Vec<u64> = out.iter().map(|&v| u64::from(v)).collect();
+                        assert_eq!(got, run[..want]);
+                        let mut expect = Reader::new(&buf);
+                        for _ in 0..want {
+                            expect.small_uint().unwrap();
+                        }
+                        assert_eq!(r.remaining(), expect.remaining());
+                        if want == len {
+                            assert_eq!(r.remaining(), buf.len() - end_of_run);
+                        }
+                    }
+                }
+            }
         }
     }
 

@@ -11,6 +11,7 @@
 use std::alloc::System;
 use std::path::Path;
 
+use compact_str::CompactString;
 use counting_alloc::Counting;
 use prefix_events::{
     decode_batch, parse_live, parse_replay, parse_topic, Batch, DecodeError, DecodeLimits, Event,
@@ -166,8 +167,9 @@ fn layout() -> impl Strategy<Value = Layout> {
         })
 }
 
-fn label() -> impl Strategy<Value = Option<String>> {
-    prop::option::of("[A-Za-z0-9_/.-]{1,12}")
+/// A LoRA adapter's or a tier's name, inline (up to 24 bytes) or not.
+fn label() -> impl Strategy<Value = Option<CompactString>> {
+    prop::option::of("[A-Za-z0-9_/.-]{1,40}".prop_map(CompactString::from))
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -191,7 +193,10 @@ fn event() -> impl Strategy<Value = Event> {
                     medium,
                 })
             }),
-        (hashes, label()).prop_map(|(hashes, medium)| Event::Removed(Removed { hashes, medium })),
+        (hashes, label()).prop_map(|(hashes, medium)| Event::Removed(Removed {
+            hashes: hashes.into(),
+            medium
+        })),
         Just(Event::Cleared),
     ]
 }
@@ -223,7 +228,7 @@ fn write_hash(out: &mut Vec<u8>, h: u64, form: HashForm) {
     }
 }
 
-fn write_opt_str(out: &mut Vec<u8>, s: &Option<String>) {
+fn write_opt_str(out: &mut Vec<u8>, s: &Option<CompactString>) {
     match s {
         Some(s) => drop(enc::write_str(out, s)),
         None => drop(enc::write_nil(out)),

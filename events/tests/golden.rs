@@ -52,10 +52,13 @@ impl From<ExpectedEvent> for Event {
                 parent,
                 tokens,
                 block_size,
-                lora_name,
-                medium,
+                lora_name: lora_name.map(Into::into),
+                medium: medium.map(Into::into),
             }),
-            ExpectedEvent::Removed { hashes, medium } => Event::Removed(Removed { hashes, medium }),
+            ExpectedEvent::Removed { hashes, medium } => Event::Removed(Removed {
+                hashes: hashes.into(),
+                medium: medium.map(Into::into),
+            }),
             ExpectedEvent::Cleared => Event::Cleared,
         }
     }
@@ -119,7 +122,7 @@ fn the_vectors_cover_every_case() {
     let hashes = || {
         events().flat_map(|e| match e {
             Event::Stored(s) => s.hashes.clone(),
-            Event::Removed(r) => r.hashes.clone(),
+            Event::Removed(r) => r.hashes.to_vec(),
             Event::Cleared => Vec::new(),
         })
     };

@@ -217,7 +217,7 @@ impl Engine {
         let c = self.cached.get_mut(&h).expect("cached");
         *c -= 1;
         let event = Event::Removed(Removed {
-            hashes: vec![h],
+            hashes: [h].into(),
             medium: Some("GPU".into()),
         });
         self.publish(payload(event), lost);

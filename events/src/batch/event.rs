@@ -1,8 +1,11 @@
 //! The `events` array: each event as a tagged map or a tagged array, and the
 //! fields they share (hashes, token ids, optional strings).
 
+use compact_str::CompactString;
+use smallvec::SmallVec;
+
 use super::{DecodeError, DecodeLimits, Event, Location, Removed, Stored};
-use crate::msgpack::{IntOrBin, Reader, Shape};
+use crate::msgpack::{utf8, IntOrBin, Reader, Shape};
 
 /// The shortest event that decodes into an entry, `["BlockRemoved", []]`, is
 /// 15 bytes. Reserving one entry per 15 bytes left holds every event a
@@ -65,7 +68,7 @@ fn decode_event(
 #[derive(Default)]
 struct Fields<'a> {
     kind: Option<Reader<'a>>,
-    hashes: Option<Result<Vec<u64>, DecodeError>>,
+    hashes: Option<Result<SmallVec<[u64; 1]>, DecodeError>>,
     parent: Option<Reader<'a>>,
     tokens: Option<Result<Vec<u32>, DecodeError>>,
     block_size: Option<Reader<'a>>,
@@ -73,8 +76,14 @@ struct Fields<'a> {
     medium: Option<Reader<'a>>,
 }
 
-/// Field names the engines send, so an error in a skipped field names it.
-const OTHER_FIELDS: &[&str] = &[
+/// Field names the engines send (but the two read in the first pass), so
+/// an error stepping over a field's value names the field.
+const FIELDS: &[&str] = &[
+    "type",
+    "parent_block_hash",
+    "block_size",
+    "lora_name",
+    "medium",
     "lora_id",
     "extra_keys",
     "group_idx",
@@ -87,6 +96,16 @@ const OTHER_FIELDS: &[&str] = &[
     "cache_salt",
 ];
 
+/// How an error names the field of map key `key`: looked up only when
+/// there is an error to report.
+fn field_name(key: &[u8]) -> &'static str {
+    FIELDS
+        .iter()
+        .find(|known| known.as_bytes() == key)
+        .copied()
+        .unwrap_or("(unknown field)")
+}
+
 fn map_event<'a>(
     r: &mut Reader<'a>,
     i: usize,
@@ -95,38 +114,37 @@ fn map_event<'a>(
     let n = r.map_len().map_err(|e| Location::event(i, "").err(e))?;
     let mut f = Fields::<'a>::default();
     for _ in 0..n {
-        let key = r.str().map_err(|e| Location::event(i, "map key").err(e))?;
+        let key_at = || Location::event(i, "map key");
+        // Known keys are compared as bytes: only UTF-8 matches them.
+        let key = r.str_bytes().map_err(|e| key_at().err(e))?;
         // A repeated key: the last one counts.
         match key {
-            "block_hashes" => {
+            b"block_hashes" => {
                 let at = Location::event(i, "block_hashes");
                 f.hashes = Some(read_now(r, at, |r| hashes(r, at, limits))?);
                 continue;
             }
-            "token_ids" => {
+            b"token_ids" => {
                 let at = Location::event(i, "token_ids");
                 f.tokens = Some(read_now(r, at, |r| tokens(r, at, limits))?);
                 continue;
             }
             _ => {}
         }
-        let (slot, field) = match key {
-            "type" => (Some(&mut f.kind), "type"),
-            "parent_block_hash" => (Some(&mut f.parent), "parent_block_hash"),
-            "block_size" => (Some(&mut f.block_size), "block_size"),
-            "lora_name" => (Some(&mut f.lora_name), "lora_name"),
-            "medium" => (Some(&mut f.medium), "medium"),
-            other => (
-                None,
-                OTHER_FIELDS
-                    .iter()
-                    .find(|&&known| known == other)
-                    .copied()
-                    .unwrap_or("(unknown field)"),
-            ),
+        let slot = match key {
+            b"type" => Some(&mut f.kind),
+            b"parent_block_hash" => Some(&mut f.parent),
+            b"block_size" => Some(&mut f.block_size),
+            b"lora_name" => Some(&mut f.lora_name),
+            b"medium" => Some(&mut f.medium),
+            other => {
+                utf8(other).map_err(|e| key_at().err(e))?;
+                None
+            }
         };
         let value = *r;
-        r.skip().map_err(|e| Location::event(i, field).err(e))?;
+        r.skip()
+            .map_err(|e| Location::event(i, field_name(key)).err(e))?;
         if let Some(slot) = slot {
             *slot = Some(value);
         }
@@ -136,9 +154,7 @@ fn map_event<'a>(
             at: Location::event(i, field),
         })
     };
-    let kind = required(f.kind, "type")?
-        .str()
-        .map_err(|e| Location::event(i, "type").err(e))?;
+    let kind = event_type(&mut required(f.kind, "type")?, Location::event(i, "type"))?;
     let optional_str = |slot: Option<Reader<'a>>, field| match slot {
         Some(mut r) => opt_str(&mut r, Location::event(i, field)),
         None => Ok(None),
@@ -147,8 +163,8 @@ fn map_event<'a>(
         at: Location::event(i, field),
     };
     Ok(Some(match kind {
-        "BlockStored" => Event::Stored(Stored {
-            hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
+        Kind::Stored => Event::Stored(Stored {
+            hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??.into_vec(),
             parent: match f.parent {
                 Some(mut r) => opt_hash(&mut r, Location::event(i, "parent_block_hash"))?,
                 None => None,
@@ -161,13 +177,36 @@ fn map_event<'a>(
             lora_name: optional_str(f.lora_name, "lora_name")?,
             medium: optional_str(f.medium, "medium")?,
         }),
-        "BlockRemoved" => Event::Removed(Removed {
+        Kind::Removed => Event::Removed(Removed {
             hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
             medium: optional_str(f.medium, "medium")?,
         }),
-        "AllBlocksCleared" => Event::Cleared,
-        _ => return Ok(None),
+        Kind::Cleared => Event::Cleared,
+        Kind::Unknown => return Ok(None),
     }))
+}
+
+/// An event's type tag.
+enum Kind {
+    Stored,
+    Removed,
+    Cleared,
+    /// Any other (valid UTF-8) tag: the event is counted and skipped.
+    Unknown,
+}
+
+/// Reads an event's type tag, compared as bytes (only UTF-8 matches a
+/// known one).
+fn event_type(r: &mut Reader<'_>, at: Location) -> Result<Kind, DecodeError> {
+    Ok(match r.str_bytes().map_err(|e| at.err(e))? {
+        b"BlockStored" => Kind::Stored,
+        b"BlockRemoved" => Kind::Removed,
+        b"AllBlocksCleared" => Kind::Cleared,
+        other => {
+            utf8(other).map_err(|e| at.err(e))?;
+            Kind::Unknown
+        }
+    })
 }
 
 /// The value at `r` as `read` reads it, with `r` past it either way: what
@@ -208,15 +247,15 @@ fn array_event(
     if n == 0 {
         return missing("type");
     }
-    let kind = r.str().map_err(|e| at("type").err(e))?;
+    let kind = event_type(r, at("type"))?;
     // Elements read so far; the rest are skipped at the end.
     let mut read = 1;
     let event = match kind {
-        "BlockStored" => {
+        Kind::Stored => {
             if n < STORED_POSITIONS.len() {
                 return missing(STORED_POSITIONS[n]);
             }
-            let hashes = hashes(r, at("block_hashes"), limits)?;
+            let hashes = hashes(r, at("block_hashes"), limits)?.into_vec();
             let parent = opt_hash(r, at("parent_block_hash"))?;
             let tokens = tokens(r, at("token_ids"), limits)?;
             let block_size = uint32(r, at("block_size"))?;
@@ -245,7 +284,7 @@ fn array_event(
                 medium,
             }))
         }
-        "BlockRemoved" => {
+        Kind::Removed => {
             if n < 2 {
                 return missing("block_hashes");
             }
@@ -258,8 +297,8 @@ fn array_event(
             }
             Some(Event::Removed(Removed { hashes, medium }))
         }
-        "AllBlocksCleared" => Some(Event::Cleared),
-        _ => None,
+        Kind::Cleared => Some(Event::Cleared),
+        Kind::Unknown => None,
     };
     for _ in read..n {
         r.skip().map_err(|e| at("").err(e))?;
@@ -270,7 +309,10 @@ fn array_event(
 /// Position 7 of an array-form `BlockStored`: vLLM's `lora_name` (a string
 /// or nil), or SGLang's `BlockStoredWithMetadata.metadata` (a map holding
 /// `cache_salt`), skipped.
-fn stored_position_7(r: &mut Reader<'_>, at: Location) -> Result<Option<String>, DecodeError> {
+fn stored_position_7(
+    r: &mut Reader<'_>,
+    at: Location,
+) -> Result<Option<CompactString>, DecodeError> {
     if r.shape().map_err(|e| at.err(e))? == Shape::Map {
         r.skip().map_err(|e| at.err(e))?;
         return Ok(None);
@@ -285,12 +327,12 @@ fn stored_position_7(r: &mut Reader<'_>, at: Location) -> Result<Option<String>,
     })
 }
 
-/// A list of block hashes.
+/// A list of block hashes (one is held inline: see [`Removed::hashes`]).
 fn hashes(
     r: &mut Reader<'_>,
     at: Location,
     limits: &DecodeLimits,
-) -> Result<Vec<u64>, DecodeError> {
+) -> Result<SmallVec<[u64; 1]>, DecodeError> {
     let n = r.array_len().map_err(|e| at.err(e))?;
     if n > limits.max_hashes {
         return Err(DecodeError::Limit {
@@ -301,7 +343,7 @@ fn hashes(
         });
     }
     // Each hash takes at least one byte.
-    let mut out = Vec::with_capacity(n.min(r.remaining()));
+    let mut out = SmallVec::with_capacity(n.min(r.remaining()));
     for j in 0..n {
         out.push(hash(r, at.at(j))?);
     }
@@ -351,14 +393,15 @@ fn tokens(
     }
     // Each token id takes at least one byte.
     let mut out = Vec::with_capacity(n.min(r.remaining()));
-    for j in 0..n {
-        // Token ids are small unsigned ints but for EAGLE's pairs: those
-        // read without the general path's error locations.
-        let t = match r.small_uint() {
-            Some(t) => t,
-            None => token(r, at.at(j))?,
-        };
-        out.push(t);
+    let mut j = 0;
+    while j < n {
+        // Token ids are small unsigned ints but for EAGLE's pairs: runs of
+        // those are read without the general path's error locations.
+        j += r.small_uints(n - j, &mut out);
+        if j < n {
+            out.push(token(r, at.at(j))?);
+            j += 1;
+        }
     }
     Ok(out)
 }
@@ -388,11 +431,11 @@ fn uint32(r: &mut Reader<'_>, at: Location) -> Result<u32, DecodeError> {
 }
 
 /// A string, or `None` for nil.
-fn opt_str(r: &mut Reader<'_>, at: Location) -> Result<Option<String>, DecodeError> {
+fn opt_str(r: &mut Reader<'_>, at: Location) -> Result<Option<CompactString>, DecodeError> {
     if r.eat_nil() {
         return Ok(None);
     }
-    r.str().map(|s| Some(s.to_owned())).map_err(|e| at.err(e))
+    r.str().map(|s| Some(s.into())).map_err(|e| at.err(e))
 }
 
 #[cfg(test)]
@@ -470,7 +513,7 @@ mod tests {
         assert_eq!(
             decode(&[e]).unwrap().events,
             [Event::Removed(Removed {
-                hashes: vec![9],
+                hashes: [9].into(),
                 medium: None
             })]
         );
@@ -546,7 +589,7 @@ mod tests {
             decode(&[removed, cleared]).unwrap().events,
             [
                 Event::Removed(Removed {
-                    hashes: vec![1],
+                    hashes: [1].into(),
                     medium: Some("DISK".into())
                 }),
                 Event::Cleared
@@ -625,7 +668,7 @@ mod tests {
         assert_eq!(
             decode(&[e]).unwrap().events,
             [Event::Removed(Removed {
-                hashes: want.to_vec(),
+                hashes: want[..].into(),
                 medium: None
             })]
         );
@@ -724,6 +767,14 @@ mod tests {
                     .raw(&[0x93, 0xc0])
                     .done(),
                 "event 1: extra_keys: the payload ends inside this value",
+            ),
+            (
+                W::default().map(1).s("mystery").raw(&[0x93, 0xc0]).done(),
+                "event 1: (unknown field): the payload ends inside this value",
+            ),
+            (
+                W::default().map(1).raw(&[0xa2, 0xc3, 0x28]).u(1).done(),
+                "event 1: map key: the string is not valid UTF-8",
             ),
             (W::default().arr(0).done(), "event 1: type: missing"),
             (
@@ -824,27 +875,58 @@ mod tests {
     }
 
     #[test]
-    fn eagle_pairs_read_as_their_first_token() {
-        // SGLang with EAGLE: each page's token is a (token, next_token) pair.
+    fn eagle_pairs_read_as_their_first_token_between_runs_of_ints() {
+        // SGLang with EAGLE: a page's token is a (token, next_token) pair.
+        // Wide ints around them, so that each run after a pair is read
+        // eight bytes at a time.
         let b = W::default()
             .arr(5)
             .s("BlockStored")
             .arr(1)
             .u(9)
             .nil()
-            .arr(2)
+            .arr(9)
+            .u(70_000)
             .arr(2)
             .u(11)
             .u(12)
+            .u(70_001)
+            .u(70_002)
+            .u(70_003)
             .arr(2)
-            .u(12)
             .u(13)
-            .u(1)
+            .u(14)
+            .u(300)
+            .u(5)
+            .u(200)
+            .u(9)
             .done();
         let batch = decode_batch(&batch_of(&[b]), &DecodeLimits::default()).unwrap();
         match &batch.events[..] {
-            [Event::Stored(s)] => assert_eq!(s.tokens, [11, 12]),
+            [Event::Stored(s)] => assert_eq!(
+                s.tokens,
+                [70_000, 11, 70_001, 70_002, 70_003, 13, 300, 5, 200]
+            ),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_error_stepping_over_a_field_names_it() {
+        for field in [
+            "type",
+            "parent_block_hash",
+            "block_size",
+            "lora_name",
+            "medium",
+            "extra_keys",
+        ] {
+            let b = W::default().map(1).s(field).raw(&[0x93, 0xc0]).done();
+            let err = decode_batch(&batch_of(&[b]), &DecodeLimits::default()).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("event 0: {field}: the payload ends inside this value")
+            );
         }
     }
 }

@@ -137,8 +137,8 @@ mod tests {
             hashes,
             parent,
             tokens,
-            lora_name: lora.map(str::to_string),
-            medium: Some(medium.to_string()),
+            lora_name: lora.map(Into::into),
+            medium: Some(medium.into()),
         })
     }
 
@@ -166,7 +166,7 @@ mod tests {
                 ),
                 stored(vec![5], None, (100..116).collect(), None, "CPU"),
                 Event::Removed(Removed {
-                    hashes: vec![2],
+                    hashes: [2].into(),
                     medium: Some("CPU".into()),
                 }),
                 stored(vec![7], None, vec![1; 8], None, "GPU"),
@@ -205,7 +205,7 @@ mod tests {
         let batch = Batch {
             ts: 0.0,
             events: vec![Event::Removed(Removed {
-                hashes: vec![9],
+                hashes: [9].into(),
                 medium: Some("GPU".into()),
             })],
             data_parallel_rank: None,

@@ -159,7 +159,7 @@ impl Engine {
                     *c -= 1;
                 }
                 Some(self.batch(Event::Removed(Removed {
-                    hashes: vec![h],
+                    hashes: [h].into(),
                     medium: Some("GPU".into()),
                 })))
             }

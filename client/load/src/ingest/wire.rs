@@ -10,7 +10,7 @@ use crate::simulate::precise::{Event, BLOCK_TOKENS};
 /// One batch of events, encoded as vLLM 0.33 does (by
 /// `prefix_events::encode_batch`), dated `ts` (seconds since the Unix epoch).
 pub fn encode_batch(ts: f64, events: &[Event], out: &mut Vec<u8>) {
-    let gpu = || Some("GPU".to_string());
+    let gpu = || Some("GPU".into());
     let events = events
         .iter()
         .map(|e| match e {
@@ -27,7 +27,7 @@ pub fn encode_batch(ts: f64, events: &[Event], out: &mut Vec<u8>) {
                 medium: gpu(),
             }),
             Event::Removed { hash } => prefix_events::Event::Removed(prefix_events::Removed {
-                hashes: vec![*hash],
+                hashes: [*hash].into(),
                 medium: gpu(),
             }),
         })
@@ -84,7 +84,7 @@ mod tests {
                 stored(None, vec![u64::MAX - 1, 5], tokens.clone()),
                 stored(Some(5), vec![9], tokens[..BLOCK_TOKENS].to_vec()),
                 Decoded::Removed(Removed {
-                    hashes: vec![1 << 63],
+                    hashes: [1 << 63].into(),
                     medium: Some("GPU".into()),
                 }),
             ]
