@@ -18,7 +18,8 @@
 //!   threads (`RadixTree` is single-threaded: 1 only).
 //! - `lookup_while_streaming/…`: the same lookups while another thread
 //!   applies the events that follow the trace at 100,000 block operations a
-//!   second, against the read-only rate in the same group.
+//!   second, against the read-only rate in the same group, before the
+//!   stream and on the index it left.
 //! - `memory/…` lines (printed): heap per (pod, block) after the ingest,
 //!   counted by the global allocator, beside the floor of any layout keyed
 //!   by engine hashes (a table of one word per held engine block).
@@ -664,6 +665,13 @@ fn lookups_while_streaming(c: &mut Criterion, w: &Workload, ours: &Ours, crtc: &
         || our_lookups(ours),
         |stop| stream(w, stop, our_writer(w, ours, false)),
     );
+    // Read-only again, on what the stream left: the events change what
+    // lookups find (pods' caches churn, removals mark gaps the lookups
+    // then round around), so this row tells that from the writer's
+    // interference.
+    g.bench_function(BenchmarkId::new("ours", "read_only_after_streaming"), |b| {
+        b.iter(|| our_lookups(ours))
+    });
     // The same from the same start, sweeping every second whether due or not.
     let fresh = Ours::new(&w.names);
     fresh.apply(&w.names, &w.steps);
