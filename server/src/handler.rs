@@ -750,7 +750,7 @@ mod tests {
     fn precise() -> (Handler, CancellationToken) {
         let h = handler();
         let stop = CancellationToken::new();
-        let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone());
+        let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone(), None);
         let h = Handler {
             engines: Some(engines),
             replica: crate::bootstrap::Replica::serving(),

@@ -167,7 +167,12 @@ impl Server {
         let metrics = Arc::<Metrics>::default();
         let (snapshots, filling) = restore_or_plan(&cfg, &index, &metrics).await?;
         let token = CancellationToken::new();
-        let engines = engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone());
+        // Run-time subscriptions outlive a restart as the snapshot does.
+        let kept = cfg
+            .snapshot_interval
+            .map(|_| cfg.data_dir.join(engines::kept::FILE));
+        let engines =
+            engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone(), kept);
         // After the restore, so that engine events find their parents in the
         // restored records: now, or once filled from a peer.
         if filling.is_none() {

@@ -341,6 +341,96 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     server.shutdown().await;
 }
 
+/// An engine-fed pod of the snapshot that nothing follows any more is
+/// dropped at start, rather than left holding blocks no event will ever
+/// remove; a subscription made at run time outlives a restart (the server
+/// follows the engine again, and later events find their parents in the
+/// snapshot's records), and so does an unsubscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
+    let ctx = zmq::Context::new();
+    let any = "tcp://127.0.0.1:*";
+    let mut engine = Engine::start(&ctx, (any, any));
+    let sub = engine.subscription();
+    let data = tempfile::tempdir().unwrap();
+    let config = |subs: &[Subscription]| {
+        let mut cfg = common::config(&data);
+        cfg.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        cfg.engines.subscriptions = subs.to_vec();
+        cfg
+    };
+    let start = async |subs: &[Subscription]| {
+        let server = common::start_with(config(subs), tempfile::tempdir().unwrap()).await;
+        let client = server.client().await;
+        (server, client)
+    };
+    let stop = async |server: common::TestServer, client: Client| {
+        client.close().await;
+        server.shutdown().await;
+    };
+    let followed = |server: &common::TestServer| -> Vec<String> {
+        server
+            .engines_list()
+            .into_iter()
+            .map(|(s, _)| s.pod)
+            .collect()
+    };
+    let prompts: Vec<Vec<u32>> = (1..=2).map(|p| prompt(p, 4)).collect();
+
+    // Configured, then restarted without the line.
+    let (server, client) = start(std::slice::from_ref(&sub)).await;
+    engine.subscribed();
+    engine.store(&prompts[0], 0, 3, false);
+    common::eventually("the configured engine is followed", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    stop(server, client).await;
+    let (server, client) = start(&[]).await;
+    assert!(followed(&server).is_empty());
+    assert!(server.index.engines().is_empty());
+    for p in &prompts {
+        let got = client
+            .lookup("m", &token_key(p, BLOCK), None)
+            .await
+            .unwrap();
+        assert!(got.matches.is_empty(), "{:?}", got.matches);
+    }
+
+    // Subscribed at run time, then restarted with no configured engine:
+    // the server follows it again.
+    client.subscribe_engine(sub.clone().into()).await.unwrap();
+    engine.subscribed();
+    engine.store(&prompts[1], 2, 3, false);
+    common::eventually("the run-time subscription is followed", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    stop(server, client).await;
+    let (server, client) = start(&[]).await;
+    assert_eq!(followed(&server), [POD]);
+    engine.subscribed();
+    engine.store(&prompts[0], 3, 4, false);
+    engine.store(&prompts[1], 3, 4, false);
+    common::eventually("events after the restart find their parents", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    assert_eq!(engine.cached_blocks(&prompts[0]), 4);
+
+    // A configured engine unsubscribed at run time: a restart with the
+    // same configuration does not follow it again, and the pod is gone.
+    stop(server, client).await;
+    let (server, client) = start(std::slice::from_ref(&sub)).await;
+    assert_eq!(followed(&server), [POD]);
+    assert!(client.unsubscribe_engine(POD).await.unwrap());
+    stop(server, client).await;
+    let (server, client) = start(std::slice::from_ref(&sub)).await;
+    assert!(followed(&server).is_empty());
+    assert!(server.index.engines().is_empty());
+    stop(server, client).await;
+}
+
 /// Central mode: engines connect to the server's SUB socket and name
 /// themselves in the topic. A malformed payload and a stray topic are
 /// counted and skipped; the stream goes on.

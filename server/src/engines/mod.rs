@@ -17,6 +17,7 @@
 pub mod apply;
 mod central;
 pub mod follow;
+pub mod kept;
 pub mod metrics;
 #[cfg(test)]
 mod model_tests;
@@ -26,6 +27,7 @@ pub(crate) mod wire;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,13 +36,14 @@ use parking_lot::Mutex;
 pub use prefix_index::Ratio;
 use prefix_index::{EngineError, EngineSpec, Index};
 use prefix_proto::key::hash_token_block;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 pub use stats::{State, SubStats};
 
 /// One engine to follow.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Subscription {
     /// The pod the engine serves (gateways route to this name).
     pub pod: String,
@@ -258,6 +261,9 @@ pub struct Engines {
     /// Messages the central collector could not place: not a live message,
     /// a topic naming no pod, or a pod past `max-engines`.
     strays: std::sync::atomic::AtomicU64,
+    /// The run-time subscriptions and the file they are kept in, if they
+    /// are kept (snapshots on).
+    kept: Option<(PathBuf, Mutex<kept::Kept>)>,
 }
 
 struct Running {
@@ -276,7 +282,14 @@ const STACK_BYTES: usize = 512 << 10;
 
 impl Engines {
     /// No subscriptions yet; threads stop when `shutdown` is cancelled.
-    pub fn new(index: Arc<Index>, cfg: EngineConfig, shutdown: CancellationToken) -> Arc<Engines> {
+    /// Run-time subscriptions are kept in the file `kept`, if given
+    /// ([`kept`]), and followed again by [`Engines::start`].
+    pub fn new(
+        index: Arc<Index>,
+        cfg: EngineConfig,
+        shutdown: CancellationToken,
+        kept: Option<PathBuf>,
+    ) -> Arc<Engines> {
         Arc::new(Engines {
             index,
             cfg,
@@ -286,6 +299,7 @@ impl Engines {
             shutdown,
             central: Mutex::new(None),
             strays: Default::default(),
+            kept: kept.map(|path| (path, Mutex::new(kept::Kept::default()))),
         })
     }
 
@@ -314,8 +328,30 @@ impl Engines {
         }
     }
 
-    /// Starts following `sub` (replacing a subscription of the same pod).
+    /// Starts following `sub` (replacing a subscription of the same pod):
+    /// the `subscribe` op. The subscription is kept across restarts when
+    /// snapshots are on.
     pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+        self.follow(sub.clone())?;
+        self.keep(|k| k.subscribed(&sub));
+        Ok(())
+    }
+
+    /// Records a run-time change in the kept file, if there is one. A file
+    /// that cannot be written is logged: the change holds until a restart.
+    fn keep(&self, change: impl FnOnce(&mut kept::Kept)) {
+        let Some((path, kept)) = &self.kept else {
+            return;
+        };
+        let mut kept = kept.lock();
+        change(&mut kept);
+        if let Err(e) = kept.save(path) {
+            tracing::error!(path = %path.display(), "engine subscriptions not kept for a restart: {e}");
+        }
+    }
+
+    /// Starts following `sub`, replacing a subscription of the same pod.
+    fn follow(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
         let mut running = self.running.lock();
         if !running.contains_key(&sub.pod) && running.len() >= self.cfg.max_engines {
             return Err(SubscriptionError::TooMany {
@@ -371,9 +407,17 @@ impl Engines {
     }
 
     /// Stops following `pod`'s engine and drops what it knew (the pod is
-    /// removed; gateway inserts register it again as a plain pod). Returns
+    /// removed; gateway inserts register it again as a plain pod): the
+    /// `unsubscribe` op, kept across restarts like `subscribe`. Returns
     /// whether it was followed.
     pub fn unsubscribe(&self, pod: &str) -> bool {
+        let configured = self.cfg.subscriptions.iter().any(|s| s.pod == pod);
+        self.keep(|k| k.unsubscribed(pod, configured));
+        self.stop_following(pod)
+    }
+
+    /// Stops following `pod`'s engine and drops what it knew.
+    fn stop_following(&self, pod: &str) -> bool {
         let Some(old) = self.running.lock().remove(pod) else {
             return false;
         };
@@ -400,10 +444,17 @@ impl Engines {
             .collect()
     }
 
-    /// Starts the configured subscriptions and the central collector.
+    /// Starts the configured subscriptions, then the kept run-time ones,
+    /// and the central collector. Engine-fed pods restored from a snapshot
+    /// that none of them follows are dropped, since nothing would ever
+    /// update them (unless the central collector runs: it may meet them).
     pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
         for sub in self.cfg.subscriptions.clone() {
-            self.subscribe(sub)?;
+            self.follow(sub)?;
+        }
+        self.follow_kept();
+        if self.cfg.listen.is_none() {
+            self.drop_unfollowed();
         }
         if let Some(listen) = self.cfg.listen.clone() {
             let collector = central::Collector::bind(self.clone(), &listen)?;
@@ -413,6 +464,50 @@ impl Engines {
                 .map_err(|e| SubscriptionError::Thread(e.to_string()))?;
         }
         Ok(())
+    }
+
+    /// Applies the kept file: its subscriptions are followed, its
+    /// unsubscribed pods are not. A file that cannot be read, or a
+    /// subscription refused now (the token block changed, say), is logged
+    /// and left out; the file stays as it was until the next op.
+    fn follow_kept(self: &Arc<Self>) {
+        let Some((path, kept)) = &self.kept else {
+            return;
+        };
+        let loaded = match kept::Kept::load(path) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!("engine subscriptions made at run time are not restored: {e}");
+                return;
+            }
+        };
+        for pod in &loaded.unsubscribed {
+            self.stop_following(pod);
+        }
+        for sub in loaded.subscribed.values() {
+            let followed = sub
+                .check_endpoints()
+                .and_then(|()| self.follow(sub.clone()));
+            match followed {
+                Ok(()) => {
+                    tracing::info!(pod = %sub.pod, "following the engine subscribed at run time before the restart")
+                }
+                Err(e) => {
+                    tracing::error!(pod = %sub.pod, "an engine subscribed at run time is not followed again: {e}")
+                }
+            }
+        }
+        *kept.lock() = loaded;
+    }
+
+    /// Drops the engine-fed pods that no subscription follows.
+    fn drop_unfollowed(&self) {
+        let running = self.running.lock();
+        for (pod, _) in self.index.engines() {
+            if !running.contains_key(&pod) && self.index.drop_engine_pod(&pod) {
+                tracing::info!(%pod, "an engine-fed pod of the snapshot is followed by no subscription any more: dropped");
+            }
+        }
     }
 
     fn stray(&self) {
