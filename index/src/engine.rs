@@ -51,6 +51,12 @@ pub(crate) use records::{Data, DataRef, Extra, Page, Parent, Records};
 /// it), and it outranks every gateway refresh (refreshes only raise times).
 pub const PINNED: u64 = MAX_TIME;
 
+/// The largest ratio of block sizes either way: an engine block of 1,024
+/// of ours, or 1,024 engine pages to one of our blocks. Real ones are 64
+/// or less (SGLang's one-token pages under 64-token blocks); the bound
+/// keeps a chain's walk within `max_key_blocks` times it.
+pub const MAX_RATIO: u32 = 1024;
+
 /// How engine blocks map to ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ratio {
@@ -71,7 +77,8 @@ impl Ratio {
     }
 
     /// The mapping between an engine's block size and ours, in tokens;
-    /// refused when neither divides the other.
+    /// refused when neither divides the other, or the ratio passes
+    /// [`MAX_RATIO`].
     pub fn new(engine_block: u32, our_block: u32) -> Result<Ratio, EngineError> {
         let bad = || EngineError::BlockSizes {
             engine: engine_block,
@@ -80,12 +87,16 @@ impl Ratio {
         if engine_block == 0 || our_block == 0 {
             return Err(bad());
         }
-        if engine_block % our_block == 0 {
-            Ok(Ratio::Whole(engine_block / our_block))
+        let ratio = if engine_block % our_block == 0 {
+            Ratio::Whole(engine_block / our_block)
         } else if our_block % engine_block == 0 {
-            Ok(Ratio::Pages(our_block / engine_block))
+            Ratio::Pages(our_block / engine_block)
         } else {
-            Err(bad())
+            return Err(bad());
+        };
+        match ratio {
+            Ratio::Whole(r) | Ratio::Pages(r) if r > MAX_RATIO => Err(bad()),
+            _ => Ok(ratio),
         }
     }
 }
@@ -328,6 +339,11 @@ impl Engine {
                 return Err(Placed::TooDeep);
             }
             rev.extend(records.ours(at).iter().rev());
+            // Checked as it grows, so a loop through records of many of
+            // our blocks each (from a damaged snapshot) stops early.
+            if rev.len() > max_blocks {
+                return Err(Placed::TooDeep);
+            }
             if let Some(e) = engine.as_deref_mut() {
                 e.push(records.hash(at));
             }
@@ -595,6 +611,11 @@ impl Index {
         let (spec, ratio) = (engine.spec, engine.ratio);
         let max_records = self.sh.cfg.max_engine_blocks;
         let max_key = self.sh.cfg.max_key_blocks;
+        // A model's records exist while it has one: an empty store names a
+        // model (an adapter, say) and records nothing.
+        if hashes.is_empty() {
+            return Ok(());
+        }
         if !engine.models.contains_key(model) {
             engine.models.insert(model.into(), Records::default());
         }
@@ -777,7 +798,14 @@ impl Index {
                 }
             }
             let dropped = records.forget(at, |bytes| self.count_record(-(bytes as i64), -1));
-            engine.chain_popped(h, dropped);
+            if records.len() == 0 {
+                // Its last record went: the model's records go too, so that
+                // adapters an engine has dropped cost nothing.
+                engine.models.remove(model);
+                engine.chain = None;
+            } else {
+                engine.chain_popped(h, dropped);
+            }
         }
         Ok(())
     }
@@ -829,6 +857,16 @@ impl Index {
             return Err(EngineError::Full { max });
         }
         let (ratio, align) = (engine.ratio, engine.align());
+        let engine_block = engine.spec.engine_block as usize;
+        if let Some((h, _)) = blocks
+            .iter()
+            .find(|(_, r)| !r.data.fits(ratio, engine_block))
+        {
+            return Err(EngineError::Record {
+                hash: *h,
+                why: "its data does not fit the engine's block sizes",
+            });
+        }
         let max_key = self.sh.cfg.max_key_blocks;
         let records = engine.models.entry(model.into()).or_default();
         for (h, r) in blocks {
@@ -1012,6 +1050,43 @@ mod tests {
             Ratio::new(0, 16),
             Err(EngineError::BlockSizes { .. })
         ));
+        assert_eq!(Ratio::new(16 * MAX_RATIO, 16), Ok(Ratio::Whole(MAX_RATIO)));
+        assert_eq!(Ratio::new(1, MAX_RATIO), Ok(Ratio::Pages(MAX_RATIO)));
+        for (engine, ours) in [(32 * MAX_RATIO, 16), (1, 2 * MAX_RATIO)] {
+            assert!(matches!(
+                Ratio::new(engine, ours),
+                Err(EngineError::BlockSizes { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_model_has_records_only_while_it_holds_one() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        let models = |e: &EngineHandle| e.lock().models.len();
+        // Empty stores under ever new adapter names record nothing.
+        for i in 0..100 {
+            let op = EngineOp::Stored {
+                parent: None,
+                hashes: &[],
+                tokens: &[],
+            };
+            let adapter = format!("adapter-{i}");
+            let done = index.apply(&mut e.lock(), "pod", &adapter, op).unwrap();
+            assert_eq!(done.stored, 0);
+        }
+        assert_eq!(models(&e), 0);
+        store(&index, &e, None, &[1, 2], &tokens(1, 2));
+        assert_eq!(models(&e), 1);
+        remove(&index, &e, &[2]);
+        assert_eq!(models(&e), 1);
+        remove(&index, &e, &[1]);
+        assert_eq!(models(&e), 0);
+        assert_eq!(index.stats().engine_blocks, 0);
+        // And the model comes back with its next store.
+        store(&index, &e, None, &[1], &tokens(1, 1));
+        assert_eq!(matched(&index, &key(1, 2), T0), [("pod".to_string(), 1)]);
     }
 
     #[test]
@@ -1312,6 +1387,39 @@ mod tests {
             matched(&restored, &branch_key, T0),
             [("pod".to_string(), 3)]
         );
+    }
+
+    #[test]
+    fn snapshot_records_that_do_not_fit_the_block_sizes_are_refused() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        // Engine blocks of our size hold one hash of ours each: a record
+        // with many (a damaged or forged snapshot) is refused whole.
+        for data in [
+            Data::Extra(Extra::Many(vec![7; 1 << 16].into())),
+            Data::Extra(Extra::Page(Page {
+                depth: 0,
+                tokens: vec![1; 4].into(),
+                group: None,
+            })),
+        ] {
+            let blocks = vec![
+                (1, Record::new(None, 1, Data::One(11))),
+                (2, Record::new(Some(2), 0, data)),
+            ];
+            let got = index.restore_engine(&mut e.lock(), "pod", "m", blocks);
+            assert!(
+                matches!(got, Err(EngineError::Record { hash: 2, .. })),
+                "{got:?}"
+            );
+        }
+        assert_eq!(index.stats().engine_blocks, 0);
+        // A record that is its own parent fits, and its walk ends.
+        let blocks = vec![(3, Record::new(Some(3), 0, Data::One(33)))];
+        index
+            .restore_engine(&mut e.lock(), "pod", "m", blocks)
+            .unwrap();
+        assert!(matched(&index, &[33], T0).is_empty());
     }
 
     #[test]

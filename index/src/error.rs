@@ -78,6 +78,14 @@ pub enum EngineError {
         /// The configured `max_engine_blocks`.
         max: u64,
     },
+    /// A snapshot's engine record was refused.
+    #[error("engine block {hash:#x} of the snapshot: {why}")]
+    Record {
+        /// The block's engine hash.
+        hash: u64,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// The pod name was refused.
     #[error(transparent)]
     Pod(#[from] PodError),

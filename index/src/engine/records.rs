@@ -18,6 +18,8 @@ use std::collections::HashMap;
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 
+use super::Ratio;
+
 /// No position: the end of a parent chain or of the free list.
 const NONE: u32 = u32::MAX;
 
@@ -86,6 +88,17 @@ impl Data {
         match ours[..] {
             [one] => Data::One(one),
             _ => Data::Extra(Extra::Many(ours.into())),
+        }
+    }
+
+    /// Whether this is the data an engine of `ratio` records for a block
+    /// of `engine_block` tokens (a snapshot's records are checked by it).
+    pub(crate) fn fits(&self, ratio: Ratio, engine_block: usize) -> bool {
+        match (ratio, self) {
+            (Ratio::Whole(1), Data::One(_)) => true,
+            (Ratio::Whole(r), Data::Extra(Extra::Many(hs))) => r > 1 && hs.len() == r as usize,
+            (Ratio::Pages(_), Data::Extra(Extra::Page(p))) => p.tokens.len() == engine_block,
+            _ => false,
         }
     }
 }
