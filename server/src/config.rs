@@ -246,6 +246,22 @@ pub struct Settings {
     /// cleared and learnt again.
     #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
     pub max_held_batches: Option<usize>,
+    /// Bytes of live batches held back while a replay runs; past it, the
+    /// pod is cleared and learnt again.
+    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
+    pub max_held_bytes: Option<usize>,
+    /// Most events in one engine batch; a larger batch is skipped as a
+    /// decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
+    pub max_batch_events: Option<usize>,
+    /// Most block hashes in one engine event; a batch with a larger one is
+    /// skipped as a decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
+    pub max_event_hashes: Option<usize>,
+    /// Most token ids in one engine event; a batch with a larger one is
+    /// skipped as a decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
+    pub max_event_tokens: Option<usize>,
     /// Largest engine event message in bytes; libzmq drops a connection
     /// that sends a larger one (the gap is then replayed or resynced).
     #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
@@ -477,6 +493,12 @@ impl Settings {
                 token_block: self.token_block.unwrap_or(d.engines.token_block),
                 replay_timeout: dur(self.replay_timeout, d.engines.replay_timeout),
                 max_held_batches: self.max_held_batches.unwrap_or(d.engines.max_held_batches),
+                max_held_bytes: self.max_held_bytes.unwrap_or(d.engines.max_held_bytes),
+                decode: prefix_events::DecodeLimits {
+                    max_events: self.max_batch_events.unwrap_or(d.engines.decode.max_events),
+                    max_hashes: self.max_event_hashes.unwrap_or(d.engines.decode.max_hashes),
+                    max_tokens: self.max_event_tokens.unwrap_or(d.engines.decode.max_tokens),
+                },
                 max_engines: self.max_engines.unwrap_or(d.engines.max_engines),
                 max_message_bytes: self.max_event_bytes.unwrap_or(d.engines.max_message_bytes),
                 max_queued_messages: self
@@ -558,6 +580,10 @@ impl From<&ServerConfig> for Settings {
             max_engines: Some(cfg.engines.max_engines),
             replay_timeout: Some(HumanDuration(cfg.engines.replay_timeout)),
             max_held_batches: Some(cfg.engines.max_held_batches),
+            max_held_bytes: Some(cfg.engines.max_held_bytes),
+            max_batch_events: Some(cfg.engines.decode.max_events),
+            max_event_hashes: Some(cfg.engines.decode.max_hashes),
+            max_event_tokens: Some(cfg.engines.decode.max_tokens),
             max_event_bytes: Some(cfg.engines.max_message_bytes),
             max_queued_events: Some(cfg.engines.max_queued_messages),
         }
@@ -834,6 +860,21 @@ impl ServerConfig {
         if e.replay_timeout.is_zero() {
             return bad("replay-timeout", &"0s", "must be positive");
         }
+        if e.max_held_bytes < e.max_message_bytes {
+            return bad(
+                "max-held-bytes",
+                &e.max_held_bytes,
+                "must be at least max-event-bytes",
+            );
+        }
+        let d = &e.decode;
+        if d.max_events == 0 || d.max_hashes == 0 || d.max_tokens == 0 {
+            return bad(
+                "max-batch-events/max-event-hashes/max-event-tokens",
+                &0,
+                "must be at least 1",
+            );
+        }
         if e.max_message_bytes < 1024 {
             return bad(
                 "max-event-bytes",
@@ -849,7 +890,8 @@ impl ServerConfig {
             );
         }
         let sizes = e.subscriptions.iter().map(|s| s.block_size);
-        for size in sizes.chain(std::iter::once(e.central_block_size)) {
+        let central = e.listen.as_ref().map(|_| e.central_block_size);
+        for size in sizes.chain(central) {
             if Ratio::new(size, e.token_block).is_err() {
                 return bad(
                     "engine block-size",
@@ -1000,6 +1042,12 @@ mod tests {
                 token_block: 8,
                 replay_timeout: Duration::from_secs(25),
                 max_held_batches: 26,
+                max_held_bytes: 1 << 22,
+                decode: prefix_events::DecodeLimits {
+                    max_events: 29,
+                    max_hashes: 30,
+                    max_tokens: 31,
+                },
                 max_engines: 27,
                 max_message_bytes: 2048,
                 max_queued_messages: 28,

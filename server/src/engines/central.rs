@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use prefix_events::{decode_batch, parse_live, parse_topic, DecodeLimits};
+use prefix_events::{decode_batch, parse_live, parse_topic};
 use prefix_index::{EngineHandle, EngineOp};
 use tokio_util::sync::CancellationToken;
 
@@ -108,7 +108,7 @@ impl Collector {
         for action in actions.drain(..) {
             match action {
                 Action::Apply { seq, payload } => {
-                    match decode_batch(&payload, &DecodeLimits::default()) {
+                    match decode_batch(&payload, &self.engines.cfg.decode) {
                         Ok(batch) => {
                             let out = apply_batch(&self.engines.index, &p.sub, &p.engine, &batch);
                             p.stats.applied(seq, &out, 0);
@@ -148,7 +148,14 @@ impl Collector {
             sub,
             engine,
             stats,
-            follower: Follower::new(false, 0, None),
+            follower: Follower::new(
+                false,
+                super::follow::HeldLimit {
+                    batches: 0,
+                    bytes: 0,
+                },
+                None,
+            ),
         })
     }
 }

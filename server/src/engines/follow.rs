@@ -108,7 +108,10 @@ impl std::fmt::Display for Resync {
                 "replay skipped batches {from}..{seq}: the engine's buffer no longer holds them"
             ),
             Resync::ReplayTimeout => write!(f, "replay did not end in time"),
-            Resync::ReplayOverflow => write!(f, "too many live batches held back during a replay"),
+            Resync::ReplayOverflow => write!(
+                f,
+                "more live batches held back during a replay than max-held-batches or max-held-bytes allow"
+            ),
             Resync::Orphan => write!(
                 f,
                 "a stored block's parent is unknown; replaying the engine's whole buffer"
@@ -154,13 +157,59 @@ enum Mode<T> {
     /// Following the live stream.
     Live,
     /// A replay is under way; live batches are held back.
-    Replaying(VecDeque<(u64, T)>),
+    Replaying(Held<T>),
     /// After a (re)connection: the replay asked from the last batch applied
     /// must start with that very batch, or the engine is a new one.
-    Verifying(VecDeque<(u64, T)>),
+    Verifying(Held<T>),
     /// The engine turned out to be a new one: the rest of the answer is
     /// dropped, then its whole buffer is asked for.
-    Discarding(VecDeque<(u64, T)>),
+    Discarding(Held<T>),
+}
+
+/// How much a replay may hold back of the live stream: past either bound,
+/// the pod is cleared and learnt again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLimit {
+    /// Batches (`--max-held-batches`).
+    pub batches: usize,
+    /// Their payloads' bytes (`--max-held-bytes`).
+    pub bytes: usize,
+}
+
+/// Live batches held back during a replay, in order, and their bytes.
+#[derive(Debug)]
+struct Held<T> {
+    batches: VecDeque<(u64, T)>,
+    bytes: usize,
+}
+
+impl<T: AsRef<[u8]>> Held<T> {
+    fn new() -> Self {
+        Held {
+            batches: VecDeque::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Holds one more batch if `limit` allows; hands it back otherwise.
+    fn push(&mut self, seq: u64, payload: T, limit: HeldLimit) -> Result<(), T> {
+        let bytes = self.bytes.saturating_add(payload.as_ref().len());
+        if self.batches.len() >= limit.batches || bytes > limit.bytes {
+            return Err(payload);
+        }
+        self.bytes = bytes;
+        self.batches.push_back((seq, payload));
+        Ok(())
+    }
+}
+
+impl<T> IntoIterator for Held<T> {
+    type Item = (u64, T);
+    type IntoIter = std::collections::vec_deque::IntoIter<(u64, T)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.batches.into_iter()
+    }
 }
 
 /// The sequence state of one engine stream.
@@ -171,8 +220,8 @@ pub struct Follower<T> {
     /// Whether the engine has a replay endpoint.
     can_replay: bool,
     mode: Mode<T>,
-    /// Most batches held back during a replay.
-    max_held: usize,
+    /// How much a replay may hold back.
+    max_held: HeldLimit,
     /// Whether the whole replay buffer was asked for since the last resync
     /// (or the replay endpoint stopped answering): no second full replay.
     replayed_all: bool,
@@ -185,7 +234,7 @@ pub struct Follower<T> {
 
 impl<T: AsRef<[u8]>> Follower<T> {
     /// A follower that last applied `resume` (from a snapshot), or nothing.
-    pub fn new(can_replay: bool, max_held: usize, resume: Option<Applied>) -> Self {
+    pub fn new(can_replay: bool, max_held: HeldLimit, resume: Option<Applied>) -> Self {
         Follower {
             last: resume,
             can_replay,
@@ -207,16 +256,16 @@ impl<T: AsRef<[u8]>> Follower<T> {
         !matches!(self.mode, Mode::Live)
     }
 
-    fn held(&mut self) -> Option<&mut VecDeque<(u64, T)>> {
+    fn held(&mut self) -> Option<&mut Held<T>> {
         match &mut self.mode {
             Mode::Live => None,
             Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => Some(h),
         }
     }
 
-    fn take_held(&mut self) -> VecDeque<(u64, T)> {
+    fn take_held(&mut self) -> Held<T> {
         match std::mem::replace(&mut self.mode, Mode::Live) {
-            Mode::Live => VecDeque::new(),
+            Mode::Live => Held::new(),
             Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => h,
         }
     }
@@ -233,13 +282,13 @@ impl<T: AsRef<[u8]>> Follower<T> {
         match self.last {
             Some(last) => {
                 out.push(Action::Replay { from: last.seq });
-                self.mode = Mode::Verifying(VecDeque::new());
+                self.mode = Mode::Verifying(Held::new());
             }
             None if !self.replayed_all => {
                 self.replayed_all = true;
                 self.full = true;
                 out.push(Action::Replay { from: 0 });
-                self.mode = Mode::Replaying(VecDeque::new());
+                self.mode = Mode::Replaying(Held::new());
             }
             None => {}
         }
@@ -249,10 +298,9 @@ impl<T: AsRef<[u8]>> Follower<T> {
     pub fn live(&mut self, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
         let max = self.max_held;
         if let Some(held) = self.held() {
-            if held.len() < max {
-                held.push_back((seq, payload));
+            let Err(payload) = held.push(seq, payload, max) else {
                 return;
-            }
+            };
             self.mode = Mode::Live;
             self.resync(Resync::ReplayOverflow, seq, payload, out);
             return;
@@ -415,7 +463,7 @@ impl<T: AsRef<[u8]>> Follower<T> {
         self.restart(Resync::Orphan, out);
         self.full = true;
         out.push(Action::Replay { from: 0 });
-        self.mode = Mode::Replaying(VecDeque::new());
+        self.mode = Mode::Replaying(Held::new());
     }
 
     /// Clears for `why` and forgets the last batch; the whole buffer is
@@ -432,8 +480,11 @@ impl<T: AsRef<[u8]>> Follower<T> {
     fn replay(&mut self, from: u64, full: bool, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
         self.full = full;
         out.push(Action::Replay { from });
-        let mut held = VecDeque::new();
-        held.push_back((seq, payload));
+        let mut held = Held::new();
+        // The first batch held is held whatever its size: a message is
+        // within --max-event-bytes, which the bound on bytes is above.
+        held.bytes = payload.as_ref().len();
+        held.batches.push_back((seq, payload));
         self.mode = Mode::Replaying(held);
     }
 
@@ -513,14 +564,14 @@ mod tests {
 
     #[test]
     fn in_order_batches_apply_from_wherever_the_stream_starts() {
-        let mut f = F::new(false, 8, None);
+        let mut f = F::new(false, held(8), None);
         assert_eq!(live(&mut f, &[5, 6, 7]), ["apply 5", "apply 6", "apply 7"]);
         assert_eq!(f.last().map(|l| l.seq), Some(7));
     }
 
     #[test]
     fn a_restart_clears_and_relearns() {
-        let mut f = F::new(false, 8, None);
+        let mut f = F::new(false, held(8), None);
         assert_eq!(
             live(&mut f, &[3, 4, 0, 1]),
             ["apply 3", "apply 4", "clear restart", "apply 0", "apply 1"]
@@ -535,7 +586,7 @@ mod tests {
 
     #[test]
     fn a_restart_with_replay_relearns_the_new_engines_buffer() {
-        let mut f = F::new(true, 8, at(9));
+        let mut f = F::new(true, held(8), at(9));
         assert_eq!(live(&mut f, &[2]), ["clear restart", "replay 0"]);
         assert_eq!(
             replay(&mut f, 0, &[0, 1, 2]),
@@ -545,20 +596,20 @@ mod tests {
 
     #[test]
     fn joining_late_replays_the_engines_buffer_and_resuming_only_the_rest() {
-        let mut f = F::new(true, 8, None);
+        let mut f = F::new(true, held(8), None);
         assert_eq!(live(&mut f, &[4]), ["replay 0"]);
-        let mut resumed = F::new(true, 8, at(6));
+        let mut resumed = F::new(true, held(8), at(6));
         assert_eq!(live(&mut resumed, &[7]), ["apply 7"]);
-        let mut behind = F::new(true, 8, at(6));
+        let mut behind = F::new(true, held(8), at(6));
         assert_eq!(live(&mut behind, &[9]), ["replay 7"]);
         // From the very first batch, nothing is missing.
-        let mut first = F::new(true, 8, None);
+        let mut first = F::new(true, held(8), None);
         assert_eq!(live(&mut first, &[0, 1]), ["apply 0", "apply 1"]);
     }
 
     #[test]
     fn a_reconnection_to_the_same_engine_replays_only_what_was_missed() {
-        let mut f = F::new(true, 8, at(4));
+        let mut f = F::new(true, held(8), at(4));
         let mut out = Vec::new();
         f.connected(&mut out);
         assert_eq!(seqs(&out), ["replay 4"]);
@@ -574,7 +625,7 @@ mod tests {
     fn a_reconnection_to_a_new_engine_relearns_it_whatever_its_numbers() {
         // The new engine got past our last number while we were away: its
         // batch 4 is not ours.
-        let mut f = F::new(true, 8, at(4));
+        let mut f = F::new(true, held(8), at(4));
         f.connected(&mut Vec::new());
         assert_eq!(replay(&mut f, 1, &[4, 5, 6]), ["clear restart", "replay 0"]);
         assert_eq!(
@@ -582,18 +633,18 @@ mod tests {
             ["apply 0'", "apply 1'", "apply 2'", "apply 3'", "apply 4'", "apply 5'", "apply 6'"]
         );
         // Or its numbers are all below ours: the answer is the end marker.
-        let mut g = F::new(true, 8, at(40));
+        let mut g = F::new(true, held(8), at(40));
         g.connected(&mut Vec::new());
         assert_eq!(replay(&mut g, 1, &[]), ["clear restart", "replay 0"]);
         // A first connection asks for the engine's recent past, once.
-        let mut fresh = F::new(true, 8, None);
+        let mut fresh = F::new(true, held(8), None);
         let mut out = Vec::new();
         fresh.connected(&mut out);
         fresh.connected(&mut out);
         assert_eq!(seqs(&out), ["replay 0"]);
         assert_eq!(replay(&mut fresh, 0, &[0, 1]), ["apply 0", "apply 1"]);
         // Without a replay endpoint there is nothing to ask.
-        let mut h = F::new(false, 8, at(4));
+        let mut h = F::new(false, held(8), at(4));
         let mut out = Vec::new();
         h.connected(&mut out);
         assert!(out.is_empty());
@@ -601,13 +652,13 @@ mod tests {
 
     #[test]
     fn a_gap_without_replay_clears() {
-        let mut f = F::new(false, 8, None);
+        let mut f = F::new(false, held(8), None);
         assert_eq!(live(&mut f, &[1, 4]), ["apply 1", "clear gap", "apply 4"]);
     }
 
     #[test]
     fn a_replay_fills_the_gap_and_held_batches_follow_once() {
-        let mut f = F::new(true, 8, at(0));
+        let mut f = F::new(true, held(8), at(0));
         assert_eq!(live(&mut f, &[1, 4, 5]), ["apply 1", "replay 2"]);
         assert!(f.replaying());
         // The engine's buffer holds everything from 2, the live 4 and 5 too.
@@ -621,7 +672,7 @@ mod tests {
 
     #[test]
     fn a_replay_that_skips_numbers_clears() {
-        let mut f = F::new(true, 8, at(0));
+        let mut f = F::new(true, held(8), at(0));
         live(&mut f, &[1, 9]);
         assert_eq!(replay(&mut f, 0, &[5]), ["clear replay_hole", "apply 5"]);
         // The held batch was dropped with the replay; the next one is a gap.
@@ -630,16 +681,40 @@ mod tests {
 
     #[test]
     fn a_silent_replay_times_out_and_held_batches_apply() {
-        let mut f = F::new(true, 8, at(0));
+        let mut f = F::new(true, held(8), at(0));
         live(&mut f, &[1, 5, 6]);
         let mut out = Vec::new();
         f.replay_timed_out(&mut out);
         assert_eq!(seqs(&out), ["clear replay_timeout", "apply 5", "apply 6"]);
     }
 
+    /// Up to `batches` batches, of any size.
+    fn held(batches: usize) -> HeldLimit {
+        HeldLimit {
+            batches,
+            bytes: usize::MAX,
+        }
+    }
+
+    #[test]
+    fn too_many_held_bytes_end_the_replay() {
+        // Room for the batch that starts the replay and one more.
+        let size = p(0, 5).len();
+        let limit = HeldLimit {
+            batches: 100,
+            bytes: 2 * size,
+        };
+        let mut f = F::new(true, limit, at(0));
+        assert_eq!(
+            live(&mut f, &[1, 5, 6, 7]),
+            ["apply 1", "replay 2", "clear replay_overflow", "apply 7"]
+        );
+        assert!(!f.replaying());
+    }
+
     #[test]
     fn too_many_held_batches_end_the_replay() {
-        let mut f = F::new(true, 2, at(0));
+        let mut f = F::new(true, held(2), at(0));
         assert_eq!(
             live(&mut f, &[1, 5, 6, 7]),
             ["apply 1", "replay 2", "clear replay_overflow", "apply 7"]
@@ -649,7 +724,7 @@ mod tests {
 
     #[test]
     fn an_orphan_replays_the_whole_buffer_once_per_resync() {
-        let mut f = F::new(true, 8, at(6));
+        let mut f = F::new(true, held(8), at(6));
         live(&mut f, &[7]);
         let mut out = Vec::new();
         f.orphaned(&mut out);
@@ -662,7 +737,7 @@ mod tests {
         f.orphaned(&mut out);
         assert!(out.is_empty());
         // Without a replay endpoint an orphan is only counted.
-        let mut g = F::new(false, 8, None);
+        let mut g = F::new(false, held(8), None);
         g.orphaned(&mut out);
         assert!(out.is_empty());
     }

@@ -209,6 +209,11 @@ pub struct EngineConfig {
     pub replay_timeout: Duration,
     /// Live batches held back during a replay; past it, resync.
     pub max_held_batches: usize,
+    /// Their payloads' bytes; past it, resync.
+    pub max_held_bytes: usize,
+    /// Bounds on one decoded batch: events, and hashes and token ids per
+    /// event. A batch over one is skipped as a decode error.
+    pub decode: prefix_events::DecodeLimits,
     /// Most engine subscriptions (configured, added at run time and met by
     /// the central collector).
     pub max_engines: usize,
@@ -220,6 +225,16 @@ pub struct EngineConfig {
     /// An engine's buffered bytes are at most this times
     /// `max_message_bytes`.
     pub max_queued_messages: usize,
+}
+
+impl EngineConfig {
+    /// How much a replay may hold back of the live stream.
+    pub fn held_limit(&self) -> follow::HeldLimit {
+        follow::HeldLimit {
+            batches: self.max_held_batches,
+            bytes: self.max_held_bytes,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -236,6 +251,11 @@ impl Default for EngineConfig {
             // vLLM's replay buffer holds 10,000 batches: a replay can bring
             // no more than that many, nor need more held back.
             max_held_batches: 10_000,
+            // Seconds of a busy engine's batches (tens of KiB each) while
+            // a replay runs; with `max_message_bytes`, the bound on what one
+            // engine's replay holds whatever it sends.
+            max_held_bytes: 256 << 20,
+            decode: prefix_events::DecodeLimits::default(),
             max_engines: 1_024,
             // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
             // 0.5 MiB; 4 MiB leaves room for steps of many requests.

@@ -206,7 +206,14 @@ impl Server {
             engine: index.engine("e", spec).unwrap(),
             index,
             sub,
-            follower: Follower::new(true, 1_000, None),
+            follower: Follower::new(
+                true,
+                super::follow::HeldLimit {
+                    batches: 1_000,
+                    bytes: usize::MAX,
+                },
+                None,
+            ),
         }
     }
 

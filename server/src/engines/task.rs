@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use prefix_events::{
-    decode_batch, parse_live, parse_replay, replay_request, DecodeLimits, ReplayItem,
-};
+use prefix_events::{decode_batch, parse_live, parse_replay, replay_request, ReplayItem};
 use prefix_index::{EngineHandle, EngineOp, Index};
 use tokio_util::sync::CancellationToken;
 
@@ -119,7 +117,7 @@ impl Task {
             .lock()
             .last_batch()
             .map(|(seq, digest)| Applied { seq, digest });
-        let mut follower = Follower::new(dealer.is_some(), self.cfg.max_held_batches, resume);
+        let mut follower = Follower::new(dealer.is_some(), self.cfg.held_limit(), resume);
         let mut deadline: Option<Instant> = None;
         let mut actions = Vec::new();
         while !stop.is_cancelled() {
@@ -259,7 +257,7 @@ impl Task {
 
     /// Decodes and applies one batch; returns whether a store was orphaned.
     fn apply(&self, seq: u64, payload: &[u8]) -> bool {
-        let batch = match decode_batch(payload, &DecodeLimits::default()) {
+        let batch = match decode_batch(payload, &self.cfg.decode) {
             Ok(b) => b,
             Err(e) => {
                 // Skipped, not lost to the sequence: the next batch follows.
