@@ -32,8 +32,8 @@
 //!   as an int).
 //! * Token ids: ints from 0 to `u32::MAX`. SGLang's EAGLE "bigram" radix
 //!   keys publish `[token, next_token]` pairs instead (its own typed decoder
-//!   cannot read them back); such an event is refused like any malformed
-//!   one, with the whole batch.
+//!   cannot read them back); a pair reads as its first token, the prompt's
+//!   token at that position.
 //! * msgpack need not be minimal: msgspec writes `map16` headers for small
 //!   maps and mixes int widths in one array.
 //!

@@ -432,8 +432,9 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
 }
 
 /// Central mode: engines connect to the server's SUB socket and name
-/// themselves in the topic. A malformed payload and a stray topic are
-/// counted and skipped; the stream goes on.
+/// themselves in the topic. A malformed payload and stray topics (a
+/// malformed `kv@…` one, and another altogether) are counted and skipped;
+/// the stream goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_connecting_to_the_server_are_followed_by_topic() {
     let server = common::start(|cfg| cfg.engines.listen = Some("tcp://127.0.0.1:*".into())).await;
@@ -465,6 +466,15 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
         got.matches
             .iter()
             .any(|m| m.pod.as_str() == "pod-c" && m.blocks == 3)
+    })
+    .await;
+    // A message under a topic that is no `kv@<pod>@<model>` at all (vLLM's
+    // usual `kv`) reaches the collector and is counted, not dropped unseen.
+    let before = server.engines.strays();
+    common::eventually("a message under another topic is counted", async || {
+        let other: [&[u8]; 3] = [b"kv", &0u64.to_be_bytes(), b"\x90"];
+        publisher.send_multipart(other, 0).unwrap();
+        server.engines.strays() > before
     })
     .await;
     let states = server.engines_list();

@@ -34,11 +34,14 @@ pub(super) struct Collector {
 }
 
 impl Collector {
-    /// Binds the SUB socket to `endpoint` and subscribes to `kv@`.
+    /// Binds the SUB socket to `endpoint` and subscribes to every topic:
+    /// a message under another topic than `kv@<pod>@<model>` (vLLM's
+    /// default empty topic, say) reaches the collector, which counts and
+    /// logs it, instead of being dropped unseen by libzmq.
     pub(super) fn bind(engines: Arc<Engines>, endpoint: &str) -> Result<Collector, StartError> {
         let bind = || -> Result<zmq::Socket, zmq::Error> {
             let socket = super::task::bounded(&engines.ctx, zmq::SUB, &engines.cfg)?;
-            socket.set_subscribe(b"kv@")?;
+            socket.set_subscribe(b"")?;
             socket.bind(endpoint)?;
             Ok(socket)
         };
@@ -85,17 +88,27 @@ impl Collector {
     }
 
     fn message(&mut self, frames: &[Vec<u8>], actions: &mut Vec<Action<Vec<u8>>>) {
-        let Ok(live) = parse_live(frames) else {
-            self.engines.stray();
-            return;
+        let live = match parse_live(frames) {
+            Ok(live) => live,
+            Err(e) => {
+                self.engines
+                    .stray(|| format!("not a live event message: {e}"));
+                return;
+            }
         };
         let Some((pod, model)) = parse_topic(live.topic) else {
-            self.engines.stray();
+            self.engines.stray(|| {
+                let topic = String::from_utf8_lossy(live.topic);
+                let topic: String = topic.chars().take(128).collect();
+                format!("topic {topic:?} is not kv@<pod>@<model>")
+            });
             return;
         };
         if !self.pods.contains_key(pod) {
             let Some(found) = self.meet(pod, model) else {
-                self.engines.stray();
+                self.engines.stray(|| {
+                    format!("pod {pod:?} is followed otherwise, refused, or past max-engines")
+                });
                 return;
             };
             self.pods.insert(pod.to_string(), found);

@@ -281,6 +281,8 @@ pub struct Engines {
     /// Messages the central collector could not place: not a live message,
     /// a topic naming no pod, or a pod past `max-engines`.
     strays: std::sync::atomic::AtomicU64,
+    /// When a stray was last logged (at most once per `LOG_EVERY`).
+    stray_logged: Mutex<Option<std::time::Instant>>,
     /// The run-time subscriptions and the file they are kept in, if they
     /// are kept (snapshots on).
     kept: Option<(PathBuf, Mutex<kept::Kept>)>,
@@ -319,6 +321,7 @@ impl Engines {
             shutdown,
             central: Mutex::new(None),
             strays: Default::default(),
+            stray_logged: Mutex::new(None),
             kept: kept.map(|path| (path, Mutex::new(kept::Kept::default()))),
         })
     }
@@ -530,10 +533,21 @@ impl Engines {
         }
     }
 
-    fn stray(&self) {
+    /// Counts a message the central collector could not place, and logs
+    /// why (the first, then at most once per 10 s).
+    fn stray(&self, why: impl FnOnce() -> String) {
         // Relaxed: a statistic.
-        self.strays
+        let n = 1 + self
+            .strays
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        let mut last = self.stray_logged.lock();
+        if last.is_some_and(|t| now.duration_since(t) < stats::LOG_EVERY) {
+            return;
+        }
+        *last = Some(now);
+        drop(last);
+        tracing::warn!(strays = n, "engine collector: skipped a message: {}", why());
     }
 
     /// Messages the central collector could not place.

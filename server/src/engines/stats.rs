@@ -106,7 +106,7 @@ fn get(c: &AtomicU64) -> u64 {
 }
 
 /// Logs of one kind at most this often per subscription.
-const LOG_EVERY: Duration = Duration::from_secs(10);
+pub(super) const LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl SubStats {
     /// Counts one applied batch.

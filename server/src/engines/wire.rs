@@ -25,6 +25,20 @@ impl TryFrom<EngineSub> for Subscription {
             media: w.media.iter().map(|m| m.to_ascii_uppercase()).collect(),
         };
         sub.check_endpoints()?;
+        // One tier per name: a name with a separator in it ("GPU+CPU")
+        // would match no event's medium, silently.
+        if let Some(bad) = sub
+            .media
+            .iter()
+            .find(|m| m.is_empty() || m.contains(['+', ',']))
+        {
+            return Err(SubscriptionError::Syntax {
+                why: format!(
+                    "medium {bad:?} is not one tier name: list them apart, as [\"GPU\", \"CPU\"]"
+                ),
+                text: sub.to_string(),
+            });
+        }
         Ok(sub)
     }
 }
@@ -88,6 +102,12 @@ mod tests {
         for (endpoint, replay) in [("ipc:///x", None), ("tcp://h:1", Some("h:2"))] {
             let err = Subscription::try_from(wire(endpoint, replay)).unwrap_err();
             assert!(err.to_string().contains("is not tcp://"), "{err}");
+        }
+        for media in [["GPU+CPU", "X"], ["GPU", ""], ["GPU,CPU", "X"]] {
+            let mut w = wire("tcp://h:1", None);
+            w.media = media.map(Into::into).to_vec();
+            let err = Subscription::try_from(w).unwrap_err().to_string();
+            assert!(err.contains("not one tier name"), "{media:?}: {err}");
         }
     }
 }
