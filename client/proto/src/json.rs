@@ -131,8 +131,8 @@ pub struct EngineArgs {
     #[serde(default)]
     #[cfg_attr(feature = "clap", arg(long, default_value = ""))]
     pub topic: String,
-    /// Cache tiers routed on (separated by `,` or `+` on the command line,
-    /// as in the server's `--engine` form).
+    /// Cache tiers routed on (comma-separated on the command line; a name
+    /// with `+` in it is refused by the server).
     #[serde(default = "default_media")]
     #[cfg_attr(
         feature = "clap",
@@ -160,15 +160,7 @@ impl From<&EngineArgs> for EngineSub {
             replay: a.replay.clone(),
             block_size: a.block_size,
             topic: a.topic.clone(),
-            // `GPU+CPU` is the server's `--engine` form of a list: the same
-            // text names the same tiers here.
-            media: a
-                .media
-                .iter()
-                .flat_map(|m| m.split('+'))
-                .map(|m| m.trim().to_string())
-                .filter(|m| !m.is_empty())
-                .collect(),
+            media: a.media.clone(),
         }
     }
 }
@@ -791,19 +783,6 @@ pub fn http_status(code: ErrorCode) -> u16 {
 mod tests {
     use super::*;
 
-    #[test]
-    fn media_separated_by_plus_name_several_tiers_as_in_the_engine_form() {
-        let args = EngineArgs {
-            pod: "p".into(),
-            model: "m".into(),
-            endpoint: "tcp://h:1".into(),
-            replay: None,
-            block_size: 16,
-            topic: String::new(),
-            media: vec!["GPU+CPU".into(), "disk".into()],
-        };
-        assert_eq!(EngineSub::from(&args).media, ["GPU", "CPU", "disk"]);
-    }
     use crate::message::PodBlocks;
 
     fn full(kind: OpKind) -> JsonOp {
