@@ -71,6 +71,18 @@ pub struct Batch {
     /// Events of a type this crate does not know, skipped. Non-zero means
     /// the engine is newer than this decoder; the known events still apply.
     pub unknown_events: u32,
+    /// Events that did not decode, skipped alone (see [`DecodeError`]):
+    /// how many, and why the first did not. `None` when all decoded.
+    pub bad: Option<BadEvents>,
+}
+
+/// The events of a batch that did not decode.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BadEvents {
+    /// How many were skipped.
+    pub count: u32,
+    /// Why the first of them did not decode.
+    pub first: DecodeError,
 }
 
 /// One change to an engine's KV cache.
@@ -164,8 +176,10 @@ impl Default for DecodeLimits {
 
 /// Decodes one payload (the last frame of a live or replayed message).
 ///
-/// Any error refuses the whole batch (see [`DecodeError`]); events of
-/// unknown types do not: they are counted in [`Batch::unknown_events`].
+/// An error in the batch's frame refuses the whole batch; an event that is
+/// well framed but does not decode is skipped alone, and counted in
+/// [`Batch::bad`] (see [`DecodeError`]). Events of unknown types are
+/// counted in [`Batch::unknown_events`].
 ///
 /// ```
 /// use prefix_events::{decode_batch, DecodeLimits, Event};
@@ -205,7 +219,7 @@ fn positional(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Batch, Decode
         });
     }
     let ts = ts(r)?;
-    let (events, unknown_events) = event::decode_events(r, limits)?;
+    let (events, unknown_events, bad) = event::decode_events(r, limits)?;
     let data_parallel_rank = if n > 2 { rank(r)? } else { None };
     for i in 3..n {
         r.skip().map_err(|e| Location::BATCH.at(i).err(e))?;
@@ -215,6 +229,7 @@ fn positional(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Batch, Decode
         events,
         data_parallel_rank,
         unknown_events,
+        bad,
     })
 }
 
@@ -241,7 +256,7 @@ fn named(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Batch, DecodeError
         at: Location::batch(field),
     };
     let ts = ts(&mut ts_at.ok_or_else(|| missing("ts"))?)?;
-    let (events, unknown_events) =
+    let (events, unknown_events, bad) =
         event::decode_events(&mut events_at.ok_or_else(|| missing("events"))?, limits)?;
     let data_parallel_rank = match rank_at {
         Some(mut r) => rank(&mut r)?,
@@ -252,6 +267,7 @@ fn named(r: &mut Reader<'_>, limits: &DecodeLimits) -> Result<Batch, DecodeError
         events,
         data_parallel_rank,
         unknown_events,
+        bad,
     })
 }
 

@@ -121,6 +121,7 @@ mod tests {
             ],
             data_parallel_rank: Some(2),
             unknown_events: 0,
+            bad: None,
         };
         let bytes = encode_batch(&batch);
         assert_eq!(
@@ -137,6 +138,7 @@ mod tests {
             events: vec![Event::Cleared],
             data_parallel_rank: Some(0),
             unknown_events: 0,
+            bad: None,
         };
         let real =
             b"\x93\xcb\x41\xda\xc3\x62\xe5\x85\xd5\xce\x91\x81\xa4type\xb0AllBlocksCleared\x00";

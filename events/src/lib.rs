@@ -57,7 +57,9 @@ pub mod encode;
 pub mod frames;
 mod msgpack;
 
-pub use batch::{decode_batch, Batch, DecodeError, DecodeLimits, Event, Removed, Stored};
+pub use batch::{
+    decode_batch, BadEvents, Batch, DecodeError, DecodeLimits, Event, Removed, Stored,
+};
 pub use encode::encode_batch;
 pub use frames::{
     parse_live, parse_replay, parse_topic, replay_request, FrameError, Live, ReplayItem, END_SEQ,

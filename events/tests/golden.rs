@@ -95,6 +95,7 @@ fn every_vector_decodes_to_its_expected_values() {
             events: expected.events.into_iter().map(Event::from).collect(),
             data_parallel_rank: expected.data_parallel_rank,
             unknown_events: expected.unknown_events,
+            bad: None,
         };
         let got = decode_batch(&payload, &DecodeLimits::default())
             .unwrap_or_else(|e| panic!("{name} ({}): {e}", expected.engine));

@@ -680,9 +680,12 @@ impl Index {
             Ok(())
         };
         self.count_record(added_bytes as i64, added as i64);
-        recorded?;
+        // Records full partway: the blocks recorded before are held, and
+        // are placed like any others before the error is returned.
+        let full = recorded.err();
+        let placed = 'place: {
         let Some(last) = up.filter(|_| newly_held) else {
-            return Ok(());
+            break 'place Ok(());
         };
         let extended = engine.chain_extended(model, parent, hashes, max_key);
         let align = engine.align();
@@ -693,7 +696,7 @@ impl Index {
             ..
         } = &mut *engine;
         let Some(records) = models.get(model) else {
-            return Ok(());
+            break 'place Ok(());
         };
         let path = match extended {
             Some(()) => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
@@ -705,11 +708,11 @@ impl Index {
             Ok(key) => key,
             Err(Placed::Orphan) => {
                 done.orphaned += 1;
-                return Ok(());
+                break 'place Ok(());
             }
             Err(Placed::TooDeep) => {
                 done.too_deep += 1;
-                return Ok(());
+                break 'place Ok(());
             }
         };
         let held;
@@ -721,10 +724,15 @@ impl Index {
             }
         };
         if key.is_empty() {
-            return Ok(());
+            break 'place Ok(());
         }
         self.insert_at(model, key, pod, align, PINNED)
             .map_err(EngineError::Insert)
+        };
+        match full {
+            Some(e) => Err(e),
+            None => placed,
+        }
     }
 
     fn remove(
@@ -737,6 +745,7 @@ impl Index {
     ) -> Result<(), EngineError> {
         let ratio = engine.ratio;
         let max_key = self.sh.cfg.max_key_blocks;
+        let mut failed = None;
         for &h in hashes {
             // Removals name no model (no LoRA adapter): the event's model
             // first, then whichever holds the hash.
@@ -786,16 +795,27 @@ impl Index {
                     run.from = path.len() - 1;
                 }
                 (Ratio::Whole(_), Ok(path)) => {
-                    done.released += self.release_run(run, pod, ratio)?;
+                    match self.release_run(run, pod, ratio) {
+                        Ok(n) => done.released += n,
+                        Err(e) => {
+                            // The run's pod has no id to take it off with:
+                            // the run goes, the new one starts as usual.
+                            run.key.clear();
+                            failed.get_or_insert(e);
+                        }
+                    }
                     if *run.model != *model {
                         run.model = model.into();
                     }
                     run.key.extend_from_slice(path);
                     run.from = path.len().saturating_sub(1);
                 }
-                (_, path) => {
-                    done.released += self.release_block(records, ratio, pod, model, at, path)?;
-                }
+                (_, path) => match self.release_block(records, ratio, pod, model, at, path) {
+                    Ok(n) => done.released += n,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                },
             }
             let dropped = records.forget(at, |bytes| self.count_record(-(bytes as i64), -1));
             if records.len() == 0 {
@@ -807,7 +827,8 @@ impl Index {
                 engine.chain_popped(h, dropped);
             }
         }
-        Ok(())
+        // Every hash was applied to the records, whatever the tree said.
+        failed.map_or(Ok(()), Err)
     }
 
     /// Takes `pod` off the tree's blocks of the engine block at `at` (no
@@ -1453,5 +1474,7 @@ mod tests {
             Err(EngineError::Full { max: 2 })
         ));
         assert_eq!(index.stats().engine_blocks, 2);
+        // The two recorded are held, and matched.
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
     }
 }

@@ -59,6 +59,7 @@ fn payload(event: Event) -> Vec<u8> {
         events: vec![event],
         data_parallel_rank: Some(0),
         unknown_events: 0,
+        bad: None,
     })
 }
 

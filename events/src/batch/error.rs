@@ -84,8 +84,12 @@ impl fmt::Display for Location {
 /// says where ([`Location`]); the message reads like
 /// `event 3: token_ids: expected an array, found a string`.
 ///
-/// Any error refuses the whole batch: the events before it are not returned,
-/// since an index that applied half a batch could not tell which half.
+/// An error in the batch's frame (its array or map, `ts`, the `events`
+/// array's header) or one that breaks the msgpack framing of an event
+/// refuses the whole batch. An event that is well framed but does not
+/// decode (a field of the wrong type, a list over a limit) is skipped
+/// alone and counted in [`Batch::bad`](crate::Batch::bad), so that one
+/// bad removal does not take the batch's other events with it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum DecodeError {
     /// The payload ends inside a value: it was cut short, or a length field

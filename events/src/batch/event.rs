@@ -4,7 +4,7 @@
 use compact_str::CompactString;
 use smallvec::SmallVec;
 
-use super::{DecodeError, DecodeLimits, Event, Location, Removed, Stored};
+use super::{BadEvents, DecodeError, DecodeLimits, Event, Location, Removed, Stored};
 use crate::msgpack::{utf8, IntOrBin, Reader, Shape};
 
 /// The shortest event that decodes into an entry, `["BlockRemoved", []]`, is
@@ -13,12 +13,13 @@ use crate::msgpack::{utf8, IntOrBin, Reader, Shape};
 /// byte, whatever the array's header claims.
 const MIN_EVENT_BYTES: usize = 15;
 
-/// Decodes the `events` array; returns the known events and the count of
-/// unknown ones.
+/// Decodes the `events` array; returns the known events, the count of
+/// unknown ones, and the events that did not decode but could be stepped
+/// over (their framing is intact), skipped alone.
 pub(super) fn decode_events(
     r: &mut Reader<'_>,
     limits: &DecodeLimits,
-) -> Result<(Vec<Event>, u32), DecodeError> {
+) -> Result<(Vec<Event>, u32, Option<BadEvents>), DecodeError> {
     let at = Location::batch("events");
     let n = r.array_len().map_err(|e| at.err(e))?;
     if n > limits.max_events {
@@ -31,13 +32,28 @@ pub(super) fn decode_events(
     }
     let mut events = Vec::with_capacity(n.min(r.remaining() / MIN_EVENT_BYTES));
     let mut unknown = 0u32;
+    let mut bad: Option<BadEvents> = None;
     for i in 0..n {
-        match decode_event(r, i, limits)? {
-            Some(event) => events.push(event),
-            None => unknown = unknown.saturating_add(1),
+        let start = *r;
+        match decode_event(r, i, limits) {
+            Ok(Some(event)) => events.push(event),
+            Ok(None) => unknown = unknown.saturating_add(1),
+            Err(e) => {
+                // Stepped over from its start: only a well-framed event can
+                // be, and what follows it then starts where it ends.
+                let mut past = start;
+                if past.skip().is_err() {
+                    return Err(e);
+                }
+                *r = past;
+                match &mut bad {
+                    Some(b) => b.count = b.count.saturating_add(1),
+                    None => bad = Some(BadEvents { count: 1, first: e }),
+                }
+            }
         }
     }
-    Ok((events, unknown))
+    Ok((events, unknown, bad))
 }
 
 /// One event; `None` for an unknown type (skipped whole).
@@ -448,6 +464,14 @@ mod tests {
         decode_batch(&batch_of(events), &DecodeLimits::default())
     }
 
+    /// Why the batch did not decode, or else its first bad event.
+    fn why(got: Result<Batch, DecodeError>) -> String {
+        match got {
+            Err(e) => e.to_string(),
+            Ok(b) => b.bad.map_or_else(|| "decoded".into(), |b| b.first.to_string()),
+        }
+    }
+
     fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> Event {
         Event::Stored(Stored {
             hashes,
@@ -573,7 +597,7 @@ mod tests {
         );
         let removed = W::default().arr(1).s("BlockRemoved").done();
         assert_eq!(
-            decode(&[removed]).unwrap_err().to_string(),
+            why(decode(&[removed])),
             "event 0: block_hashes: missing"
         );
         let removed = W::default()
@@ -635,9 +659,7 @@ mod tests {
         let ok = decode(&[payload(&[0xa1, b'x'], &[0x92, 1, 0xcd, 1, 0])]).unwrap();
         assert_eq!(ok.events, [stored(vec![7], None, vec![1, 256])]);
         assert_eq!(
-            decode(&[payload(&[0x92, 1, 2], &[0xa1, b'x'])])
-                .unwrap_err()
-                .to_string(),
+            why(decode(&[payload(&[0x92, 1, 2], &[0xa1, b'x'])])),
             "event 0: token_ids: expected an array, found a string"
         );
     }
@@ -811,9 +833,62 @@ mod tests {
         ];
         let cleared = W::default().arr(1).s("AllBlocksCleared").done();
         for (event, want) in cases {
-            let got = decode(&[cleared.clone(), event]).unwrap_err().to_string();
+            let got = why(decode(&[cleared.clone(), event]));
             assert_eq!(got, want);
         }
+    }
+
+    #[test]
+    fn a_malformed_event_is_skipped_alone_while_its_framing_holds() {
+        let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+        let removed = |medium: W| {
+            W::default()
+                .map(3)
+                .s("type")
+                .s("BlockRemoved")
+                .s("block_hashes")
+                .arr(1)
+                .u(9)
+                .s("medium")
+                .raw(&medium.done())
+                .done()
+        };
+        // A medium of the wrong type, and a hash too short: both framed.
+        let bad_medium = removed(W::default().u(3));
+        let short_hash = W::default()
+            .arr(2)
+            .s("BlockRemoved")
+            .arr(1)
+            .bin(&[1; 4])
+            .done();
+        let good = removed(W::default().s("GPU"));
+        let batch = decode(&[
+            bad_medium.clone(),
+            cleared.clone(),
+            short_hash,
+            good.clone(),
+        ])
+        .unwrap();
+        let want = Event::Removed(Removed {
+            hashes: [9].into(),
+            medium: Some("GPU".into()),
+        });
+        assert_eq!(batch.events, [Event::Cleared, want]);
+        let bad = batch.bad.unwrap();
+        assert_eq!(bad.count, 2);
+        assert_eq!(
+            bad.first.to_string(),
+            "event 0: medium: expected a string or nil, found an integer"
+        );
+        assert_eq!(decode(&[cleared.clone(), good.clone()]).unwrap().bad, None);
+        // An event that claims more than the payload holds cannot be
+        // stepped over, and the batch is refused.
+        let cut = W::default().arr(2).s("BlockRemoved").raw(&[0x93, 1]).done();
+        let got = decode(&[cleared, good, cut]);
+        assert!(
+            matches!(got, Err(DecodeError::Truncated { .. })),
+            "{got:?}"
+        );
     }
 
     #[test]
@@ -832,7 +907,7 @@ mod tests {
             .u(2)
             .done();
         assert_eq!(
-            run(&[hashes]).unwrap_err().to_string(),
+            why(run(&[hashes])),
             "event 0: block_hashes: 2 elements, more than max_hashes (1)"
         );
         let tokens = W::default()
@@ -845,14 +920,12 @@ mod tests {
             .u(1)
             .done();
         assert_eq!(
-            run(&[tokens]).unwrap_err().to_string(),
+            why(run(&[tokens])),
             "event 0: token_ids: 4 elements, more than max_tokens (3)"
         );
         let cleared = W::default().arr(1).s("AllBlocksCleared").done();
         assert_eq!(
-            run(&[cleared.clone(), cleared.clone(), cleared])
-                .unwrap_err()
-                .to_string(),
+            why(run(&[cleared.clone(), cleared.clone(), cleared])),
             "batch: events: 3 elements, more than max_events (2)"
         );
     }
@@ -922,9 +995,9 @@ mod tests {
             "extra_keys",
         ] {
             let b = W::default().map(1).s(field).raw(&[0x93, 0xc0]).done();
-            let err = decode_batch(&batch_of(&[b]), &DecodeLimits::default()).unwrap_err();
+            let err = why(decode_batch(&batch_of(&[b]), &DecodeLimits::default()));
             assert_eq!(
-                err.to_string(),
+                err,
                 format!("event 0: {field}: the payload ends inside this value")
             );
         }

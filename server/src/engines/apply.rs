@@ -173,6 +173,7 @@ mod tests {
             ],
             data_parallel_rank: Some(0),
             unknown_events: 1,
+            bad: None,
         };
         let out = apply_batch(&index, &s, &engine, &batch);
         assert_eq!(
@@ -210,6 +211,7 @@ mod tests {
             })],
             data_parallel_rank: None,
             unknown_events: 0,
+            bad: None,
         };
         assert_eq!(apply_batch(&index, &s, &engine, &batch).applied.removed, 1);
         assert!(index.lookup("sql-lora", &key, None, 0).is_empty());

@@ -123,6 +123,10 @@ impl Collector {
                 Action::Apply { seq, payload } => {
                     match decode_batch(&payload, &self.engines.cfg.decode) {
                         Ok(batch) => {
+                            let bad = batch.bad.as_ref();
+                            if let Some(what) = bad.and_then(|b| p.stats.bad_events(seq, b)) {
+                                tracing::warn!(pod = %p.sub.pod, "{what}");
+                            }
                             let out = apply_batch(&self.engines.index, &p.sub, &p.engine, &batch);
                             p.stats.applied(seq, &out, 0);
                         }

@@ -111,6 +111,7 @@ impl Engine {
             events: vec![event],
             data_parallel_rank: Some(0),
             unknown_events: 0,
+            bad: None,
         });
         let seq = self.seq;
         self.seq += 1;

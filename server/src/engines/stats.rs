@@ -151,6 +151,17 @@ impl SubStats {
         add(&self.decode_errors, 1);
     }
 
+    /// Counts the events of a batch that did not decode (skipped alone)
+    /// and records why the first did not; returns whether to log it now.
+    pub fn bad_events(&self, seq: u64, bad: &prefix_events::BadEvents) -> Option<String> {
+        add(&self.decode_errors, u64::from(bad.count));
+        let what = format!(
+            "batch {seq}: {} event(s) that did not decode skipped: {}",
+            bad.count, bad.first
+        );
+        self.problem(Problem::Decode, &what).then_some(what)
+    }
+
     /// Records a problem; returns whether to log it now (the first of its
     /// kind, then at most once per 10 s, so a bad engine cannot flood logs).
     pub fn problem(&self, kind: Problem, what: &str) -> bool {

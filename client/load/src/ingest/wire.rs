@@ -37,6 +37,7 @@ pub fn encode_batch(ts: f64, events: &[Event], out: &mut Vec<u8>) {
         events,
         data_parallel_rank: Some(0),
         unknown_events: 0,
+        bad: None,
     };
     out.extend_from_slice(&prefix_events::encode_batch(&batch));
 }
