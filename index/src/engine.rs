@@ -684,50 +684,50 @@ impl Index {
         // are placed like any others before the error is returned.
         let full = recorded.err();
         let placed = 'place: {
-        let Some(last) = up.filter(|_| newly_held) else {
-            break 'place Ok(());
-        };
-        let extended = engine.chain_extended(model, parent, hashes, max_key);
-        let align = engine.align();
-        let Engine {
-            models,
-            chain,
-            scratch,
-            ..
-        } = &mut *engine;
-        let Some(records) = models.get(model) else {
-            break 'place Ok(());
-        };
-        let path = match extended {
-            Some(()) => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
-            None => chain_path(chain, scratch, records, ratio, model, last, max_key),
-        };
-        // Pages: our blocks are whole groups, held only while every page of
-        // the group is; a path through a group missing a page stops before it.
-        let key = match path {
-            Ok(key) => key,
-            Err(Placed::Orphan) => {
-                done.orphaned += 1;
+            let Some(last) = up.filter(|_| newly_held) else {
+                break 'place Ok(());
+            };
+            let extended = engine.chain_extended(model, parent, hashes, max_key);
+            let align = engine.align();
+            let Engine {
+                models,
+                chain,
+                scratch,
+                ..
+            } = &mut *engine;
+            let Some(records) = models.get(model) else {
+                break 'place Ok(());
+            };
+            let path = match extended {
+                Some(()) => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
+                None => chain_path(chain, scratch, records, ratio, model, last, max_key),
+            };
+            // Pages: our blocks are whole groups, held only while every page of
+            // the group is; a path through a group missing a page stops before it.
+            let key = match path {
+                Ok(key) => key,
+                Err(Placed::Orphan) => {
+                    done.orphaned += 1;
+                    break 'place Ok(());
+                }
+                Err(Placed::TooDeep) => {
+                    done.too_deep += 1;
+                    break 'place Ok(());
+                }
+            };
+            let held;
+            let key = match ratio {
+                Ratio::Whole(_) => key,
+                Ratio::Pages(n) => {
+                    held = held_groups(records, last, n, key.to_vec());
+                    &held[..]
+                }
+            };
+            if key.is_empty() {
                 break 'place Ok(());
             }
-            Err(Placed::TooDeep) => {
-                done.too_deep += 1;
-                break 'place Ok(());
-            }
-        };
-        let held;
-        let key = match ratio {
-            Ratio::Whole(_) => key,
-            Ratio::Pages(n) => {
-                held = held_groups(records, last, n, key.to_vec());
-                &held[..]
-            }
-        };
-        if key.is_empty() {
-            break 'place Ok(());
-        }
-        self.insert_at(model, key, pod, align, PINNED)
-            .map_err(EngineError::Insert)
+            self.insert_at(model, key, pod, align, PINNED)
+                .map_err(EngineError::Insert)
         };
         match full {
             Some(e) => Err(e),

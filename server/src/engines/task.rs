@@ -268,7 +268,11 @@ impl Task {
                 return false;
             }
         };
-        if let Some(what) = batch.bad.as_ref().and_then(|b| self.stats.bad_events(seq, b)) {
+        if let Some(what) = batch
+            .bad
+            .as_ref()
+            .and_then(|b| self.stats.bad_events(seq, b))
+        {
             tracing::warn!(pod = %self.sub.pod, "{what}");
         }
         let out = apply_batch(&self.index, &self.sub, &self.engine, &batch);
