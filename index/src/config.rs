@@ -39,6 +39,13 @@ pub struct IndexConfig {
     /// holds a block's parent, copy count and our hashes); stores past it
     /// are refused. Default 16,777,216 (2^24), as `max_blocks`.
     pub max_engine_blocks: u64,
+    /// Bound on one engine-fed pod's records, so that one engine that
+    /// stores and never removes (buggy, or whose removals were lost)
+    /// cannot take every other engine's room under `max_engine_blocks`.
+    /// Default 16,777,216, as `max_engine_blocks`: no tighter unless set;
+    /// the sum of the pods' KV-cache blocks over their count, with room,
+    /// makes each engine's share its own.
+    pub max_engine_blocks_per_pod: u64,
     /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
     /// the longest Kubernetes object name.
     pub max_name_len: usize,
@@ -56,6 +63,7 @@ impl Default for IndexConfig {
             max_models: 1024,
             speculative_ttl: Duration::from_secs(2),
             max_engine_blocks: 1 << 24,
+            max_engine_blocks_per_pod: 1 << 24,
             max_name_len: 253,
         }
     }

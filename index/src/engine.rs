@@ -616,6 +616,8 @@ impl Index {
         if hashes.is_empty() {
             return Ok(());
         }
+        let max_own = self.sh.cfg.max_engine_blocks_per_pod;
+        let own = engine.blocks() as u64;
         if !engine.models.contains_key(model) {
             engine.models.insert(model.into(), Records::default());
         }
@@ -639,6 +641,9 @@ impl Index {
                         let full = EngineError::Full { max: max_records };
                         if self.engine_records().saturating_add(added) >= max_records {
                             break 'records Err(full);
+                        }
+                        if own.saturating_add(added) >= max_own {
+                            break 'records Err(EngineError::PodFull { max: max_own });
                         }
                         let data = match ratio {
                             Ratio::Whole(1) => Data::One((spec.hash)(toks)),
@@ -876,6 +881,10 @@ impl Index {
         let max = self.sh.cfg.max_engine_blocks;
         if self.engine_records().saturating_add(blocks.len() as u64) > max {
             return Err(EngineError::Full { max });
+        }
+        let max_own = self.sh.cfg.max_engine_blocks_per_pod;
+        if (engine.blocks() as u64).saturating_add(blocks.len() as u64) > max_own {
+            return Err(EngineError::PodFull { max: max_own });
         }
         let (ratio, align) = (engine.ratio, engine.align());
         let engine_block = engine.spec.engine_block as usize;
@@ -1476,5 +1485,37 @@ mod tests {
         assert_eq!(index.stats().engine_blocks, 2);
         // The two recorded are held, and matched.
         assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    }
+
+    #[test]
+    fn one_engine_cannot_take_the_others_room() {
+        let index = Index::new(IndexConfig {
+            max_engine_blocks_per_pod: 2,
+            ..IndexConfig::default()
+        });
+        let greedy = index.engine("greedy", spec(4)).unwrap();
+        let other = index.engine("other", spec(4)).unwrap();
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[1, 2, 3],
+            tokens: &tokens(1, 3),
+        };
+        assert!(matches!(
+            index.apply(&mut greedy.lock(), "greedy", "m", op),
+            Err(EngineError::PodFull { max: 2 })
+        ));
+        // A model of its own does not get round the bound.
+        assert!(matches!(
+            index.apply(&mut greedy.lock(), "greedy", "adapter", op),
+            Err(EngineError::PodFull { max: 2 })
+        ));
+        assert_eq!(greedy.lock().blocks(), 2);
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[7, 8],
+            tokens: &tokens(2, 2),
+        };
+        index.apply(&mut other.lock(), "other", "m", op).unwrap();
+        assert_eq!(index.stats().engine_blocks, 4);
     }
 }

@@ -78,6 +78,13 @@ pub enum EngineError {
         /// The configured `max_engine_blocks`.
         max: u64,
     },
+    /// `max_engine_blocks_per_pod` engine blocks of this pod are recorded
+    /// already.
+    #[error("this engine's block records are full (max_engine_blocks_per_pod = {max})")]
+    PodFull {
+        /// The configured `max_engine_blocks_per_pod`.
+        max: u64,
+    },
     /// A snapshot's engine record was refused.
     #[error("engine block {hash:#x} of the snapshot: {why}")]
     Record {

@@ -234,6 +234,10 @@ pub struct Settings {
     /// block an engine reported), over all engines.
     #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_BLOCKS")]
     pub max_engine_blocks: Option<u64>,
+    /// Bound on one engine's block records, so that one engine cannot
+    /// take the others' room under --max-engine-blocks.
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_BLOCKS_PER_POD")]
+    pub max_engine_blocks_per_pod: Option<u64>,
     /// Most engines followed at once (configured, subscribed at run time,
     /// or met through --engine-listen).
     #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
@@ -432,6 +436,9 @@ impl Settings {
                 max_name_len: self.max_name_len.unwrap_or(d.index.max_name_len),
                 speculative_ttl: dur(self.speculative_ttl, d.index.speculative_ttl),
                 max_engine_blocks: self.max_engine_blocks.unwrap_or(d.index.max_engine_blocks),
+                max_engine_blocks_per_pod: self
+                    .max_engine_blocks_per_pod
+                    .unwrap_or(d.index.max_engine_blocks_per_pod),
                 ..d.index
             },
             max_frame_bytes: self.max_frame_bytes.unwrap_or(d.max_frame_bytes),
@@ -577,6 +584,7 @@ impl From<&ServerConfig> for Settings {
             token_block: Some(cfg.engines.token_block),
             speculative_ttl: Some(HumanDuration(cfg.index.speculative_ttl)),
             max_engine_blocks: Some(cfg.index.max_engine_blocks),
+            max_engine_blocks_per_pod: Some(cfg.index.max_engine_blocks_per_pod),
             max_engines: Some(cfg.engines.max_engines),
             replay_timeout: Some(HumanDuration(cfg.engines.replay_timeout)),
             max_held_batches: Some(cfg.engines.max_held_batches),
@@ -994,6 +1002,7 @@ mod tests {
                 max_name_len: 12,
                 speculative_ttl: Duration::from_millis(2500),
                 max_engine_blocks: 24,
+                max_engine_blocks_per_pod: 23,
                 ..d.index
             },
             max_frame_bytes: 4096,
