@@ -685,6 +685,11 @@ impl Index {
             Ok(())
         };
         self.count_record(added_bytes as i64, added as i64);
+        // Refused before its first record: the model keeps no empty record
+        // set (names an engine sends would pile up otherwise).
+        if engine.models.get(model).is_some_and(|r| r.len() == 0) {
+            engine.models.remove(model);
+        }
         // Records full partway: the blocks recorded before are held, and
         // are placed like any others before the error is returned.
         let full = recorded.err();
@@ -1510,6 +1515,7 @@ mod tests {
             Err(EngineError::PodFull { max: 2 })
         ));
         assert_eq!(greedy.lock().blocks(), 2);
+        assert_eq!(greedy.lock().models.len(), 1);
         let op = EngineOp::Stored {
             parent: None,
             hashes: &[7, 8],
