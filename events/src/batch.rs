@@ -136,8 +136,9 @@ pub struct Removed {
 /// cannot make the decoder do work or hold memory out of proportion to what
 /// the index will use. Memory is already bounded by the payload's size (a
 /// list reserves no more elements than bytes are left); these caps bound it
-/// below what a large ZeroMQ message would allow. A payload over a limit is
-/// refused whole with [`DecodeError::Limit`].
+/// below what a large ZeroMQ message would allow. A payload over
+/// `max_events` is refused whole with [`DecodeError::Limit`]; an event over
+/// `max_hashes` or `max_tokens` is skipped alone ([`Batch::bad`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DecodeLimits {
     /// Events in one batch (unknown ones included).

@@ -258,12 +258,12 @@ pub struct Settings {
     /// decode error.
     #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
     pub max_batch_events: Option<usize>,
-    /// Most block hashes in one engine event; a batch with a larger one is
-    /// skipped as a decode error.
+    /// Most block hashes in one engine event; a larger event is skipped
+    /// alone as a decode error.
     #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
     pub max_event_hashes: Option<usize>,
-    /// Most token ids in one engine event; a batch with a larger one is
-    /// skipped as a decode error.
+    /// Most token ids in one engine event; a larger event is skipped alone
+    /// as a decode error.
     #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
     pub max_event_tokens: Option<usize>,
     /// Largest engine event message in bytes; libzmq drops a connection

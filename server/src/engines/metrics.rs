@@ -107,7 +107,7 @@ impl Collector for EngineCollector {
         let strays = ConstCounter::new(engines.strays());
         let family = encoder.encode_descriptor(
             "engine_stray_messages",
-            "Messages to --engine-listen naming no pod (or one past max-engines), skipped",
+            "Messages to --engine-listen not placed (not a live message, a topic other than kv@<pod>@<model>, a pod followed otherwise or past max-engines), skipped",
             None,
             strays.metric_type(),
         )?;

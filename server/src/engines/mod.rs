@@ -212,7 +212,8 @@ pub struct EngineConfig {
     /// Their payloads' bytes; past it, resync.
     pub max_held_bytes: usize,
     /// Bounds on one decoded batch: events, and hashes and token ids per
-    /// event. A batch over one is skipped as a decode error.
+    /// event. A batch over the first is skipped whole, an event over the
+    /// others alone, as decode errors.
     pub decode: prefix_events::DecodeLimits,
     /// Most engine subscriptions (configured, added at run time and met by
     /// the central collector).
