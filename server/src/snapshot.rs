@@ -131,6 +131,16 @@ pub enum Found {
     },
 }
 
+/// Moves a file of the data directory that is not what it should be aside,
+/// to `<name>.bad-<now as unix ms>`, for an operator to look at; returns
+/// where, or `None` when it could not be moved.
+pub(crate) fn set_aside(path: &Path, now: u64) -> Option<PathBuf> {
+    let mut name = path.file_name()?.to_os_string();
+    name.push(format!(".bad-{now}"));
+    let aside = path.with_file_name(name);
+    fs::rename(path, &aside).ok().map(|()| aside)
+}
+
 /// Reads and checks `<dir>/index.snapshot`, if there is one. A bad snapshot
 /// is moved aside.
 pub fn find(dir: &Path, now: u64) -> Found {
@@ -155,8 +165,7 @@ pub fn find(dir: &Path, now: u64) -> Found {
             snapshot,
         },
         Err(source) => {
-            let aside = dir.join(format!("{FILE}.bad-{now}"));
-            let moved_to = fs::rename(&path, &aside).ok().map(|()| aside);
+            let moved_to = set_aside(&path, now);
             Found::SetAside {
                 error: SnapshotFileError::Bad { path, source },
                 moved_to,

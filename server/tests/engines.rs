@@ -489,6 +489,36 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
             .is_some_and(|e| e.contains("batch")),
         "{state:?}"
     );
+    // Unsubscribed, the pod's blocks go; its next messages meet it again,
+    // as a pod learnt anew (its old blocks are not there to find).
+    assert!(server.engines.unsubscribe("pod-c"));
+    let holds = async |tokens: &[u32], blocks: u32| {
+        let got = client
+            .lookup("m", &token_key(tokens, BLOCK), None)
+            .await
+            .unwrap();
+        got.matches
+            .iter()
+            .any(|m| m.pod.as_str() == "pod-c" && m.blocks == blocks)
+    };
+    assert!(!holds(&tokens, 3).await);
+    let again = prompt(2, 2);
+    let again_hs = hashes(&again);
+    common::eventually(
+        "the engine is met again after its unsubscription",
+        async || {
+            let good = payload(stored(None, &again_hs, &again));
+            let good: [&[u8]; 3] = [topic, &seq.to_be_bytes(), &good];
+            publisher.send_multipart(good, 0).unwrap();
+            seq += 1;
+            holds(&again, 2).await
+        },
+    )
+    .await;
+    assert!(!holds(&tokens, 3).await);
+    let states = server.engines_list();
+    assert_eq!(states.len(), 1);
+    assert_eq!(states[0].1.decode_errors, 0, "{:?}", states[0].1);
     client.close().await;
     server.shutdown().await;
 }

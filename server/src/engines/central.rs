@@ -24,6 +24,9 @@ struct Pod {
     engine: EngineHandle,
     stats: Arc<SubStats>,
     follower: Follower<Vec<u8>>,
+    /// Cancelled when the pod is unsubscribed: its engine state is gone,
+    /// and its next message meets it again, as new.
+    gone: CancellationToken,
 }
 
 /// The bound socket and what it has met.
@@ -104,7 +107,13 @@ impl Collector {
             });
             return;
         };
+        if self.pods.get(pod).is_some_and(|p| p.gone.is_cancelled()) {
+            self.pods.remove(pod);
+        }
         if !self.pods.contains_key(pod) {
+            // Pods unsubscribed since go first: they hold no slot of
+            // `max-engines` any more, nor should they here.
+            self.pods.retain(|_, p| !p.gone.is_cancelled());
             let Some(found) = self.meet(pod, model) else {
                 self.engines.stray(|| {
                     format!("pod {pod:?} is followed otherwise, refused, or past max-engines")
@@ -160,11 +169,12 @@ impl Collector {
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
-        let (stats, sub, engine) = self.engines.central_pod(pod, model)?;
+        let (stats, sub, engine, gone) = self.engines.central_pod(pod, model)?;
         Some(Pod {
             sub,
             engine,
             stats,
+            gone,
             follower: Follower::new(
                 false,
                 super::follow::HeldLimit {

@@ -11,6 +11,10 @@
 //!
 //! It is written whole after each op, to a temporary file renamed over the
 //! old one, so a crash leaves the old file or the new one, never a torn one.
+//! A file that cannot be read is never written over: it is moved aside to
+//! `subscriptions.json.bad-<unix ms>` (for an operator to look at) and the
+//! run-time subscriptions start from nothing; if it cannot be moved either,
+//! nothing is kept until a restart finds it readable.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -23,6 +27,82 @@ use super::Subscription;
 
 /// The file's name in the data directory.
 pub const FILE: &str = "subscriptions.json";
+
+/// The run-time subscriptions' net effect and the file that keeps it. The
+/// file is read when first needed: at start, or at an op that comes before
+/// it (while the index is being filled from a peer).
+#[derive(Debug)]
+pub(super) struct Keeper {
+    /// The file; none when subscriptions are not kept (snapshots off).
+    path: Option<PathBuf>,
+    /// What it holds, once read.
+    kept: Option<Kept>,
+    /// Whether the file may be written: not when it could neither be read
+    /// nor moved aside.
+    writable: bool,
+}
+
+impl Keeper {
+    /// Subscriptions kept in the file at `path`, if any.
+    pub(super) fn new(path: Option<PathBuf>) -> Keeper {
+        Keeper {
+            path,
+            kept: None,
+            writable: true,
+        }
+    }
+
+    /// The net effect kept, read from the file the first time (at `now`,
+    /// in unix ms). Unsubscriptions of pods that `configured` no longer
+    /// names are left out: they have nothing left to undo.
+    pub(super) fn kept(&mut self, configured: impl Fn(&str) -> bool, now: u64) -> &mut Kept {
+        let (path, writable) = (&self.path, &mut self.writable);
+        self.kept.get_or_insert_with(|| {
+            let Some(path) = path else {
+                return Kept::default();
+            };
+            match Kept::load(path) {
+                Ok(mut kept) => {
+                    kept.unsubscribed.retain(|pod| configured(pod));
+                    kept
+                }
+                Err(e) => {
+                    match crate::snapshot::set_aside(path, now) {
+                        Some(aside) => tracing::error!(
+                            "engine subscriptions made at run time are not restored: {e}; the file is moved to {}",
+                            aside.display()
+                        ),
+                        None => {
+                            *writable = false;
+                            tracing::error!(
+                                "engine subscriptions made at run time are not restored: {e}; the file cannot be moved aside either, so run-time subscriptions are not kept until a restart finds it readable"
+                            );
+                        }
+                    }
+                    Kept::default()
+                }
+            }
+        })
+    }
+
+    /// Applies a run-time change (at `now`, in unix ms) and writes the
+    /// file. A file that cannot be written is logged: the change holds
+    /// until a restart.
+    pub(super) fn change(
+        &mut self,
+        configured: impl Fn(&str) -> bool,
+        now: u64,
+        change: impl FnOnce(&mut Kept),
+    ) {
+        change(self.kept(configured, now));
+        let (Some(path), true, Some(kept)) = (&self.path, self.writable, &self.kept) else {
+            return;
+        };
+        if let Err(e) = kept.save(path) {
+            tracing::error!(path = %path.display(), "engine subscriptions not kept for a restart: {e}");
+        }
+    }
+}
 
 /// The run-time subscriptions' net effect.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,5 +249,44 @@ mod tests {
         kept.save(&path).unwrap();
         let err = Kept::load(&path).unwrap_err().to_string();
         assert!(err.contains("for pod \"a\""), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_read_is_moved_aside_not_written_over() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        std::fs::write(&path, "not json").unwrap();
+        let mut keeper = Keeper::new(Some(path.clone()));
+        assert_eq!(*keeper.kept(|_| true, NOW), Kept::default());
+        let aside = dir.path().join(format!("{FILE}.bad-{NOW}"));
+        assert_eq!(std::fs::read_to_string(&aside).unwrap(), "not json");
+        keeper.change(|_| true, NOW + 1, |k| k.subscribed(&sub("a")));
+        let back = Kept::load(&path).unwrap();
+        assert_eq!(back.subscribed.keys().collect::<Vec<_>>(), ["a"]);
+
+        // When it cannot be moved aside either (a directory is in the way),
+        // nothing is written until a restart finds it readable.
+        std::fs::write(&path, "not json").unwrap();
+        std::fs::remove_file(&aside).unwrap();
+        std::fs::create_dir(&aside).unwrap();
+        std::fs::write(aside.join("x"), "").unwrap();
+        let mut keeper = Keeper::new(Some(path.clone()));
+        keeper.change(|_| true, NOW, |k| k.subscribed(&sub("b")));
+        assert_eq!(keeper.kept(|_| true, NOW).subscribed.len(), 1);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "not json");
+    }
+
+    #[test]
+    fn unsubscriptions_of_pods_no_longer_configured_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE);
+        let mut kept = Kept::default();
+        kept.unsubscribed("a", true);
+        kept.unsubscribed("b", true);
+        kept.save(&path).unwrap();
+        let mut keeper = Keeper::new(Some(path));
+        let back = keeper.kept(|pod| pod == "b", 0);
+        assert_eq!(back.unsubscribed.iter().collect::<Vec<_>>(), ["b"]);
     }
 }

@@ -284,9 +284,11 @@ pub struct Engines {
     strays: std::sync::atomic::AtomicU64,
     /// When a stray was last logged (at most once per `LOG_EVERY`).
     stray_logged: Mutex<Option<std::time::Instant>>,
-    /// The run-time subscriptions and the file they are kept in, if they
-    /// are kept (snapshots on).
-    kept: Option<(PathBuf, Mutex<kept::Kept>)>,
+    /// The run-time subscriptions, kept in a file when snapshots are on.
+    /// Its lock is held through each run-time op (`subscribe`,
+    /// `unsubscribe`), taken before `running`: ops on one pod are applied
+    /// one at a time, so the file and the running set agree.
+    keeper: Mutex<kept::Keeper>,
 }
 
 struct Running {
@@ -323,7 +325,7 @@ impl Engines {
             central: Mutex::new(None),
             strays: Default::default(),
             stray_logged: Mutex::new(None),
-            kept: kept.map(|path| (path, Mutex::new(kept::Kept::default()))),
+            keeper: Mutex::new(kept::Keeper::new(kept)),
         })
     }
 
@@ -356,22 +358,19 @@ impl Engines {
     /// the `subscribe` op. The subscription is kept across restarts when
     /// snapshots are on.
     pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+        let mut keeper = self.keeper.lock();
         self.follow(sub.clone())?;
-        self.keep(|k| k.subscribed(&sub));
+        keeper.change(
+            |p| self.configured(p),
+            crate::handler::now_ms(),
+            |k| k.subscribed(&sub),
+        );
         Ok(())
     }
 
-    /// Records a run-time change in the kept file, if there is one. A file
-    /// that cannot be written is logged: the change holds until a restart.
-    fn keep(&self, change: impl FnOnce(&mut kept::Kept)) {
-        let Some((path, kept)) = &self.kept else {
-            return;
-        };
-        let mut kept = kept.lock();
-        change(&mut kept);
-        if let Err(e) = kept.save(path) {
-            tracing::error!(path = %path.display(), "engine subscriptions not kept for a restart: {e}");
-        }
+    /// Whether the configuration subscribes `pod`.
+    fn configured(&self, pod: &str) -> bool {
+        self.cfg.subscriptions.iter().any(|s| s.pod == pod)
     }
 
     /// Starts following `sub`, replacing a subscription of the same pod.
@@ -435,14 +434,23 @@ impl Engines {
     /// `unsubscribe` op, kept across restarts like `subscribe`. Returns
     /// whether it was followed.
     pub fn unsubscribe(&self, pod: &str) -> bool {
-        let configured = self.cfg.subscriptions.iter().any(|s| s.pod == pod);
-        self.keep(|k| k.unsubscribed(pod, configured));
+        let mut keeper = self.keeper.lock();
+        let configured = self.configured(pod);
+        keeper.change(
+            |p| self.configured(p),
+            crate::handler::now_ms(),
+            |k| k.unsubscribed(pod, configured),
+        );
         self.stop_following(pod)
     }
 
     /// Stops following `pod`'s engine and drops what it knew.
     fn stop_following(&self, pod: &str) -> bool {
-        let Some(old) = self.running.lock().remove(pod) else {
+        // `running` is held until the engine state is dropped: the central
+        // collector cannot meet the pod again in between, and register it
+        // on the engine state about to go.
+        let mut running = self.running.lock();
+        let Some(old) = running.remove(pod) else {
             return false;
         };
         old.stop.cancel();
@@ -473,10 +481,18 @@ impl Engines {
     /// that none of them follows are dropped, since nothing would ever
     /// update them (unless the central collector runs: it may meet them).
     pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
+        let kept = self
+            .keeper
+            .lock()
+            .kept(|p| self.configured(p), crate::handler::now_ms())
+            .clone();
         for sub in self.cfg.subscriptions.clone() {
-            self.follow(sub)?;
+            // A configured pod unsubscribed at run time stays unfollowed.
+            if !kept.unsubscribed.contains(&sub.pod) {
+                self.follow(sub)?;
+            }
         }
-        self.follow_kept();
+        self.follow_kept(&kept);
         if self.cfg.listen.is_none() {
             self.drop_unfollowed();
         }
@@ -490,25 +506,12 @@ impl Engines {
         Ok(())
     }
 
-    /// Applies the kept file: its subscriptions are followed, its
-    /// unsubscribed pods are not. A file that cannot be read, or a
-    /// subscription refused now (the token block changed, say), is logged
-    /// and left out; the file stays as it was until the next op.
-    fn follow_kept(self: &Arc<Self>) {
-        let Some((path, kept)) = &self.kept else {
-            return;
-        };
-        let loaded = match kept::Kept::load(path) {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::error!("engine subscriptions made at run time are not restored: {e}");
-                return;
-            }
-        };
-        for pod in &loaded.unsubscribed {
-            self.stop_following(pod);
-        }
-        for sub in loaded.subscribed.values() {
+    /// Follows the subscriptions kept from before the restart (replacing a
+    /// configured one of the same pod). One refused now (the token block
+    /// changed, say) is logged and left out; the file keeps it until the
+    /// next op.
+    fn follow_kept(self: &Arc<Self>, kept: &kept::Kept) {
+        for sub in kept.subscribed.values() {
             let followed = sub
                 .check_endpoints()
                 .and_then(|()| self.follow(sub.clone()));
@@ -521,7 +524,6 @@ impl Engines {
                 }
             }
         }
-        *kept.lock() = loaded;
     }
 
     /// Drops the engine-fed pods that no subscription follows.
@@ -567,7 +569,12 @@ impl Engines {
         &self,
         pod: &str,
         model: &str,
-    ) -> Option<(Arc<SubStats>, Subscription, prefix_index::EngineHandle)> {
+    ) -> Option<(
+        Arc<SubStats>,
+        Subscription,
+        prefix_index::EngineHandle,
+        CancellationToken,
+    )> {
         let mut running = self.running.lock();
         if running.contains_key(pod) {
             // A pod followed otherwise (a configured subscription, say) is
@@ -590,16 +597,17 @@ impl Engines {
         // hold a slot of `max-engines`).
         let engine = self.index.engine(pod, self.spec(sub.block_size)).ok()?;
         let stats = Arc::new(SubStats::default());
+        let gone = self.shutdown.child_token();
         running.insert(
             pod.into(),
             Running {
                 sub: sub.clone(),
                 stats: stats.clone(),
-                stop: self.shutdown.child_token(),
+                stop: gone.clone(),
                 exited: None,
             },
         );
-        Some((stats, sub, engine))
+        Some((stats, sub, engine, gone))
     }
 
     /// Waits for every thread to end (call after cancelling `shutdown`;
@@ -660,6 +668,48 @@ mod tests {
             let err = bad.parse::<Subscription>().unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
         }
+    }
+
+    /// A subscribe and an unsubscribe of one pod at once, many times: after
+    /// each pair the kept file, the followed set and the index's engine-fed
+    /// pods say the same of the pod (whichever op came last).
+    #[test]
+    fn ops_on_one_pod_at_once_leave_the_file_and_the_followed_set_agreeing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(kept::FILE);
+        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
+        let stop = CancellationToken::new();
+        let engines = Engines::new(
+            index.clone(),
+            EngineConfig::default(),
+            stop.clone(),
+            Some(path.clone()),
+        );
+        engines.start().unwrap();
+        // Nothing listens there: the subscription connects in the background.
+        let sub: Subscription = "pod=p,model=m,endpoint=tcp://127.0.0.1:1".parse().unwrap();
+        for _ in 0..40 {
+            let barrier = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    barrier.wait();
+                    engines.subscribe(sub.clone()).unwrap();
+                });
+                s.spawn(|| {
+                    barrier.wait();
+                    engines.unsubscribe("p");
+                });
+            });
+            let followed = engines.list().iter().any(|(s, _)| s.pod == "p");
+            let kept = kept::Kept::load(&path).unwrap();
+            let fed = index.engines().iter().any(|(pod, _)| pod == "p");
+            assert_eq!(
+                (kept.subscribed.contains_key("p"), fed),
+                (followed, followed)
+            );
+        }
+        stop.cancel();
+        engines.join();
     }
 
     #[test]
