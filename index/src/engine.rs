@@ -902,6 +902,9 @@ impl Index {
                 why: "its data does not fit the engine's block sizes",
             });
         }
+        if blocks.is_empty() {
+            return Ok(());
+        }
         let max_key = self.sh.cfg.max_key_blocks;
         let records = engine.models.entry(model.into()).or_default();
         for (h, r) in blocks {
@@ -1422,6 +1425,44 @@ mod tests {
             matched(&restored, &branch_key, T0),
             [("pod".to_string(), 3)]
         );
+    }
+
+    /// A restore that refuses one model's records (a lower limit now) leaves
+    /// none of the pod's: it is learnt again from its engine's stream, from
+    /// no batch applied.
+    #[test]
+    fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        store(&index, &e, None, &[1], &tokens(1, 1));
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[7, 8, 9],
+            tokens: &tokens(3, 3),
+        };
+        index.apply(&mut e.lock(), "pod", "n", op).unwrap();
+        e.lock().set_last_batch(Some((41, 5)));
+        let mut bytes = Vec::new();
+        index.write_snapshot(&mut bytes, T0).unwrap();
+        let restored = Index::new(IndexConfig {
+            max_engine_blocks_per_pod: 2,
+            ..IndexConfig::default()
+        });
+        let got = crate::Snapshot::parse(&bytes)
+            .unwrap()
+            .restore(&restored, T0);
+        assert_eq!((got.engine_blocks, got.refused), (0, 1));
+        let e = restored.engine("pod", spec(4)).unwrap();
+        let engine = e.lock();
+        assert_eq!((engine.blocks(), engine.last_batch()), (0, None));
+        drop(engine);
+        assert_eq!(restored.stats().engine_blocks, 0);
+        assert!(matched(&restored, &key(1, 1), T0).is_empty());
+        // An empty model's records restore nothing, and make no record set.
+        restored
+            .restore_engine(&mut e.lock(), "pod", "m", Vec::new())
+            .unwrap();
+        assert!(e.lock().models.is_empty());
     }
 
     #[test]

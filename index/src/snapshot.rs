@@ -45,7 +45,7 @@ use bincode::{Decode, Encode};
 use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::engine::{Data, DataRef, EngineSpec, Extra, Page, Record as EngineRecord};
+use crate::engine::{Data, DataRef, EngineOp, EngineSpec, Extra, Page, Record as EngineRecord};
 use crate::walk::Walk;
 use crate::Index;
 
@@ -719,11 +719,24 @@ impl Snapshot {
             let mut engine = handle.lock();
             engine.set_last_batch(snap.last_batch);
             for (model, blocks) in snap.models {
-                sum.engine_blocks += blocks.len() as u64;
-                match index.restore_engine(&mut engine, &snap.pod, &model, blocks) {
-                    Ok(()) => {}
-                    Err(_) => sum.refused += 1,
+                let n = blocks.len() as u64;
+                if index
+                    .restore_engine(&mut engine, &snap.pod, &model, blocks)
+                    .is_ok()
+                {
+                    sum.engine_blocks += n;
+                    continue;
                 }
+                // Part of the pod's records is not the state its last
+                // batch left: the pod is cleared and learnt again from its
+                // engine, as after a gap that cannot be replayed (with no
+                // batch applied, its subscription asks for the engine's
+                // whole replay buffer).
+                sum.refused += 1;
+                sum.engine_blocks = sum.engine_blocks.saturating_sub(engine.blocks() as u64);
+                let _ = index.apply(&mut engine, &snap.pod, &model, EngineOp::Cleared);
+                engine.set_last_batch(None);
+                break;
             }
         }
         sum
