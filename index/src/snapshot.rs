@@ -475,6 +475,7 @@ impl Snapshot {
             engines: Vec::new(),
         };
         let mut engine_total: Option<(u32, u64)> = None;
+        let mut engine_pods = std::collections::HashSet::new();
         // Parents still open on the pre-order path of the current model.
         let mut path: Vec<u32> = Vec::new();
         loop {
@@ -498,6 +499,9 @@ impl Snapshot {
                 }) => {
                     if engine_total.is_some() {
                         return Err(SnapshotError::Invalid("engine after the engine count"));
+                    }
+                    if !engine_pods.insert(pod.clone()) {
+                        return Err(SnapshotError::Invalid("an engine-fed pod twice"));
                     }
                     snap.engines.push(EngineSnap {
                         pod,
@@ -718,13 +722,13 @@ impl Snapshot {
         for (snap, handle) in engines {
             let mut engine = handle.lock();
             engine.set_last_batch(snap.last_batch);
+            let before = engine.blocks();
+            let mut refused = false;
             for (model, blocks) in snap.models {
-                let n = blocks.len() as u64;
                 if index
                     .restore_engine(&mut engine, &snap.pod, &model, blocks)
                     .is_ok()
                 {
-                    sum.engine_blocks += n;
                     continue;
                 }
                 // Part of the pod's records is not the state its last
@@ -733,10 +737,13 @@ impl Snapshot {
                 // batch applied, its subscription asks for the engine's
                 // whole replay buffer).
                 sum.refused += 1;
-                sum.engine_blocks = sum.engine_blocks.saturating_sub(engine.blocks() as u64);
+                refused = true;
                 let _ = index.apply(&mut engine, &snap.pod, &model, EngineOp::Cleared);
                 engine.set_last_batch(None);
                 break;
+            }
+            if !refused {
+                sum.engine_blocks += engine.blocks().saturating_sub(before) as u64;
             }
         }
         sum
@@ -963,11 +970,21 @@ mod tests {
             assert!(err.to_string().contains(why), "{why}: got {err}");
         }
         let engines = |engines, blocks| RecordRef::Engines { engines, blocks };
+        let engine = RecordRef::Engine {
+            pod: "e",
+            engine_block: 16,
+            our_block: 16,
+            last_batch: None,
+        };
         let more: Vec<(Vec<RecordRef<'_>>, &str)> = vec![
             (vec![header, pod, model, end(0)], "no engine count"),
             (
                 vec![header, pod, model, engines(1, 0), end(0)],
                 "engine counts differ",
+            ),
+            (
+                vec![header, pod, model, engine, engine, engines(2, 0), end(0)],
+                "an engine-fed pod twice",
             ),
         ];
         for (records, why) in more {

@@ -798,12 +798,11 @@ impl ServerConfig {
         if self.index.max_name_len == 0 {
             return bad("max-name-len", &0, "must be at least 1");
         }
-        if self.index.max_engine_blocks == 0 || self.index.max_engine_blocks_per_pod == 0 {
-            return bad(
-                "max-engine-blocks/max-engine-blocks-per-pod",
-                &0,
-                "must be at least 1",
-            );
+        if self.index.max_engine_blocks == 0 {
+            return bad("max-engine-blocks", &0, "must be at least 1");
+        }
+        if self.index.max_engine_blocks_per_pod == 0 {
+            return bad("max-engine-blocks-per-pod", &0, "must be at least 1");
         }
         if self.index.ttl.is_zero() {
             return bad("ttl", &0, "must be at least 1 second");
@@ -965,18 +964,24 @@ mod tests {
             ..Settings::default()
         };
         assert!(s.resolve().is_err());
-        for s in [
-            Settings {
-                max_engine_blocks: Some(0),
-                ..Settings::default()
-            },
-            Settings {
-                max_engine_blocks_per_pod: Some(0),
-                ..Settings::default()
-            },
+        for (s, flag) in [
+            (
+                Settings {
+                    max_engine_blocks: Some(0),
+                    ..Settings::default()
+                },
+                "max-engine-blocks ",
+            ),
+            (
+                Settings {
+                    max_engine_blocks_per_pod: Some(0),
+                    ..Settings::default()
+                },
+                "max-engine-blocks-per-pod",
+            ),
         ] {
             let err = s.resolve().unwrap_err().to_string();
-            assert!(err.contains("max-engine-blocks"), "{err}");
+            assert!(err.contains(flag), "{err}");
         }
         assert!(Settings::default().resolve().is_ok());
     }

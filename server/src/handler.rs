@@ -454,9 +454,15 @@ impl Service for Handler {
     }
 
     /// Whether a request should run on the blocking pool: its weight (see
-    /// [`Op::weight`]) is over `inline_blocks`.
+    /// [`Op::weight`]) is over `inline_blocks`, or it subscribes or
+    /// unsubscribes an engine (which waits for a subscription thread to
+    /// stop and for the engine's lock).
     fn is_heavy(&self, request: &Request) -> bool {
         request.weight() > self.inline_blocks
+            || request
+                .ops()
+                .iter()
+                .any(|op| matches!(op, Op::Subscribe(_) | Op::Unsubscribe { .. }))
     }
 
     /// Applies a request and appends its response frame to `out`.
@@ -932,6 +938,14 @@ mod tests {
         assert_eq!(batch.weight(), 120);
         assert!(h.is_heavy(&batch));
         assert!(!h.is_heavy(&Request::One(Op::Ping)));
+        // Engine subscriptions wait for threads and locks: never inline,
+        // whatever the weight allowed inline.
+        let h = Handler {
+            inline_blocks: usize::MAX,
+            ..h
+        };
+        assert!(!h.is_heavy(&batch));
+        assert!(h.is_heavy(&Request::One(Op::Unsubscribe { pod: "p".into() })));
     }
 
     use proptest::prelude::Strategy as _;

@@ -430,6 +430,26 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     assert!(followed(&server).is_empty());
     assert!(server.index.engines().is_empty());
     stop(server, client).await;
+
+    // The same after a crash that left the pod in the snapshot, with the
+    // central collector on (which keeps other unfollowed pods).
+    let (server, client) = start(&[]).await;
+    client.subscribe_engine(sub.clone().into()).await.unwrap();
+    engine.subscribed();
+    engine.store(&prompts[1], 0, 1, false);
+    common::eventually("the pod is learnt again", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    stop(server, client).await;
+    let kept = format!("{{\"unsubscribed\": [\"{POD}\"]}}");
+    std::fs::write(data.path().join("subscriptions.json"), kept).unwrap();
+    let mut cfg = config(std::slice::from_ref(&sub));
+    cfg.engines.listen = Some(any.into());
+    let server = common::start_with(cfg, tempfile::tempdir().unwrap()).await;
+    assert!(followed(&server).is_empty());
+    assert!(server.index.engines().is_empty());
+    server.shutdown().await;
 }
 
 /// Central mode: engines connect to the server's SUB socket and name
@@ -519,6 +539,24 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
     let states = server.engines_list();
     assert_eq!(states.len(), 1);
     assert_eq!(states[0].1.decode_errors, 0, "{:?}", states[0].1);
+    // Subscribed at run time, the pod is fed by that subscription alone
+    // and learnt anew from it: what the collector taught is gone.
+    let sub = Subscription {
+        pod: "pod-c".into(),
+        model: "m".into(),
+        endpoint: "tcp://127.0.0.1:1".into(),
+        replay: None,
+        block_size: BLOCK as u32,
+        topic: TOPIC.into(),
+        media: vec!["GPU".into()],
+    };
+    server.engines.subscribe(sub.clone()).unwrap();
+    assert_eq!(server.engines_list()[0].0, sub);
+    let got = client
+        .lookup("m", &token_key(&again, BLOCK), None)
+        .await
+        .unwrap();
+    assert!(got.matches.is_empty(), "{:?}", got.matches);
     client.close().await;
     server.shutdown().await;
 }

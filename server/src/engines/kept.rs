@@ -28,9 +28,8 @@ use super::Subscription;
 /// The file's name in the data directory.
 pub const FILE: &str = "subscriptions.json";
 
-/// The run-time subscriptions' net effect and the file that keeps it. The
-/// file is read when first needed: at start, or at an op that comes before
-/// it (while the index is being filled from a peer).
+/// The run-time subscriptions' net effect and the file that keeps it, read
+/// when first needed.
 #[derive(Debug)]
 pub(super) struct Keeper {
     /// The file; none when subscriptions are not kept (snapshots off).

@@ -275,6 +275,10 @@ pub struct Engines {
     cfg: EngineConfig,
     ctx: zmq::Context,
     running: Mutex<BTreeMap<String, Running>>,
+    /// Pods taken out of `running` whose engine state is being dropped:
+    /// the central collector does not meet them again meanwhile (it would
+    /// register on the state about to go). Locked after `running`.
+    leaving: Mutex<std::collections::BTreeSet<String>>,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     shutdown: CancellationToken,
     /// The central collector's bound endpoint, once bound.
@@ -320,6 +324,7 @@ impl Engines {
             cfg,
             ctx: zmq::Context::new(),
             running: Mutex::new(BTreeMap::new()),
+            leaving: Mutex::default(),
             threads: Mutex::new(Vec::new()),
             shutdown,
             central: Mutex::new(None),
@@ -375,6 +380,28 @@ impl Engines {
 
     /// Starts following `sub`, replacing a subscription of the same pod.
     fn follow(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+        let pod = sub.pod.clone();
+        let central = self
+            .running
+            .lock()
+            .get(&pod)
+            .is_some_and(|r| r.exited.is_none());
+        if central {
+            // Fed by the central collector until now: its records carry no
+            // batch number a subscription could resume from, so the pod is
+            // learnt anew from its engine.
+            self.take_out(&pod);
+        }
+        let followed = self.start_following(sub);
+        if central {
+            self.leaving.lock().remove(&pod);
+        }
+        followed
+    }
+
+    /// Starts a thread following `sub`, replacing a subscription of the
+    /// same pod.
+    fn start_following(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
         let mut running = self.running.lock();
         if !running.contains_key(&sub.pod) && running.len() >= self.cfg.max_engines {
             return Err(SubscriptionError::TooMany {
@@ -446,14 +473,31 @@ impl Engines {
 
     /// Stops following `pod`'s engine and drops what it knew.
     fn stop_following(&self, pod: &str) -> bool {
-        // `running` is held until the engine state is dropped: the central
-        // collector cannot meet the pod again in between, and register it
-        // on the engine state about to go.
-        let mut running = self.running.lock();
-        let Some(old) = running.remove(pod) else {
+        let followed = self.take_out(pod);
+        if followed {
+            self.leaving.lock().remove(pod);
+        }
+        followed
+    }
+
+    /// Takes `pod` out of the followed set and drops its engine state,
+    /// leaving it in `leaving` for the caller to clear; returns whether it
+    /// was followed.
+    fn take_out(&self, pod: &str) -> bool {
+        let old = {
+            let mut running = self.running.lock();
+            let old = running.remove(pod);
+            if old.is_some() {
+                self.leaving.lock().insert(pod.into());
+            }
+            old
+        };
+        let Some(old) = old else {
             return false;
         };
         old.stop.cancel();
+        // Waits for a batch being applied, or a snapshot reading the engine,
+        // to end; `running` is free meanwhile, for lists and metrics.
         self.index.drop_engine_pod(pod);
         true
     }
@@ -493,6 +537,15 @@ impl Engines {
             }
         }
         self.follow_kept(&kept);
+        // Even where the central collector keeps unfollowed pods, a
+        // configured one unsubscribed at run time keeps nothing of the
+        // snapshot: nothing would update it.
+        for pod in &kept.unsubscribed {
+            let followed = self.running.lock().contains_key(pod);
+            if !followed && self.index.drop_engine_pod(pod) {
+                tracing::info!(%pod, "an engine-fed pod of the snapshot was unsubscribed at run time: dropped");
+            }
+        }
         if self.cfg.listen.is_none() {
             self.drop_unfollowed();
         }
@@ -576,7 +629,7 @@ impl Engines {
         CancellationToken,
     )> {
         let mut running = self.running.lock();
-        if running.contains_key(pod) {
+        if running.contains_key(pod) || self.leaving.lock().contains(pod) {
             // A pod followed otherwise (a configured subscription, say) is
             // not fed from two sources.
             return None;
