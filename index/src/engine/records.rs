@@ -1,4 +1,4 @@
-//! One pod's engine block records under one model: a dense array of 32-byte
+//! One pod's engine block records under one model: a dense array of 24-byte
 //! records linked to their parents by position, and a table of positions
 //! keyed by engine hash.
 //!
@@ -23,14 +23,28 @@ use super::Ratio;
 /// No position: the end of a parent chain or of the free list.
 const NONE: u32 = u32::MAX;
 
-/// `Slot::links` flag: the block has a parent (recorded or not).
+/// `Slot::meta` flag: the block has a parent (recorded or not).
 const HAS_PARENT: u32 = 1 << 31;
-/// `Slot::links` flag: `Slot::ours` is a position in `Records::extras`.
+/// `Slot::meta` flag: `Slot::ours` is a position in `Records::extras`.
 const EXTRA: u32 = 1 << 30;
-/// `Slot::links` flag: the slot holds no record (it is on the free list).
+/// `Slot::meta` flag: the slot holds no record (it is on the free list).
 const VACANT: u32 = 1 << 29;
-/// `Slot::links` bits counting the records whose parent is this one.
-const CHILDREN: u32 = VACANT - 1;
+/// Where `Slot::meta`'s copy count starts.
+const COPY_SHIFT: u32 = 17;
+/// The most copies counted: a count that reaches it stays there, so the
+/// block stays held until its pod is cleared (an engine makes a handful of
+/// copies of a block, one per request computing it at once).
+pub(crate) const MAX_COPIES: u32 = (1 << 12) - 1;
+/// `Slot::meta` bits counting the copies the engine holds.
+const COPIES: u32 = MAX_COPIES << COPY_SHIFT;
+/// `Slot::meta` bits counting the records whose parent is this one; a
+/// count that reaches its ceiling stays there (the record is then never
+/// dropped, as it no longer knows when its last child goes).
+const CHILDREN: u32 = (1 << COPY_SHIFT) - 1;
+
+// The three fields of `Slot::meta` do not overlap.
+const _: () = assert!((HAS_PARENT | EXTRA | VACANT) & (COPIES | CHILDREN) == 0);
+const _: () = assert!(COPIES & CHILDREN == 0 && (COPIES | CHILDREN) == VACANT - 1);
 
 /// One engine block as recorded.
 #[derive(Debug)]
@@ -43,15 +57,14 @@ struct Slot {
     /// The parent's position: [`NONE`] for the first block of a sequence
     /// and for an orphan; in a vacant slot, the next vacant one.
     parent: u32,
-    /// Copies the engine holds (stores minus removes, never below zero).
-    copies: u32,
-    /// Flags and the count of records whose parent is this one.
-    links: u32,
+    /// Flags, the copies the engine holds (stores minus removes, never
+    /// below zero) and the count of records whose parent is this one.
+    meta: u32,
 }
 
 // The size the module's doc states, and the memory figures assume.
 #[cfg(target_pointer_width = "64")]
-const _: () = assert!(std::mem::size_of::<Slot>() == 32);
+const _: () = assert!(std::mem::size_of::<Slot>() == 24);
 
 /// Our side of an engine block that is not one of our blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,34 +186,41 @@ impl Records {
     /// Copies of the block at `at` the engine holds.
     #[inline]
     pub(crate) fn copies(&self, at: u32) -> u32 {
-        self.slot(at).copies
+        (self.slot(at).meta & COPIES) >> COPY_SHIFT
     }
 
     /// One copy more; returns whether the block became held.
     pub(crate) fn add_copy(&mut self, at: u32) -> bool {
-        let s = &mut self.slots[at as usize];
-        s.copies = s.copies.saturating_add(1);
-        s.copies == 1
+        let copies = self.copies(at);
+        if copies < MAX_COPIES {
+            self.slots[at as usize].meta += 1 << COPY_SHIFT;
+        }
+        copies == 0
     }
 
     /// One copy less, if any is left; returns the copies remaining, or
-    /// `None` when there was none.
+    /// `None` when there was none. A count at [`MAX_COPIES`] stays there.
     pub(crate) fn take_copy(&mut self, at: u32) -> Option<u32> {
-        let s = &mut self.slots[at as usize];
-        s.copies = s.copies.checked_sub(1)?;
-        Some(s.copies)
+        match self.copies(at) {
+            0 => None,
+            MAX_COPIES => Some(MAX_COPIES),
+            n => {
+                self.slots[at as usize].meta -= 1 << COPY_SHIFT;
+                Some(n - 1)
+            }
+        }
     }
 
     /// Records whose parent is the one at `at`.
     pub(crate) fn children(&self, at: u32) -> u32 {
-        self.slot(at).links & CHILDREN
+        self.slot(at).meta & CHILDREN
     }
 
     /// Where the record at `at` hangs.
     #[inline]
     pub(crate) fn parent(&self, at: u32) -> Parent {
         let s = self.slot(at);
-        if s.links & HAS_PARENT == 0 {
+        if s.meta & HAS_PARENT == 0 {
             Parent::Root
         } else if s.parent != NONE {
             Parent::At(s.parent)
@@ -226,7 +246,7 @@ impl Records {
     #[inline]
     pub(crate) fn data(&self, at: u32) -> DataRef<'_> {
         let s = self.slot(at);
-        if s.links & EXTRA == 0 {
+        if s.meta & EXTRA == 0 {
             return DataRef::One(s.ours);
         }
         match self.extras.get(s.ours as usize) {
@@ -242,7 +262,7 @@ impl Records {
     #[inline]
     pub(crate) fn ours(&self, at: u32) -> &[u64] {
         let s = self.slot(at);
-        if s.links & EXTRA == 0 {
+        if s.meta & EXTRA == 0 {
             return std::slice::from_ref(&s.ours);
         }
         match self.extras.get(s.ours as usize) {
@@ -280,7 +300,7 @@ impl Records {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.links & VACANT == 0)
+            .filter(|(_, s)| s.meta & VACANT == 0)
             .map(|(at, _)| at as u32)
     }
 
@@ -303,8 +323,7 @@ impl Records {
                     hash: 0,
                     ours: 0,
                     parent: NONE,
-                    copies: 0,
-                    links: VACANT,
+                    meta: VACANT,
                 });
                 at
             }
@@ -314,13 +333,13 @@ impl Records {
                 at
             }
         };
-        let (ours, mut links) = match data {
+        let (ours, mut meta) = match data {
             Data::One(h) => (h, 0),
             Data::Extra(e) => (self.extras.insert(e) as u64, EXTRA),
         };
         let mut up = NONE;
         if let Some(p) = parent {
-            links |= HAS_PARENT;
+            meta |= HAS_PARENT;
             match self.find(p) {
                 Some(pp) => {
                     up = pp;
@@ -336,8 +355,7 @@ impl Records {
             hash,
             ours,
             parent: up,
-            copies,
-            links,
+            meta: meta | copies.min(MAX_COPIES) << COPY_SHIFT,
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.table.insert_unique(hasher.hash_one(hash), at, |&i| {
@@ -353,8 +371,8 @@ impl Records {
 
     fn add_child(&mut self, at: u32) {
         let s = &mut self.slots[at as usize];
-        if s.links & CHILDREN < CHILDREN {
-            s.links += 1;
+        if s.meta & CHILDREN < CHILDREN {
+            s.meta += 1;
         }
     }
 
@@ -363,9 +381,9 @@ impl Records {
         // A count that reached its ceiling stays there: it no longer knows
         // how many children there are, so the record is never dropped
         // (which would leave children naming a freed position).
-        let n = s.links & CHILDREN;
+        let n = s.meta & CHILDREN;
         if n > 0 && n < CHILDREN {
-            s.links -= 1;
+            s.meta -= 1;
         }
     }
 
@@ -377,7 +395,7 @@ impl Records {
         let mut n = 0;
         loop {
             let s = self.slot(at);
-            if s.links & VACANT != 0 || s.copies > 0 || s.links & CHILDREN > 0 {
+            if s.meta & VACANT != 0 || s.meta & (COPIES | CHILDREN) != 0 {
                 return n;
             }
             let parent = self.parent(at);
@@ -413,7 +431,7 @@ impl Records {
                 }
             }
         }
-        if self.slot(at).links & EXTRA != 0 {
+        if self.slot(at).meta & EXTRA != 0 {
             let e = self.slot(at).ours as usize;
             if self.extras.contains(e) {
                 self.extras.remove(e);
@@ -423,8 +441,7 @@ impl Records {
             hash: 0,
             ours: 0,
             parent: self.free.unwrap_or(NONE),
-            copies: 0,
-            links: VACANT,
+            meta: VACANT,
         };
         self.free = Some(at);
     }
@@ -515,5 +532,35 @@ mod tests {
         r.take_copy(a);
         r.forget(a, |_| {});
         assert!(r.extras.is_empty() && r.len() == 0);
+    }
+
+    #[test]
+    fn copy_and_child_counts_stay_at_their_ceilings() {
+        let mut r = Records::default();
+        let a = r.insert(1, None, u32::MAX, Data::One(10)).unwrap();
+        assert_eq!(r.copies(a), MAX_COPIES);
+        assert!(!r.add_copy(a));
+        assert_eq!(r.take_copy(a), Some(MAX_COPIES));
+        let b = r.insert(2, None, MAX_COPIES - 1, Data::One(20)).unwrap();
+        assert!(!r.add_copy(b));
+        assert_eq!(r.take_copy(b), Some(MAX_COPIES));
+        // Below the ceiling, copies count both ways and touch nothing else.
+        let c = r.insert(3, None, 0, Data::One(30)).unwrap();
+        assert!(r.add_copy(c));
+        assert_eq!((r.copies(c), r.children(c)), (1, 0));
+        for i in 0..CHILDREN {
+            r.insert(100 + u64::from(i), Some(3), 0, Data::One(0))
+                .unwrap();
+        }
+        assert_eq!((r.children(c), r.copies(c)), (CHILDREN, 1));
+        assert_eq!(r.parent(c), Parent::Root);
+        // A saturated child count no longer knows when its last child
+        // goes: the record stays.
+        let first = r.find(100).unwrap();
+        r.forget(first, |_| {});
+        assert_eq!(r.children(c), CHILDREN);
+        assert_eq!(r.take_copy(c), Some(0));
+        assert_eq!(r.forget(c, |_| {}), 0);
+        assert_eq!(r.find(3), Some(c));
     }
 }
