@@ -723,26 +723,21 @@ impl Snapshot {
             let mut engine = handle.lock();
             engine.set_last_batch(snap.last_batch);
             let before = engine.blocks();
-            let mut refused = false;
-            for (model, blocks) in snap.models {
-                if index
+            let refused = snap.models.into_iter().any(|(model, blocks)| {
+                index
                     .restore_engine(&mut engine, &snap.pod, &model, blocks)
-                    .is_ok()
-                {
-                    continue;
-                }
+                    .is_err()
+            });
+            if refused {
                 // Part of the pod's records is not the state its last
                 // batch left: the pod is cleared and learnt again from its
                 // engine, as after a gap that cannot be replayed (with no
                 // batch applied, its subscription asks for the engine's
                 // whole replay buffer).
                 sum.refused += 1;
-                refused = true;
-                let _ = index.apply(&mut engine, &snap.pod, &model, EngineOp::Cleared);
+                let _ = index.apply(&mut engine, &snap.pod, "", EngineOp::Cleared);
                 engine.set_last_batch(None);
-                break;
-            }
-            if !refused {
+            } else {
                 sum.engine_blocks += engine.blocks().saturating_sub(before) as u64;
             }
         }

@@ -107,12 +107,10 @@ impl Collector {
             });
             return;
         };
-        if self.pods.get(pod).is_some_and(|p| p.gone.is_cancelled()) {
-            self.pods.remove(pod);
-        }
-        if !self.pods.contains_key(pod) {
-            // Pods unsubscribed since go first: they hold no slot of
-            // `max-engines` any more, nor should they here.
+        if self.pods.get(pod).is_none_or(|p| p.gone.is_cancelled()) {
+            // Pods unsubscribed since go first (this one, met again as new,
+            // among them): they hold no slot of `max-engines` any more,
+            // nor should they here.
             self.pods.retain(|_, p| !p.gone.is_cancelled());
             let Some(found) = self.meet(pod, model) else {
                 self.engines.stray(|| {

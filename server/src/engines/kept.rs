@@ -34,6 +34,8 @@ pub const FILE: &str = "subscriptions.json";
 pub(super) struct Keeper {
     /// The file; none when subscriptions are not kept (snapshots off).
     path: Option<PathBuf>,
+    /// The pods the configuration subscribes.
+    configured: BTreeSet<String>,
     /// What it holds, once read.
     kept: Option<Kept>,
     /// Whether the file may be written: not when it could neither be read
@@ -42,27 +44,29 @@ pub(super) struct Keeper {
 }
 
 impl Keeper {
-    /// Subscriptions kept in the file at `path`, if any.
-    pub(super) fn new(path: Option<PathBuf>) -> Keeper {
+    /// Subscriptions kept in the file at `path`, if any, on top of a
+    /// configuration that subscribes the pods `configured`.
+    pub(super) fn new(path: Option<PathBuf>, configured: BTreeSet<String>) -> Keeper {
         Keeper {
             path,
+            configured,
             kept: None,
             writable: true,
         }
     }
 
     /// The net effect kept, read from the file the first time (at `now`,
-    /// in unix ms). Unsubscriptions of pods that `configured` no longer
+    /// in unix ms). Unsubscriptions of pods the configuration no longer
     /// names are left out: they have nothing left to undo.
-    pub(super) fn kept(&mut self, configured: impl Fn(&str) -> bool, now: u64) -> &mut Kept {
-        let (path, writable) = (&self.path, &mut self.writable);
+    pub(super) fn kept(&mut self, now: u64) -> &mut Kept {
+        let (path, configured, writable) = (&self.path, &self.configured, &mut self.writable);
         self.kept.get_or_insert_with(|| {
             let Some(path) = path else {
                 return Kept::default();
             };
             match Kept::load(path) {
                 Ok(mut kept) => {
-                    kept.unsubscribed.retain(|pod| configured(pod));
+                    kept.unsubscribed.retain(|pod| configured.contains(pod));
                     kept
                 }
                 Err(e) => {
@@ -84,16 +88,21 @@ impl Keeper {
         })
     }
 
-    /// Applies a run-time change (at `now`, in unix ms) and writes the
-    /// file. A file that cannot be written is logged: the change holds
-    /// until a restart.
-    pub(super) fn change(
-        &mut self,
-        configured: impl Fn(&str) -> bool,
-        now: u64,
-        change: impl FnOnce(&mut Kept),
-    ) {
-        change(self.kept(configured, now));
+    /// `sub` was subscribed at run time (at `now`, in unix ms).
+    pub(super) fn subscribed(&mut self, now: u64, sub: &Subscription) {
+        self.change(now, |k| k.subscribed(sub));
+    }
+
+    /// `pod` was unsubscribed at run time (at `now`, in unix ms).
+    pub(super) fn unsubscribed(&mut self, now: u64, pod: &str) {
+        let configured = self.configured.contains(pod);
+        self.change(now, |k| k.unsubscribed(pod, configured));
+    }
+
+    /// Applies a run-time change and writes the file. A file that cannot
+    /// be written is logged: the change holds until a restart.
+    fn change(&mut self, now: u64, change: impl FnOnce(&mut Kept)) {
+        change(self.kept(now));
         let (Some(path), true, Some(kept)) = (&self.path, self.writable, &self.kept) else {
             return;
         };
@@ -256,11 +265,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(FILE);
         std::fs::write(&path, "not json").unwrap();
-        let mut keeper = Keeper::new(Some(path.clone()));
-        assert_eq!(*keeper.kept(|_| true, NOW), Kept::default());
+        let mut keeper = Keeper::new(Some(path.clone()), BTreeSet::new());
+        assert_eq!(*keeper.kept(NOW), Kept::default());
         let aside = dir.path().join(format!("{FILE}.bad-{NOW}"));
         assert_eq!(std::fs::read_to_string(&aside).unwrap(), "not json");
-        keeper.change(|_| true, NOW + 1, |k| k.subscribed(&sub("a")));
+        keeper.subscribed(NOW + 1, &sub("a"));
         let back = Kept::load(&path).unwrap();
         assert_eq!(back.subscribed.keys().collect::<Vec<_>>(), ["a"]);
 
@@ -270,9 +279,9 @@ mod tests {
         std::fs::remove_file(&aside).unwrap();
         std::fs::create_dir(&aside).unwrap();
         std::fs::write(aside.join("x"), "").unwrap();
-        let mut keeper = Keeper::new(Some(path.clone()));
-        keeper.change(|_| true, NOW, |k| k.subscribed(&sub("b")));
-        assert_eq!(keeper.kept(|_| true, NOW).subscribed.len(), 1);
+        let mut keeper = Keeper::new(Some(path.clone()), BTreeSet::new());
+        keeper.subscribed(NOW, &sub("b"));
+        assert_eq!(keeper.kept(NOW).subscribed.len(), 1);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "not json");
     }
 
@@ -284,8 +293,8 @@ mod tests {
         kept.unsubscribed("a", true);
         kept.unsubscribed("b", true);
         kept.save(&path).unwrap();
-        let mut keeper = Keeper::new(Some(path));
-        let back = keeper.kept(|pod| pod == "b", 0);
+        let mut keeper = Keeper::new(Some(path), BTreeSet::from(["b".to_string()]));
+        let back = keeper.kept(0);
         assert_eq!(back.unsubscribed.iter().collect::<Vec<_>>(), ["b"]);
     }
 }

@@ -295,6 +295,18 @@ pub struct Engines {
     keeper: Mutex<kept::Keeper>,
 }
 
+/// A pod in [`Engines::leaving`], until dropped.
+struct Leaving<'a> {
+    engines: &'a Engines,
+    pod: &'a str,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        self.engines.leaving.lock().remove(self.pod);
+    }
+}
+
 struct Running {
     sub: Subscription,
     stats: Arc<SubStats>,
@@ -319,6 +331,7 @@ impl Engines {
         shutdown: CancellationToken,
         kept: Option<PathBuf>,
     ) -> Arc<Engines> {
+        let configured = cfg.subscriptions.iter().map(|s| s.pod.clone()).collect();
         Arc::new(Engines {
             index,
             cfg,
@@ -330,7 +343,7 @@ impl Engines {
             central: Mutex::new(None),
             strays: Default::default(),
             stray_logged: Mutex::new(None),
-            keeper: Mutex::new(kept::Keeper::new(kept)),
+            keeper: Mutex::new(kept::Keeper::new(kept, configured)),
         })
     }
 
@@ -365,17 +378,8 @@ impl Engines {
     pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
         let mut keeper = self.keeper.lock();
         self.follow(sub.clone())?;
-        keeper.change(
-            |p| self.configured(p),
-            crate::handler::now_ms(),
-            |k| k.subscribed(&sub),
-        );
+        keeper.subscribed(crate::handler::now_ms(), &sub);
         Ok(())
-    }
-
-    /// Whether the configuration subscribes `pod`.
-    fn configured(&self, pod: &str) -> bool {
-        self.cfg.subscriptions.iter().any(|s| s.pod == pod)
     }
 
     /// Starts following `sub`, replacing a subscription of the same pod.
@@ -386,17 +390,12 @@ impl Engines {
             .lock()
             .get(&pod)
             .is_some_and(|r| r.exited.is_none());
-        if central {
-            // Fed by the central collector until now: its records carry no
-            // batch number a subscription could resume from, so the pod is
-            // learnt anew from its engine.
-            self.take_out(&pod);
-        }
-        let followed = self.start_following(sub);
-        if central {
-            self.leaving.lock().remove(&pod);
-        }
-        followed
+        // Fed by the central collector until now: its records carry no
+        // batch number a subscription could resume from, so the pod is
+        // learnt anew from its engine (and kept out of the collector's
+        // reach until the subscription holds it).
+        let _leaving = if central { self.take_out(&pod) } else { None };
+        self.start_following(sub)
     }
 
     /// Starts a thread following `sub`, replacing a subscription of the
@@ -462,44 +461,26 @@ impl Engines {
     /// whether it was followed.
     pub fn unsubscribe(&self, pod: &str) -> bool {
         let mut keeper = self.keeper.lock();
-        let configured = self.configured(pod);
-        keeper.change(
-            |p| self.configured(p),
-            crate::handler::now_ms(),
-            |k| k.unsubscribed(pod, configured),
-        );
-        self.stop_following(pod)
+        keeper.unsubscribed(crate::handler::now_ms(), pod);
+        self.take_out(pod).is_some()
     }
 
-    /// Stops following `pod`'s engine and drops what it knew.
-    fn stop_following(&self, pod: &str) -> bool {
-        let followed = self.take_out(pod);
-        if followed {
-            self.leaving.lock().remove(pod);
-        }
-        followed
-    }
-
-    /// Takes `pod` out of the followed set and drops its engine state,
-    /// leaving it in `leaving` for the caller to clear; returns whether it
-    /// was followed.
-    fn take_out(&self, pod: &str) -> bool {
+    /// Takes `pod` out of the followed set and drops its engine state; the
+    /// pod stays in `leaving` while the answer lives. `None` when it was
+    /// not followed.
+    fn take_out<'a>(&'a self, pod: &'a str) -> Option<Leaving<'a>> {
         let old = {
             let mut running = self.running.lock();
-            let old = running.remove(pod);
-            if old.is_some() {
-                self.leaving.lock().insert(pod.into());
-            }
+            let old = running.remove(pod)?;
+            self.leaving.lock().insert(pod.into());
             old
         };
-        let Some(old) = old else {
-            return false;
-        };
+        let leaving = Leaving { engines: self, pod };
         old.stop.cancel();
         // Waits for a batch being applied, or a snapshot reading the engine,
         // to end; `running` is free meanwhile, for lists and metrics.
         self.index.drop_engine_pod(pod);
-        true
+        Some(leaving)
     }
 
     /// Every subscription and its state, by pod name.
@@ -525,11 +506,7 @@ impl Engines {
     /// that none of them follows are dropped, since nothing would ever
     /// update them (unless the central collector runs: it may meet them).
     pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
-        let kept = self
-            .keeper
-            .lock()
-            .kept(|p| self.configured(p), crate::handler::now_ms())
-            .clone();
+        let kept = self.keeper.lock().kept(crate::handler::now_ms()).clone();
         for sub in self.cfg.subscriptions.clone() {
             // A configured pod unsubscribed at run time stays unfollowed.
             if !kept.unsubscribed.contains(&sub.pod) {
