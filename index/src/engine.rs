@@ -631,16 +631,21 @@ impl Index {
         let mut up = parent;
         // New records and their bytes, counted once for the event: the
         // shared counters are atomics, read-modify-writes that each wait
-        // for the stores before them.
-        let (mut added, mut added_bytes) = (0u64, 0usize);
+        // for the stores before them. Room under `max_engine_blocks` is
+        // taken at the first new record for the rest of the event (again if
+        // that runs out), and what is left over goes back at the end.
+        let (mut added, mut added_bytes, mut room) = (0u64, 0usize, 0u64);
         let recorded: Result<(), EngineError> = 'records: {
-            for (&h, toks) in hashes.iter().zip(tokens.chunks_exact(per)) {
+            for (i, (&h, toks)) in hashes.iter().zip(tokens.chunks_exact(per)).enumerate() {
                 let became_held = match records.find(h) {
                     Some(at) => records.add_copy(at),
                     None => {
                         let full = EngineError::Full { max: max_records };
-                        if self.engine_records().saturating_add(added) >= max_records {
-                            break 'records Err(full);
+                        if added == room {
+                            room += self.reserve_records(hashes.len() - i);
+                            if added == room {
+                                break 'records Err(full);
+                            }
                         }
                         if own.saturating_add(added) >= max_own {
                             break 'records Err(EngineError::PodFull { max: max_own });
@@ -684,7 +689,8 @@ impl Index {
             }
             Ok(())
         };
-        self.count_record(added_bytes as i64, added as i64);
+        // The records' count was taken as `room`; what went unused goes back.
+        self.count_record(added_bytes as i64, added as i64 - room as i64);
         // Refused before its first record: the model keeps no empty record
         // set (names an engine sends would pile up otherwise).
         if engine.models.get(model).is_some_and(|r| r.len() == 0) {
@@ -884,9 +890,6 @@ impl Index {
         blocks: Vec<(u64, Record)>,
     ) -> Result<(), EngineError> {
         let max = self.sh.cfg.max_engine_blocks;
-        if self.engine_records().saturating_add(blocks.len() as u64) > max {
-            return Err(EngineError::Full { max });
-        }
         let max_own = self.sh.cfg.max_engine_blocks_per_pod;
         if (engine.blocks() as u64).saturating_add(blocks.len() as u64) > max_own {
             return Err(EngineError::PodFull { max: max_own });
@@ -905,17 +908,29 @@ impl Index {
         if blocks.is_empty() {
             return Ok(());
         }
+        // Room for every record at once (counted now, so a restore running
+        // beside stores never passes the bound with them); what duplicates
+        // leave unused goes back.
+        let room = self.reserve_records(blocks.len());
+        if room < blocks.len() as u64 {
+            self.count_record(0, -(room as i64));
+            return Err(EngineError::Full { max });
+        }
         let max_key = self.sh.cfg.max_key_blocks;
         let records = engine.models.entry(model.into()).or_default();
+        let (mut unused, mut bytes) = (blocks.len() as i64, 0);
         for (h, r) in blocks {
             if records.find(h).is_some() {
                 continue;
             }
-            let at = records
-                .insert(h, r.parent, r.copies, r.data)
-                .ok_or(EngineError::Full { max })?;
-            self.count_record(records.record_bytes(at) as i64, 1);
+            let Some(at) = records.insert(h, r.parent, r.copies, r.data) else {
+                self.count_record(bytes, -unused);
+                return Err(EngineError::Full { max });
+            };
+            unused -= 1;
+            bytes += records.record_bytes(at) as i64;
         }
+        self.count_record(bytes, -unused);
         let records = &*records;
         // Held blocks with no held child: their paths cover every held one.
         let mut held_parent = vec![false; records.span()];
@@ -1531,6 +1546,49 @@ mod tests {
         assert_eq!(index.stats().engine_blocks, 2);
         // The two recorded are held, and matched.
         assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    }
+
+    #[test]
+    fn pods_storing_at_once_never_pass_the_bound_together() {
+        const MAX: u64 = 64;
+        for round in 0..200u64 {
+            let index = Index::new(IndexConfig {
+                max_engine_blocks: MAX,
+                ..IndexConfig::default()
+            });
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|s| {
+                for p in 0..2u64 {
+                    let (index, start) = (&index, &start);
+                    s.spawn(move || {
+                        let pod = format!("pod-{p}");
+                        let e = index.engine(&pod, spec(4)).unwrap();
+                        start.wait();
+                        // Events of 16 new blocks, each pod its own hashes,
+                        // until the bound refuses one.
+                        for event in 0u64.. {
+                            let first = (round << 32) | (p << 24) | (event << 8);
+                            let hashes: Vec<u64> = (first..first + 16).collect();
+                            let op = EngineOp::Stored {
+                                parent: None,
+                                hashes: &hashes,
+                                tokens: &tokens(event as u32, 16),
+                            };
+                            if index.apply(&mut e.lock(), &pod, "m", op).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                }
+            });
+            // The count is the records there are, and never past the bound.
+            let held: usize = ["pod-0", "pod-1"]
+                .iter()
+                .map(|p| index.engine(p, spec(4)).unwrap().lock().blocks())
+                .sum();
+            assert_eq!(index.stats().engine_blocks, held as u64);
+            assert_eq!(held as u64, MAX, "round {round}");
+        }
     }
 
     #[test]

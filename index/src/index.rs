@@ -233,14 +233,18 @@ impl Index {
         self.precise_id(pod, align).map(drop)
     }
 
-    /// Engine block records across every engine.
-    pub(crate) fn engine_records(&self) -> u64 {
-        Counters::get(&self.sh.counters.engine_records)
-    }
-
     pub(crate) fn count_record(&self, bytes: i64, n: i64) {
         Counters::add(&self.sh.counters.engine_records, n);
         Counters::add(&self.sh.counters.engine_bytes, bytes);
+    }
+
+    /// Takes room for up to `n` more records under `max_engine_blocks` and
+    /// returns how many fit: counted at once, so pods storing at the same
+    /// time never pass the bound together. Room taken and not used goes back
+    /// through `count_record`.
+    pub(crate) fn reserve_records(&self, n: usize) -> u64 {
+        let max = self.sh.cfg.max_engine_blocks;
+        Counters::add_upto(&self.sh.counters.engine_records, n as u64, max)
     }
 
     /// Registers `pod` as fed by its engine's events and returns its engine

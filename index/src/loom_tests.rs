@@ -1,6 +1,7 @@
 //! Loom models of the lock-free protocols: the slot handshakes of `slots`,
-//! the publish/grow/retire protocol of `children`, and the recycling of pod
-//! ids in `pods` (the two grace periods before a removed pod's id is reused).
+//! the publish/grow/retire protocol of `children`, the recycling of pod
+//! ids in `pods` (the two grace periods before a removed pod's id is reused),
+//! and the bounded counters of `stats`.
 //! Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release -p prefix-index --lib loom --target-dir target/loom`
 //! (its own target directory: `--cfg loom` rebuilds every dependency).
@@ -360,4 +361,27 @@ fn loom_recycled_id_waits_for_readers_of_old_entries() {
         epoch.reclaim_ready();
     });
     assert!(REUSED.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}
+
+/// Two writers reserving room under a bound that fits only one: an observer
+/// (`stats()`, the sweep) never sees the count past the bound, and exactly
+/// one reservation goes through.
+#[test]
+fn loom_reserved_count_never_passes_its_bound() {
+    use crate::stats::Counters;
+    use loom::sync::atomic::AtomicI64;
+    loom::model(|| {
+        let count = Arc::new(AtomicI64::new(2));
+        let writers: Vec<_> = (0..2)
+            .map(|_| {
+                let count = count.clone();
+                thread::spawn(move || Counters::add_within(&count, 3, 5))
+            })
+            .collect();
+        assert!(Counters::get(&count) <= 5);
+        assert!(Counters::get(&count) <= 5);
+        let through = writers.into_iter().map(|w| w.join().unwrap());
+        assert_eq!(through.filter(|ok| *ok).count(), 1);
+        assert_eq!(Counters::get(&count), 5);
+    });
 }

@@ -24,6 +24,32 @@ impl Counters {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Adds `n` unless that takes the count past `max`; returns whether it
+    /// did. A compare-and-swap rather than add-then-undo, so the count never
+    /// passes `max` even for a moment: what `stats()` reports and the sweep
+    /// reads stays within the bound.
+    pub(crate) fn add_within(c: &AtomicI64, n: i64, max: u64) -> bool {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let fits = |before: i64| before.checked_add(n).filter(|after| *after <= max);
+        // Relaxed: pairs with nothing (see the type's docs).
+        c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits)
+            .is_ok()
+    }
+
+    /// Adds as much of `n` as fits under `max` and returns how much that was
+    /// (from 0 to `n`), in one compare-and-swap loop, as `add_within`.
+    pub(crate) fn add_upto(c: &AtomicI64, n: u64, max: u64) -> u64 {
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let room = |before: i64| max.saturating_sub(before).clamp(0, n);
+        // Relaxed: pairs with nothing (see the type's docs).
+        match c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |before| {
+            Some(before.saturating_add(room(before)))
+        }) {
+            Ok(before) | Err(before) => room(before) as u64,
+        }
+    }
+
     pub(crate) fn get(c: &AtomicI64) -> u64 {
         // Relaxed: pairs with nothing (see the type's docs).
         c.load(Ordering::Relaxed).max(0) as u64
@@ -70,4 +96,38 @@ pub struct Stats {
     pub engine_blocks: u64,
     /// Heap bytes those records take (map slots included).
     pub engine_bytes: u64,
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adding_within_a_bound_refuses_past_it_and_leaves_the_count_alone() {
+        let c = AtomicI64::new(0);
+        assert!(Counters::add_within(&c, 6, 10));
+        assert!(
+            Counters::add_within(&c, 4, 10),
+            "reaching the bound is allowed"
+        );
+        assert!(!Counters::add_within(&c, 1, 10));
+        assert_eq!(Counters::get(&c), 10);
+        Counters::add(&c, -3);
+        assert!(!Counters::add_within(&c, 4, 10));
+        assert!(Counters::add_within(&c, 3, 10));
+        assert!(!Counters::add_within(&c, i64::MAX, u64::MAX), "no overflow");
+        assert_eq!(Counters::get(&c), 10);
+    }
+
+    #[test]
+    fn adding_up_to_a_bound_takes_what_fits() {
+        let c = AtomicI64::new(0);
+        assert_eq!(Counters::add_upto(&c, 6, 10), 6);
+        assert_eq!(Counters::add_upto(&c, 6, 10), 4);
+        assert_eq!(Counters::add_upto(&c, 6, 10), 0);
+        assert_eq!(Counters::get(&c), 10);
+        Counters::add(&c, -10);
+        assert_eq!(Counters::add_upto(&c, u64::MAX, u64::MAX), i64::MAX as u64);
+        assert_eq!(Counters::add_upto(&c, 1, u64::MAX), 0);
+    }
 }

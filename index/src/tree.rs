@@ -16,7 +16,6 @@ use crate::reclaim::Pin;
 use crate::shared::Shared;
 use crate::slots::{Entries, Refresh};
 use crate::stats::Counters;
-use crate::sync::Ordering;
 use crate::walk::{self, Path};
 
 /// One pod's answer to a lookup.
@@ -446,10 +445,7 @@ impl Seen {
 fn reserve(sh: &Shared, pod: u32, n: usize) -> Result<(), InsertError> {
     let n = n as i64;
     let max = sh.cfg.max_blocks;
-    // Relaxed: pairs with nothing; a bound, not a synchronisation point.
-    let before = sh.counters.entries.fetch_add(n, Ordering::Relaxed);
-    if (before + n) as u64 > max {
-        Counters::add(&sh.counters.entries, -n);
+    if !Counters::add_within(&sh.counters.entries, n, max) {
         return Err(InsertError::Full { max });
     }
     sh.pods.add_blocks(pod, n);
