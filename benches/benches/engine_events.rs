@@ -19,7 +19,10 @@
 //! - `lookup_while_streaming/…`: the same lookups while another thread
 //!   applies the events that follow the trace at 100,000 block operations a
 //!   second, against the read-only rate in the same group, before the
-//!   stream and on the index it left.
+//!   stream and on the index it left; and `…,alternated`, the same rates
+//!   taken in turn within each sample with the writer still, streaming into
+//!   the index read, and streaming into a copy nobody reads (what a writer
+//!   costs on this machine apart from sharing the index), printed as ratios.
 //! - `memory/…` lines (printed): heap per (pod, block) after the ingest,
 //!   counted by the global allocator, beside the floor of any layout keyed
 //!   by engine hashes (a table of one word per held engine block).
@@ -29,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use counting_alloc::Counting;
@@ -553,24 +556,49 @@ fn lookups(c: &mut Criterion, w: &Workload, ours: [&Index; 3], radix: &RadixTree
     g.finish();
 }
 
-/// Serves the requests after the replay (the trace again, round-robin
-/// going on) and hands each step to `apply`, at `STREAM_RATE` block
-/// operations a second, until `stop`; block operations applied and the
-/// time taken.
+/// The requests after the replay (the trace again, round-robin going on),
+/// served to pods whose caches start as the replay left them.
+struct Requests {
+    caches: PodCaches,
+    next: usize,
+}
+
+impl Requests {
+    fn new(w: &Workload) -> Self {
+        Requests {
+            caches: w.caches.clone(),
+            next: w.trace.requests.len(),
+        }
+    }
+
+    /// The next request's step.
+    fn step(&mut self, w: &Workload) -> Step {
+        let g = self.next;
+        self.next += 1;
+        self.caches
+            .serve(&w.trace, g % w.trace.requests.len(), g % PODS)
+    }
+}
+
+/// Keeps `STREAM_RATE` block operations a second from `start`: sleeps
+/// while `ops` are ahead of it.
+fn keep_rate(start: Instant, ops: u64) {
+    while ops as f64 > start.elapsed().as_secs_f64() * STREAM_RATE as f64 {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Serves the requests after the replay and hands each step to `apply`,
+/// at `STREAM_RATE` block operations a second, until `stop`; block
+/// operations applied and the time taken.
 fn stream(w: &Workload, stop: &AtomicBool, mut apply: impl FnMut(&Step)) -> (u64, Duration) {
-    let mut caches = w.caches.clone();
-    let n = w.trace.requests.len();
+    let mut requests = Requests::new(w);
     let start = Instant::now();
     let mut ops = 0u64;
     // Relaxed: a flag polled between steps, ordering nothing else.
-    for g in n.. {
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        while ops as f64 > start.elapsed().as_secs_f64() * STREAM_RATE as f64 {
-            std::thread::sleep(Duration::from_micros(200));
-        }
-        let step = caches.serve(&w.trace, g % n, g % PODS);
+    while !stop.load(Ordering::Relaxed) {
+        keep_rate(start, ops);
+        let step = requests.step(w);
         apply(&step);
         ops += step.block_ops();
     }
@@ -643,6 +671,112 @@ fn our_writer<'a>(w: &'a Workload, o: &'a Ours, every_second: bool) -> impl FnMu
     }
 }
 
+/// What the writer of `alternated` does.
+const STILL: u8 = 0;
+/// Streams into the index the lookups read.
+const INTO_READ: u8 = 1;
+/// Streams into a copy of it that nobody reads.
+const INTO_COPY: u8 = 2;
+
+/// Lookups on `read` in three states taken in turn, each criterion sample
+/// one round: the writer still, streaming into `read` at `STREAM_RATE`, and
+/// streaming at the same rate into `copy`, an index nobody reads. Criterion
+/// times the second; the printed line gives each round's rates over the
+/// still one taken beside it. The third state has every cost of a writer
+/// on this machine (a core's share, the shared cache, memory bandwidth)
+/// and none of sharing the index, so what the second loses beyond it is
+/// what our index's writers cost its readers. Rounds rotate the order of
+/// the states, so a drift of the machine's speed falls on all three alike.
+fn alternated(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    w: &Workload,
+    read: &Ours,
+    copy: &Ours,
+) {
+    let mode = AtomicU8::new(STILL);
+    let stop = AtomicBool::new(false);
+    // Lookups a second in each state, one row per round.
+    let rounds = std::cell::RefCell::new(Vec::<[f64; 3]>::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut writers = [our_writer(w, read, false), our_writer(w, copy, false)];
+            let mut requests = [Requests::new(w), Requests::new(w)];
+            let (mut was, mut start, mut ops) = (STILL, Instant::now(), 0u64);
+            // Relaxed: flags polled between steps, ordering nothing else.
+            while !stop.load(Ordering::Relaxed) {
+                let now = mode.load(Ordering::Relaxed);
+                if now != was {
+                    (was, start, ops) = (now, Instant::now(), 0);
+                }
+                let i = match now {
+                    INTO_READ => 0,
+                    INTO_COPY => 1,
+                    _ => {
+                        std::thread::sleep(Duration::from_micros(200));
+                        continue;
+                    }
+                };
+                keep_rate(start, ops);
+                let step = requests[i].step(w);
+                writers[i](&step);
+                ops += step.block_ops();
+            }
+        });
+        let id = BenchmarkId::new(
+            "ours",
+            format!("streaming_{}k_blocks_per_s,alternated", STREAM_RATE / 1000),
+        );
+        g.bench_function(id, |b| {
+            b.iter_custom(|iters| {
+                let mut took = [Duration::ZERO; 3];
+                let round = rounds.borrow().len();
+                for k in 0..3 {
+                    let state = (round + k) % 3;
+                    // Relaxed: see the writer.
+                    mode.store(state as u8, Ordering::Relaxed);
+                    // The writer's next step starts the state's stream.
+                    std::thread::sleep(Duration::from_millis(5));
+                    let start = Instant::now();
+                    let mut out = Vec::new();
+                    for _ in 0..iters {
+                        black_box(read.lookups(&w.our_keys, &mut out));
+                    }
+                    took[state] = start.elapsed();
+                }
+                mode.store(STILL, Ordering::Relaxed);
+                let rate = |t: Duration| (iters * w.our_keys.len() as u64) as f64 / t.as_secs_f64();
+                rounds.borrow_mut().push(took.map(rate));
+                took[INTO_READ as usize]
+            })
+        });
+        // Relaxed: see the writer.
+        stop.store(true, Ordering::Relaxed);
+    });
+    let rounds = rounds.into_inner();
+    let ratios = |state: u8| {
+        let mut r: Vec<f64> = rounds
+            .iter()
+            .map(|x| x[state as usize] / x[STILL as usize])
+            .collect();
+        r.sort_by(f64::total_cmp);
+        format!(
+            "median {:.2}× (range {:.2}–{:.2}×)",
+            r[r.len() / 2],
+            r[0],
+            r[r.len() - 1]
+        )
+    };
+    let mut still: Vec<f64> = rounds.iter().map(|x| x[STILL as usize]).collect();
+    still.sort_by(f64::total_cmp);
+    eprintln!(
+        "lookup_while_streaming/ours/alternated, {} rounds (still: median {:.2} M lookups/s): streaming into the index read, over still: {}; streaming into a copy nobody reads, over still: {}",
+        rounds.len(),
+        still[still.len() / 2] / 1e6,
+        ratios(INTO_READ),
+        ratios(INTO_COPY),
+    );
+}
+
 fn lookups_while_streaming(c: &mut Criterion, w: &Workload, ours: &Ours, crtc: &Crtc) {
     let mut g = c.benchmark_group(format!(
         "lookup_while_streaming/mooncake_{}_requests",
@@ -673,17 +807,23 @@ fn lookups_while_streaming(c: &mut Criterion, w: &Workload, ours: &Ours, crtc: &
         b.iter(|| our_lookups(ours))
     });
     // The same from the same start, sweeping every second whether due or not.
-    let fresh = Ours::new(&w.names);
-    fresh.apply(&w.names, &w.steps);
-    fresh.index.sweep(NOW, usize::MAX);
-    fresh.index.reclaim();
+    let fresh = || {
+        let o = Ours::new(&w.names);
+        o.apply(&w.names, &w.steps);
+        o.index.sweep(NOW, usize::MAX);
+        o.index.reclaim();
+        o
+    };
+    let swept = fresh();
     while_writing(
         &mut g,
         "ours",
         &format!("{stream_id}+sweep_every_1s"),
-        || our_lookups(&fresh),
-        |stop| stream(w, stop, our_writer(w, &fresh, true)),
+        || our_lookups(&swept),
+        |stop| stream(w, stop, our_writer(w, &swept, true)),
     );
+    drop(swept);
+    alternated(&mut g, w, &fresh(), &fresh());
     let their_lookups = || {
         for k in &w.their_keys {
             black_box(crtc.backend().find_matches(k, false));
