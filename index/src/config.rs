@@ -37,7 +37,9 @@ pub struct IndexConfig {
     pub speculative_ttl: Duration,
     /// Hard bound on engine block records across all engine-fed pods (each
     /// holds a block's parent, copy count and our hashes); stores past it
-    /// are refused. Default 16,777,216 (2^24), as `max_blocks`.
+    /// are refused. Pods storing at once share it exactly: each store takes
+    /// room for its event's new records before recording them. Default
+    /// 16,777,216 (2^24), as `max_blocks`.
     pub max_engine_blocks: u64,
     /// Bound on one engine-fed pod's records, so that one engine that
     /// stores and never removes (buggy, or whose removals were lost)

@@ -38,6 +38,8 @@
 
 use std::collections::HashMap;
 
+use smallvec::SmallVec;
+
 use crate::error::EngineError;
 use crate::index::Index;
 use crate::slots::MAX_TIME;
@@ -629,26 +631,35 @@ impl Index {
         // the tree once, to its last block (held blocks refresh as no-ops).
         let mut newly_held = false;
         let mut up = parent;
-        // New records and their bytes, counted once for the event: the
-        // shared counters are atomics, read-modify-writes that each wait
-        // for the stores before them. Room under `max_engine_blocks` is
-        // taken at the first new record for the rest of the event (again if
-        // that runs out), and what is left over goes back at the end.
-        let (mut added, mut added_bytes, mut room) = (0u64, 0usize, 0u64);
+        // Each hash's record, looked up before anything is recorded, so the
+        // new records are counted first and room is taken for exactly them.
+        let found: SmallVec<[Option<u32>; 32]> = hashes.iter().map(|&h| records.find(h)).collect();
+        let new = found.iter().filter(|at| at.is_none()).count() as u64;
+        // Room under `max_engine_blocks` for the new records the pod's own
+        // bound lets in, taken in one read-modify-write of the shared count
+        // (each waits for the stores before it) and no more than can be
+        // used, so a pod storing beside this one is never refused room this
+        // one leaves unused. What goes unused (a hash the event names twice,
+        // a refusal partway) goes back at the end, with the records' bytes.
+        let room = self.reserve_records(new.min(max_own.saturating_sub(own)) as usize);
+        let (mut added, mut added_bytes) = (0u64, 0usize);
         let recorded: Result<(), EngineError> = 'records: {
             for (i, (&h, toks)) in hashes.iter().zip(tokens.chunks_exact(per)).enumerate() {
-                let became_held = match records.find(h) {
+                // A hash not recorded before the event may have been by it
+                // (named twice): looked up again once the event has added.
+                let at = match found[i] {
+                    None if added > 0 => records.find(h),
+                    at => at,
+                };
+                let became_held = match at {
                     Some(at) => records.add_copy(at),
                     None => {
                         let full = EngineError::Full { max: max_records };
-                        if added == room {
-                            room += self.reserve_records(hashes.len() - i);
-                            if added == room {
-                                break 'records Err(full);
-                            }
-                        }
                         if own.saturating_add(added) >= max_own {
                             break 'records Err(EngineError::PodFull { max: max_own });
+                        }
+                        if added == room {
+                            break 'records Err(full);
                         }
                         let data = match ratio {
                             Ratio::Whole(1) => Data::One((spec.hash)(toks)),
@@ -689,7 +700,7 @@ impl Index {
             }
             Ok(())
         };
-        // The records' count was taken as `room`; what went unused goes back.
+        // The records were counted as `room`; what went unused goes back.
         self.count_record(added_bytes as i64, added as i64 - room as i64);
         // Refused before its first record: the model keeps no empty record
         // set (names an engine sends would pile up otherwise).
@@ -1546,6 +1557,80 @@ mod tests {
         assert_eq!(index.stats().engine_blocks, 2);
         // The two recorded are held, and matched.
         assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    }
+
+    /// Room a store or a restore takes and does not use (a hash named
+    /// twice, a refusal partway, a record restored twice) goes back: the
+    /// count is the records held after each, and a later store fits.
+    #[test]
+    fn room_taken_and_not_used_goes_back() {
+        let index = Index::new(IndexConfig {
+            max_engine_blocks: 6,
+            max_engine_blocks_per_pod: 4,
+            ..IndexConfig::default()
+        });
+        let a = index.engine("a", spec(4)).unwrap();
+        let count = |e: &EngineHandle| (index.stats().engine_blocks, e.lock().blocks() as u64);
+        // Hash 2 named twice: two copies of one record.
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[1, 2, 2],
+            tokens: &[tokens(1, 2), tokens(1, 2)[4..].to_vec()].concat(),
+        };
+        index.apply(&mut a.lock(), "a", "m", op).unwrap();
+        assert_eq!(count(&a), (2, 2));
+        {
+            let engine = a.lock();
+            let records = &engine.models["m"];
+            assert_eq!(records.copies(records.find(2).unwrap()), 2);
+        }
+        // Refused by the pod's bound after two more: the count is four.
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[11, 12, 13],
+            tokens: &tokens(2, 3),
+        };
+        assert!(matches!(
+            index.apply(&mut a.lock(), "a", "m", op),
+            Err(EngineError::PodFull { max: 4 })
+        ));
+        assert_eq!(count(&a), (4, 4));
+        // A restore naming a record twice (and one already held) counts
+        // each once; the two left under the global bound still fit.
+        let b = index.engine("b", spec(4)).unwrap();
+        let blocks = vec![
+            (21, Record::new(None, 1, Data::One(121))),
+            (21, Record::new(None, 1, Data::One(121))),
+        ];
+        index
+            .restore_engine(&mut b.lock(), "b", "m", blocks)
+            .unwrap();
+        assert_eq!(count(&b), (5, 1));
+        let op = EngineOp::Stored {
+            parent: Some(21),
+            hashes: &[22],
+            tokens: &tokens(3, 1),
+        };
+        index.apply(&mut b.lock(), "b", "m", op).unwrap();
+        assert_eq!(count(&b), (6, 2));
+        // Full: a store of held blocks only still adds copies.
+        let op = EngineOp::Stored {
+            parent: Some(21),
+            hashes: &[22, 23],
+            tokens: &tokens(3, 2),
+        };
+        assert!(matches!(
+            index.apply(&mut b.lock(), "b", "m", op),
+            Err(EngineError::Full { max: 6 })
+        ));
+        assert_eq!(count(&b), (6, 2));
+        let op = EngineOp::Stored {
+            parent: Some(21),
+            hashes: &[22],
+            tokens: &tokens(3, 1),
+        };
+        index.apply(&mut b.lock(), "b", "m", op).unwrap();
+        assert_eq!(count(&b), (6, 2));
     }
 
     #[test]

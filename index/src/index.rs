@@ -243,6 +243,9 @@ impl Index {
     /// time never pass the bound together. Room taken and not used goes back
     /// through `count_record`.
     pub(crate) fn reserve_records(&self, n: usize) -> u64 {
+        if n == 0 {
+            return 0;
+        }
         let max = self.sh.cfg.max_engine_blocks;
         Counters::add_upto(&self.sh.counters.engine_records, n as u64, max)
     }
