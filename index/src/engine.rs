@@ -1569,34 +1569,34 @@ mod tests {
             max_engine_blocks_per_pod: 4,
             ..IndexConfig::default()
         });
-        let a = index.engine("a", spec(4)).unwrap();
-        let count = |e: &EngineHandle| (index.stats().engine_blocks, e.lock().blocks() as u64);
-        // Hash 2 named twice: two copies of one record.
-        let op = EngineOp::Stored {
-            parent: None,
-            hashes: &[1, 2, 2],
-            tokens: &[tokens(1, 2), tokens(1, 2)[4..].to_vec()].concat(),
+        let store = |pod: &str, parent, hashes: &[u64], tokens: &[u32]| {
+            let e = index.engine(pod, spec(4)).unwrap();
+            let op = EngineOp::Stored {
+                parent,
+                hashes,
+                tokens,
+            };
+            let got = index.apply(&mut e.lock(), pod, "m", op).map(drop);
+            let held = e.lock().blocks() as u64;
+            (got, index.stats().engine_blocks, held)
         };
-        index.apply(&mut a.lock(), "a", "m", op).unwrap();
-        assert_eq!(count(&a), (2, 2));
+        // Hash 2 named twice: two copies of one record.
+        let twice = [tokens(1, 2), tokens(1, 2)[4..].to_vec()].concat();
+        assert_eq!(store("a", None, &[1, 2, 2], &twice), (Ok(()), 2, 2));
+        let a = index.engine("a", spec(4)).unwrap();
         {
             let engine = a.lock();
             let records = &engine.models["m"];
             assert_eq!(records.copies(records.find(2).unwrap()), 2);
         }
-        // Refused by the pod's bound after two more: the count is four.
-        let op = EngineOp::Stored {
-            parent: None,
-            hashes: &[11, 12, 13],
-            tokens: &tokens(2, 3),
-        };
-        assert!(matches!(
-            index.apply(&mut a.lock(), "a", "m", op),
-            Err(EngineError::PodFull { max: 4 })
-        ));
-        assert_eq!(count(&a), (4, 4));
-        // A restore naming a record twice (and one already held) counts
-        // each once; the two left under the global bound still fit.
+        // Refused by the pod's bound after two more.
+        let refused = Err(EngineError::PodFull { max: 4 });
+        assert_eq!(
+            store("a", None, &[11, 12, 13], &tokens(2, 3)),
+            (refused, 4, 4)
+        );
+        // A restore naming a record twice counts it once; the two left
+        // under the global bound still fit.
         let b = index.engine("b", spec(4)).unwrap();
         let blocks = vec![
             (21, Record::new(None, 1, Data::One(121))),
@@ -1605,32 +1605,12 @@ mod tests {
         index
             .restore_engine(&mut b.lock(), "b", "m", blocks)
             .unwrap();
-        assert_eq!(count(&b), (5, 1));
-        let op = EngineOp::Stored {
-            parent: Some(21),
-            hashes: &[22],
-            tokens: &tokens(3, 1),
-        };
-        index.apply(&mut b.lock(), "b", "m", op).unwrap();
-        assert_eq!(count(&b), (6, 2));
-        // Full: a store of held blocks only still adds copies.
-        let op = EngineOp::Stored {
-            parent: Some(21),
-            hashes: &[22, 23],
-            tokens: &tokens(3, 2),
-        };
-        assert!(matches!(
-            index.apply(&mut b.lock(), "b", "m", op),
-            Err(EngineError::Full { max: 6 })
-        ));
-        assert_eq!(count(&b), (6, 2));
-        let op = EngineOp::Stored {
-            parent: Some(21),
-            hashes: &[22],
-            tokens: &tokens(3, 1),
-        };
-        index.apply(&mut b.lock(), "b", "m", op).unwrap();
-        assert_eq!(count(&b), (6, 2));
+        assert_eq!((index.stats().engine_blocks, b.lock().blocks()), (5, 1));
+        assert_eq!(store("b", Some(21), &[22], &tokens(3, 1)), (Ok(()), 6, 2));
+        // Full now, but a store of held blocks only still adds copies.
+        let full = Err(EngineError::Full { max: 6 });
+        assert_eq!(store("b", Some(21), &[22, 23], &tokens(3, 2)), (full, 6, 2));
+        assert_eq!(store("b", Some(21), &[22], &tokens(3, 1)), (Ok(()), 6, 2));
     }
 
     #[test]
