@@ -929,19 +929,22 @@ impl Index {
         }
         let max_key = self.sh.cfg.max_key_blocks;
         let records = engine.models.entry(model.into()).or_default();
-        let (mut unused, mut bytes) = (blocks.len() as i64, 0);
+        let (mut unused, mut bytes, mut full) = (blocks.len() as i64, 0, false);
         for (h, r) in blocks {
             if records.find(h).is_some() {
                 continue;
             }
             let Some(at) = records.insert(h, r.parent, r.copies, r.data) else {
-                self.count_record(bytes, -unused);
-                return Err(EngineError::Full { max });
+                full = true;
+                break;
             };
             unused -= 1;
             bytes += records.record_bytes(at) as i64;
         }
         self.count_record(bytes, -unused);
+        if full {
+            return Err(EngineError::Full { max });
+        }
         let records = &*records;
         // Held blocks with no held child: their paths cover every held one.
         let mut held_parent = vec![false; records.span()];
