@@ -753,6 +753,10 @@ fn alternated(
         stop.store(true, Ordering::Relaxed);
     });
     let rounds = rounds.into_inner();
+    // None when a filter left the benchmark out.
+    if rounds.is_empty() {
+        return;
+    }
     let ratios = |state: u8| {
         let mut r: Vec<f64> = rounds
             .iter()

@@ -36,8 +36,7 @@
 //! touched by lookups); the tree it writes is the shared lock-free one.
 //! Its records are laid out in `engine/records.rs`.
 
-use std::collections::HashMap;
-
+use indexmap::IndexMap;
 use smallvec::SmallVec;
 
 use crate::error::EngineError;
@@ -194,7 +193,7 @@ impl Record {
 pub struct Engine {
     pub(crate) spec: EngineSpec,
     pub(crate) ratio: Ratio,
-    pub(crate) models: HashMap<Box<str>, Records, ahash::RandomState>,
+    pub(crate) models: IndexMap<Box<str>, Records, ahash::RandomState>,
     /// The last event batch applied, as (sequence number, digest of its
     /// payload): kept in snapshots, so that a restarted server asks the
     /// engine only for what it missed, and can tell a restarted engine.
@@ -258,7 +257,7 @@ impl Engine {
         Ok(Engine {
             ratio: Ratio::new(spec.engine_block, spec.our_block)?,
             spec,
-            models: HashMap::default(),
+            models: IndexMap::default(),
             last_batch: None,
             closed: false,
             chain: None,
@@ -310,19 +309,24 @@ impl Engine {
         hash: u64,
         max_blocks: usize,
     ) -> Result<Vec<u64>, Placed> {
-        Engine::walk(records, ratio, hash, max_blocks, None)
+        let mut ours = Vec::new();
+        Engine::walk(records, ratio, hash, max_blocks, &mut ours, None)?;
+        Ok(ours)
     }
 
-    /// As [`Engine::path`], also filling `engine` with the engine hashes of
-    /// the chain, root first.
+    /// As [`Engine::path`], into `ours` (reused: no allocation once it has
+    /// grown), also filling `engine` with the engine hashes of the chain,
+    /// root first. On error the buffers hold a partial chain.
     fn walk(
         records: &Records,
         ratio: Ratio,
         hash: u64,
         max_blocks: usize,
+        ours: &mut Vec<u64>,
         mut engine: Option<&mut Vec<u64>>,
-    ) -> Result<Vec<u64>, Placed> {
-        let mut rev: Vec<u64> = Vec::new();
+    ) -> Result<(), Placed> {
+        // Filled leaf first, then turned around.
+        ours.clear();
         // A chain longer than this (in records) passes `max_key_blocks`, or
         // loops; either way it cannot be placed.
         let per = match ratio {
@@ -340,10 +344,10 @@ impl Engine {
             if steps > limit {
                 return Err(Placed::TooDeep);
             }
-            rev.extend(records.ours(at).iter().rev());
+            ours.extend(records.ours(at).iter().rev());
             // Checked as it grows, so a loop through records of many of
             // our blocks each (from a damaged snapshot) stops early.
-            if rev.len() > max_blocks {
+            if ours.len() > max_blocks {
                 return Err(Placed::TooDeep);
             }
             if let Some(e) = engine.as_deref_mut() {
@@ -355,14 +359,11 @@ impl Engine {
                 Parent::Unknown(_) => return Err(Placed::Orphan),
             }
         }
-        rev.reverse();
+        ours.reverse();
         if let Some(e) = engine {
             e.reverse();
         }
-        if rev.len() > max_blocks {
-            return Err(Placed::TooDeep);
-        }
-        Ok(rev)
+        Ok(())
     }
 
     /// Forgets the chain cache and any run of removals not yet released
@@ -371,64 +372,67 @@ impl Engine {
         self.chain = None;
         self.run.key.clear();
     }
+}
 
-    /// The chain cache after its tip's record was dropped (`dropped` is how
-    /// many records went: past the tip, the chain names records that are no
-    /// more, and the cache goes).
-    fn chain_popped(&mut self, hash: u64, dropped: usize) {
-        let r = self.ratio.align() as usize;
-        match &mut self.chain {
-            Some(c) if dropped == 1 && c.engine.last() == Some(&hash) => {
-                c.engine.pop();
-                c.ours.truncate(c.ours.len().saturating_sub(r));
-            }
-            Some(_) if dropped > 0 => self.chain = None,
-            _ => {}
+/// The chain cache after the record of `hash` was dropped (`dropped` is how
+/// many records went: past the tip, the chain names records that are no
+/// more, and the cache goes).
+fn chain_popped(chain: &mut Option<Chain>, ratio: Ratio, hash: u64, dropped: usize) {
+    let r = ratio.align() as usize;
+    match chain {
+        Some(c) if dropped == 1 && c.engine.last() == Some(&hash) => {
+            c.engine.pop();
+            c.ours.truncate(c.ours.len().saturating_sub(r));
         }
+        Some(_) if dropped > 0 => *chain = None,
+        _ => {}
     }
+}
 
-    /// The chain cache extended by a store of `hashes` under `parent`, if it
-    /// ended at `parent`: it is then the stored blocks' path, found without
-    /// a walk.
-    fn chain_extended(
-        &mut self,
-        model: &str,
-        parent: Option<u64>,
-        hashes: &[u64],
-        max_blocks: usize,
-    ) -> Option<()> {
-        if !matches!(self.ratio, Ratio::Whole(_)) {
-            return None;
-        }
-        let records = self.models.get(model)?;
-        let c = self.chain.as_mut().filter(|c| &*c.model == model)?;
-        if parent.is_none() || c.engine.last() != parent.as_ref() {
-            return None;
-        }
-        // Only records that hang where the store says (a record keeps the
-        // parent it was first stored under).
-        let from = c.ours.len();
-        let mut up = parent;
-        for &h in hashes {
-            let ok = records
-                .find(h)
-                .filter(|&at| records.parent_hash(at) == up)
-                .map(|at| c.ours.extend_from_slice(records.ours(at)));
-            if ok.is_none() {
-                // Put the cache back as it was: it still ends at `parent`.
-                c.ours.truncate(from);
-                return None;
-            }
-            up = Some(h);
-        }
-        if c.ours.len() > max_blocks {
-            // Too deep to place: a walk finds that and counts it.
-            c.ours.truncate(from);
-            return None;
-        }
-        c.engine.extend_from_slice(hashes);
-        Some(())
+/// Extends the chain cache by a store of `hashes` (recorded at `at`, in
+/// order) under `parent`, if it ended at `parent`: it is then the stored
+/// blocks' path, found without a walk. Whether it did.
+#[allow(clippy::too_many_arguments)]
+fn extend_chain(
+    chain: &mut Option<Chain>,
+    records: &Records,
+    ratio: Ratio,
+    model: &str,
+    parent: Option<u64>,
+    hashes: &[u64],
+    at: &[u32],
+    max_blocks: usize,
+) -> bool {
+    if !matches!(ratio, Ratio::Whole(_)) || parent.is_none() {
+        return false;
     }
+    let Some(c) = chain.as_mut().filter(|c| &*c.model == model) else {
+        return false;
+    };
+    if c.engine.last() != parent.as_ref() {
+        return false;
+    }
+    // Only records that hang where the store says (a record keeps the
+    // parent it was first stored under): the first under `parent`, each
+    // other under the one before it.
+    let Some((&first, rest)) = at.split_first() else {
+        return false;
+    };
+    let hangs = records.parent_hash(first) == parent
+        && rest
+            .iter()
+            .zip(at)
+            .all(|(&child, &up)| records.parent(child) == Parent::At(up));
+    let ours: usize = at.iter().map(|&a| records.ours(a).len()).sum();
+    // Too deep to place: a walk finds that and counts it.
+    if !hangs || c.ours.len() + ours > max_blocks {
+        return false;
+    }
+    for &a in at {
+        c.ours.extend_from_slice(records.ours(a));
+    }
+    c.engine.extend_from_slice(hashes);
+    true
 }
 
 /// `hash`'s path under `model`, from `chain` when `hash` ends it, else
@@ -444,7 +448,7 @@ fn chain_path<'c>(
     max_blocks: usize,
 ) -> Result<&'c [u64], Placed> {
     if !matches!(ratio, Ratio::Whole(_)) {
-        *scratch = Engine::path(records, ratio, hash, max_blocks)?;
+        Engine::walk(records, ratio, hash, max_blocks, scratch, None)?;
         return Ok(scratch);
     }
     let hit = chain
@@ -452,7 +456,14 @@ fn chain_path<'c>(
         .is_some_and(|c| &*c.model == model && c.engine.last() == Some(&hash));
     if !hit {
         let mut c = chain.take().unwrap_or_default();
-        c.ours = Engine::walk(records, ratio, hash, max_blocks, Some(&mut c.engine))?;
+        Engine::walk(
+            records,
+            ratio,
+            hash,
+            max_blocks,
+            &mut c.ours,
+            Some(&mut c.engine),
+        )?;
         if *c.model != *model {
             c.model = model.into();
         }
@@ -610,7 +621,7 @@ impl Index {
         tokens: &[u32],
         done: &mut Applied,
     ) -> Result<(), EngineError> {
-        let (spec, ratio) = (engine.spec, engine.ratio);
+        let (spec, ratio, align) = (engine.spec, engine.ratio, engine.align());
         let max_records = self.sh.cfg.max_engine_blocks;
         let max_key = self.sh.cfg.max_key_blocks;
         // A model's records exist while it has one: an empty store names a
@@ -620,12 +631,17 @@ impl Index {
         }
         let max_own = self.sh.cfg.max_engine_blocks_per_pod;
         let own = engine.blocks() as u64;
-        if !engine.models.contains_key(model) {
-            engine.models.insert(model.into(), Records::default());
-        }
-        let Some(records) = engine.models.get_mut(model) else {
-            return Ok(());
+        let Engine {
+            models,
+            chain,
+            scratch,
+            ..
+        } = &mut *engine;
+        let i = match models.get_index_of(model) {
+            Some(i) => i,
+            None => models.insert_full(model.into(), Records::default()).0,
         };
+        let records = &mut models[i];
         let per = spec.engine_block as usize;
         // Whether a block became held: the event's path is then placed in
         // the tree once, to its last block (held blocks refresh as no-ops).
@@ -635,6 +651,8 @@ impl Index {
         // new records are counted first and room is taken for exactly them.
         let found: SmallVec<[Option<u32>; 32]> = hashes.iter().map(|&h| records.find(h)).collect();
         let new = found.iter().filter(|at| at.is_none()).count() as u64;
+        // The positions of the blocks recorded, in the event's order.
+        let mut recorded_at: SmallVec<[u32; 32]> = SmallVec::with_capacity(hashes.len());
         // Room under `max_engine_blocks` for the new records the pod's own
         // bound lets in, taken in one read-modify-write of the shared count
         // (each waits for the stores before it) and no more than can be
@@ -651,8 +669,8 @@ impl Index {
                     None if added > 0 => records.find(h),
                     at => at,
                 };
-                let became_held = match at {
-                    Some(at) => records.add_copy(at),
+                let (at, became_held) = match at {
+                    Some(at) => (at, records.add_copy(at)),
                     None => {
                         let full = EngineError::Full { max: max_records };
                         if own.saturating_add(added) >= max_own {
@@ -691,9 +709,10 @@ impl Index {
                         };
                         added += 1;
                         added_bytes += records.record_bytes(at);
-                        true
+                        (at, true)
                     }
                 };
+                recorded_at.push(at);
                 done.stored += 1;
                 newly_held |= became_held;
                 up = Some(h);
@@ -703,10 +722,13 @@ impl Index {
         // The records were counted as `room`; what went unused goes back.
         self.count_record(added_bytes as i64, added as i64 - room as i64);
         // Refused before its first record: the model keeps no empty record
-        // set (names an engine sends would pile up otherwise).
-        if engine.models.get(model).is_some_and(|r| r.len() == 0) {
-            engine.models.remove(model);
+        // set (names an engine sends would pile up otherwise). Nothing was
+        // recorded, so nothing is placed.
+        if records.len() == 0 {
+            models.swap_remove_index(i);
+            return recorded;
         }
+        let records = &*records;
         // Records full partway: the blocks recorded before are held, and
         // are placed like any others before the error is returned.
         let full = recorded.err();
@@ -714,20 +736,19 @@ impl Index {
             let Some(last) = up.filter(|_| newly_held) else {
                 break 'place Ok(());
             };
-            let extended = engine.chain_extended(model, parent, hashes, max_key);
-            let align = engine.align();
-            let Engine {
-                models,
+            let stored = &hashes[..recorded_at.len()];
+            let path = match extend_chain(
                 chain,
-                scratch,
-                ..
-            } = &mut *engine;
-            let Some(records) = models.get(model) else {
-                break 'place Ok(());
-            };
-            let path = match extended {
-                Some(()) => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
-                None => chain_path(chain, scratch, records, ratio, model, last, max_key),
+                records,
+                ratio,
+                model,
+                parent,
+                stored,
+                &recorded_at,
+                max_key,
+            ) {
+                true => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
+                false => chain_path(chain, scratch, records, ratio, model, last, max_key),
             };
             // Pages: our blocks are whole groups, held only while every page of
             // the group is; a path through a group missing a page stops before it.
@@ -773,35 +794,33 @@ impl Index {
         let ratio = engine.ratio;
         let max_key = self.sh.cfg.max_key_blocks;
         let mut failed = None;
+        let Engine {
+            models,
+            chain,
+            scratch,
+            run,
+            ..
+        } = &mut *engine;
         for &h in hashes {
             // Removals name no model (no LoRA adapter): the event's model
             // first, then whichever holds the hash.
-            let here = engine.models.get(model).and_then(|r| r.find(h));
-            let elsewhere = match here {
-                Some(_) => None,
-                None => engine
-                    .models
-                    .iter()
-                    .find_map(|(m, r)| Some((m.clone(), r.find(h)?))),
-            };
-            let (model, at) = match (here, &elsewhere) {
-                (Some(at), _) => (model, at),
-                (None, Some((m, at))) => (&**m, *at),
-                (None, None) => {
-                    done.unknown += 1;
-                    continue;
-                }
-            };
-            let Engine {
-                models,
-                chain,
-                scratch,
-                run,
-                ..
-            } = &mut *engine;
-            let Some(records) = models.get_mut(model) else {
+            let held = models
+                .get_index_of(model)
+                .and_then(|i| Some((i, models[i].find(h)?)))
+                .or_else(|| {
+                    models
+                        .values()
+                        .enumerate()
+                        .find_map(|(i, r)| Some((i, r.find(h)?)))
+                });
+            let Some((i, at)) = held else {
+                done.unknown += 1;
                 continue;
             };
+            let Some((name, records)) = models.get_index_mut(i) else {
+                continue;
+            };
+            let model: &str = name;
             match records.take_copy(at) {
                 None => {
                     done.unknown += 1;
@@ -848,10 +867,10 @@ impl Index {
             if records.len() == 0 {
                 // Its last record went: the model's records go too, so that
                 // adapters an engine has dropped cost nothing.
-                engine.models.remove(model);
-                engine.chain = None;
+                models.swap_remove_index(i);
+                *chain = None;
             } else {
-                engine.chain_popped(h, dropped);
+                chain_popped(chain, ratio, h, dropped);
             }
         }
         // Every hash was applied to the records, whatever the tree said.
