@@ -1376,6 +1376,46 @@ mod tests {
     }
 
     #[test]
+    fn a_block_stored_again_under_another_parent_is_placed_where_it_was_recorded() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        let (a, x, y) = (1, 2, 3);
+        store(&index, &e, None, &[a], &tokens(1, 1));
+        store(&index, &e, Some(a), &[x, y], &tokens(1, 3)[4..]);
+        // `x` goes; its record stays (it has a child).
+        remove(&index, &e, &[x]);
+        // The last chain walked ends at `b`.
+        let b = 4;
+        store(&index, &e, Some(a), &[b], &[2, 1, 1, 1]);
+        // An engine names `x` again, under `b`: a record keeps the parent
+        // it was first stored under, so `x` is held again under `a`, not
+        // under the chain that ends at `b`.
+        store(&index, &e, Some(b), &[x], &tokens(1, 2)[4..]);
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+        let through_b = [key(1, 1)[0], hash(&[2, 1, 1, 1]), key(1, 2)[1]];
+        assert_eq!(matched(&index, &through_b, T0), [("pod".to_string(), 2)]);
+    }
+
+    #[test]
+    fn a_block_named_after_a_new_one_in_its_event_is_placed_where_it_was_recorded() {
+        let index = index();
+        let e = index.engine("pod", spec(4)).unwrap();
+        let (a, x, y, b, c) = (1, 2, 3, 4, 5);
+        store(&index, &e, None, &[a], &tokens(1, 1));
+        store(&index, &e, Some(a), &[x, y], &tokens(1, 3)[4..]);
+        remove(&index, &e, &[x]);
+        // The last chain walked ends at `a`: `c` stored under it, then gone.
+        store(&index, &e, Some(a), &[c], &[3, 1, 1, 1]);
+        remove(&index, &e, &[c]);
+        // One event names `b`, new, under `a`, then `x` under `b`: `x`
+        // keeps its place under `a`.
+        let mut toks = vec![2, 1, 1, 1];
+        toks.extend_from_slice(&tokens(1, 2)[4..]);
+        store(&index, &e, Some(a), &[b, x], &toks);
+        assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+    }
+
+    #[test]
     fn parent_cycles_are_refused_as_too_deep() {
         let index = Index::new(IndexConfig {
             max_key_blocks: 8,
