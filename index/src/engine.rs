@@ -662,10 +662,10 @@ impl Index {
         let room = self.reserve_records(new.min(max_own.saturating_sub(own)) as usize);
         let (mut added, mut added_bytes) = (0u64, 0usize);
         let recorded: Result<(), EngineError> = 'records: {
-            for (i, (&h, toks)) in hashes.iter().zip(tokens.chunks_exact(per)).enumerate() {
+            for (k, (&h, toks)) in hashes.iter().zip(tokens.chunks_exact(per)).enumerate() {
                 // A hash not recorded before the event may have been by it
                 // (named twice): looked up again once the event has added.
-                let at = match found[i] {
+                let at = match found[k] {
                     None if added > 0 => records.find(h),
                     at => at,
                 };
