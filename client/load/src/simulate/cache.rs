@@ -1,9 +1,12 @@
 //! A pod's simulated KV cache: LRU over blocks, identified by their trace id
 //! (Mooncake ids are already unique per prefix).
 //!
-//! A request's blocks are used in order, so the first block of a prompt is
-//! the least recently used of its blocks and leaves first. Hits count the
-//! leading blocks present only: engines reuse a contiguous cached prefix.
+//! A request's blocks are released tail first, as vLLM frees a finished
+//! request's blocks in reverse order into the queue it evicts from, and as
+//! SGLang's radix cache evicts leaves first: the last block of a prompt is
+//! the least recently used of its blocks and leaves first, and the prefix
+//! other requests share stays longest. Hits count the leading blocks
+//! present only: engines reuse a contiguous cached prefix.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -31,21 +34,23 @@ impl Lru {
         key.iter().take_while(|b| self.last.contains_key(b)).count()
     }
 
-    /// Uses every block of `key` now, evicting the least recently used past
-    /// capacity. Afterwards `new` holds the positions in `key` of the blocks
+    /// Uses every block of `key` now and releases them tail first, evicting
+    /// the least recently released past capacity. Afterwards `new` holds the positions in `key` of the blocks
     /// that were not cached, and `evicted` the blocks that left (in the
     /// order they left; a block of `key` itself leaves only if `key` is
     /// longer than the cache).
     pub fn touch(&mut self, key: &[u64], new: &mut Vec<usize>, evicted: &mut Vec<u64>) {
         new.clear();
         evicted.clear();
-        for (i, &b) in key.iter().enumerate() {
+        // Released tail first: the tail is the oldest of the key's blocks.
+        for (i, &b) in key.iter().enumerate().rev() {
             self.tick += 1;
             if self.last.insert(b, self.tick).is_none() {
                 new.push(i);
             }
             self.order.push_back((b, self.tick));
         }
+        new.reverse();
         while self.last.len() > self.capacity {
             let Some((b, t)) = self.order.pop_front() else {
                 break;
@@ -85,12 +90,13 @@ mod tests {
         assert_eq!(touch(&mut c, &[1, 9, 8]), (vec![1, 2], vec![2]));
         assert_eq!(c.hits(&[2]), 0);
         assert_eq!(c.hits(&[1, 9, 8]), 3);
-        // A key longer than the cache evicts its own first blocks.
+        // A request's blocks leave tail first: 8, 9, then 1. A key longer
+        // than the cache evicts its own last blocks.
         assert_eq!(
             touch(&mut c, &[4, 5, 6, 7]),
-            (vec![0, 1, 2, 3], vec![1, 9, 8, 4])
+            (vec![0, 1, 2, 3], vec![8, 9, 1, 7])
         );
-        assert_eq!(c.hits(&[4, 5]), 0);
-        assert_eq!(c.hits(&[5, 6, 7]), 3);
+        assert_eq!(c.hits(&[4, 5, 6, 7]), 3);
+        assert_eq!(c.hits(&[7]), 0);
     }
 }
