@@ -51,6 +51,7 @@ use serde::Serialize;
 
 use crate::cpu;
 use crate::simulate::precise::BLOCK_TOKENS;
+use crate::simulate::Release;
 use crate::workload::Request;
 use plan::{plan, Plan};
 use publish::{Engine, TOPIC};
@@ -70,6 +71,9 @@ pub struct IngestConfig {
     pub rounds: usize,
     /// How long to wait for the server to apply everything.
     pub timeout: Duration,
+    /// The order in which each engine's cache releases a request's blocks
+    /// (the order of its removals).
+    pub release: Release,
 }
 
 /// Where the events go.
@@ -490,6 +494,7 @@ mod tests {
             capacity: 30,
             rounds: 1,
             timeout: Duration::from_secs(1),
+            release: Release::TailFirst,
         };
         let p = plan(&plan::tests::trace(), &cfg);
         let subs: Vec<Subscription> = (0..2)
@@ -517,6 +522,7 @@ mod tests {
             capacity: 40,
             rounds: 2,
             timeout: Duration::from_secs(60),
+            release: Release::InOrder,
         };
         let r = run(&plan::tests::trace(), &cfg, Target::Embedded)
             .await

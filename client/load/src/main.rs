@@ -167,6 +167,11 @@ struct EventsArgs {
     /// Times the trace is replayed, each time with fresh block ids.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
     rounds: u16,
+    /// The order in which each engine's cache releases a request's blocks:
+    /// tail-first as vLLM and SGLang do, or in-order, the costliest order
+    /// of removals for the server to follow.
+    #[arg(long, value_enum, default_value_t = simulate::Release::TailFirst)]
+    release: simulate::Release,
     /// Give up waiting for the server after this long.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -243,6 +248,10 @@ struct SimArgs {
     /// insert for engine-fed pods.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     speculative_ttl: Duration,
+    /// The order in which each pod's cache releases a request's blocks:
+    /// tail-first as vLLM and SGLang do, or in-order.
+    #[arg(long, value_enum, default_value_t = simulate::Release::TailFirst)]
+    release: simulate::Release,
     /// Use the server at this address instead of an in-process index (not
     /// with the precise policy).
     #[arg(long)]
@@ -662,6 +671,7 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         seed: 7,
         event_delay: a.event_delay,
         speculative_ttl: a.speculative_ttl,
+        release: a.release,
     };
     let bound = simulate::upper_bound(&trace);
     // Distinct names per run keep runs apart on a shared server.
@@ -735,6 +745,7 @@ async fn events_main(a: EventsArgs) -> anyhow::Result<()> {
         capacity: a.capacity.max(1),
         rounds: a.rounds.into(),
         timeout: a.timeout,
+        release: a.release,
     };
     let (target, name) = match a.server {
         None => (

@@ -54,7 +54,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::workload::Request;
-pub use cache::Lru;
+pub use cache::{Lru, Release};
 pub use plot::plot;
 
 /// The simulation's clock at the trace's time 0, in ms: a real date, so that
@@ -139,6 +139,8 @@ pub struct SimConfig {
     /// Precise: how long a gateway's insert stays visible unless the
     /// engine's events confirm it; zero: gateways do not insert.
     pub speculative_ttl: Duration,
+    /// The order in which each pod's cache releases a request's blocks.
+    pub release: Release,
 }
 
 /// One (gateways, policy, capacity model) result.
@@ -325,7 +327,9 @@ pub async fn simulate(
             idx.set_capacity(p, modelled.max(1)).await?;
         }
     }
-    let mut caches: Vec<Lru> = (0..cfg.pods).map(|_| Lru::new(cfg.capacity)).collect();
+    let mut caches: Vec<Lru> = (0..cfg.pods)
+        .map(|_| Lru::new(cfg.capacity, cfg.release))
+        .collect();
     let mut load = vec![0usize; cfg.pods];
     let mut recent: VecDeque<usize> = VecDeque::new();
     let mut served = vec![0u64; cfg.pods];
@@ -443,6 +447,7 @@ mod tests {
             seed: 1,
             event_delay: Duration::ZERO,
             speculative_ttl: Duration::ZERO,
+            release: Release::TailFirst,
         }
     }
 

@@ -27,7 +27,9 @@ const ROUND_SHIFT: u32 = 40;
 /// Turns the trace into each engine's batches, encoded.
 pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
     let n = cfg.engines.max(1);
-    let mut caches: Vec<Lru> = (0..n).map(|_| Lru::new(cfg.capacity)).collect();
+    let mut caches: Vec<Lru> = (0..n)
+        .map(|_| Lru::new(cfg.capacity, cfg.release))
+        .collect();
     let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
     let mut chain = Chain::default();
     let (mut key, mut hashes, mut new, mut evicted, mut evs) =
@@ -73,6 +75,7 @@ pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::simulate::Release;
     use prefix_events::{decode_batch, DecodeLimits};
 
     /// 30 conversations of 6 turns, two blocks more each turn.
@@ -95,6 +98,7 @@ pub(super) mod tests {
             capacity: 20,
             rounds: 2,
             timeout: Duration::from_secs(1),
+            release: Release::TailFirst,
         };
         let p = plan(&trace(), &cfg);
         assert_eq!(p.batches.len(), 3);

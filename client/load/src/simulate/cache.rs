@@ -5,24 +5,43 @@
 //! request's blocks in reverse order into the queue it evicts from, and as
 //! SGLang's radix cache evicts leaves first: the last block of a prompt is
 //! the least recently used of its blocks and leaves first, and the prefix
-//! other requests share stays longest. Hits count the leading blocks
-//! present only: engines reuse a contiguous cached prefix.
+//! other requests share stays longest. A cache can also release them in
+//! order ([`Release::InOrder`]), so that first and middle blocks leave
+//! while blocks below them stay: an order neither engine uses, and the
+//! costliest for the index to follow (each removal a walk of its own), for
+//! measuring that worst case and for tests that the index follows a cache
+//! through any order.
+//! Hits count the leading blocks present only: engines reuse a contiguous
+//! cached prefix.
 
 use std::collections::{HashMap, VecDeque};
+
+/// The order in which a request's blocks become free, the least recently
+/// used first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Release {
+    /// The last block first: vLLM's and SGLang's order.
+    TailFirst,
+    /// The first block first.
+    InOrder,
+}
 
 /// One pod's cache.
 pub struct Lru {
     capacity: usize,
+    release: Release,
     tick: u64,
     last: HashMap<u64, u64>,
     order: VecDeque<(u64, u64)>,
 }
 
 impl Lru {
-    /// An empty cache of `capacity` blocks.
-    pub fn new(capacity: usize) -> Lru {
+    /// An empty cache of `capacity` blocks that releases a request's blocks
+    /// in the order given.
+    pub fn new(capacity: usize, release: Release) -> Lru {
         Lru {
             capacity,
+            release,
             tick: 0,
             last: HashMap::new(),
             order: VecDeque::new(),
@@ -34,23 +53,32 @@ impl Lru {
         key.iter().take_while(|b| self.last.contains_key(b)).count()
     }
 
-    /// Uses every block of `key` now and releases them tail first, evicting
-    /// the least recently released past capacity. Afterwards `new` holds the positions in `key` of the blocks
-    /// that were not cached, and `evicted` the blocks that left (in the
-    /// order they left; a block of `key` itself leaves only if `key` is
-    /// longer than the cache).
+    /// Uses every block of `key` now and releases them in the cache's
+    /// order, evicting the least recently released past capacity.
+    /// Afterwards `new` holds the positions in `key` of the blocks that were
+    /// not cached, in ascending order, and `evicted` the blocks that left
+    /// (in the order they left; a block of `key` itself leaves only if
+    /// `key` is longer than the cache).
     pub fn touch(&mut self, key: &[u64], new: &mut Vec<usize>, evicted: &mut Vec<u64>) {
         new.clear();
         evicted.clear();
-        // Released tail first: the tail is the oldest of the key's blocks.
-        for (i, &b) in key.iter().enumerate().rev() {
+        // The block released first is the oldest of the key's blocks.
+        let tail_first = self.release == Release::TailFirst;
+        let mut release = |i: usize| {
+            let b = key[i];
             self.tick += 1;
             if self.last.insert(b, self.tick).is_none() {
                 new.push(i);
             }
             self.order.push_back((b, self.tick));
+        };
+        match tail_first {
+            true => (0..key.len()).rev().for_each(&mut release),
+            false => (0..key.len()).for_each(&mut release),
         }
-        new.reverse();
+        if tail_first {
+            new.reverse();
+        }
         while self.last.len() > self.capacity {
             let Some((b, t)) = self.order.pop_front() else {
                 break;
@@ -81,7 +109,7 @@ mod tests {
 
     #[test]
     fn lru_counts_leading_hits_and_evicts_oldest() {
-        let mut c = Lru::new(3);
+        let mut c = Lru::new(3, Release::TailFirst);
         assert_eq!(touch(&mut c, &[1, 2]), (vec![0, 1], vec![]));
         assert_eq!(c.hits(&[1, 2, 3]), 2);
         assert_eq!(c.hits(&[2, 1]), 2);
@@ -98,5 +126,22 @@ mod tests {
         );
         assert_eq!(c.hits(&[4, 5, 6, 7]), 3);
         assert_eq!(c.hits(&[7]), 0);
+    }
+
+    #[test]
+    fn in_order_the_first_blocks_leave_first() {
+        let mut c = Lru::new(3, Release::InOrder);
+        assert_eq!(touch(&mut c, &[1, 2]), (vec![0, 1], vec![]));
+        // 1 was released first, so it is the oldest and goes, though 2
+        // below it stays.
+        assert_eq!(touch(&mut c, &[5, 6]), (vec![0, 1], vec![1]));
+        assert_eq!(c.hits(&[1, 2]), 0);
+        assert_eq!(c.hits(&[5, 6]), 2);
+        // A key longer than the cache evicts its own first blocks.
+        assert_eq!(
+            touch(&mut c, &[7, 8, 9, 10]),
+            (vec![0, 1, 2, 3], vec![2, 5, 6, 7])
+        );
+        assert_eq!(c.hits(&[7, 8, 9, 10]), 0);
     }
 }

@@ -268,7 +268,7 @@ impl Feeder {
 
 #[cfg(test)]
 mod tests {
-    use super::super::cache::Lru;
+    use super::super::cache::{Lru, Release};
     use super::*;
     use prefix_index::IndexConfig;
     use rand::rngs::SmallRng;
@@ -314,16 +314,22 @@ mod tests {
 
     /// The heart of precise mode: with events applied at once and no
     /// gateway inserts, the index's answer for every pod and every key is
-    /// what that pod's cache holds, through evictions of first, middle and
-    /// last blocks, blocks stored again under cached children, and keys
-    /// longer than a cache.
+    /// what that pod's cache holds, through evictions of last blocks (pods
+    /// that release tail first, as engines do) and of first and middle ones
+    /// (pods that release in order), blocks stored again under cached
+    /// children, and keys longer than a cache.
     #[test]
     fn the_index_follows_every_cache_exactly() {
-        const PODS: usize = 3;
+        const PODS: usize = 4;
         let index = Arc::new(Index::new(IndexConfig::default()));
         let names: Vec<String> = (0..PODS).map(|p| format!("pod-{p}")).collect();
         let mut feeder = Feeder::new(index.clone(), "m", &names, 0).unwrap();
-        let mut caches: Vec<Lru> = (0..PODS).map(|p| Lru::new(6 + 5 * p)).collect();
+        let mut caches: Vec<Lru> = (0..PODS)
+            .map(|p| {
+                let release = [Release::TailFirst, Release::InOrder][p % 2];
+                Lru::new(6 + 5 * (p / 2), release)
+            })
+            .collect();
         // Keys over a small tree of prefixes: 12 conversations whose turns
         // grow, ids unique per prefix as in Mooncake.
         let mut rng = SmallRng::seed_from_u64(3);
@@ -360,7 +366,7 @@ mod tests {
     fn delayed_events_wait_for_their_time() {
         let index = Arc::new(Index::new(IndexConfig::default()));
         let mut feeder = Feeder::new(index.clone(), "m", &["p".into()], 1_000).unwrap();
-        let mut cache = Lru::new(8);
+        let mut cache = Lru::new(8, Release::TailFirst);
         let (mut new, mut evicted) = (Vec::new(), Vec::new());
         cache.touch(&[1, 2], &mut new, &mut evicted);
         feeder.changed(0, &[1, 2], &new, &evicted, 5_000).unwrap();
