@@ -389,17 +389,15 @@ fn chain_popped(chain: &mut Option<Chain>, ratio: Ratio, hash: u64, dropped: usi
     }
 }
 
-/// Extends the chain cache by a store of `hashes` (recorded at `at`, in
-/// order) under `parent`, if it ended at `parent`: it is then the stored
-/// blocks' path, found without a walk. Whether it did.
-#[allow(clippy::too_many_arguments)]
+/// Extends the chain cache by a store of the records at `at` (in the
+/// event's order) under `parent`, if it ended at `parent`: it is then the
+/// stored blocks' path, found without a walk. Whether it did.
 fn extend_chain(
     chain: &mut Option<Chain>,
     records: &Records,
     ratio: Ratio,
     model: &str,
     parent: Option<u64>,
-    hashes: &[u64],
     at: &[u32],
     max_blocks: usize,
 ) -> bool {
@@ -430,8 +428,8 @@ fn extend_chain(
     }
     for &a in at {
         c.ours.extend_from_slice(records.ours(a));
+        c.engine.push(records.hash(a));
     }
-    c.engine.extend_from_slice(hashes);
     true
 }
 
@@ -736,20 +734,11 @@ impl Index {
             let Some(last) = up.filter(|_| newly_held) else {
                 break 'place Ok(());
             };
-            let stored = &hashes[..recorded_at.len()];
-            let path = match extend_chain(
-                chain,
-                records,
-                ratio,
-                model,
-                parent,
-                stored,
-                &recorded_at,
-                max_key,
-            ) {
-                true => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
-                false => chain_path(chain, scratch, records, ratio, model, last, max_key),
-            };
+            let path =
+                match extend_chain(chain, records, ratio, model, parent, &recorded_at, max_key) {
+                    true => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
+                    false => chain_path(chain, scratch, records, ratio, model, last, max_key),
+                };
             // Pages: our blocks are whole groups, held only while every page of
             // the group is; a path through a group missing a page stops before it.
             let key = match path {
@@ -804,7 +793,7 @@ impl Index {
         for &h in hashes {
             // Removals name no model (no LoRA adapter): the event's model
             // first, then whichever holds the hash.
-            let held = models
+            let found = models
                 .get_index_of(model)
                 .and_then(|i| Some((i, models[i].find(h)?)))
                 .or_else(|| {
@@ -813,7 +802,7 @@ impl Index {
                         .enumerate()
                         .find_map(|(i, r)| Some((i, r.find(h)?)))
                 });
-            let Some((i, at)) = held else {
+            let Some((i, at)) = found else {
                 done.unknown += 1;
                 continue;
             };

@@ -63,20 +63,19 @@ impl Lru {
         new.clear();
         evicted.clear();
         // The block released first is the oldest of the key's blocks.
-        let tail_first = self.release == Release::TailFirst;
-        let mut release = |i: usize| {
-            let b = key[i];
+        let n = key.len();
+        for k in 0..n {
+            let i = match self.release {
+                Release::TailFirst => n - 1 - k,
+                Release::InOrder => k,
+            };
             self.tick += 1;
-            if self.last.insert(b, self.tick).is_none() {
+            if self.last.insert(key[i], self.tick).is_none() {
                 new.push(i);
             }
-            self.order.push_back((b, self.tick));
-        };
-        match tail_first {
-            true => (0..key.len()).rev().for_each(&mut release),
-            false => (0..key.len()).for_each(&mut release),
+            self.order.push_back((key[i], self.tick));
         }
-        if tail_first {
+        if self.release == Release::TailFirst {
             new.reverse();
         }
         while self.last.len() > self.capacity {
