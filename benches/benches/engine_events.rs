@@ -2,9 +2,10 @@
 //! same engine events, the same questions, in one run.
 //!
 //! The Mooncake trace is replayed once, outside timing, through 8 simulated
-//! pods (requests round-robin, an LRU cache of 16,384 blocks each;
-//! `prefix_benches::precise`) into engine events: per request, the blocks
-//! it evicts and one store of the blocks it adds. The groups:
+//! pods (requests round-robin, an LRU cache of 16,384 blocks each, or of
+//! `ENGINE_EVENTS_CAPACITY`; `prefix_benches::precise`) into engine events:
+//! per request, the blocks it evicts and one store of the blocks it adds.
+//! The groups:
 //!
 //! - `ingest/…`: every event into a fresh index. Ours through
 //!   `EngineBatch::apply`, a batch per request, or from vLLM's msgpack batches through
@@ -63,7 +64,20 @@ static GLOBAL: Counting<mimalloc::MiMalloc> = Counting::new(mimalloc::MiMalloc);
 const PODS: usize = 8;
 /// Blocks each pod caches: about half of the ~31,000 distinct blocks each
 /// pod is sent, so a third of the block operations are evictions.
+/// `ENGINE_EVENTS_CAPACITY` sets another, such as one whose index fits the
+/// processor's caches, to tell what missing them costs.
 const CAPACITY: usize = 16_384;
+
+/// The blocks each pod caches in this run.
+fn capacity() -> usize {
+    match std::env::var("ENGINE_EVENTS_CAPACITY") {
+        Ok(v) => v.parse().ok().filter(|&c| c > 0).unwrap_or_else(|| {
+            panic!("ENGINE_EVENTS_CAPACITY={v}: not a positive count of blocks")
+        }),
+        Err(_) => CAPACITY,
+    }
+}
+
 /// Block operations a second applied while lookups run.
 const STREAM_RATE: u64 = 100_000;
 const MODEL: &str = "kimi";
@@ -73,6 +87,8 @@ type Crtc = ThreadPoolIndexer<ConcurrentRadixTreeCompressed>;
 
 /// Everything the groups feed the indexes, made once.
 struct Workload {
+    /// Blocks each pod caches.
+    capacity: usize,
     trace: EngineTrace,
     steps: Vec<Step>,
     /// The pods' caches after the replay: where the streamed events go on.
@@ -130,8 +146,9 @@ fn router_events(step: &Step, ids: &mut [u64], out: &mut Vec<RouterEvent>) {
 
 impl Workload {
     fn new(requests: Vec<Vec<u64>>) -> Self {
+        let capacity = capacity();
         let trace = EngineTrace::new(requests);
-        let (steps, caches) = replay(&trace, PODS, CAPACITY);
+        let (steps, caches) = replay(&trace, PODS, capacity);
         let ops = steps.iter().map(Step::block_ops).sum();
         let payloads = steps
             .iter()
@@ -158,6 +175,7 @@ impl Workload {
             ));
         }
         Workload {
+            capacity,
             trace,
             steps,
             caches,
@@ -386,7 +404,7 @@ fn ingest(c: &mut Criterion, w: &Workload, rt: &tokio::runtime::Runtime) {
     let subs = subscriptions(&w.names);
     let by_thread: [Vec<&Step>; 2] =
         [0, 1].map(|t| w.steps.iter().filter(|s| s.pod % 2 == t).collect());
-    let mut g = c.benchmark_group(format!("ingest/mooncake_{PODS}pods_{CAPACITY}blocks"));
+    let mut g = c.benchmark_group(format!("ingest/mooncake_{PODS}pods_{}blocks", w.capacity));
     g.sampling_mode(SamplingMode::Flat);
     g.sample_size(10);
     g.throughput(Throughput::Elements(w.ops));
@@ -991,8 +1009,9 @@ fn main() {
         .map(|s| s.hashes.len())
         .sum();
     eprintln!(
-        "events: {} requests on {PODS} pods of {CAPACITY} blocks: {} blocks stored, {} removed, {} block operations in {} events ({} msgpack bytes); {} (pod, block) pairs held at the end",
+        "events: {} requests on {PODS} pods of {} blocks: {} blocks stored, {} removed, {} block operations in {} events ({} msgpack bytes); {} (pod, block) pairs held at the end",
         w.trace.requests.len(),
+        w.capacity,
         stored,
         w.ops as usize - stored,
         w.ops,
