@@ -215,27 +215,40 @@ impl<'a> Reader<'a> {
     /// Token ids are most of a `BlockStored`'s bytes, and their widths vary
     /// from one to the next (in Llama 3's vocabulary of 128,256 ids, half
     /// take three bytes and half five; ids below 256, one or two), so a
-    /// branch on each one's width goes the wrong way about as often as not. This loop has no such branch: it loads
-    /// eight bytes, looks the width up by the first, and shifts the value
-    /// out (`small_uint_in_word`). The last values, within eight bytes of
-    /// the payload's end, go through `small_uint`.
+    /// branch on each one's width goes the wrong way about as often as not.
+    /// This loop has no such branch: it loads eight bytes, looks the width
+    /// up by the first, and shifts the value out (`value_in_word`). The
+    /// last values, within eight bytes of the payload's end, go through
+    /// `small_uint`.
+    ///
+    /// What bounds the loop is the chain from one value's width to the
+    /// next one's. A value takes at most five of its word's eight bytes, so
+    /// the next marker is in the word already: its width is looked up from
+    /// there, while the word at the next position loads beside it, instead
+    /// of after that load.
     pub(crate) fn small_uints(&mut self, n: usize, out: &mut Vec<u32>) -> usize {
-        // Locals the loop keeps in registers: the position, and a chunk
-        // of values appended at once (a push per value would store the
-        // vector's length, and the position, at every step).
+        // Locals the loop keeps in registers: the position, the word there
+        // and its value's width, and a chunk of values appended at once (a
+        // push per value would store the vector's length, and the
+        // position, at every step).
+        let buf = self.buf;
         let mut pos = self.pos;
+        let mut word = word_at(buf, pos).unwrap_or(0);
+        let mut len = usize::from(SMALL_UINT_LEN[(word >> 56) as usize]);
         let mut chunk = [0u32; 16];
         let mut read = 0;
         while read < n {
             let want = (n - read).min(chunk.len());
             let mut got = 0;
-            while got < want {
-                let Some((value, len)) = small_uint_in_word(self.buf, pos) else {
-                    break;
-                };
-                chunk[got] = value;
+            // `word` holds the eight bytes at `pos` while they are in `buf`.
+            while got < want && len != 0 && pos + 8 <= buf.len() {
+                chunk[got] = value_in_word(word, len);
+                // The byte after the value: its width, read from this word.
+                let next = SMALL_UINT_LEN[((word >> (56 - 8 * len)) & 0xff) as usize];
                 pos += len;
                 got += 1;
+                word = word_at(buf, pos).unwrap_or(0);
+                len = usize::from(next);
             }
             out.extend_from_slice(&chunk[..got]);
             read += got;
@@ -345,7 +358,7 @@ impl<'a> Reader<'a> {
 
 /// Bytes an unsigned int of at most 32 bits takes, marker included, by its
 /// marker byte; 0 for any other marker. [`Reader::small_uint`] and
-/// [`small_uint_in_word`] read by it.
+/// [`Reader::small_uints`] read by it.
 const SMALL_UINT_LEN: [u8; 256] = {
     let mut len = [0; 256];
     let mut b = 0;
@@ -359,32 +372,25 @@ const SMALL_UINT_LEN: [u8; 256] = {
     len
 };
 
-/// The unsigned int of at most 32 bits at `pos` and the bytes it takes, read
-/// from the eight bytes there; `None` when fewer than eight bytes are left
-/// or the value is another.
-///
-/// The width is looked up, not branched on. The one branch on the width
-/// left tells a positive fixint (its value is its marker byte) from the
-/// others, and token ids are rarely fixints (ids below 128 are a
-/// vocabulary's single bytes), so it goes the same way nearly always. A
-/// form without it (a second table, of the value's bytes) is slower: it
-/// lengthens the chain of dependent instructions from one value's marker
-/// to the next one's, which bounds this loop, by more than a branch
-/// predicted right costs.
+/// The eight bytes at `pos`, big-endian; `None` when fewer are left.
 #[inline(always)]
-fn small_uint_in_word(buf: &[u8], pos: usize) -> Option<(u32, usize)> {
-    let word = u64::from_be_bytes(*buf.get(pos..)?.first_chunk::<8>()?);
-    let len = u32::from(SMALL_UINT_LEN[(word >> 56) as usize]);
-    if len == 0 {
-        return None;
-    }
-    // The value's bytes end `len` bytes into the word: after the marker,
-    // or the marker itself for a positive fixint (the top bit clear).
-    let bits = if len == 1 { 8 } else { 8 * (len - 1) };
-    let value = (word >> (64 - 8 * len)) & ((1u64 << bits) - 1);
-    // At most 32 bits: the table lists no wider value.
-    Some((value as u32, len as usize))
+fn word_at(buf: &[u8], pos: usize) -> Option<u64> {
+    Some(u64::from_be_bytes(*buf.get(pos..)?.first_chunk::<8>()?))
 }
+
+/// The unsigned int that `word` starts with, `len` bytes long with its
+/// marker (a width [`SMALL_UINT_LEN`] gives, not 0): the bytes that end
+/// `len` bytes into the word, under the mask of its width (a positive
+/// fixint is its marker byte).
+#[inline(always)]
+fn value_in_word(word: u64, len: usize) -> u32 {
+    // At most 32 bits: the table lists no wider value.
+    (word >> (64 - 8 * len)) as u32 & SMALL_UINT_MASK[len]
+}
+
+/// The bits of an unsigned int's value, by the bytes it takes with its
+/// marker ([`SMALL_UINT_LEN`]).
+const SMALL_UINT_MASK: [u32; 8] = [0, 0xff, 0xff, 0xffff, 0, 0xffff_ffff, 0, 0];
 
 /// `bytes` as a string, if they are UTF-8.
 pub(crate) fn utf8(bytes: &[u8]) -> Result<&str> {
