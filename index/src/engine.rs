@@ -734,11 +734,13 @@ impl Index {
             let Some(last) = up.filter(|_| newly_held) else {
                 break 'place Ok(());
             };
-            let path =
-                match extend_chain(chain, records, ratio, model, parent, &recorded_at, max_key) {
-                    true => Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..])),
-                    false => chain_path(chain, scratch, records, ratio, model, last, max_key),
-                };
+            let extended =
+                extend_chain(chain, records, ratio, model, parent, &recorded_at, max_key);
+            let path = if extended {
+                Ok(chain.as_ref().map_or(&[][..], |c| &c.ours[..]))
+            } else {
+                chain_path(chain, scratch, records, ratio, model, last, max_key)
+            };
             // Pages: our blocks are whole groups, held only while every page of
             // the group is; a path through a group missing a page stops before it.
             let key = match path {
