@@ -10,7 +10,7 @@ every pair. The payloads are committed; the tests need no Python.
 Rerun (only to add or change vectors), from the repository root:
 
     pip install msgspec==0.23.0
-    python3 events/tests/data/make_vectors.py
+    python3 server/events/tests/data/make_vectors.py
 
 Sources of the struct definitions:
   vLLM 0.33.0        vllm/distributed/kv_events.py (wheel vllm-0.33.0)
