@@ -6,8 +6,8 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::config::IndexConfig;
-use crate::engine::{Engine, EngineSpec};
-use crate::error::{EngineError, InsertError, PodError};
+use crate::engine::Registry;
+use crate::error::{InsertError, PodError};
 use crate::pods::PodId;
 use crate::reclaim::{Pin, Published};
 use crate::shared::Shared;
@@ -31,15 +31,9 @@ pub struct Index {
     models: Published<ModelMap>,
     model_writer: Mutex<()>,
     sweeper: Mutex<Sweeper>,
-    /// Engine-fed pods and their engine state (`engine` module). Each
-    /// engine has its own lock, taken by its one subscription and by
-    /// snapshots; lookups never touch either.
-    engines: Mutex<EngineMap>,
+    /// Engine-fed pods and their engine state (`engine` module).
+    pub(crate) engines: Registry,
 }
-
-/// One engine's state, shared by its subscription and snapshots.
-pub type EngineHandle = Arc<parking_lot::Mutex<Engine>>;
-type EngineMap = HashMap<Box<str>, EngineHandle, ahash::RandomState>;
 
 /// The answer to a lookup.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -66,7 +60,7 @@ impl Index {
             models: Published::new(Box::default()),
             model_writer: Mutex::new(()),
             sweeper: Mutex::new(Sweeper::default()),
-            engines: Mutex::new(EngineMap::default()),
+            engines: Registry::default(),
         }
     }
 
@@ -92,7 +86,11 @@ impl Index {
         self.models.get(pin)
     }
 
-    fn tree_or_create<'g>(&'g self, model: &str, pin: &'g Pin) -> Result<&'g Tree, InsertError> {
+    pub(crate) fn tree_or_create<'g>(
+        &'g self,
+        model: &str,
+        pin: &'g Pin,
+    ) -> Result<&'g Tree, InsertError> {
         if let Some(t) = self.models(pin).get(model) {
             return Ok(t);
         }
@@ -122,7 +120,7 @@ impl Index {
         Ok(&self.models(pin)[model])
     }
 
-    fn cut<'k>(&self, key: &'k [u64]) -> &'k [u64] {
+    pub(crate) fn cut<'k>(&self, key: &'k [u64]) -> &'k [u64] {
         &key[..key.len().min(self.sh.cfg.max_key_blocks)]
     }
 
@@ -150,176 +148,6 @@ impl Index {
             false => now,
         };
         tree.insert(&self.sh, key, id.0, time, &pin)
-    }
-
-    /// Inserts with the given entry time and no speculation (engine stores).
-    pub(crate) fn insert_at(
-        &self,
-        model: &str,
-        key: &[u64],
-        pod: &str,
-        align: u32,
-        time: u64,
-    ) -> Result<(), InsertError> {
-        let key = self.cut(key);
-        if key.is_empty() {
-            return Ok(());
-        }
-        let pin = self.pin();
-        let tree = self.tree_or_create(model, &pin)?;
-        let id = self.precise_id(pod, align)?;
-        tree.insert(&self.sh, key, id, time, &pin)
-    }
-
-    /// The id of an engine-fed pod, interning it (and marking it engine-fed)
-    /// if a clear or a restart left it unnamed.
-    pub(crate) fn precise_id(&self, pod: &str, align: u32) -> Result<u32, PodError> {
-        let pin = self.pin();
-        let id = self
-            .sh
-            .pods
-            .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
-        if !self.sh.pods.is_precise(id.0) || self.sh.pods.align(id.0) != align {
-            self.sh.pods.set_precise(id, true);
-            self.sh.pods.set_capacity(id, u64::MAX);
-            self.sh.pods.set_align(id, align);
-        }
-        Ok(id.0)
-    }
-
-    /// Takes an engine-fed pod off blocks `from..key.len()` of `key`; marks
-    /// it gappy if it keeps entries below them.
-    pub(crate) fn release_at(&self, model: &str, key: &[u64], from: usize, pod: u32) -> u64 {
-        let key = self.cut(key);
-        let pin = self.pin();
-        let Some(tree) = self.models(&pin).get(model).filter(|_| from < key.len()) else {
-            return 0;
-        };
-        let (released, below) = tree.release(&self.sh, key, from, pod, &pin);
-        if below {
-            self.sh.pods.mark_gappy(pod);
-        }
-        released
-    }
-
-    /// Takes an engine-fed pod off the block after `prefix` on every branch.
-    pub(crate) fn release_branches(&self, model: &str, prefix: &[u64], pod: u32) -> u64 {
-        if prefix.len() >= self.sh.cfg.max_key_blocks {
-            return 0;
-        }
-        let pin = self.pin();
-        let Some(tree) = self.models(&pin).get(model) else {
-            return 0;
-        };
-        let mut key = prefix.to_vec();
-        let mut released = 0;
-        for next in tree.continuations(&self.sh, prefix, &pin) {
-            key.truncate(prefix.len());
-            key.push(next);
-            let (n, below) = tree.release(&self.sh, &key, prefix.len(), pod, &pin);
-            if below {
-                self.sh.pods.mark_gappy(pod);
-            }
-            released += n;
-        }
-        released
-    }
-
-    /// Takes an engine-fed pod off everything; it stays registered.
-    pub(crate) fn clear_engine_pod(&self, pod: &str, align: u32) -> Result<(), PodError> {
-        // A new id: the old one's entries vanish at once and the sweep
-        // frees them, as for a removed pod.
-        self.remove_pod(pod);
-        self.precise_id(pod, align).map(drop)
-    }
-
-    pub(crate) fn count_record(&self, bytes: i64, n: i64) {
-        Counters::add(&self.sh.counters.engine_records, n);
-        Counters::add(&self.sh.counters.engine_bytes, bytes);
-    }
-
-    /// Takes room for up to `n` more records under `max_engine_blocks` and
-    /// returns how many fit: counted at once, so pods storing at the same
-    /// time never pass the bound together. Room taken and not used goes back
-    /// through `count_record`.
-    pub(crate) fn reserve_records(&self, n: usize) -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        let max = self.sh.cfg.max_engine_blocks;
-        Counters::add_upto(&self.sh.counters.engine_records, n as u64, max)
-    }
-
-    /// Registers `pod` as fed by its engine's events and returns its engine
-    /// state (the existing one if it is registered already with the same
-    /// block sizes). From now on its gateway inserts are speculative and it
-    /// has no capacity of its own: the engine says what it evicts.
-    pub fn engine(&self, pod: &str, spec: EngineSpec) -> Result<EngineHandle, EngineError> {
-        let mut engines = self.engines.lock();
-        if let Some(e) = engines.get(pod) {
-            let mut engine = e.lock();
-            let have = engine.spec;
-            if (have.engine_block, have.our_block) == (spec.engine_block, spec.our_block) {
-                // A restored engine takes the hash rule of its subscription.
-                engine.spec.hash = spec.hash;
-                drop(engine);
-                return Ok(e.clone());
-            }
-        }
-        let engine = Engine::new(spec)?;
-        let align = engine.align();
-        self.precise_id(pod, align)?;
-        let handle: EngineHandle = Arc::new(parking_lot::Mutex::new(engine));
-        if let Some(old) = engines.insert(pod.into(), handle.clone()) {
-            // Registered again with other block sizes: its records mean
-            // nothing under the new ones.
-            self.close_engine(&mut old.lock());
-            self.clear_engine_pod(pod, align)?;
-        }
-        Ok(handle)
-    }
-
-    /// Stops feeding `pod` from its engine: its engine state is dropped and
-    /// the pod removed (a gateway insert registers it again, as a pod
-    /// without an engine). Returns whether it was engine-fed.
-    pub fn drop_engine_pod(&self, pod: &str) -> bool {
-        let Some(old) = self.engines.lock().remove(pod) else {
-            return false;
-        };
-        // Under the engine's lock: an event being applied finishes first,
-        // and none applied later names the pod again.
-        let mut engine = old.lock();
-        self.close_engine(&mut engine);
-        self.remove_pod(pod);
-        true
-    }
-
-    /// Uncounts every record of `engine` and closes it (events applied to it
-    /// later change nothing).
-    pub(crate) fn close_engine(&self, engine: &mut Engine) {
-        self.drop_engine(engine);
-        engine.models.clear();
-        engine.clear_chain();
-        engine.closed = true;
-    }
-
-    /// Uncounts every record of `engine` (which the caller then clears).
-    pub(crate) fn drop_engine(&self, engine: &Engine) {
-        for records in engine.models.values() {
-            self.count_record(-(records.total_bytes() as i64), -(records.len() as i64));
-        }
-    }
-
-    /// Every engine-fed pod, by name.
-    pub fn engines(&self) -> Vec<(String, EngineHandle)> {
-        let mut all: Vec<_> = self
-            .engines
-            .lock()
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        all.sort_by(|a, b| a.0.cmp(&b.0));
-        all
     }
 
     /// Convenience: one lookup, answered with owned pod names.

@@ -1,0 +1,143 @@
+//! A batch of one pod's engine events: where events enter, and where held
+//! removals go to the tree.
+
+use super::{Applied, Engine, EngineOp, Ratio, Run};
+use crate::error::EngineError;
+use crate::index::Index;
+
+/// Engine events of one pod being applied, as [`Index::batch`] starts it.
+///
+/// Tail-first removals are held (as one run) until the batch ends or an
+/// event that is not one of them comes: lookups meanwhile still see those
+/// blocks, for as long as the batch takes. Dropping the batch ends it, as
+/// [`EngineBatch::finish`] does.
+pub struct EngineBatch<'a> {
+    index: &'a Index,
+    engine: &'a mut Engine,
+    pod: &'a str,
+}
+
+impl EngineBatch<'_> {
+    /// Applies one engine event to the pod's blocks under `model`
+    /// (removals, which name no model, find their hashes under any). Bad
+    /// events (wrong token counts) are refused whole, before anything
+    /// changes. Removals held for the end of the batch count as
+    /// [`Applied::released`] when they go to the tree.
+    pub fn apply(&mut self, model: &str, op: EngineOp<'_>) -> Result<Applied, EngineError> {
+        let mut done = Applied::default();
+        let (index, engine, pod) = (self.index, &mut *self.engine, self.pod);
+        if engine.closed {
+            return Ok(done);
+        }
+        match op {
+            EngineOp::Cleared => {
+                // The pod gets a new id: the run's entries go with the old.
+                engine.run.key.clear();
+                index.budget().uncount(engine);
+                engine.models.clear();
+                engine.chain = None;
+                index.clear_engine_pod(pod, engine.align())?;
+                done.cleared = 1;
+            }
+            EngineOp::Stored {
+                parent,
+                hashes,
+                tokens,
+            } => {
+                let per = engine.spec.engine_block as usize;
+                if tokens.len() != hashes.len().saturating_mul(per) {
+                    return Err(EngineError::TokenCount {
+                        tokens: tokens.len(),
+                        blocks: hashes.len(),
+                        block: engine.spec.engine_block,
+                    });
+                }
+                // A store may hold again what the run removed, so the run
+                // goes first; the store's records change even if it fails.
+                let settled = index.settle(engine, pod);
+                let stored = index.store(engine, pod, model, parent, hashes, tokens, &mut done);
+                done.released += settled?;
+                stored?;
+            }
+            EngineOp::Removed { hashes } => {
+                index.remove(engine, pod, model, hashes, &mut done)?;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Ends the batch: held removals go to the tree. Returns what that
+    /// released.
+    pub fn finish(mut self) -> Result<Applied, EngineError> {
+        self.end()
+    }
+
+    fn end(&mut self) -> Result<Applied, EngineError> {
+        Ok(Applied {
+            released: self.index.settle(self.engine, self.pod)?,
+            ..Applied::default()
+        })
+    }
+}
+
+impl Drop for EngineBatch<'_> {
+    fn drop(&mut self) {
+        // Only naming the pod can fail (its id table is full), and the
+        // pod's next event meets the same error and reports it.
+        let _ = self.end();
+    }
+}
+
+impl Index {
+    /// Starts applying a batch of `pod`'s engine events. `engine` is the
+    /// pod's state ([`Index::engine`]); hold its lock for the batch.
+    pub fn batch<'a>(&'a self, engine: &'a mut Engine, pod: &'a str) -> EngineBatch<'a> {
+        EngineBatch {
+            index: self,
+            engine,
+            pod,
+        }
+    }
+
+    /// Applies one engine event to `pod`'s blocks under `model`: a batch of
+    /// one ([`EngineBatch::apply`]).
+    pub fn apply(
+        &self,
+        engine: &mut Engine,
+        pod: &str,
+        model: &str,
+        op: EngineOp<'_>,
+    ) -> Result<Applied, EngineError> {
+        let mut batch = self.batch(engine, pod);
+        let mut done = batch.apply(model, op)?;
+        done.add(&batch.finish()?);
+        Ok(done)
+    }
+
+    /// Takes `engine`'s held removals off the tree; returns the (pod,
+    /// block) pairs released.
+    pub(super) fn settle(&self, engine: &mut Engine, pod: &str) -> Result<u64, EngineError> {
+        // A closed engine's pod is gone: naming it would register it again.
+        if engine.closed {
+            engine.run.key.clear();
+        }
+        self.release_run(&mut engine.run, pod, engine.ratio)
+    }
+
+    /// Takes `run` off the tree (if any) and empties it; returns the (pod,
+    /// block) pairs released.
+    pub(super) fn release_run(
+        &self,
+        run: &mut Run,
+        pod: &str,
+        ratio: Ratio,
+    ) -> Result<u64, EngineError> {
+        if run.key.is_empty() {
+            return Ok(0);
+        }
+        let id = self.precise_id(pod, ratio.align())?;
+        let released = self.release_at(&run.model, &run.key, run.from, id);
+        run.key.clear();
+        Ok(released)
+    }
+}

@@ -1,0 +1,88 @@
+//! The engine-fed pods: each one's engine state, registered when its
+//! subscription starts and dropped when it stops.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Engine, EngineSpec};
+use crate::error::EngineError;
+use crate::index::Index;
+use crate::sync::Mutex;
+
+/// One engine's state, shared by its subscription and snapshots.
+pub type EngineHandle = Arc<parking_lot::Mutex<Engine>>;
+
+/// Engine-fed pods by name. Each engine has its own lock, taken by its one
+/// subscription and by snapshots; lookups never touch either.
+#[derive(Default)]
+pub(crate) struct Registry {
+    map: Mutex<HashMap<Box<str>, EngineHandle, ahash::RandomState>>,
+}
+
+impl Index {
+    /// Registers `pod` as fed by its engine's events and returns its engine
+    /// state (the existing one if it is registered already with the same
+    /// block sizes). From now on its gateway inserts are speculative and it
+    /// has no capacity of its own: the engine says what it evicts.
+    pub fn engine(&self, pod: &str, spec: EngineSpec) -> Result<EngineHandle, EngineError> {
+        let mut engines = self.engines.map.lock();
+        if let Some(e) = engines.get(pod) {
+            let mut engine = e.lock();
+            let have = engine.spec;
+            if (have.engine_block, have.our_block) == (spec.engine_block, spec.our_block) {
+                // A restored engine takes the hash rule of its subscription.
+                engine.spec.hash = spec.hash;
+                drop(engine);
+                return Ok(e.clone());
+            }
+        }
+        let engine = Engine::new(spec)?;
+        let align = engine.align();
+        self.precise_id(pod, align)?;
+        let handle: EngineHandle = Arc::new(parking_lot::Mutex::new(engine));
+        if let Some(old) = engines.insert(pod.into(), handle.clone()) {
+            // Registered again with other block sizes: its records mean
+            // nothing under the new ones.
+            self.close_engine(&mut old.lock());
+            self.clear_engine_pod(pod, align)?;
+        }
+        Ok(handle)
+    }
+
+    /// Stops feeding `pod` from its engine: its engine state is dropped and
+    /// the pod removed (a gateway insert registers it again, as a pod
+    /// without an engine). Returns whether it was engine-fed.
+    pub fn drop_engine_pod(&self, pod: &str) -> bool {
+        let Some(old) = self.engines.map.lock().remove(pod) else {
+            return false;
+        };
+        // Under the engine's lock: an event being applied finishes first,
+        // and none applied later names the pod again.
+        let mut engine = old.lock();
+        self.close_engine(&mut engine);
+        self.remove_pod(pod);
+        true
+    }
+
+    /// Uncounts every record of `engine` and closes it (events applied to it
+    /// later change nothing).
+    pub(crate) fn close_engine(&self, engine: &mut Engine) {
+        self.budget().uncount(engine);
+        engine.models.clear();
+        engine.clear_chain();
+        engine.closed = true;
+    }
+
+    /// Every engine-fed pod, by name.
+    pub fn engines(&self) -> Vec<(String, EngineHandle)> {
+        let mut all: Vec<_> = self
+            .engines
+            .map
+            .lock()
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+}
