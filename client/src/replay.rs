@@ -78,7 +78,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::json::EngineArgs;
     use crate::wire::{EngineSub, OpKind};
 
     #[test]
@@ -114,7 +113,7 @@ mod tests {
         let JsonOp::Subscribe { engine } = &short else {
             panic!("{short:?}")
         };
-        assert_eq!(EngineSub::from(engine), want);
+        assert_eq!(engine, &want);
 
         #[derive(clap::Parser)]
         struct Cli {
@@ -140,7 +139,7 @@ mod tests {
         let JsonOp::Subscribe { engine } = &full.op else {
             panic!("{:?}", full.op)
         };
-        let EngineArgs {
+        let EngineSub {
             replay,
             block_size,
             topic,

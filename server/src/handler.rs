@@ -28,14 +28,14 @@ use std::time::Instant;
 use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response, ResponseWriter,
-    SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response,
+    ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
 use crate::access::Access;
 use crate::bootstrap::Replica;
-use crate::engines::{wire::engine_state, Engines, Subscription, SubscriptionError};
+use crate::engines::{wire, Engines, SubscribeError};
 use crate::metrics::{self, Metrics, Tally};
 use crate::service::{Service, SnapshotJob};
 
@@ -147,18 +147,18 @@ fn pod_error(e: &PodError) -> Reply {
 }
 
 /// The refusal of a subscription, with the code a client can act on.
-fn subscription_error(e: &SubscriptionError) -> Reply {
+fn subscription_error(e: &SubscribeError) -> Reply {
     let code = match e {
-        SubscriptionError::Index {
+        SubscribeError::Index {
             source: EngineError::Pod(PodError::BadName { .. }),
             ..
         } => ErrorCode::BadName,
-        SubscriptionError::Index {
+        SubscribeError::Index {
             source: EngineError::Pod(PodError::TooManyPods { .. }),
             ..
         } => ErrorCode::TooManyPods,
         // The OS refused a thread: the server is short of resources.
-        SubscriptionError::Thread(_) => ErrorCode::Unavailable,
+        SubscribeError::Thread(_) => ErrorCode::Unavailable,
         _ => ErrorCode::BadSubscription,
     };
     code.reply(e)
@@ -166,7 +166,9 @@ fn subscription_error(e: &SubscriptionError) -> Reply {
 
 /// Starts following `sub`'s engine.
 fn subscribe(engines: &Arc<Engines>, sub: &EngineSub) -> Reply {
-    let started = Subscription::try_from(sub.clone()).and_then(|sub| engines.subscribe(sub));
+    let started = wire::accept(sub.clone())
+        .map_err(SubscribeError::from)
+        .and_then(|sub| engines.subscribe(sub));
     match started {
         Ok(()) => Reply::Done,
         Err(e) => subscription_error(&e),
@@ -176,7 +178,10 @@ fn subscribe(engines: &Arc<Engines>, sub: &EngineSub) -> Reply {
 /// Every subscription and its state.
 fn list_engines(engines: &Arc<Engines>) -> Reply {
     let list = engines.list().into_iter();
-    Reply::Engines(list.map(|(sub, state)| engine_state(sub, state)).collect())
+    Reply::Engines(
+        list.map(|(sub, status)| EngineState { sub, status })
+            .collect(),
+    )
 }
 
 /// The index's statistics as a `Stats` reply carries them.
@@ -801,7 +806,7 @@ mod tests {
         };
         assert_eq!(list.len(), 1);
         assert_eq!(list[0].sub, sub);
-        assert_eq!((list[0].last_seq, list[0].events), (None, 0));
+        assert_eq!((list[0].status.last_seq, list[0].status.events), (None, 0));
         // The same pod again replaces its subscription.
         let other = EngineSub {
             topic: "kv".into(),

@@ -202,7 +202,7 @@ pub fn decode_response(payload: &[u8]) -> Result<Response, WireError> {
 mod tests {
     use super::*;
     use crate::frame::{split_frame, Frame, Header};
-    use crate::message::{EngineState, EngineSub, Op, PodBlocks, WireStats};
+    use crate::message::{EngineState, EngineStatus, EngineSub, Op, PodBlocks, WireStats};
 
     fn lookup() -> Request {
         Request::One(Op::Lookup {
@@ -274,17 +274,19 @@ mod tests {
                     topic: "kv".into(),
                     media: vec!["GPU".into()],
                 },
-                connected: true,
-                last_seq: Some(u64::MAX),
-                events: 1,
-                blocks_stored: 2,
-                blocks_removed: 3,
-                resyncs: 4,
-                replays: 5,
-                orphaned: 6,
-                decode_errors: 7,
-                lag_ms: -8,
-                last_error: Some("gap".into()),
+                status: EngineStatus {
+                    connected: true,
+                    last_seq: Some(u64::MAX),
+                    events: 1,
+                    blocks_stored: 2,
+                    blocks_removed: 3,
+                    resyncs: 4,
+                    replays: 5,
+                    orphaned: 6,
+                    decode_errors: 7,
+                    lag_ms: -8,
+                    last_error: Some("gap".into()),
+                },
             }]),
         ]);
         let mut out = Vec::new();

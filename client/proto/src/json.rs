@@ -105,66 +105,6 @@ impl KeySource {
     }
 }
 
-/// An engine to follow, as `subscribe` takes it: the fields of
-/// [`EngineSub`], with the defaults of the server's `--engine`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[cfg_attr(feature = "clap", derive(clap::Args))]
-pub struct EngineArgs {
-    /// The pod the engine serves (gateways route to this name).
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub pod: String,
-    /// The model it serves.
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub model: String,
-    /// The engine's ZeroMQ PUB endpoint, tcp://host:port.
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub endpoint: String,
-    /// The engine's replay (ROUTER) endpoint, if it has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "clap", arg(long))]
-    pub replay: Option<String>,
-    /// Tokens per engine block (vLLM --block-size, SGLang --page-size).
-    #[serde(default = "default_block_size")]
-    #[cfg_attr(feature = "clap", arg(long, default_value_t = default_block_size()))]
-    pub block_size: u32,
-    /// The topic to subscribe to (empty: every message).
-    #[serde(default)]
-    #[cfg_attr(feature = "clap", arg(long, default_value = ""))]
-    pub topic: String,
-    /// Cache tiers routed on (comma-separated on the command line; a name
-    /// with `+` in it is refused by the server).
-    #[serde(default = "default_media")]
-    #[cfg_attr(
-        feature = "clap",
-        arg(long, value_delimiter = ',', default_value = "GPU")
-    )]
-    pub media: Vec<String>,
-}
-
-/// vLLM's default block size.
-fn default_block_size() -> u32 {
-    16
-}
-
-/// Engines cache in GPU memory; other tiers are offloads.
-fn default_media() -> Vec<String> {
-    vec!["GPU".into()]
-}
-
-impl From<&EngineArgs> for EngineSub {
-    fn from(a: &EngineArgs) -> Self {
-        EngineSub {
-            pod: a.pod.clone(),
-            model: a.model.clone(),
-            endpoint: a.endpoint.clone(),
-            replay: a.replay.clone(),
-            block_size: a.block_size,
-            topic: a.topic.clone(),
-            media: a.media.clone(),
-        }
-    }
-}
-
 /// One operation as JSON (a replay line, an HTTP body), and one
 /// `prefix-client` subcommand: one variant per operation of the protocol,
 /// named by its [`OpKind::name`].
@@ -220,7 +160,7 @@ pub enum JsonOp {
         /// The engine.
         #[serde(flatten)]
         #[cfg_attr(feature = "clap", command(flatten))]
-        engine: EngineArgs,
+        engine: EngineSub,
     },
     /// Stop following a pod's engine (the pod is removed).
     Unsubscribe {
@@ -396,7 +336,7 @@ impl JsonOp {
             },
             JsonOp::Stats => Op::Stats,
             JsonOp::Ping => Op::Ping,
-            JsonOp::Subscribe { engine } => Op::Subscribe(engine.into()),
+            JsonOp::Subscribe { engine } => Op::Subscribe(engine.clone()),
             JsonOp::Unsubscribe { pod } => Op::Unsubscribe { pod: pod.clone() },
             JsonOp::ListEngines => Op::ListEngines,
             JsonOp::SampleKeys { count, seed } => Op::SampleKeys {
@@ -530,14 +470,14 @@ impl Fields {
             OpKind::Stats => JsonOp::Stats,
             OpKind::Ping => JsonOp::Ping,
             OpKind::Subscribe => JsonOp::Subscribe {
-                engine: EngineArgs {
+                engine: EngineSub {
                     pod: need(self.pod, "pod")?,
                     model: need(self.model, "model")?,
                     endpoint: need(self.endpoint, "endpoint")?,
                     replay: self.replay,
-                    block_size: self.block_size.unwrap_or_else(default_block_size),
+                    block_size: self.block_size.unwrap_or(EngineSub::DEFAULT_BLOCK_SIZE),
                     topic: self.topic.unwrap_or_default(),
-                    media: self.media.unwrap_or_else(default_media),
+                    media: self.media.unwrap_or_else(EngineSub::default_media),
                 },
             },
             OpKind::Unsubscribe => JsonOp::Unsubscribe {
@@ -725,7 +665,7 @@ fn stats_json(s: &WireStats) -> Value {
 
 /// One engine of a `list_engines` answer.
 fn engine_json(e: &EngineState) -> Value {
-    let s = &e.sub;
+    let (s, e) = (&e.sub, &e.status);
     json!({
         "pod": s.pod,
         "model": s.model,
@@ -810,7 +750,7 @@ mod tests {
             OpKind::Stats => JsonOp::Stats,
             OpKind::Ping => JsonOp::Ping,
             OpKind::Subscribe => JsonOp::Subscribe {
-                engine: EngineArgs {
+                engine: EngineSub {
                     pod: "p".into(),
                     model: "m".into(),
                     endpoint: "tcp://h:1".into(),

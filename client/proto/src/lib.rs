@@ -9,7 +9,8 @@
 //! - [`frame`]: the 16-byte header and [`FrameReader`], which cuts a
 //!   stream's bytes into whole frames (or one typed [`FrameError`]).
 //! - [`message`]: [`Request`], [`Op`], [`Response`], [`Reply`] (with the
-//!   engine ops' [`EngineSub`] and [`EngineState`]), and [`OpKind`], the
+//!   engine ops' [`EngineSub`], the one description of an engine
+//!   subscription, and [`EngineState`]), and [`OpKind`], the
 //!   table of operations every other part derives from.
 //! - [`codec`]: payloads to bytes and back, with allocation budgets.
 //! - [`Limits`] and [`ErrorCode`]/[`WireError`]: what is refused, and how.
@@ -55,7 +56,7 @@ pub use frame::{
 };
 pub use limits::{Limits, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response, SampledKey, WireStats,
-    MAX_SAMPLE,
+    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response,
+    SampledKey, SubscriptionError, WireStats, MAX_SAMPLE,
 };
 pub use pod_name::PodName;

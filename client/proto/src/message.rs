@@ -7,7 +7,13 @@
 //! it off its async workers). A new operation is added here, and the
 //! compiler then points at every place that must handle it.
 
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
 use bincode::{Decode, Encode};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::pod_name::PodName;
 
@@ -82,25 +88,216 @@ pub struct SampledKey {
     pub key: Vec<u64>,
 }
 
-/// An engine to follow: the wire form of a server's `--engine` setting.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+/// An engine to follow: the one description of an engine subscription.
+///
+/// Its forms: on the wire (bincode, the `subscribe` op), in JSON (the HTTP
+/// API's and replay's `subscribe` object, `"replay"` left out when there is
+/// none and the defaults below filled in), on the command line
+/// (`prefix-client subscribe`, with the `clap` feature) and as text (the
+/// server's `--engine`, [`FromStr`](std::str::FromStr) and
+/// [`Display`](std::fmt::Display)):
+/// `pod=vllm-0,model=meta-llama/Llama-3.1-8B,endpoint=tcp://10.0.0.5:5557`
+/// with optional `replay=tcp://...`, `block-size=16`, `topic=kv-events` and
+/// `media=GPU+CPU`.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
 pub struct EngineSub {
     /// The pod the engine serves (gateways route to this name).
+    #[cfg_attr(feature = "clap", arg(long))]
     pub pod: String,
     /// The model it serves; an event's LoRA adapter name overrides it.
+    #[cfg_attr(feature = "clap", arg(long, help = "The model it serves"))]
     pub model: String,
     /// The engine's ZeroMQ PUB endpoint, `tcp://host:port`.
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, help = "The engine's ZeroMQ PUB endpoint, tcp://host:port")
+    )]
     pub endpoint: String,
     /// The engine's replay (ROUTER) endpoint, if it has one: the server asks
     /// it for missed batches instead of resyncing the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(long, help = "The engine's replay (ROUTER) endpoint, if it has one")
+    )]
     pub replay: Option<String>,
     /// Tokens per engine block (vLLM `--block-size`, SGLang `--page-size`).
+    #[serde(default = "EngineSub::default_block_size")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            default_value_t = EngineSub::DEFAULT_BLOCK_SIZE,
+            help = "Tokens per engine block (vLLM --block-size, SGLang --page-size)"
+        )
+    )]
     pub block_size: u32,
     /// The ZeroMQ topic to subscribe to (empty: every message).
+    #[serde(default)]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            default_value = "",
+            help = "The topic to subscribe to (empty: every message)"
+        )
+    )]
     pub topic: String,
     /// Cache tiers routed on, e.g. `["GPU"]`; events of other tiers (CPU or
     /// storage offloading) are skipped.
+    #[serde(default = "EngineSub::default_media")]
+    #[cfg_attr(
+        feature = "clap",
+        arg(
+            long,
+            value_delimiter = ',',
+            default_value = "GPU",
+            help = "Cache tiers routed on (comma-separated on the command line; a name with `+` in it is refused by the server)"
+        )
+    )]
     pub media: Vec<String>,
+}
+
+impl EngineSub {
+    /// The block size when none is given: vLLM's default.
+    pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+    /// [`EngineSub::DEFAULT_BLOCK_SIZE`], for serde.
+    fn default_block_size() -> u32 {
+        Self::DEFAULT_BLOCK_SIZE
+    }
+
+    /// The media when none are given: engines cache in GPU memory; other
+    /// tiers are offloads.
+    pub fn default_media() -> Vec<String> {
+        vec!["GPU".into()]
+    }
+
+    /// A subscription of `pod` serving `model` at `endpoint`, every other
+    /// field its default.
+    pub fn new(
+        pod: impl Into<String>,
+        model: impl Into<String>,
+        endpoint: impl Into<String>,
+    ) -> Self {
+        EngineSub {
+            pod: pod.into(),
+            model: model.into(),
+            endpoint: endpoint.into(),
+            replay: None,
+            block_size: Self::DEFAULT_BLOCK_SIZE,
+            topic: String::new(),
+            media: Self::default_media(),
+        }
+    }
+
+    /// Refuses endpoints other than `tcp://`: the only transport servers
+    /// follow engines over (the text form and the `subscribe` op alike).
+    pub fn check_endpoints(&self) -> Result<(), SubscriptionError> {
+        match std::iter::once(&self.endpoint)
+            .chain(&self.replay)
+            .find(|e| !e.starts_with("tcp://"))
+        {
+            Some(e) => Err(SubscriptionError {
+                why: format!("endpoint {e} is not tcp://host:port"),
+                text: self.to_string(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether events of this medium are routed on (`None`: the engine did
+    /// not say, as older vLLM versions do, which means the GPU).
+    pub fn routes_medium(&self, medium: Option<&str>) -> bool {
+        match medium {
+            None => true,
+            Some(m) => self.media.iter().any(|x| x.eq_ignore_ascii_case(m)),
+        }
+    }
+}
+
+/// Why a subscription is refused as written: its text form does not parse,
+/// or a field is not one a server follows.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("engine subscription {text:?}: {why}")]
+pub struct SubscriptionError {
+    /// The subscription, as text.
+    pub text: String,
+    /// What is wrong.
+    pub why: String,
+}
+
+/// The text form (see [`EngineSub`]); media are upper-cased, endpoints must
+/// be `tcp://`.
+impl FromStr for EngineSub {
+    type Err = SubscriptionError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = |why: String| SubscriptionError {
+            text: text.into(),
+            why,
+        };
+        let mut fields = BTreeMap::new();
+        for part in text.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| err(format!("{part:?} is not key=value")))?;
+            if fields.insert(k.trim(), v.trim()).is_some() {
+                return Err(err(format!("{k} given twice")));
+            }
+        }
+        let mut take = |k: &str| fields.remove(k).map(str::to_string);
+        let need = |v: Option<String>, k: &str| {
+            v.filter(|v| !v.is_empty())
+                .ok_or_else(|| err(format!("{k}= is missing")))
+        };
+        let sub = EngineSub {
+            pod: need(take("pod"), "pod")?,
+            model: need(take("model"), "model")?,
+            endpoint: need(take("endpoint"), "endpoint")?,
+            replay: take("replay").filter(|r| !r.is_empty()),
+            block_size: match take("block-size") {
+                None => EngineSub::DEFAULT_BLOCK_SIZE,
+                Some(b) => b
+                    .parse()
+                    .map_err(|_| err(format!("block-size={b} is not a number")))?,
+            },
+            topic: take("topic").unwrap_or_default(),
+            media: match take("media") {
+                None => EngineSub::default_media(),
+                Some(m) => m
+                    .split('+')
+                    .map(|x| x.trim().to_ascii_uppercase())
+                    .collect(),
+            },
+        };
+        if let Some(k) = fields.keys().next() {
+            return Err(err(format!(
+                "unknown key {k} (pod, model, endpoint, replay, block-size, topic, media)"
+            )));
+        }
+        sub.check_endpoints()?;
+        Ok(sub)
+    }
+}
+
+impl fmt::Display for EngineSub {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "pod={},model={},endpoint={}",
+            self.pod, self.model, self.endpoint
+        )?;
+        if let Some(r) = &self.replay {
+            write!(f, ",replay={r}")?;
+        }
+        write!(f, ",block-size={}", self.block_size)?;
+        if !self.topic.is_empty() {
+            write!(f, ",topic={}", self.topic)?;
+        }
+        write!(f, ",media={}", self.media.join("+"))
+    }
 }
 
 /// One engine subscription and what its follower has seen, as a
@@ -109,6 +306,14 @@ pub struct EngineSub {
 pub struct EngineState {
     /// The subscription.
     pub sub: EngineSub,
+    /// What its follower has seen.
+    pub status: EngineStatus,
+}
+
+/// What a server's follower of one engine has seen (on the wire, right
+/// after its [`EngineSub`] in an [`EngineState`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
+pub struct EngineStatus {
     /// Whether the server's socket to the engine is connected.
     pub connected: bool,
     /// The last event batch's sequence number applied, if any.
@@ -313,6 +518,18 @@ pub struct WireStats {
     pub bytes: u64,
 }
 
+impl std::ops::AddAssign<&WireStats> for WireStats {
+    /// Adds another server's counts (a cluster's sum).
+    fn add_assign(&mut self, s: &WireStats) {
+        self.models += s.models;
+        self.pods += s.pods;
+        self.nodes += s.nodes;
+        self.tree_blocks += s.tree_blocks;
+        self.entries += s.entries;
+        self.bytes += s.bytes;
+    }
+}
+
 /// The answer to one [`Op`].
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub enum Reply {
@@ -379,15 +596,7 @@ mod tests {
             },
             Op::Stats,
             Op::Ping,
-            Op::Subscribe(EngineSub {
-                pod: "a".into(),
-                model: "m".into(),
-                endpoint: "tcp://h:1".into(),
-                replay: None,
-                block_size: 16,
-                topic: String::new(),
-                media: vec!["GPU".into()],
-            }),
+            Op::Subscribe(EngineSub::new("a", "m", "tcp://h:1")),
             Op::Unsubscribe { pod: "a".into() },
             Op::ListEngines,
             Op::SampleKeys {
@@ -429,5 +638,55 @@ mod tests {
         let keys = bincode::encode_to_vec(Reply::Keys(vec![]), bincode::config::standard());
         assert_eq!(keys.unwrap(), [7, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
+    }
+
+    #[test]
+    fn subscriptions_read_and_write_one_text_form() {
+        let text = "pod=vllm-0,model=Qwen/Qwen3-8B,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,block-size=64,topic=kv,media=GPU+CPU";
+        let sub: EngineSub = text.parse().unwrap();
+        assert_eq!(sub.block_size, 64);
+        assert_eq!(sub.media, ["GPU", "CPU"]);
+        assert_eq!(sub.to_string().parse::<EngineSub>().unwrap(), sub);
+        let short: EngineSub = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
+        assert_eq!(short, EngineSub::new("a", "m", "tcp://h:1"));
+        for (bad, why) in [
+            ("pod=a,model=m", "endpoint= is missing"),
+            ("pod=a,model=m,endpoint=ipc:///x", "not tcp://"),
+            (
+                "pod=a,model=m,endpoint=tcp://h:1,colour=red",
+                "unknown key colour",
+            ),
+            ("pod=a,pod=b,model=m,endpoint=tcp://h:1", "pod given twice"),
+            (
+                "pod=a,model=m,endpoint=tcp://h:1,block-size=x",
+                "not a number",
+            ),
+        ] {
+            let err = bad.parse::<EngineSub>().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn media_default_to_the_gpu() {
+        let sub = EngineSub::new("a", "m", "tcp://h:1");
+        assert!(sub.routes_medium(Some("gpu")));
+        assert!(sub.routes_medium(None));
+        assert!(!sub.routes_medium(Some("CPU")));
+    }
+
+    #[test]
+    fn an_engine_state_is_its_subscription_then_its_status_on_the_wire() {
+        let sub = EngineSub::new("a", "m", "tcp://h:1");
+        let status = EngineStatus {
+            last_seq: Some(3),
+            last_error: Some("x".into()),
+            ..EngineStatus::default()
+        };
+        let cfg = bincode::config::standard();
+        let mut flat = bincode::encode_to_vec(&sub, cfg).unwrap();
+        flat.extend(bincode::encode_to_vec(&status, cfg).unwrap());
+        let state = EngineState { sub, status };
+        assert_eq!(bincode::encode_to_vec(&state, cfg).unwrap(), flat);
     }
 }

@@ -13,8 +13,8 @@ use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, EngineState, EngineSub, FrameReader, Incoming, Kind, Limits, Op, PodBlocks, Reply,
-    Request, Response, WireError, HEADER_LEN,
+    split_frame, EngineState, EngineStatus, EngineSub, FrameReader, Incoming, Kind, Limits, Op,
+    PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
 };
 use proptest::prelude::*;
 
@@ -126,17 +126,19 @@ fn engine_state() -> impl Strategy<Value = EngineState> {
         .prop_map(
             |(sub, connected, last_seq, n, lag_ms, last_error)| EngineState {
                 sub,
-                connected,
-                last_seq,
-                events: n[0],
-                blocks_stored: n[1],
-                blocks_removed: n[2],
-                resyncs: n[3],
-                replays: n[4],
-                orphaned: n[5],
-                decode_errors: n[6],
-                lag_ms,
-                last_error,
+                status: EngineStatus {
+                    connected,
+                    last_seq,
+                    events: n[0],
+                    blocks_stored: n[1],
+                    blocks_removed: n[2],
+                    resyncs: n[3],
+                    replays: n[4],
+                    orphaned: n[5],
+                    decode_errors: n[6],
+                    lag_ms,
+                    last_error,
+                },
             },
         )
 }

@@ -89,7 +89,9 @@ fn the_documented_vectors_are_the_codecs_bytes() {
 /// by the codec: the vectors must be exactly these bytes.
 #[test]
 fn the_documented_vectors_are_the_messages_they_describe() {
-    use prefix_proto::{EngineState, EngineSub, Op, PodBlocks, Reply, Request, WireStats};
+    use prefix_proto::{
+        EngineState, EngineStatus, EngineSub, Op, PodBlocks, Reply, Request, WireStats,
+    };
     let req = |id, r: Request| {
         let mut b = Vec::new();
         encode_request(id, &r, &mut b);
@@ -196,17 +198,19 @@ fn the_documented_vectors_are_the_messages_they_describe() {
             Response::Batch(vec![
                 Reply::Engines(vec![EngineState {
                     sub: vllm,
-                    connected: true,
-                    last_seq: Some(41),
-                    events: 300,
-                    blocks_stored: 20,
-                    blocks_removed: 4,
-                    resyncs: 0,
-                    replays: 0,
-                    orphaned: 0,
-                    decode_errors: 0,
-                    lag_ms: -3,
-                    last_error: None,
+                    status: EngineStatus {
+                        connected: true,
+                        last_seq: Some(41),
+                        events: 300,
+                        blocks_stored: 20,
+                        blocks_removed: 4,
+                        resyncs: 0,
+                        replays: 0,
+                        orphaned: 0,
+                        decode_errors: 0,
+                        lag_ms: -3,
+                        last_error: None,
+                    },
                 }]),
                 Reply::Removed(true),
             ]),

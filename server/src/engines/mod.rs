@@ -26,9 +26,7 @@ mod task;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::PathBuf;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,43 +34,28 @@ use parking_lot::Mutex;
 pub use prefix_index::Ratio;
 use prefix_index::{EngineError, EngineSpec, Index};
 use prefix_proto::key::hash_token_block;
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-pub use stats::{State, SubStats};
+pub use stats::SubStats;
 
-/// One engine to follow.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Subscription {
-    /// The pod the engine serves (gateways route to this name).
-    pub pod: String,
-    /// The model it serves; an event's LoRA adapter name overrides it.
-    pub model: String,
-    /// The engine's PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
-    pub endpoint: String,
-    /// The engine's replay (ROUTER) endpoint, if it has one.
-    pub replay: Option<String>,
-    /// Tokens per engine block (vLLM `--block-size`, SGLang `--page-size`).
-    pub block_size: u32,
-    /// The topic to subscribe to (vLLM's default is empty: everything).
-    pub topic: String,
-    /// Cache tiers routed on, upper case (default `GPU`); events of other
-    /// tiers (CPU or storage offloading) are counted and skipped.
-    pub media: Vec<String>,
-}
+/// What a subscription's follower has seen, for `list-engines`: the
+/// protocol's [`EngineStatus`](prefix_proto::EngineStatus), read from a
+/// [`SubStats`].
+pub use prefix_proto::EngineStatus as State;
+/// One engine to follow: the protocol's [`EngineSub`](prefix_proto::EngineSub),
+/// the one description of a subscription (its wire, JSON and text forms,
+/// `--engine` included, are the protocol crate's).
+pub use prefix_proto::EngineSub as Subscription;
+/// Why a subscription is refused as written (its text form, its fields).
+pub use prefix_proto::SubscriptionError;
 
-/// Why a subscription is refused.
+/// Why a subscription is not followed.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum SubscriptionError {
-    /// The text form does not parse.
-    #[error("engine subscription {text:?}: {why}")]
-    Syntax {
-        /// The text.
-        text: String,
-        /// What is wrong.
-        why: String,
-    },
+pub enum SubscribeError {
+    /// The subscription is refused as written.
+    #[error(transparent)]
+    Refused(#[from] SubscriptionError),
     /// The index refuses the pod (block sizes, name).
     #[error("engine subscription for {pod}: {source}")]
     Index {
@@ -90,106 +73,6 @@ pub enum SubscriptionError {
     /// The subscription's thread could not start.
     #[error("cannot start an engine thread: {0}")]
     Thread(String),
-}
-
-impl Subscription {
-    /// Refuses endpoints other than `tcp://` (the text form and the
-    /// `subscribe` op alike).
-    pub(crate) fn check_endpoints(&self) -> Result<(), SubscriptionError> {
-        match std::iter::once(&self.endpoint)
-            .chain(&self.replay)
-            .find(|e| !e.starts_with("tcp://"))
-        {
-            Some(e) => Err(SubscriptionError::Syntax {
-                why: format!("endpoint {e} is not tcp://host:port"),
-                text: self.to_string(),
-            }),
-            None => Ok(()),
-        }
-    }
-
-    /// Whether events of this medium are routed on (`None`: the engine did
-    /// not say, as older vLLM versions do, which means the GPU).
-    pub fn routes_medium(&self, medium: Option<&str>) -> bool {
-        match medium {
-            None => true,
-            Some(m) => self.media.iter().any(|x| x.eq_ignore_ascii_case(m)),
-        }
-    }
-}
-
-/// The text form, as in `--engine`:
-/// `pod=vllm-0,model=meta-llama/Llama-3.1-8B,endpoint=tcp://10.0.0.5:5557`
-/// with optional `replay=tcp://...`, `block-size=16`, `topic=kv-events`
-/// and `media=GPU+CPU`.
-impl FromStr for Subscription {
-    type Err = SubscriptionError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let err = |why: String| SubscriptionError::Syntax {
-            text: text.into(),
-            why,
-        };
-        let mut fields = BTreeMap::new();
-        for part in text.split(',').filter(|p| !p.trim().is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| err(format!("{part:?} is not key=value")))?;
-            if fields.insert(k.trim(), v.trim()).is_some() {
-                return Err(err(format!("{k} given twice")));
-            }
-        }
-        let mut take = |k: &str| fields.remove(k).map(str::to_string);
-        let need = |v: Option<String>, k: &str| {
-            v.filter(|v| !v.is_empty())
-                .ok_or_else(|| err(format!("{k}= is missing")))
-        };
-        let sub = Subscription {
-            pod: need(take("pod"), "pod")?,
-            model: need(take("model"), "model")?,
-            endpoint: need(take("endpoint"), "endpoint")?,
-            replay: take("replay").filter(|r| !r.is_empty()),
-            block_size: match take("block-size") {
-                None => 16,
-                Some(b) => b
-                    .parse()
-                    .map_err(|_| err(format!("block-size={b} is not a number")))?,
-            },
-            topic: take("topic").unwrap_or_default(),
-            media: match take("media") {
-                None => vec!["GPU".into()],
-                Some(m) => m
-                    .split('+')
-                    .map(|x| x.trim().to_ascii_uppercase())
-                    .collect(),
-            },
-        };
-        if let Some(k) = fields.keys().next() {
-            return Err(err(format!(
-                "unknown key {k} (pod, model, endpoint, replay, block-size, topic, media)"
-            )));
-        }
-        sub.check_endpoints()?;
-        Ok(sub)
-    }
-}
-
-impl fmt::Display for Subscription {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "pod={},model={},endpoint={}",
-            self.pod, self.model, self.endpoint
-        )?;
-        if let Some(r) = &self.replay {
-            write!(f, ",replay={r}")?;
-        }
-        write!(f, ",block-size={}", self.block_size)?;
-        if !self.topic.is_empty() {
-            write!(f, ",topic={}", self.topic)?;
-        }
-        write!(f, ",media={}", self.media.join("+"))
-    }
 }
 
 /// Precise mode's settings (see `ServerConfig::engines`).
@@ -375,7 +258,7 @@ impl Engines {
     /// Starts following `sub` (replacing a subscription of the same pod):
     /// the `subscribe` op. The subscription is kept across restarts when
     /// snapshots are on.
-    pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+    pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
         let mut keeper = self.keeper.lock();
         self.follow(sub.clone())?;
         keeper.subscribed(crate::handler::now_ms(), &sub);
@@ -383,7 +266,7 @@ impl Engines {
     }
 
     /// Starts following `sub`, replacing a subscription of the same pod.
-    fn follow(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+    fn follow(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
         let pod = sub.pod.clone();
         let central = self
             .running
@@ -400,17 +283,17 @@ impl Engines {
 
     /// Starts a thread following `sub`, replacing a subscription of the
     /// same pod.
-    fn start_following(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscriptionError> {
+    fn start_following(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
         let mut running = self.running.lock();
         if !running.contains_key(&sub.pod) && running.len() >= self.cfg.max_engines {
-            return Err(SubscriptionError::TooMany {
+            return Err(SubscribeError::TooMany {
                 max: self.cfg.max_engines,
             });
         }
         let engine = self
             .index
             .engine(&sub.pod, self.spec(sub.block_size))
-            .map_err(|source| SubscriptionError::Index {
+            .map_err(|source| SubscribeError::Index {
                 pod: sub.pod.clone(),
                 source,
             })?;
@@ -451,7 +334,7 @@ impl Engines {
         };
         self.spawn(name, run).map_err(|e| {
             running.remove(&pod);
-            SubscriptionError::Thread(e.to_string())
+            SubscribeError::Thread(e.to_string())
         })
     }
 
@@ -531,7 +414,7 @@ impl Engines {
             *self.central.lock() = collector.last_endpoint();
             let stop = self.shutdown.clone();
             self.spawn("engine-collector".into(), move || collector.run(stop))
-                .map_err(|e| SubscriptionError::Thread(e.to_string()))?;
+                .map_err(|e| SubscribeError::Thread(e.to_string()))?;
         }
         Ok(())
     }
@@ -544,6 +427,7 @@ impl Engines {
         for sub in kept.subscribed.values() {
             let followed = sub
                 .check_endpoints()
+                .map_err(SubscribeError::from)
                 .and_then(|()| self.follow(sub.clone()));
             match followed {
                 Ok(()) => {
@@ -655,7 +539,7 @@ impl Engines {
 pub enum StartError {
     /// A configured subscription was refused.
     #[error(transparent)]
-    Subscription(#[from] SubscriptionError),
+    Subscription(#[from] SubscribeError),
     /// The central collector could not bind.
     #[error("engine-listen {endpoint}: {why}")]
     Bind {
@@ -669,36 +553,6 @@ pub enum StartError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn subscriptions_read_and_write_one_text_form() {
-        let text = "pod=vllm-0,model=Qwen/Qwen3-8B,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,block-size=64,topic=kv,media=GPU+CPU";
-        let sub: Subscription = text.parse().unwrap();
-        assert_eq!(sub.block_size, 64);
-        assert_eq!(sub.media, ["GPU", "CPU"]);
-        assert_eq!(sub.to_string().parse::<Subscription>().unwrap(), sub);
-        let short: Subscription = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
-        assert_eq!(
-            (short.block_size, short.replay, short.media),
-            (16, None, vec!["GPU".into()])
-        );
-        for (bad, why) in [
-            ("pod=a,model=m", "endpoint= is missing"),
-            ("pod=a,model=m,endpoint=ipc:///x", "not tcp://"),
-            (
-                "pod=a,model=m,endpoint=tcp://h:1,colour=red",
-                "unknown key colour",
-            ),
-            ("pod=a,pod=b,model=m,endpoint=tcp://h:1", "pod given twice"),
-            (
-                "pod=a,model=m,endpoint=tcp://h:1,block-size=x",
-                "not a number",
-            ),
-        ] {
-            let err = bad.parse::<Subscription>().unwrap_err().to_string();
-            assert!(err.contains(why), "{bad}: {err}");
-        }
-    }
 
     /// A subscribe and an unsubscribe of one pod at once, many times: after
     /// each pair the kept file, the followed set and the index's engine-fed
@@ -740,13 +594,5 @@ mod tests {
         }
         stop.cancel();
         engines.join();
-    }
-
-    #[test]
-    fn media_default_to_the_gpu() {
-        let sub: Subscription = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
-        assert!(sub.routes_medium(Some("gpu")));
-        assert!(sub.routes_medium(None));
-        assert!(!sub.routes_medium(Some("CPU")));
     }
 }

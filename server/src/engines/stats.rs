@@ -1,11 +1,12 @@
 //! Counters of one engine subscription: written by its thread, read by
-//! metrics scrapes and `list-engines`.
+//! metrics scrapes and `list-engines` (as the protocol's [`EngineStatus`]).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prefix_index::Applied;
+use prefix_proto::EngineStatus;
 
 use super::apply::Outcome;
 use super::follow::Resync;
@@ -66,33 +67,6 @@ pub enum Problem {
     Resync = 2,
     /// The socket (connect, receive).
     Socket = 3,
-}
-
-/// A subscription's state, for `list-engines`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct State {
-    /// See [`SubStats::connected`].
-    pub connected: bool,
-    /// The last sequence number applied.
-    pub last_seq: Option<u64>,
-    /// Events applied.
-    pub events: u64,
-    /// Engine block copies stored.
-    pub blocks_stored: u64,
-    /// Engine block copies removed.
-    pub blocks_removed: u64,
-    /// Resyncs of every kind.
-    pub resyncs: u64,
-    /// Replays asked for.
-    pub replays: u64,
-    /// Stores under an unknown parent.
-    pub orphaned: u64,
-    /// Messages that did not decode.
-    pub decode_errors: u64,
-    /// See [`SubStats::lag_ms`].
-    pub lag_ms: i64,
-    /// The latest problem.
-    pub last_error: Option<String>,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -184,11 +158,11 @@ impl SubStats {
         self.connected.store(up, Ordering::Relaxed);
     }
 
-    /// The state, for listing.
-    pub fn state(&self) -> State {
+    /// What the follower has seen, for listing.
+    pub fn state(&self) -> EngineStatus {
         // Relaxed (all loads): statistics.
         let last = self.last_seq.load(Ordering::Relaxed);
-        State {
+        EngineStatus {
             connected: self.connected.load(Ordering::Relaxed),
             last_seq: last.checked_sub(1),
             events: get(&self.events),
