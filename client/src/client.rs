@@ -1,5 +1,6 @@
 //! [`Client`]: one server, many requests in flight, short deadlines,
-//! reconnection in the background.
+//! reconnection in the background. Its route is [`Server`]; its operations
+//! are [`Index`]'s.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Weak};
@@ -10,11 +11,9 @@ use tokio::time::Instant;
 
 use crate::conn::Conn;
 use crate::error::{ClientError, ConnectError};
+use crate::index::{Index, Route};
 use crate::tls::TlsConfig;
-use crate::wire::{
-    self, EngineState, EngineSub, Limits, Op, PodBlocks, Reply, Request, Response, SampledKey,
-    WireStats,
-};
+use crate::wire::{self, Limits, Op, Reply, Request, Response};
 
 /// How a [`Client`] connects and how long it waits.
 #[derive(Debug, Clone)]
@@ -72,16 +71,6 @@ impl Default for ClientConfig {
             idle_timeout: crate::DEFAULT_IDLE_TIMEOUT,
         }
     }
-}
-
-/// The answer to a lookup.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LookupResult {
-    /// Blocks in the key the server looked up (after its `max_key_blocks` cut).
-    pub key_blocks: u32,
-    /// Every pod holding at least one leading block, by blocks descending,
-    /// then pod name.
-    pub matches: Vec<PodBlocks>,
 }
 
 /// Where a server is: an address, or a `host:port` name resolved again before
@@ -142,18 +131,23 @@ struct Inner {
 }
 
 /// A connection to one prefix-index server, shared by every task of a
-/// gateway: clones are cheap and share the connection.
+/// gateway: clones are cheap and share the connection. Its operations
+/// (`lookup`, `insert`, ...) are [`Index`]'s.
 ///
 /// Each call waits at most its deadline. While the server is unreachable,
 /// calls fail at once with [`ClientError::Disconnected`] and a background task
 /// reconnects with exponential backoff. Requires a tokio runtime.
+pub type Client = Index<Server>;
+
+/// A [`Client`]'s route: every operation to one server, over one
+/// connection, within the client's deadline.
 #[derive(Clone)]
-pub struct Client {
+pub struct Server {
     inner: Arc<Inner>,
     deadline: Duration,
 }
 
-impl std::fmt::Debug for Client {
+impl std::fmt::Debug for Server {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
             .field("server", &self.inner.target)
@@ -193,7 +187,7 @@ impl Client {
             reason: "connecting".into(),
         };
         let client = Client::spawn(inner);
-        client.inner.wake.notify_one();
+        client.route.inner.wake.notify_one();
         Ok(client)
     }
 
@@ -201,41 +195,41 @@ impl Client {
         let deadline = inner.cfg.deadline;
         let inner = Arc::new(inner);
         tokio::spawn(reconnect(Arc::downgrade(&inner), inner.wake.clone()));
-        Client { inner, deadline }
+        Index::new(Server { inner, deadline })
     }
 
     /// The server's address (for a name, the one last connected to or
     /// tried).
     pub fn addr(&self) -> SocketAddr {
-        *self.inner.addr.lock()
+        *self.route.inner.addr.lock()
     }
 
     /// The server as given: an address or a name.
     pub fn server(&self) -> &ServerAddr {
-        &self.inner.target
+        &self.route.inner.target
     }
 
     /// How long each call waits for its answer.
     pub fn deadline(&self) -> Duration {
-        self.deadline
+        self.route.deadline
     }
 
     /// The limits this client sends under.
     pub fn limits(&self) -> &Limits {
-        &self.inner.cfg.limits
+        &self.route.inner.cfg.limits
     }
 
     /// Checks `op` against the limits this client sends under.
     pub fn check(&self, op: &Op) -> Result<(), ClientError> {
-        Ok(self.inner.cfg.limits.check_op(op)?)
+        Ok(self.route.inner.cfg.limits.check_op(op)?)
     }
 
     /// This client with another per-call deadline (sharing the connection).
     pub fn with_deadline(&self, deadline: Duration) -> Client {
-        Client {
-            inner: self.inner.clone(),
+        Index::new(Server {
+            inner: self.route.inner.clone(),
             deadline,
-        }
+        })
     }
 
     /// Closes the connection politely and waits (up to a second) until the
@@ -243,163 +237,19 @@ impl Client {
     /// any clone fail afterwards until the background task reconnects; use
     /// it when the process is about to exit.
     pub async fn close(&self) {
-        if let State::Up(conn) = &*self.inner.state.lock() {
+        if let State::Up(conn) = &*self.route.inner.state.lock() {
             conn.close();
         }
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            self.route.inner.endpoint.wait_idle(),
+        )
+        .await;
     }
 
     /// Whether a connection is up right now.
     pub fn is_connected(&self) -> bool {
-        matches!(&*self.inner.state.lock(), State::Up(c) if !c.is_dead())
-    }
-
-    /// Every pod's matched leading blocks of `key` under `model` (or only the
-    /// `candidates`' matches).
-    pub async fn lookup(
-        &self,
-        model: &str,
-        key: &[u64],
-        candidates: Option<&[&str]>,
-    ) -> Result<LookupResult, ClientError> {
-        let op = Op::Lookup {
-            model: model.into(),
-            key: key.to_vec(),
-            candidates: candidates.map(|c| c.iter().map(|s| s.to_string()).collect()),
-        };
-        match self.one(op).await? {
-            Reply::Lookup {
-                key_blocks,
-                matches,
-            } => Ok(LookupResult {
-                key_blocks,
-                matches,
-            }),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// [`Client::lookup`] by token ids: the key is their hashes in blocks of
-    /// `block_tokens` ids ([`key::token_key`](crate::key::token_key)), which
-    /// must be the server's `token-block` (default
-    /// [`TOKEN_BLOCK_TOKENS`](crate::key::TOKEN_BLOCK_TOKENS)).
-    ///
-    /// Engine-fed (precise) pods are matched by token keys only: engines
-    /// report the token ids of the blocks they cache, and the server hashes
-    /// those, so a text key never reaches them.
-    pub async fn lookup_tokens(
-        &self,
-        model: &str,
-        tokens: &[u32],
-        block_tokens: usize,
-        candidates: Option<&[&str]>,
-    ) -> Result<LookupResult, ClientError> {
-        let key = crate::key::token_key(tokens, block_tokens);
-        self.lookup(model, &key, candidates).await
-    }
-
-    /// Records that `pod` holds every prefix of `key` under `model`.
-    pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
-        let op = Op::Insert {
-            model: model.into(),
-            key: key.to_vec(),
-            pod: pod.into(),
-        };
-        done(self.one(op).await?)
-    }
-
-    /// Forgets a pod everywhere; returns whether the server knew it.
-    pub async fn remove_pod(&self, pod: &str) -> Result<bool, ClientError> {
-        match self.one(Op::RemovePod { pod: pod.into() }).await? {
-            Reply::Removed(found) => Ok(found),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Sets a pod's KV-cache capacity in blocks.
-    pub async fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), ClientError> {
-        let op = Op::SetPodCapacity {
-            pod: pod.into(),
-            blocks,
-        };
-        done(self.one(op).await?)
-    }
-
-    /// Makes the server follow an inference engine's KV-cache events
-    /// (precise mode), replacing any subscription of the same pod. A writer's
-    /// op; refused with `BadSubscription` and the reason when the server
-    /// cannot follow it (its block size, its endpoint, `max-engines`).
-    pub async fn subscribe_engine(&self, sub: EngineSub) -> Result<(), ClientError> {
-        done(self.one(Op::Subscribe(sub)).await?)
-    }
-
-    /// Stops following `pod`'s engine; the server removes the pod with what
-    /// it held. Returns whether the server followed it.
-    pub async fn unsubscribe_engine(&self, pod: &str) -> Result<bool, ClientError> {
-        match self.one(Op::Unsubscribe { pod: pod.into() }).await? {
-            Reply::Removed(found) => Ok(found),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Every engine the server follows, by pod name, with its state.
-    pub async fn list_engines(&self) -> Result<Vec<EngineState>, ClientError> {
-        match self.one(Op::ListEngines).await? {
-            Reply::Engines(list) => Ok(list),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Up to `count` keys the server's index holds (at most
-    /// [`wire::MAX_SAMPLE`] per call), picked at random as `seed` decides.
-    pub async fn sample_keys(&self, count: u32, seed: u64) -> Result<Vec<SampledKey>, ClientError> {
-        match self.one(Op::SampleKeys { count, seed }).await? {
-            Reply::Keys(keys) => Ok(keys),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// The server's index statistics.
-    pub async fn stats(&self) -> Result<WireStats, ClientError> {
-        match self.one(Op::Stats).await? {
-            Reply::Stats(s) => Ok(s),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// A round trip that touches nothing.
-    pub async fn ping(&self) -> Result<(), ClientError> {
-        match self.one(Op::Ping).await? {
-            Reply::Pong => Ok(()),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    /// Many operations in one frame, applied in order; one reply each, in
-    /// order. A failed op answers [`Reply::Error`] without failing the others.
-    pub async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
-        let n = ops.len();
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        match self.call(Request::Batch(ops)).await? {
-            Response::Batch(replies) if replies.len() == n => Ok(replies),
-            other => Err(ClientError::Protocol(format!(
-                "expected {n} batch replies, got {other:?}"
-            ))),
-        }
-    }
-
-    async fn one(&self, op: Op) -> Result<Reply, ClientError> {
-        match self.call(Request::One(op)).await? {
-            Response::One(Reply::Error { code, message }) => {
-                Err(ClientError::Server { code, message })
-            }
-            Response::One(reply) => Ok(reply),
-            other => Err(ClientError::Protocol(format!(
-                "expected one reply, got {other:?}"
-            ))),
-        }
+        matches!(&*self.route.inner.state.lock(), State::Up(c) if !c.is_dead())
     }
 
     /// The server's snapshot: its whole index in the snapshot file's format
@@ -412,7 +262,7 @@ impl Client {
         max_bytes: u64,
         timeout: Duration,
     ) -> Result<Vec<u8>, ClientError> {
-        let conn = self.inner.conn()?;
+        let conn = self.route.inner.conn()?;
         tokio::time::timeout(timeout, conn.snapshot(max_bytes))
             .await
             .map_err(|_| ClientError::Timeout(timeout))?
@@ -420,6 +270,13 @@ impl Client {
 
     /// Sends one request and waits for its answer until the deadline.
     pub async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        self.route.call(request).await
+    }
+}
+
+impl Server {
+    /// Sends one request and waits for its answer until the deadline.
+    async fn call(&self, request: Request) -> Result<Response, ClientError> {
         let limits = &self.inner.cfg.limits;
         match &request {
             Request::One(op) => limits.check_op(op)?,
@@ -461,15 +318,32 @@ impl Client {
     }
 }
 
-fn done(reply: Reply) -> Result<(), ClientError> {
-    match reply {
-        Reply::Done => Ok(()),
-        other => Err(unexpected(other)),
+impl Route for Server {
+    async fn one(&self, op: Op) -> Result<Reply, ClientError> {
+        match self.call(Request::One(op)).await? {
+            Response::One(Reply::Error { code, message }) => {
+                Err(ClientError::Server { code, message })
+            }
+            Response::One(reply) => Ok(reply),
+            other => Err(ClientError::Protocol(format!(
+                "expected one reply, got {other:?}"
+            ))),
+        }
     }
-}
 
-fn unexpected(reply: Reply) -> ClientError {
-    ClientError::Protocol(format!("unexpected reply {reply:?}"))
+    /// Every op in one frame, applied by the server in order.
+    async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
+        let n = ops.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        match self.call(Request::Batch(ops)).await? {
+            Response::Batch(replies) if replies.len() == n => Ok(replies),
+            other => Err(ClientError::Protocol(format!(
+                "expected {n} batch replies, got {other:?}"
+            ))),
+        }
+    }
 }
 
 impl Inner {

@@ -33,9 +33,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::client::{Client, ClientConfig, LookupResult, ServerAddr};
+use crate::client::{Client, ClientConfig, ServerAddr};
 use crate::error::{ClientError, ConnectError};
-use crate::wire::{EngineSub, ErrorCode, Op, Reply, WireStats};
+use crate::index::{Index, Route};
+use crate::wire::{ErrorCode, Op, OpKind, Reply, SampledKey, MAX_SAMPLE};
 
 /// How a cluster replicates models.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +123,7 @@ struct Write {
 }
 
 #[derive(Debug)]
-struct Server {
+struct Member {
     name: String,
     client: Client,
     writes: mpsc::Sender<Write>,
@@ -130,14 +131,44 @@ struct Server {
 }
 
 /// A set of servers sharing the models between them, each model on its
-/// replica set.
-#[derive(Debug, Clone)]
-pub struct Cluster {
-    servers: Arc<Vec<Server>>,
+/// replica set. Its operations (`lookup`, `insert`, ...) are [`Index`]'s;
+/// where each goes is [`ReplicaSets`]'.
+pub type Cluster = Index<ReplicaSets>;
+
+/// A [`Cluster`]'s route: each operation to the servers it concerns.
+///
+/// - `lookup`: one replica of the model, failing over (the module's docs).
+/// - `insert`: every replica of the model, through the write queues.
+/// - `subscribe_engine`: every replica of the subscription's model, each
+///   following the engine itself.
+/// - `remove_pod`, `set_pod_capacity`, `unsubscribe_engine`: every server
+///   (a pod may hold blocks of several models); removed if any removed.
+/// - `ping`: every server. `stats`: summed over every server (pods counted
+///   once per server, a model once per replica).
+/// - `list_engines`: every server's engines, in the servers' order (an
+///   engine followed by each replica of its model is listed once per
+///   replica; call it on [`Cluster::servers`]' clients to tell them apart).
+/// - `sample_keys`: up to `count` (at most [`MAX_SAMPLE`]) distinct keys,
+///   taken from every server's sample in turn.
+///
+/// A call to several servers asks them at once and fails with the first
+/// failure (the others have still applied it).
+#[derive(Clone)]
+pub struct ReplicaSets {
+    servers: Arc<Vec<Member>>,
     names: Arc<Vec<String>>,
     replication: Replication,
     /// What suspicion times count from.
     epoch: Instant,
+}
+
+impl std::fmt::Debug for ReplicaSets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("servers", &self.servers)
+            .field("replication", &self.replication)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Write {
@@ -362,7 +393,7 @@ impl Cluster {
                 let suspect = move |c: &Counters| mark_suspect(c, epoch, suspect_for);
                 let writes = client.with_deadline(replication.write_deadline);
                 tokio::spawn(writer(writes, rx, counters.clone(), suspect));
-                Server {
+                Member {
                     name,
                     client,
                     writes: tx,
@@ -370,14 +401,85 @@ impl Cluster {
                 }
             })
             .collect();
-        Ok(Cluster {
+        Ok(Index::new(ReplicaSets {
             servers: Arc::new(servers),
             names: Arc::new(names),
             replication,
             epoch,
-        })
+        }))
     }
 
+    /// The client of the server that holds `model` (its first replica).
+    pub fn server_for(&self, model: &str) -> &Client {
+        let r = &self.route;
+        // `assemble` keeps the list non-empty: `replicas` finds one.
+        &r.servers[r.replica_set(model)[0]].client
+    }
+
+    /// The names of `model`'s replicas, highest ranked first.
+    pub fn replicas_of(&self, model: &str) -> Vec<&str> {
+        let r = &self.route;
+        r.replica_set(model)
+            .into_iter()
+            .map(|i| r.names[i].as_str())
+            .collect()
+    }
+
+    /// The names of `model`'s replicas in this gateway's order for reads:
+    /// its preferred one first (the set rotated by its seed), replicas
+    /// suspected of being down last.
+    pub fn read_order_of(&self, model: &str) -> Vec<&str> {
+        let r = &self.route;
+        r.read_order(model)
+            .into_iter()
+            .map(|i| r.names[i].as_str())
+            .collect()
+    }
+
+    /// The servers, by name.
+    pub fn servers(&self) -> impl Iterator<Item = (&str, &Client)> {
+        let r = &self.route;
+        r.servers.iter().map(|s| (s.name.as_str(), &s.client))
+    }
+
+    /// Each server's replication counters.
+    pub fn replica_stats(&self) -> Vec<ReplicaStats> {
+        // Relaxed: counters, read for reports only.
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        self.route
+            .servers
+            .iter()
+            .map(|s| ReplicaStats {
+                name: s.name.clone(),
+                connected: s.client.is_connected(),
+                queued: get(&s.counters.queued),
+                applied: get(&s.counters.applied),
+                dropped: get(&s.counters.dropped),
+                failed: get(&s.counters.failed),
+            })
+            .collect()
+    }
+
+    /// Every server's snapshot ([`Client::snapshot`]), by name, taken at
+    /// once within `timeout`: a snapshot is one server's whole index, so a
+    /// cluster's is one per server. Fails with the first server that fails.
+    pub async fn snapshot(
+        &self,
+        max_bytes: u64,
+        timeout: Duration,
+    ) -> Result<Vec<(String, Vec<u8>)>, ClientError> {
+        let mut calls = tokio::task::JoinSet::new();
+        for (i, s) in self.route.servers.iter().enumerate() {
+            let client = s.client.clone();
+            calls.spawn(async move { (i, client.snapshot(max_bytes, timeout).await) });
+        }
+        let got = joined(calls, self.route.servers.len()).await?;
+        let names = self.route.names.iter().cloned();
+        Ok(names.zip(got).collect())
+    }
+}
+
+impl ReplicaSets {
     fn suspect(&self, server: usize) {
         mark_suspect(
             &self.servers[server].counters,
@@ -416,61 +518,12 @@ impl Cluster {
         set
     }
 
-    /// The client of the server that holds `model` (its first replica).
-    pub fn server_for(&self, model: &str) -> &Client {
-        // `assemble` keeps the list non-empty: `replicas` finds one.
-        &self.servers[self.replica_set(model)[0]].client
-    }
-
-    /// The names of `model`'s replicas, highest ranked first.
-    pub fn replicas_of(&self, model: &str) -> Vec<&str> {
-        self.replica_set(model)
-            .into_iter()
-            .map(|i| self.names[i].as_str())
-            .collect()
-    }
-
-    /// The names of `model`'s replicas in this gateway's order for reads:
-    /// its preferred one first (the set rotated by its seed), replicas
-    /// suspected of being down last.
-    pub fn read_order_of(&self, model: &str) -> Vec<&str> {
-        self.read_order(model)
-            .into_iter()
-            .map(|i| self.names[i].as_str())
-            .collect()
-    }
-
-    /// The servers, by name.
-    pub fn servers(&self) -> impl Iterator<Item = (&str, &Client)> {
-        self.servers.iter().map(|s| (s.name.as_str(), &s.client))
-    }
-
-    /// Each server's replication counters.
-    pub fn replica_stats(&self) -> Vec<ReplicaStats> {
-        // Relaxed: counters, read for reports only.
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        self.servers
-            .iter()
-            .map(|s| ReplicaStats {
-                name: s.name.clone(),
-                connected: s.client.is_connected(),
-                queued: get(&s.counters.queued),
-                applied: get(&s.counters.applied),
-                dropped: get(&s.counters.dropped),
-                failed: get(&s.counters.failed),
-            })
-            .collect()
-    }
-
-    /// [`Client::lookup`] on one of the model's replicas: this gateway's
-    /// preferred one, or the next when it is down or slow, within the
-    /// call's deadline.
-    pub async fn lookup(
-        &self,
-        model: &str,
-        key: &[u64],
-        candidates: Option<&[&str]>,
-    ) -> Result<LookupResult, ClientError> {
+    /// A lookup on one of the model's replicas: this gateway's preferred
+    /// one, or the next when it is down or slow, within the call's deadline.
+    async fn read(&self, op: Op) -> Result<Reply, ClientError> {
+        let Op::Lookup { model, .. } = &op else {
+            return Err(ClientError::Protocol(format!("{op:?} is not a lookup")));
+        };
         let order = self.read_order(model);
         let deadline = self.servers[order[0]].client.deadline();
         let started = Instant::now();
@@ -485,7 +538,7 @@ impl Cluster {
             }
             // A disconnected replica fails at once: no reason to wait.
             let first = client.with_deadline(left());
-            let attempt = first.lookup(model, key, candidates);
+            let attempt = first.route().one(op.clone());
             let Some(&next) = order.get(i + 1) else {
                 let r = attempt.await;
                 if let Err(e) = &r {
@@ -513,7 +566,7 @@ impl Cluster {
                 // Slow: ask the next replica too; the first answer wins.
                 None => {
                     let second = self.servers[next].client.with_deadline(left());
-                    let hedged = second.lookup(model, key, candidates);
+                    let hedged = second.route().one(op.clone());
                     tokio::pin!(hedged);
                     let (r, other) = tokio::select! {
                         r = &mut attempt => (r, 0),
@@ -556,23 +609,6 @@ impl Cluster {
             }
         }
         Err(last.unwrap_or(ClientError::Timeout(deadline)))
-    }
-
-    /// [`Client::insert`] on every replica of the model; returns with the
-    /// first replica's answer (see the module's docs).
-    pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
-        let op = Op::Insert {
-            model: model.into(),
-            key: key.to_vec(),
-            pod: pod.into(),
-        };
-        match self.write(op).await? {
-            Reply::Done => Ok(()),
-            Reply::Error { code, message } => Err(ClientError::Server { code, message }),
-            other => Err(ClientError::Protocol(format!(
-                "an insert answered {other:?}"
-            ))),
-        }
     }
 
     /// Queues `op` (which names a model) for each of its replicas and waits,
@@ -639,99 +675,42 @@ impl Cluster {
     }
 
     /// Follows an engine on every replica of its model (precise mode: each
-    /// replica subscribes to the engine itself).
-    pub async fn subscribe_engine(&self, sub: EngineSub) -> Result<(), ClientError> {
+    /// replica subscribes to the engine itself), one after the other; the
+    /// first failure, once all were asked.
+    async fn subscribe(&self, op: Op) -> Result<Reply, ClientError> {
+        let Op::Subscribe(sub) = &op else {
+            return Err(ClientError::Protocol(format!("{op:?} is not a subscribe")));
+        };
         let mut first_err = None;
         for s in self.replica_set(&sub.model) {
-            if let Err(e) = self.servers[s].client.subscribe_engine(sub.clone()).await {
+            if let Err(e) = self.servers[s].client.route().one(op.clone()).await {
                 first_err.get_or_insert(e);
             }
         }
-        first_err.map_or(Ok(()), Err)
+        first_err.map_or(Ok(Reply::Done), Err)
     }
 
-    /// Stops following the pod's engine on every server; whether any did.
-    pub async fn unsubscribe_engine(&self, pod: &str) -> Result<bool, ClientError> {
-        self.everywhere(|c| {
-            let pod = pod.to_string();
-            async move { c.unsubscribe_engine(&pod).await }
-        })
-        .await
-    }
-
-    /// `call` on every server at once: whether any answered true; the first
-    /// error if any failed (the others have still applied it).
-    async fn everywhere<F, Fut>(&self, call: F) -> Result<bool, ClientError>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: std::future::Future<Output = Result<bool, ClientError>> + Send + 'static,
-    {
+    /// `op` on every server at once; their replies in the servers' order,
+    /// or the first failure (the others have still applied it).
+    async fn everywhere(&self, op: &Op) -> Result<Vec<Reply>, ClientError> {
         let mut calls = tokio::task::JoinSet::new();
-        for s in self.servers.iter() {
-            calls.spawn(call(s.client.clone()));
+        for (i, s) in self.servers.iter().enumerate() {
+            let (client, op) = (s.client.clone(), op.clone());
+            calls.spawn(async move { (i, client.route().one(op).await) });
         }
-        let mut found = false;
-        let mut first_err = None;
-        while let Some(joined) = calls.join_next().await {
-            match joined {
-                Ok(Ok(f)) => found |= f,
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(e);
-                }
-                Err(e) => {
-                    first_err.get_or_insert(ClientError::Protocol(format!("a call failed: {e}")));
-                }
-            }
-        }
-        first_err.map_or(Ok(found), Err)
-    }
-
-    /// Removes the pod on every server; whether any knew it. Fails if any
-    /// server fails (the others have still removed it).
-    pub async fn remove_pod(&self, pod: &str) -> Result<bool, ClientError> {
-        self.everywhere(|c| {
-            let pod = pod.to_string();
-            async move { c.remove_pod(&pod).await }
-        })
-        .await
-    }
-
-    /// Sets the pod's capacity on every server.
-    pub async fn set_pod_capacity(&self, pod: &str, blocks: u64) -> Result<(), ClientError> {
-        self.everywhere(|c| {
-            let pod = pod.to_string();
-            async move { c.set_pod_capacity(&pod, blocks).await.map(|()| true) }
-        })
-        .await
-        .map(drop)
-    }
-
-    /// Statistics summed over every server (pods counted once per server,
-    /// a model once per replica).
-    pub async fn stats(&self) -> Result<WireStats, ClientError> {
-        let mut sum = WireStats::default();
-        for s in self.servers.iter() {
-            let s = s.client.stats().await?;
-            sum.models += s.models;
-            sum.pods += s.pods;
-            sum.nodes += s.nodes;
-            sum.tree_blocks += s.tree_blocks;
-            sum.entries += s.entries;
-            sum.bytes += s.bytes;
-        }
-        Ok(sum)
+        joined(calls, self.servers.len()).await
     }
 
     /// Lookups and inserts in one call, answered in the order of `ops`:
     /// lookups grouped into one batch per preferred replica (a group whose
     /// replica is down or slow is asked again one lookup at a time, with
-    /// [`Cluster::lookup`]'s failover), inserts written to every replica as
-    /// [`Cluster::insert`] does. An op that fails gets its error in its
+    /// a lookup's failover), inserts written to every replica as an insert
+    /// is. An op that fails gets its error in its
     /// place. Ops run concurrently, not in order: a lookup does not see an
     /// insert of the same batch. Ops without a model (pod removal,
     /// capacity, stats, ping) are refused here: they concern every server,
     /// so use the dedicated calls.
-    pub async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
+    async fn grouped(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
         let mut groups: Vec<(Vec<usize>, Vec<Op>)> = vec![Default::default(); self.servers.len()];
         let mut calls = tokio::task::JoinSet::new();
         let total = ops.len();
@@ -771,24 +750,7 @@ impl Cluster {
                         me.suspect(s);
                         let mut out = Vec::with_capacity(slots.len());
                         for (slot, op) in slots.into_iter().zip(ops) {
-                            let Op::Lookup {
-                                model,
-                                key,
-                                candidates,
-                            } = op
-                            else {
-                                continue;
-                            };
-                            let names: Option<Vec<&str>> = candidates
-                                .as_ref()
-                                .map(|c| c.iter().map(String::as_str).collect());
-                            let reply = match me.lookup(&model, &key, names.as_deref()).await {
-                                Ok(r) => Reply::Lookup {
-                                    key_blocks: r.key_blocks,
-                                    matches: r.matches,
-                                },
-                                Err(e) => as_reply(&e),
-                            };
+                            let reply = me.read(op).await.unwrap_or_else(|e| as_reply(&e));
                             out.push((slot, reply));
                         }
                         out
@@ -817,6 +779,129 @@ impl Cluster {
             .map(|r| r.ok_or_else(|| ClientError::Protocol("missing batch reply".into())))
             .collect()
     }
+}
+
+impl Route for ReplicaSets {
+    /// `op` to the servers it concerns (see the type's docs).
+    async fn one(&self, op: Op) -> Result<Reply, ClientError> {
+        match op.kind() {
+            OpKind::Lookup => self.read(op).await,
+            OpKind::Insert => match self.write(op).await? {
+                Reply::Error { code, message } => Err(ClientError::Server { code, message }),
+                reply => Ok(reply),
+            },
+            OpKind::Subscribe => self.subscribe(op).await,
+            OpKind::SampleKeys => {
+                let Op::SampleKeys { count, .. } = op else {
+                    unreachable!("the kind is SampleKeys")
+                };
+                let replies = self.everywhere(&op).await?;
+                Ok(Reply::Keys(sample(
+                    replies,
+                    count.min(MAX_SAMPLE) as usize,
+                )?))
+            }
+            OpKind::RemovePod
+            | OpKind::SetPodCapacity
+            | OpKind::Unsubscribe
+            | OpKind::Stats
+            | OpKind::Ping
+            | OpKind::ListEngines => {
+                let mut replies = self.everywhere(&op).await?.into_iter();
+                // `assemble` keeps the list non-empty.
+                let first = replies.next().unwrap_or(Reply::Pong);
+                Ok(replies.fold(first, merge))
+            }
+        }
+    }
+
+    /// Lookups and inserts only: lookups grouped into one batch per
+    /// preferred replica (a group whose replica is down or slow is asked
+    /// again one lookup at a time, with a lookup's failover), inserts
+    /// written to every replica as an insert is. An op that fails gets its
+    /// error in its place. Ops run concurrently, not in order: a lookup does
+    /// not see an insert of the same batch. Ops without a model (pod
+    /// removal, capacity, stats, ping, ...) are refused: they concern every
+    /// server, so use their own calls.
+    async fn batch(&self, ops: Vec<Op>) -> Result<Vec<Reply>, ClientError> {
+        self.grouped(ops).await
+    }
+}
+
+/// Two servers' replies to one op as the cluster's: removed if either
+/// removed, statistics summed, engine lists one after the other; replies
+/// that carry nothing (done, pong) are one. A reply of another kind is
+/// kept, for the caller to refuse.
+fn merge(acc: Reply, next: Reply) -> Reply {
+    match (acc, next) {
+        (Reply::Removed(a), Reply::Removed(b)) => Reply::Removed(a || b),
+        (Reply::Stats(mut a), Reply::Stats(b)) => {
+            a += &b;
+            Reply::Stats(a)
+        }
+        (Reply::Engines(mut a), Reply::Engines(b)) => {
+            a.extend(b);
+            Reply::Engines(a)
+        }
+        (a, b) if a == b => a,
+        (Reply::Done | Reply::Pong, other) | (other, _) => other,
+    }
+}
+
+/// Up to `most` distinct keys from every server's sample, one from each
+/// in turn (replicas hold the same keys: a key is taken once).
+fn sample(replies: Vec<Reply>, most: usize) -> Result<Vec<SampledKey>, ClientError> {
+    let mut lists = Vec::with_capacity(replies.len());
+    for reply in replies {
+        match reply {
+            Reply::Keys(keys) => lists.push(keys.into_iter()),
+            other => return Err(crate::index::unexpected(other)),
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    while out.len() < most {
+        let mut any = false;
+        for list in &mut lists {
+            if let Some(k) = list.next() {
+                any = true;
+                if out.len() < most && seen.insert((k.model.clone(), k.key.clone())) {
+                    out.push(k);
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// The answers of `n` calls spawned as `(position, answer)`, in position
+/// order, or the first failure (by completion).
+async fn joined<T: 'static>(
+    mut calls: tokio::task::JoinSet<(usize, Result<T, ClientError>)>,
+    n: usize,
+) -> Result<Vec<T>, ClientError> {
+    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(n).collect();
+    let mut first_err = None;
+    while let Some(done) = calls.join_next().await {
+        match done {
+            Ok((i, Ok(v))) => out[i] = Some(v),
+            Ok((_, Err(e))) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(ClientError::Protocol(format!("a call failed: {e}")));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    out.into_iter()
+        .map(|v| v.ok_or_else(|| ClientError::Protocol("a call gave no answer".into())))
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,8 +5,12 @@
 //!   streams, many requests in flight, a short per-call deadline (2 ms by
 //!   default: a gateway routes on load alone rather than wait), reconnection
 //!   with backoff in the background. Clones share the connection.
-//! - [`Cluster`]: several servers, each model placed on one by rendezvous
-//!   hashing of its name.
+//! - [`Cluster`]: several servers, each model placed on its replica set by
+//!   rendezvous hashing of its name, with failover.
+//! - [`Index`]: their operations (`lookup`, `insert`, `list_engines`, ...),
+//!   written once over a [`Route`] that decides where each goes: a
+//!   `Client` is `Index<Server>`, a `Cluster` is `Index<ReplicaSets>`, so
+//!   both have the same calls, with the same arguments and answers.
 //! - [`wire`]: the protocol both ends speak, the `prefix-proto` crate
 //!   (frames, messages, limits, error codes), re-exported.
 //! - [`key`]: block hashing of text and token ids, the protocol's rule, so
@@ -37,11 +41,13 @@ mod cluster;
 pub mod compare;
 mod conn;
 mod error;
+mod index;
 pub mod replay;
 mod tls;
 
-pub use client::{Client, ClientConfig, LookupResult, ServerAddr};
-pub use cluster::{place, replicas, Cluster, ReplicaStats, Replication};
+pub use client::{Client, ClientConfig, Server, ServerAddr};
+pub use cluster::{place, replicas, Cluster, ReplicaSets, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
+pub use index::{Index, LookupResult, Route};
 pub use prefix_proto::tls::{load_certs, load_key, TlsError};
 pub use tls::{TlsConfig, DEFAULT_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};

@@ -12,14 +12,14 @@ mod aio;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prefix_client::key;
-use prefix_client::wire::{
-    EngineState as WireEngine, EngineSub, ErrorCode, Op, PodBlocks, Reply, WireStats,
-};
+use prefix_client::wire::{self, EngineSub, ErrorCode, Op, PodBlocks, Reply, WireStats};
 use prefix_client::{
-    ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
+    ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, Route, TlsConfig,
 };
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
@@ -215,212 +215,244 @@ impl From<WireLookup> for LookupResult {
     }
 }
 
-/// Index statistics.
-#[pyclass(frozen, get_all, module = "prefix_index")]
+/// Index statistics: the protocol's [`WireStats`], read through getters.
+#[pyclass(frozen, module = "prefix_index")]
 #[derive(Debug, Clone)]
-pub struct Stats {
-    models: u64,
-    pods: u64,
-    nodes: u64,
-    tree_blocks: u64,
-    entries: u64,
-    bytes: u64,
-}
+pub struct Stats(WireStats);
 
 #[pymethods]
 impl Stats {
+    #[getter]
+    fn models(&self) -> u64 {
+        self.0.models
+    }
+    #[getter]
+    fn pods(&self) -> u64 {
+        self.0.pods
+    }
+    #[getter]
+    fn nodes(&self) -> u64 {
+        self.0.nodes
+    }
+    #[getter]
+    fn tree_blocks(&self) -> u64 {
+        self.0.tree_blocks
+    }
+    #[getter]
+    fn entries(&self) -> u64 {
+        self.0.entries
+    }
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.0.bytes
+    }
+
     fn __repr__(&self) -> String {
-        format!("{self:?}")
+        let s = &self.0;
+        format!(
+            "Stats {{ models: {}, pods: {}, nodes: {}, tree_blocks: {}, entries: {}, bytes: {} }}",
+            s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes
+        )
     }
 }
 
-impl From<WireStats> for Stats {
-    fn from(s: WireStats) -> Self {
-        Stats {
-            models: s.models,
-            pods: s.pods,
-            nodes: s.nodes,
-            tree_blocks: s.tree_blocks,
-            entries: s.entries,
-            bytes: s.bytes,
-        }
-    }
-}
-
-/// One engine subscription and its state.
-#[pyclass(frozen, get_all, module = "prefix_index")]
+/// One engine subscription and its state: the protocol's
+/// [`wire::EngineState`], its subscription's fields and its status's read
+/// through getters as one flat object.
+#[pyclass(frozen, module = "prefix_index")]
 #[derive(Debug, Clone)]
-pub struct EngineState {
-    pod: String,
-    model: String,
-    endpoint: String,
-    replay: Option<String>,
-    block_size: u32,
-    topic: String,
-    media: Vec<String>,
-    connected: bool,
-    last_seq: Option<u64>,
-    events: u64,
-    blocks_stored: u64,
-    blocks_removed: u64,
-    resyncs: u64,
-    replays: u64,
-    orphaned: u64,
-    decode_errors: u64,
-    lag_ms: i64,
-    last_error: Option<String>,
-}
+pub struct EngineState(wire::EngineState);
 
 #[pymethods]
 impl EngineState {
+    #[getter]
+    fn pod(&self) -> &str {
+        &self.0.sub.pod
+    }
+    #[getter]
+    fn model(&self) -> &str {
+        &self.0.sub.model
+    }
+    #[getter]
+    fn endpoint(&self) -> &str {
+        &self.0.sub.endpoint
+    }
+    #[getter]
+    fn replay(&self) -> Option<&str> {
+        self.0.sub.replay.as_deref()
+    }
+    #[getter]
+    fn block_size(&self) -> u32 {
+        self.0.sub.block_size
+    }
+    #[getter]
+    fn topic(&self) -> &str {
+        &self.0.sub.topic
+    }
+    #[getter]
+    fn media(&self) -> Vec<String> {
+        self.0.sub.media.clone()
+    }
+    #[getter]
+    fn connected(&self) -> bool {
+        self.0.status.connected
+    }
+    #[getter]
+    fn last_seq(&self) -> Option<u64> {
+        self.0.status.last_seq
+    }
+    #[getter]
+    fn events(&self) -> u64 {
+        self.0.status.events
+    }
+    #[getter]
+    fn blocks_stored(&self) -> u64 {
+        self.0.status.blocks_stored
+    }
+    #[getter]
+    fn blocks_removed(&self) -> u64 {
+        self.0.status.blocks_removed
+    }
+    #[getter]
+    fn resyncs(&self) -> u64 {
+        self.0.status.resyncs
+    }
+    #[getter]
+    fn replays(&self) -> u64 {
+        self.0.status.replays
+    }
+    #[getter]
+    fn orphaned(&self) -> u64 {
+        self.0.status.orphaned
+    }
+    #[getter]
+    fn decode_errors(&self) -> u64 {
+        self.0.status.decode_errors
+    }
+    #[getter]
+    fn lag_ms(&self) -> i64 {
+        self.0.status.lag_ms
+    }
+    #[getter]
+    fn last_error(&self) -> Option<&str> {
+        self.0.status.last_error.as_deref()
+    }
+
     fn __repr__(&self) -> String {
-        format!("{self:?}")
+        format!("{:?}", self.0)
     }
 }
 
-impl From<WireEngine> for EngineState {
-    fn from(e: WireEngine) -> Self {
-        let s = e.sub;
-        EngineState {
-            pod: s.pod,
-            model: s.model,
-            endpoint: s.endpoint,
-            replay: s.replay,
-            block_size: s.block_size,
-            topic: s.topic,
-            media: s.media,
-            connected: e.connected,
-            last_seq: e.last_seq,
-            events: e.events,
-            blocks_stored: e.blocks_stored,
-            blocks_removed: e.blocks_removed,
-            resyncs: e.resyncs,
-            replays: e.replays,
-            orphaned: e.orphaned,
-            decode_errors: e.decode_errors,
-            lag_ms: e.lag_ms,
-            last_error: e.last_error,
-        }
+/// A future of the erased route.
+type Pending<T> = Pin<Box<dyn Future<Output = Result<T, ClientError>> + Send>>;
+
+/// A [`Route`] behind a pointer: what lets one Python class, [`Index`],
+/// call a client or a cluster.
+trait Erased: Send + Sync {
+    fn one(&self, op: Op) -> Pending<Reply>;
+    fn batch(&self, ops: Vec<Op>) -> Pending<Vec<Reply>>;
+}
+
+impl<R: Route> Erased for R {
+    fn one(&self, op: Op) -> Pending<Reply> {
+        let route = self.clone();
+        Box::pin(async move { route.one(op).await })
+    }
+
+    fn batch(&self, ops: Vec<Op>) -> Pending<Vec<Reply>> {
+        let route = self.clone();
+        Box::pin(async move { route.batch(ops).await })
     }
 }
 
-/// What both classes call: one server, or a cluster placing models.
+/// A client's or a cluster's route, chosen when the Python object is made.
 #[derive(Clone)]
-enum Target {
-    One(prefix_client::Client),
-    Many(prefix_client::Cluster),
+struct AnyRoute(Arc<dyn Erased>);
+
+impl AnyRoute {
+    fn of<R: Route>(index: &prefix_client::Index<R>) -> prefix_client::Index<AnyRoute> {
+        prefix_client::Index::new(AnyRoute(Arc::new(index.route().clone())))
+    }
 }
 
-impl Target {
-    async fn lookup(
-        self,
-        model: String,
-        key: Vec<u64>,
-        candidates: Option<Vec<String>>,
-    ) -> Result<LookupResult, ClientError> {
-        let names: Option<Vec<&str>> = candidates
-            .as_ref()
-            .map(|c| c.iter().map(String::as_str).collect());
-        let r = match &self {
-            Target::One(c) => c.lookup(&model, &key, names.as_deref()).await,
-            Target::Many(c) => c.lookup(&model, &key, names.as_deref()).await,
-        };
-        r.map(LookupResult::from)
+impl Route for AnyRoute {
+    fn one(&self, op: Op) -> impl Future<Output = Result<Reply, ClientError>> + Send {
+        self.0.one(op)
     }
 
-    /// Lookups of several keys in one request (per server), answered in
-    /// order; the first refused one fails the call.
-    async fn lookup_many(
-        self,
-        model: String,
-        keys: Vec<Vec<u64>>,
-        candidates: Option<Vec<String>>,
-    ) -> Result<Vec<LookupResult>, ClientError> {
-        let ops: Vec<Op> = keys
-            .into_iter()
-            .map(|key| Op::Lookup {
-                model: model.clone(),
-                key,
-                candidates: candidates.clone(),
-            })
-            .collect();
-        let replies = match &self {
-            Target::One(c) => c.batch(ops).await?,
-            Target::Many(c) => c.batch(ops).await?,
-        };
-        replies
-            .into_iter()
-            .map(|r| match r {
-                Reply::Lookup {
-                    key_blocks,
-                    matches,
-                } => Ok(LookupResult::from(WireLookup {
-                    key_blocks,
-                    matches,
-                })),
-                Reply::Error { code, message } => Err(ClientError::Server { code, message }),
-                other => Err(ClientError::Protocol(format!(
-                    "a lookup answered {other:?}"
-                ))),
-            })
-            .collect()
+    fn batch(&self, ops: Vec<Op>) -> impl Future<Output = Result<Vec<Reply>, ClientError>> + Send {
+        self.0.batch(ops)
     }
+}
 
-    async fn insert(self, model: String, key: Vec<u64>, pod: String) -> Result<(), ClientError> {
-        match &self {
-            Target::One(c) => c.insert(&model, &key, &pod).await,
-            Target::Many(c) => c.insert(&model, &key, &pod).await,
-        }
-    }
+/// The operations of either class.
+type AnyIndex = prefix_client::Index<AnyRoute>;
 
-    async fn remove_pod(self, pod: String) -> Result<bool, ClientError> {
-        match &self {
-            Target::One(c) => c.remove_pod(&pod).await,
-            Target::Many(c) => c.remove_pod(&pod).await,
-        }
-    }
+/// A lookup's candidates as the client takes them.
+fn names(candidates: &Option<Vec<String>>) -> Option<Vec<&str>> {
+    candidates
+        .as_ref()
+        .map(|c| c.iter().map(String::as_str).collect())
+}
 
-    async fn set_pod_capacity(self, pod: String, blocks: u64) -> Result<(), ClientError> {
-        match &self {
-            Target::One(c) => c.set_pod_capacity(&pod, blocks).await,
-            Target::Many(c) => c.set_pod_capacity(&pod, blocks).await,
-        }
-    }
+async fn lookup(
+    ix: AnyIndex,
+    model: String,
+    key: Vec<u64>,
+    candidates: Option<Vec<String>>,
+) -> Result<LookupResult, ClientError> {
+    let found = ix.lookup(&model, &key, names(&candidates).as_deref()).await;
+    found.map(LookupResult::from)
+}
 
-    async fn stats(self) -> Result<Stats, ClientError> {
-        let s = match &self {
-            Target::One(c) => c.stats().await,
-            Target::Many(c) => c.stats().await,
-        };
-        s.map(Stats::from)
-    }
-
-    async fn ping(self) -> Result<(), ClientError> {
-        match &self {
-            Target::One(c) => c.ping().await,
-            Target::Many(c) => {
-                for (_, s) in c.servers() {
-                    s.ping().await?;
-                }
-                Ok(())
-            }
-        }
-    }
+/// Lookups of several keys in one request (per server), answered in
+/// order; the first refused one fails the call.
+async fn lookup_many(
+    ix: AnyIndex,
+    model: String,
+    keys: Vec<Vec<u64>>,
+    candidates: Option<Vec<String>>,
+) -> Result<Vec<LookupResult>, ClientError> {
+    let ops: Vec<Op> = keys
+        .into_iter()
+        .map(|key| Op::Lookup {
+            model: model.clone(),
+            key,
+            candidates: candidates.clone(),
+        })
+        .collect();
+    ix.batch(ops)
+        .await?
+        .into_iter()
+        .map(|r| match r {
+            Reply::Lookup {
+                key_blocks,
+                matches,
+            } => Ok(LookupResult::from(WireLookup {
+                key_blocks,
+                matches,
+            })),
+            Reply::Error { code, message } => Err(ClientError::Server { code, message }),
+            other => Err(ClientError::Protocol(format!(
+                "a lookup answered {other:?}"
+            ))),
+        })
+        .collect()
 }
 
 /// The calls of [`Client`] and [`Cluster`], each blocking and awaitable.
 #[pyclass(subclass, frozen, module = "prefix_index")]
 pub struct Index {
-    target: Target,
+    index: AnyIndex,
     /// The process the client was made in.
     pid: u32,
 }
 
 impl Index {
-    /// The target, if this process made it.
-    fn target(&self) -> PyResult<Target> {
+    /// The operations, if this process made them.
+    fn index(&self) -> PyResult<AnyIndex> {
         same_process(self.pid)?;
-        Ok(self.target.clone())
+        Ok(self.index.clone())
     }
 }
 
@@ -435,7 +467,7 @@ impl Index {
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<LookupResult> {
-        block(py, self.target()?.lookup(model, key, candidates))
+        block(py, lookup(self.index()?, model, key, candidates))
     }
 
     /// Awaitable [`Index::lookup`].
@@ -447,7 +479,7 @@ impl Index {
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.lookup(model, key, candidates))
+        awaitable(py, lookup(self.index()?, model, key, candidates))
     }
 
     /// Lookups of several keys in one request: what a gateway placing many
@@ -460,7 +492,7 @@ impl Index {
         keys: Vec<Vec<u64>>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Vec<LookupResult>> {
-        block(py, self.target()?.lookup_many(model, keys, candidates))
+        block(py, lookup_many(self.index()?, model, keys, candidates))
     }
 
     /// Awaitable [`Index::lookup_many`].
@@ -472,7 +504,7 @@ impl Index {
         keys: Vec<Vec<u64>>,
         candidates: Option<Vec<String>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.lookup_many(model, keys, candidates))
+        awaitable(py, lookup_many(self.index()?, model, keys, candidates))
     }
 
     /// A lookup by token ids, hashed here in blocks of `block_tokens`.
@@ -486,7 +518,7 @@ impl Index {
         block_tokens: usize,
     ) -> PyResult<LookupResult> {
         let key = key::token_key(&tokens, block_tokens);
-        block(py, self.target()?.lookup(model, key, candidates))
+        block(py, lookup(self.index()?, model, key, candidates))
     }
 
     /// Awaitable [`Index::lookup_tokens`].
@@ -500,12 +532,13 @@ impl Index {
         block_tokens: usize,
     ) -> PyResult<Bound<'py, PyAny>> {
         let key = key::token_key(&tokens, block_tokens);
-        awaitable(py, self.target()?.lookup(model, key, candidates))
+        awaitable(py, lookup(self.index()?, model, key, candidates))
     }
 
     /// Records that `pod` holds every prefix of `key`.
     fn insert(&self, py: Python<'_>, model: String, key: Vec<u64>, pod: String) -> PyResult<()> {
-        block(py, self.target()?.insert(model, key, pod))
+        let ix = self.index()?;
+        block(py, async move { ix.insert(&model, &key, &pod).await })
     }
 
     /// Awaitable [`Index::insert`].
@@ -516,22 +549,26 @@ impl Index {
         key: Vec<u64>,
         pod: String,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.insert(model, key, pod))
+        let ix = self.index()?;
+        awaitable(py, async move { ix.insert(&model, &key, &pod).await })
     }
 
     /// Forgets a pod everywhere; whether it was there.
     fn remove_pod(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
-        block(py, self.target()?.remove_pod(pod))
+        let ix = self.index()?;
+        block(py, async move { ix.remove_pod(&pod).await })
     }
 
     /// Awaitable [`Index::remove_pod`].
     fn remove_pod_async<'py>(&self, py: Python<'py>, pod: String) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.remove_pod(pod))
+        let ix = self.index()?;
+        awaitable(py, async move { ix.remove_pod(&pod).await })
     }
 
     /// Sets a pod's KV-cache capacity in blocks.
     fn set_pod_capacity(&self, py: Python<'_>, pod: String, blocks: u64) -> PyResult<()> {
-        block(py, self.target()?.set_pod_capacity(pod, blocks))
+        let ix = self.index()?;
+        block(py, async move { ix.set_pod_capacity(&pod, blocks).await })
     }
 
     /// Awaitable [`Index::set_pod_capacity`].
@@ -541,27 +578,32 @@ impl Index {
         pod: String,
         blocks: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.set_pod_capacity(pod, blocks))
+        let ix = self.index()?;
+        awaitable(py, async move { ix.set_pod_capacity(&pod, blocks).await })
     }
 
     /// Index statistics (summed over a cluster's servers).
     fn stats(&self, py: Python<'_>) -> PyResult<Stats> {
-        block(py, self.target()?.stats())
+        let ix = self.index()?;
+        block(py, async move { ix.stats().await.map(Stats) })
     }
 
     /// Awaitable [`Index::stats`].
     fn stats_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.stats())
+        let ix = self.index()?;
+        awaitable(py, async move { ix.stats().await.map(Stats) })
     }
 
     /// A round trip to the server (every server of a cluster).
     fn ping(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, self.target()?.ping())
+        let ix = self.index()?;
+        block(py, async move { ix.ping().await })
     }
 
     /// Awaitable [`Index::ping`].
     fn ping_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, self.target()?.ping())
+        let ix = self.index()?;
+        awaitable(py, async move { ix.ping().await })
     }
 }
 
@@ -616,7 +658,7 @@ impl Client {
             .detach(|| runtime().block_on(prefix_client::Client::connect(server, cfg)))
             .map_err(connect_error)?;
         Ok(PyClassInitializer::from(Index {
-            target: Target::One(client.clone()),
+            index: AnyRoute::of(&client),
             pid: std::process::id(),
         })
         .add_subclass(Client {
@@ -626,7 +668,7 @@ impl Client {
     }
 
     /// Follows an inference engine's KV-cache events (precise mode).
-    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=16, topic=String::new(), media=vec!["GPU".to_string()]))]
+    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=EngineSub::DEFAULT_BLOCK_SIZE, topic=String::new(), media=EngineSub::default_media()))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_engine(
         &self,
@@ -663,7 +705,7 @@ impl Client {
     fn list_engines(&self, py: Python<'_>) -> PyResult<Vec<EngineState>> {
         let c = self.client()?;
         let list = block(py, async move { c.list_engines().await })?;
-        Ok(list.into_iter().map(EngineState::from).collect())
+        Ok(list.into_iter().map(EngineState).collect())
     }
 
     /// Whether the connection is up now.
@@ -738,7 +780,7 @@ impl Cluster {
             })
             .map_err(connect_error)?;
         Ok(PyClassInitializer::from(Index {
-            target: Target::Many(cluster),
+            index: AnyRoute::of(&cluster),
             pid: std::process::id(),
         })
         .add_subclass(Cluster { names, replicas }))
