@@ -12,7 +12,7 @@
 //! its own snapshot, however old, or empty: replicas that all start at once
 //! must not wait on each other forever.
 //!
-//! While it fills, the server serves, through its [`Replica`] gate: pings,
+//! While it fills, the server serves, through its [`Replica`](crate::replica::Replica) gate: pings,
 //! stats and engine listings answer; lookups are refused `Unavailable`, which
 //! a gateway's replica set takes as "ask another replica"; writes are held
 //! (at most `--bootstrap-queue`, then refused `Unavailable`) and applied in
@@ -28,15 +28,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_index::Snapshot;
-use prefix_proto::{ErrorCode, Op, OpKind, Reply};
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::engines::Engines;
-use crate::handler::{now_ms, Handler};
+use crate::handler::Handler;
 use crate::metrics::Metrics;
+use crate::replica::{FillReport, Refusal};
 
 /// The other replicas, and how a cold start fills itself from them.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,183 +123,6 @@ pub enum FillError {
     /// `--bootstrap-timeout` ran out during this attempt.
     #[error("--bootstrap-timeout ran out")]
     OutOfTime,
-}
-
-/// A peer whose snapshot was not restored, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    /// The peer, as configured.
-    pub peer: String,
-    /// What went wrong (a [`FillError`], in words).
-    pub why: String,
-}
-
-/// How the server came to be filled.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FillReport {
-    /// The peer whose snapshot was restored; none when no peer gave one in
-    /// time and the server started from its own snapshot or empty.
-    pub from: Option<String>,
-    /// Entries restored.
-    pub inserts: u64,
-    /// Bytes transferred from the peer.
-    pub bytes: u64,
-    /// From the start of filling to open.
-    pub took: Duration,
-    /// Every refused or failed attempt, in order.
-    pub refused: Vec<Refusal>,
-    /// Writes held meanwhile, then applied.
-    pub held: u64,
-}
-
-/// This server as a replica: whether it is still filling from a peer (then
-/// writes are held and lookups refused), and the one snapshot it may be
-/// sending to a peer.
-#[derive(Debug, Default)]
-pub struct Replica {
-    /// Set while filling; cleared once the held writes are applied.
-    filling: AtomicBool,
-    held: Mutex<Held>,
-    /// Most weight held (see [`ReplicaConfig::queue`]).
-    max_held: usize,
-    /// Whether a snapshot is being sent.
-    sending: AtomicBool,
-    report: Mutex<Option<FillReport>>,
-}
-
-/// Writes held while filling.
-#[derive(Debug, Default)]
-struct Held {
-    ops: Vec<Op>,
-    /// Their weight (`Op::weight`), what `max_held` bounds.
-    weight: usize,
-}
-
-/// Held writes applied in a round of their own while new ones may still
-/// arrive; a round this small is applied with the gate's lock held, so no
-/// new write can come after it and opening always ends.
-const LAST_ROUND: usize = 1024;
-
-/// Held while a snapshot is being sent: the next request is refused.
-pub struct Sending(Arc<Replica>);
-
-impl Drop for Sending {
-    fn drop(&mut self) {
-        // Release: pairs with the Acquire swap in `Replica::send`.
-        self.0.sending.store(false, Ordering::Release);
-    }
-}
-
-impl Replica {
-    /// A replica that serves at once.
-    pub fn serving() -> Arc<Replica> {
-        Arc::default()
-    }
-
-    /// A replica that fills itself first, holding writes up to a weight of
-    /// `max_held`.
-    pub fn filling(max_held: usize) -> Arc<Replica> {
-        Arc::new(Replica {
-            filling: AtomicBool::new(true),
-            max_held,
-            ..Replica::default()
-        })
-    }
-
-    /// Whether it is still filling.
-    pub fn is_filling(&self) -> bool {
-        // Acquire: pairs with the Release in `open`; a request that sees the
-        // gate open also sees every held write applied.
-        self.filling.load(Ordering::Acquire)
-    }
-
-    /// How the last fill went, once it is over.
-    pub fn report(&self) -> Option<FillReport> {
-        self.report.lock().clone()
-    }
-
-    /// What to answer `op` instead of applying it, while filling: writes are
-    /// held (answered `Done`, or refused once the queue is full), lookups
-    /// refused; `None` means apply it now.
-    pub fn admit(&self, op: &Op, metrics: &Metrics) -> Option<Reply> {
-        if !self.is_filling() {
-            return None;
-        }
-        let kind = op.kind();
-        if kind.writes() {
-            let mut held = self.held.lock();
-            // Relaxed: `open` clears the flag under this lock.
-            if !self.filling.load(Ordering::Relaxed) {
-                return None;
-            }
-            let weight = op.weight();
-            if held.weight + weight > self.max_held {
-                return Some(ErrorCode::Unavailable.reply(format!(
-                    "this replica is filling itself from a peer and holds writes of weight {} \
-                     already (--bootstrap-queue {})",
-                    held.weight, self.max_held
-                )));
-            }
-            held.weight += weight;
-            held.ops.push(op.clone());
-            metrics.bootstrap_held.inc();
-            // Accepted, not yet applied: a removal cannot tell yet whether
-            // the pod was there, and says it was.
-            Some(match kind {
-                OpKind::RemovePod | OpKind::Unsubscribe => Reply::Removed(true),
-                _ => Reply::Done,
-            })
-        } else if kind == OpKind::Lookup {
-            Some(
-                ErrorCode::Unavailable
-                    .reply("this replica is filling itself from a peer: ask another replica"),
-            )
-        } else {
-            None
-        }
-    }
-
-    /// Applies the held writes with `apply`, oldest first, then opens the
-    /// gate; returns how many there were. Writes that arrive meanwhile are
-    /// held too and applied in a later round, so they keep their order; the
-    /// last round, at most [`LAST_ROUND`] writes, is applied under the lock,
-    /// so a steady stream of writes cannot keep the gate closed.
-    pub fn open(&self, mut apply: impl FnMut(Vec<Op>)) -> u64 {
-        let mut applied = 0;
-        loop {
-            let mut held = self.held.lock();
-            let batch = std::mem::take(&mut *held).ops;
-            applied += batch.len() as u64;
-            if batch.len() <= LAST_ROUND {
-                if !batch.is_empty() {
-                    apply(batch);
-                }
-                // Release: see `is_filling`. Under the lock, so `admit`
-                // never holds a write after the last round.
-                self.filling.store(false, Ordering::Release);
-                return applied;
-            }
-            drop(held);
-            apply(batch);
-        }
-    }
-
-    /// Starts sending a snapshot, unless one is being sent or the server is
-    /// still filling (it has none to give yet): the refusal then.
-    pub fn send(self: &Arc<Self>) -> Result<Sending, Reply> {
-        if self.is_filling() {
-            return Err(ErrorCode::Unavailable.reply(
-                "this replica is filling itself from a peer: it has no snapshot to give yet",
-            ));
-        }
-        // Acquire: pairs with the Release in `Sending::drop`.
-        if self.sending.swap(true, Ordering::Acquire) {
-            return Err(ErrorCode::Unavailable.reply(
-                "this replica is sending its snapshot to another peer: ask again, or ask another",
-            ));
-        }
-        Ok(Sending(self.clone()))
-    }
 }
 
 /// What a cold start has to fill itself.
@@ -430,7 +253,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
             "the engine subscriptions could not start: serving, but not ready"
         ),
     }
-    *target.handler.replica.report.lock() = Some(report);
+    target.handler.replica.set_report(report);
 }
 
 /// Takes `peer`'s snapshot (by `deadline`) and restores it: the entries
@@ -488,15 +311,6 @@ async fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefix_proto::message::POD_TABLE_WEIGHT;
-
-    fn insert(n: u64) -> Op {
-        Op::Insert {
-            model: "m".into(),
-            key: vec![n],
-            pod: "p".into(),
-        }
-    }
 
     #[test]
     fn peers_are_host_and_port() {
@@ -508,55 +322,5 @@ mod tests {
         for bad in ["index-1", ":7070", "h:port", "h:70700"] {
             assert_eq!(split_peer(bad), None, "{bad}");
         }
-    }
-
-    #[test]
-    fn while_filling_writes_are_held_in_order_and_lookups_refused() {
-        let m = Metrics::default();
-        let n = LAST_ROUND as u64 + 100;
-        // Room for `n` one-block inserts and one pod-table change.
-        let gate = Replica::filling(n as usize + POD_TABLE_WEIGHT);
-        let lookup = Op::Lookup {
-            model: "m".into(),
-            key: vec![1],
-            candidates: None,
-        };
-        let refused = |r: Option<Reply>| matches!(r, Some(Reply::Error { code, .. }) if code == ErrorCode::Unavailable as u16);
-        assert!(refused(gate.admit(&lookup, &m)));
-        assert_eq!(gate.admit(&Op::Ping, &m), None);
-        for k in 0..n {
-            assert_eq!(gate.admit(&insert(k), &m), Some(Reply::Done));
-        }
-        let remove = Op::RemovePod { pod: "p".into() };
-        assert_eq!(gate.admit(&remove, &m), Some(Reply::Removed(true)));
-        // The queue is full by weight: one more block is refused, not held.
-        assert!(refused(gate.admit(&insert(n), &m)));
-        assert!(refused(gate.send().err()));
-        let mut rounds = Vec::new();
-        let applied = gate.open(|ops| {
-            // A write that arrives while a round is applied (outside the
-            // lock: the round is large) is held and applied after it.
-            if rounds.is_empty() {
-                assert_eq!(gate.admit(&insert(n + 1), &m), Some(Reply::Done));
-            }
-            rounds.push(ops);
-        });
-        let mut want: Vec<Op> = (0..n).map(insert).collect();
-        want.push(remove);
-        assert_eq!(rounds[0], want);
-        assert_eq!(rounds[1..], [vec![insert(n + 1)]]);
-        assert_eq!(applied, n + 2);
-        assert!(!gate.is_filling());
-        assert_eq!(gate.admit(&insert(5), &m), None);
-        assert_eq!(gate.admit(&lookup, &m), None);
-    }
-
-    #[test]
-    fn one_snapshot_is_sent_at_a_time() {
-        let gate = Replica::serving();
-        let sending = gate.send().unwrap();
-        assert!(gate.send().is_err());
-        drop(sending);
-        assert!(gate.send().is_ok());
     }
 }

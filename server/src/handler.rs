@@ -34,9 +34,10 @@ use prefix_proto::{
 use smallvec::SmallVec;
 
 use crate::access::Access;
-use crate::bootstrap::Replica;
+use crate::clock::now_ms;
 use crate::engines::{wire, Engines, SubscribeError};
 use crate::metrics::{self, Metrics, Tally};
+use crate::replica::Replica;
 use crate::service::{Service, SnapshotJob};
 
 /// Counts a frame in `requests_in_flight` while it lives, even if applying
@@ -129,14 +130,6 @@ impl Replies for Discard {
     fn written(&self) -> usize {
         0
     }
-}
-
-/// Milliseconds since the Unix epoch: the index's clock. Wall time, so that
-/// snapshots keep entry ages across restarts.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn pod_error(e: &PodError) -> Reply {
@@ -528,7 +521,7 @@ mod tests {
     fn handler() -> Handler {
         Handler {
             engines: None,
-            replica: crate::bootstrap::Replica::serving(),
+            replica: crate::replica::Replica::serving(),
             index: Arc::new(Index::new(IndexConfig::default())),
             limits: Limits {
                 max_key_blocks: 4,
@@ -764,7 +757,7 @@ mod tests {
         let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone(), None);
         let h = Handler {
             engines: Some(engines),
-            replica: crate::bootstrap::Replica::serving(),
+            replica: crate::replica::Replica::serving(),
             ..h
         };
         (h, stop)

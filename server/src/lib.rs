@@ -52,12 +52,15 @@ pub mod access;
 pub mod api;
 pub mod bootstrap;
 pub mod busy_poll;
+pub mod clock;
 pub mod config;
 pub mod engines;
+mod files;
 pub mod handler;
 mod http;
 pub mod maintenance;
 pub mod metrics;
+pub mod replica;
 pub mod service;
 pub mod snapshot;
 mod stream;
@@ -66,9 +69,10 @@ pub mod tls;
 pub use config::{ServerConfig, Settings};
 pub use service::Service;
 
-use bootstrap::Replica;
-use handler::{now_ms, Handler};
+use clock::now_ms;
+use handler::Handler;
 use metrics::Metrics;
+use replica::Replica;
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, Error)]
@@ -273,99 +277,32 @@ impl Server {
 
     /// As [`Server::serve`], with the HTTP/JSON API answered by `api` (the
     /// API needs the index's handler: a stand-in service has none).
+    ///
+    /// Every subsystem starts on one [`Tasks`]: the shutdown cancels its
+    /// token, waits for its tracker through the drain, then cuts what
+    /// outlived the drain.
     async fn serve_with<S: Service>(
         mut self,
         service: Arc<S>,
         api: Option<Arc<Handler>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), ServerError> {
-        let token = self.token.clone();
-        // Drops the HTTP API's connections that outlive the drain.
-        let api_hard = CancellationToken::new();
-        let tracker = TaskTracker::new();
+        let tasks = Tasks {
+            tracker: TaskTracker::new(),
+            stop: self.token.clone(),
+            hard: CancellationToken::new(),
+        };
         let ready = Arc::new(AtomicBool::new(self.filling.is_none()));
-        if let Some(filling) = self.filling.take() {
-            let target = bootstrap::Target {
-                handler: api.clone().unwrap_or_else(|| self.handler()),
-                engines: self.engines.clone(),
-                metrics: self.metrics.clone(),
-                ready: ready.clone(),
-            };
-            tracker.spawn(bootstrap::fill(filling, target, token.clone()));
-        }
-        let busy = self.cfg.busy_poll.map(|window| {
-            let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
-            busy.start(&tracker, &token);
-            busy
-        });
-        tracker.spawn(maintenance::run(
-            self.index.clone(),
-            self.metrics.clone(),
-            self.cfg.sweep_interval,
-            self.cfg.sweep_budget,
-            token.clone(),
-        ));
-        if let Some(every) = self.snapshots {
-            tracker.spawn(snapshot::run(
-                self.index.clone(),
-                self.replica.clone(),
-                self.cfg.data_dir.clone(),
-                self.metrics.clone(),
-                every,
-                token.clone(),
-            ));
-        }
-        let http = self.http.map(|listener| {
-            let app = http::router(http::Probe {
-                index: self.index.clone(),
-                metrics: self.metrics.clone(),
-                ready: ready.clone(),
-                stopping: token.clone(),
-            });
-            let stop = token.clone();
-            tokio::spawn(async move {
-                let served = axum::serve(listener, app)
-                    .with_graceful_shutdown(stop.cancelled_owned())
-                    .await;
-                if let Err(e) = served {
-                    tracing::error!(error = %e, "metrics listener failed");
-                }
-            })
-        });
-        if let (Some((socket, tls)), Some(handler)) = (self.api.take(), api) {
-            let keys = prefix_proto::json::KeyOptions {
-                block_tokens: self.cfg.engines.token_block as usize,
-                ..Default::default()
-            };
-            let app = api::router(Arc::new(api::Api {
-                handler,
-                keys,
-                max_body: self.cfg.http_max_body_bytes,
-            }));
-            tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
-            let listener = api::Listener {
-                tls,
-                roles: self.cfg.roles.clone(),
-                max_connections: self.cfg.max_connections,
-                max_streams: self.cfg.max_streams,
-                max_in_flight: self.cfg.max_in_flight,
-                idle_timeout: self.cfg.idle_timeout,
-                metrics: self.metrics.clone(),
-            };
-            tracker.spawn(api::serve(
-                socket,
-                listener,
-                app,
-                token.clone(),
-                api_hard.clone(),
-                tracker.clone(),
-            ));
-        }
+        self.start_fill(&tasks, &ready, api.clone());
+        let busy = self.start_busy_poll(&tasks);
+        self.start_maintenance(&tasks);
+        self.start_snapshots(&tasks);
+        self.start_probes(&tasks, &ready);
+        self.start_api(&tasks, api);
         tracing::info!(
             listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
             "serving"
         );
-
         let setup = Arc::new(stream::ConnSetup {
             service,
             roles: self.cfg.roles.clone(),
@@ -379,32 +316,39 @@ impl Server {
             &self.cfg,
             setup,
             self.metrics.clone(),
-            token.clone(),
-            tracker.clone(),
+            tasks.stop.clone(),
+            tasks.tracker.clone(),
         );
         tokio::pin!(shutdown);
         tokio::select! {
             _ = &mut shutdown => {}
             _ = accept => {}
         }
+        self.stop(tasks, &ready).await;
+        Ok(())
+    }
 
+    /// Stops what [`Server::serve_with`] started: no new connections, the
+    /// requests in flight answered (for up to `drain_timeout`), every
+    /// connection closed, the engines joined, the last snapshot written.
+    async fn stop(self, tasks: Tasks, ready: &AtomicBool) {
         tracing::info!("shutting down: draining requests in flight");
         // Relaxed: see `http::readyz`.
         ready.store(false, Ordering::Relaxed);
         self.endpoint.set_server_config(None);
-        token.cancel();
-        tracker.close();
-        if tokio::time::timeout(self.cfg.drain_timeout, tracker.wait())
+        tasks.stop.cancel();
+        tasks.tracker.close();
+        if tokio::time::timeout(self.cfg.drain_timeout, tasks.tracker.wait())
             .await
             .is_err()
         {
             tracing::warn!(timeout = ?self.cfg.drain_timeout, "drain timed out; closing anyway");
         }
         // Past the drain, nothing more reaches the index before the
-        // snapshot: the API's connections go (QUIC's just below).
-        api_hard.cancel();
+        // snapshot: the HTTP listeners' connections go (QUIC's just below).
+        tasks.hard.cancel();
         self.endpoint.close(0u32.into(), stream::SHUTDOWN_REASON);
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
+        let _ = tokio::time::timeout(CLOSE_WAIT, self.endpoint.wait_idle()).await;
         // The token stopped the engine threads; each notices within its
         // poll period. Joined before the snapshot, so it has every event.
         let engines = self.engines.clone();
@@ -415,20 +359,144 @@ impl Server {
             snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)
                 .await;
         }
-        if let Some(mut h) = http {
-            // A peer that sent half a request would keep the HTTP server's
-            // graceful shutdown waiting; give it a second, then stop it.
-            if tokio::time::timeout(Duration::from_secs(1), &mut h)
-                .await
-                .is_err()
-            {
-                h.abort();
-            }
+        if tokio::time::timeout(CLOSE_WAIT, tasks.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("tasks still running after the drain; stopping anyway");
         }
         tracing::info!("stopped");
-        Ok(())
+    }
+
+    /// Fills a cold replica from its peers, if it is one.
+    fn start_fill(&mut self, tasks: &Tasks, ready: &Arc<AtomicBool>, api: Option<Arc<Handler>>) {
+        let Some(filling) = self.filling.take() else {
+            return;
+        };
+        let target = bootstrap::Target {
+            handler: api.unwrap_or_else(|| self.handler()),
+            engines: self.engines.clone(),
+            metrics: self.metrics.clone(),
+            ready: ready.clone(),
+        };
+        tasks
+            .tracker
+            .spawn(bootstrap::fill(filling, target, tasks.stop.clone()));
+    }
+
+    /// Starts the busy-polling spinners, if they are on.
+    fn start_busy_poll(&self, tasks: &Tasks) -> Option<Arc<busy_poll::BusyPoll>> {
+        self.cfg.busy_poll.map(|window| {
+            let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
+            busy.start(&tasks.tracker, &tasks.stop);
+            busy
+        })
+    }
+
+    /// Starts the sweep.
+    fn start_maintenance(&self, tasks: &Tasks) {
+        tasks.tracker.spawn(maintenance::run(
+            self.index.clone(),
+            self.metrics.clone(),
+            self.cfg.sweep_interval,
+            self.cfg.sweep_budget,
+            tasks.stop.clone(),
+        ));
+    }
+
+    /// Starts writing snapshots, if they are on.
+    fn start_snapshots(&self, tasks: &Tasks) {
+        let Some(every) = self.snapshots else {
+            return;
+        };
+        tasks.tracker.spawn(snapshot::run(
+            self.index.clone(),
+            self.replica.clone(),
+            self.cfg.data_dir.clone(),
+            self.metrics.clone(),
+            every,
+            tasks.stop.clone(),
+        ));
+    }
+
+    /// Serves `/metrics`, `/healthz` and `/readyz`, if they are on: they
+    /// stop taking connections at the shutdown and close the ones left
+    /// once the drain is over (a peer that sent half a request would keep
+    /// a graceful shutdown waiting).
+    fn start_probes(&mut self, tasks: &Tasks, ready: &Arc<AtomicBool>) {
+        let Some(listener) = self.http.take() else {
+            return;
+        };
+        let app = http::router(http::Probe {
+            index: self.index.clone(),
+            metrics: self.metrics.clone(),
+            ready: ready.clone(),
+            stopping: tasks.stop.clone(),
+        });
+        let (stop, hard) = (tasks.stop.clone(), tasks.hard.clone());
+        tasks.tracker.spawn(async move {
+            let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
+            tokio::select! {
+                served = served => {
+                    if let Err(e) = served {
+                        tracing::error!(error = %e, "metrics listener failed");
+                    }
+                }
+                () = hard.cancelled() => {}
+            }
+        });
+    }
+
+    /// Serves the HTTP/JSON API, if it is on and there is an index to
+    /// answer it.
+    fn start_api(&mut self, tasks: &Tasks, api: Option<Arc<Handler>>) {
+        let (Some((socket, tls)), Some(handler)) = (self.api.take(), api) else {
+            return;
+        };
+        let keys = prefix_proto::json::KeyOptions {
+            block_tokens: self.cfg.engines.token_block as usize,
+            ..Default::default()
+        };
+        let app = api::router(Arc::new(api::Api {
+            handler,
+            keys,
+            max_body: self.cfg.http_max_body_bytes,
+        }));
+        tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
+        let listener = api::Listener {
+            tls,
+            roles: self.cfg.roles.clone(),
+            max_connections: self.cfg.max_connections,
+            max_streams: self.cfg.max_streams,
+            max_in_flight: self.cfg.max_in_flight,
+            idle_timeout: self.cfg.idle_timeout,
+            metrics: self.metrics.clone(),
+        };
+        tasks.tracker.spawn(api::serve(
+            socket,
+            listener,
+            app,
+            tasks.stop.clone(),
+            tasks.hard.clone(),
+            tasks.tracker.clone(),
+        ));
     }
 }
+
+/// What every task the server starts is spawned on.
+struct Tasks {
+    /// What the shutdown waits for.
+    tracker: TaskTracker,
+    /// Cancelled at the shutdown: stop taking work, finish what is in
+    /// flight.
+    stop: CancellationToken,
+    /// Cancelled once the drain is over: drop the connections left.
+    hard: CancellationToken,
+}
+
+/// How long the shutdown waits, past the drain, for connections to close
+/// and tasks to end.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Restores the server's own snapshot, or, for a cold start with peers,
 /// plans to fill from one (see [`bootstrap`]): the snapshot period (none

@@ -14,7 +14,7 @@ use prefix_index::Index;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::handler::now_ms;
+use crate::clock::now_ms;
 use crate::metrics::Metrics;
 
 /// Runs until `shutdown`.

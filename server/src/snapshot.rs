@@ -21,9 +21,10 @@ use thiserror::Error;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::bootstrap::Replica;
-use crate::handler::now_ms;
+use crate::clock::now_ms;
+use crate::files::set_aside;
 use crate::metrics::Metrics;
+use crate::replica::Replica;
 
 /// The snapshot's file name in the data directory.
 pub const FILE: &str = "index.snapshot";
@@ -129,16 +130,6 @@ pub enum Found {
         /// Where it is now (if the rename worked).
         moved_to: Option<PathBuf>,
     },
-}
-
-/// Moves a file of the data directory that is not what it should be aside,
-/// to `<name>.bad-<now as unix ms>`, for an operator to look at; returns
-/// where, or `None` when it could not be moved.
-pub(crate) fn set_aside(path: &Path, now: u64) -> Option<PathBuf> {
-    let mut name = path.file_name()?.to_os_string();
-    name.push(format!(".bad-{now}"));
-    let aside = path.with_file_name(name);
-    fs::rename(path, &aside).ok().map(|()| aside)
 }
 
 /// Reads and checks `<dir>/index.snapshot`, if there is one. A bad snapshot

@@ -588,7 +588,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let handler = Arc::new(Handler {
             engines: None,
-            replica: crate::bootstrap::Replica::serving(),
+            replica: crate::replica::Replica::serving(),
             index: Arc::new(prefix_index::Index::new(cfg.index.clone())),
             limits: cfg.limits(),
             metrics: Arc::new(crate::metrics::Metrics::default()),

@@ -152,7 +152,7 @@ async fn entries(addr: SocketAddr, ca: &Path) -> anyhow::Result<u64> {
 pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
     let mut cells = Vec::new();
     for &size in &plan.sizes {
-        let now = prefix_server::handler::now_ms();
+        let now = prefix_server::clock::now_ms();
         let peer_dir = tempfile::tempdir()?;
         let index = build(size, now)?;
         let summary = prefix_server::snapshot::save(&index, peer_dir.path(), now)?;

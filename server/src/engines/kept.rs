@@ -70,7 +70,7 @@ impl Keeper {
                     kept
                 }
                 Err(e) => {
-                    match crate::snapshot::set_aside(path, now) {
+                    match crate::files::set_aside(path, now) {
                         Some(aside) => tracing::error!(
                             "engine subscriptions made at run time are not restored: {e}; the file is moved to {}",
                             aside.display()

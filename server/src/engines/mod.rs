@@ -261,7 +261,7 @@ impl Engines {
     pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
         let mut keeper = self.keeper.lock();
         self.follow(sub.clone())?;
-        keeper.subscribed(crate::handler::now_ms(), &sub);
+        keeper.subscribed(crate::clock::now_ms(), &sub);
         Ok(())
     }
 
@@ -344,7 +344,7 @@ impl Engines {
     /// whether it was followed.
     pub fn unsubscribe(&self, pod: &str) -> bool {
         let mut keeper = self.keeper.lock();
-        keeper.unsubscribed(crate::handler::now_ms(), pod);
+        keeper.unsubscribed(crate::clock::now_ms(), pod);
         self.take_out(pod).is_some()
     }
 
@@ -389,7 +389,7 @@ impl Engines {
     /// that none of them follows are dropped, since nothing would ever
     /// update them (unless the central collector runs: it may meet them).
     pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
-        let kept = self.keeper.lock().kept(crate::handler::now_ms()).clone();
+        let kept = self.keeper.lock().kept(crate::clock::now_ms()).clone();
         for sub in self.cfg.subscriptions.clone() {
             // A configured pod unsubscribed at run time stays unfollowed.
             if !kept.unsubscribed.contains(&sub.pod) {
