@@ -9,6 +9,9 @@
 //!   chained hash of each prefix to its pods, behind one read-write lock.
 //! - [`precise`]: the Mooncake trace as engine KV-cache events, served by
 //!   simulated pods with LRU caches, and vLLM's msgpack form of them.
+//! - [`engine_events`]: the precise-mode benchmark's workload, our index's
+//!   rows, and a [`engine_events::Peer`] for another index's rows beside
+//!   them (NVIDIA Dynamo's, in the workspace `benches/dynamo/`).
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -20,6 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use smallvec::SmallVec;
 
+pub mod engine_events;
 pub mod precise;
 
 /// Pods in every workload.

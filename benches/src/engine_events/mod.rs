@@ -1,0 +1,359 @@
+//! The precise-mode benchmark (`benches/engine_events.rs`): our index fed
+//! engine KV-cache events, with room for another index's rows beside ours
+//! in the same groups ([`Peer`]).
+//!
+//! The Mooncake trace is replayed once, outside timing, through 8 simulated
+//! pods (requests round-robin, an LRU cache of 16,384 blocks each, or of
+//! `ENGINE_EVENTS_CAPACITY`; [`crate::precise`]) into engine events: per
+//! request, the blocks it evicts and one store of the blocks it adds.
+//! The groups:
+//!
+//! - `ingest/…`: every event into a fresh index, through
+//!   `EngineBatch::apply`, a batch per request, or from vLLM's msgpack
+//!   batches through `prefix_events::decode_batch` and the server's
+//!   `apply_batch` (and through `decode_batch` alone, for its share).
+//! - `lookup/…`: every trace request as a key after the ingest, 1 and 2
+//!   threads.
+//! - `lookup_while_streaming/…`: the same lookups while another thread
+//!   applies the events that follow the trace at 100,000 block operations a
+//!   second, against the read-only rate in the same group, before the
+//!   stream and on the index it left; and `…,alternated`, the same rates
+//!   taken in turn within each sample with the writer still, streaming into
+//!   the index read, and streaming into a copy nobody reads (what a writer
+//!   costs on this machine apart from sharing the index), printed as ratios.
+//! - `memory/…` lines (printed): heap per (pod, block) after the ingest,
+//!   counted by the global allocator, beside the floor of any layout keyed
+//!   by engine hashes (a table of one word per held engine block).
+//!
+//! [`run`] runs them all; `benches/engine_events.rs` runs ours alone, and
+//! the workspace in `benches/dynamo/` runs NVIDIA Dynamo's KV router beside
+//! them as a [`Peer`].
+
+mod ingest;
+mod lookup;
+mod memory;
+mod streaming;
+
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion};
+use prefix_events::{decode_batch, DecodeLimits};
+use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
+use prefix_proto::key::{hash_token_block, token_key};
+use prefix_server::engines::apply::apply_batch;
+use prefix_server::engines::Subscription;
+
+use crate::precise::{
+    encode_vllm_batch, replay, request_tokens, EngineTrace, PodCaches, Step, ENGINE_BLOCK,
+};
+use crate::{mooncake, mooncake_path};
+
+pub use memory::heap_of;
+pub use streaming::{stream, while_writing};
+
+/// Simulated pods (engines).
+pub const PODS: usize = 8;
+/// Blocks each pod caches: about half of the ~31,000 distinct blocks each
+/// pod is sent, so a third of the block operations are evictions.
+/// `ENGINE_EVENTS_CAPACITY` sets another, such as one whose index fits the
+/// processor's caches, to tell what missing them costs.
+const CAPACITY: usize = 16_384;
+
+/// The blocks each pod caches in this run.
+fn capacity() -> usize {
+    match std::env::var("ENGINE_EVENTS_CAPACITY") {
+        Ok(v) => v.parse().ok().filter(|&c| c > 0).unwrap_or_else(|| {
+            panic!("ENGINE_EVENTS_CAPACITY={v}: not a positive count of blocks")
+        }),
+        Err(_) => CAPACITY,
+    }
+}
+
+/// Block operations a second applied while lookups run.
+pub const STREAM_RATE: u64 = 100_000;
+/// The model every pod serves.
+pub const MODEL: &str = "kimi";
+/// The clock of every insert and lookup, in ms.
+pub const NOW: u64 = 1_700_000_000_000;
+
+/// A criterion group of this benchmark.
+pub type Group<'a> = BenchmarkGroup<'a, WallTime>;
+
+/// Everything the groups feed the indexes, made once.
+pub struct Workload {
+    /// Blocks each pod caches.
+    pub capacity: usize,
+    /// The trace and each request's engine hashes.
+    pub trace: EngineTrace,
+    /// Each request as the step its pod publishes for it.
+    pub steps: Vec<Step>,
+    /// The pods' caches after the replay: where the streamed events go on.
+    pub caches: PodCaches,
+    /// Blocks stored plus blocks removed.
+    pub ops: u64,
+    /// Events: one per block removed, one per store.
+    pub events: u64,
+    /// Each step as vLLM's msgpack batch, with its pod.
+    pub payloads: Vec<(usize, Vec<u8>)>,
+    /// The pods' names, `pod-0` to `pod-7`.
+    pub names: Vec<String>,
+    /// Each request's token key, as gateways look it up.
+    pub our_keys: Vec<Vec<u64>>,
+}
+
+impl Workload {
+    /// The trace's `requests` through [`PODS`] pods of `capacity()` blocks.
+    pub fn new(requests: Vec<Vec<u64>>) -> Self {
+        let capacity = capacity();
+        let trace = EngineTrace::new(requests);
+        let (steps, caches) = replay(&trace, PODS, capacity);
+        let ops = steps.iter().map(Step::block_ops).sum();
+        let events = steps
+            .iter()
+            .map(|s| (s.removed.len() + usize::from(s.stored.is_some())) as u64)
+            .sum();
+        let payloads = steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut bytes = Vec::new();
+                encode_vllm_batch(s, 1_796_049_997.0 + i as f64 * 1e-3, &mut bytes);
+                (s.pod, bytes)
+            })
+            .collect();
+        let our_keys = trace
+            .requests
+            .iter()
+            .map(|r| token_key(&request_tokens(r), ENGINE_BLOCK))
+            .collect();
+        Workload {
+            capacity,
+            trace,
+            steps,
+            caches,
+            ops,
+            events,
+            payloads,
+            names: (0..PODS).map(|p| format!("pod-{p}")).collect(),
+            our_keys,
+        }
+    }
+}
+
+/// Our index with every pod registered as engine-fed (vLLM's 16-token
+/// blocks over the gateways' 16-token token keys).
+pub struct Ours {
+    /// The index.
+    pub index: Index,
+    engines: Vec<EngineHandle>,
+}
+
+impl Ours {
+    /// An empty index with the pods `names` registered.
+    pub fn new(names: &[String]) -> Self {
+        let index = Index::new(IndexConfig::default());
+        let spec = EngineSpec {
+            engine_block: ENGINE_BLOCK as u32,
+            our_block: ENGINE_BLOCK as u32,
+            hash: hash_token_block,
+        };
+        let engines = names
+            .iter()
+            .map(|n| {
+                index
+                    .engine(n, spec)
+                    .expect("16-token blocks on both sides")
+            })
+            .collect();
+        Ours { index, engines }
+    }
+
+    /// Applies each step's events as one batch (one vLLM batch is one
+    /// step), as the server does.
+    pub fn apply<'a>(
+        &self,
+        names: &[String],
+        steps: impl IntoIterator<Item = &'a Step>,
+    ) -> Applied {
+        let mut done = Applied::default();
+        for s in steps {
+            let mut engine = self.engines[s.pod].lock();
+            let mut batch = self.index.batch(&mut engine, &names[s.pod]);
+            let mut op = |op| {
+                let applied = batch.apply(MODEL, op);
+                done.add(&applied.expect("the events are well formed"));
+            };
+            for h in &s.removed {
+                op(EngineOp::Removed {
+                    hashes: std::slice::from_ref(h),
+                });
+            }
+            if let Some(st) = &s.stored {
+                op(EngineOp::Stored {
+                    parent: st.parent,
+                    hashes: &st.hashes,
+                    tokens: &st.tokens,
+                });
+            }
+            done.add(&batch.finish().expect("the events are well formed"));
+        }
+        done
+    }
+
+    /// Decodes and applies vLLM batches as the server does; events applied.
+    pub fn decode_apply(&self, subs: &[Subscription], payloads: &[(usize, Vec<u8>)]) -> u64 {
+        let limits = DecodeLimits::default();
+        let mut events = 0;
+        for (pod, bytes) in payloads {
+            let batch = decode_batch(bytes, &limits).expect("the batches are well formed");
+            events += apply_batch(&self.index, &subs[*pod], &self.engines[*pod], &batch).events;
+        }
+        events
+    }
+
+    /// Looks every key up; pods named in all.
+    pub fn lookups(&self, keys: &[Vec<u64>], out: &mut Vec<Match>) -> usize {
+        let mut n = 0;
+        for k in keys {
+            out.clear();
+            self.index.reader().lookup_into(MODEL, k, None, NOW, out);
+            n += out.len();
+        }
+        n
+    }
+}
+
+/// The server's subscriptions of the pods `names` (what `apply_batch` reads).
+pub fn subscriptions(names: &[String]) -> Vec<Subscription> {
+    names
+        .iter()
+        .map(|n| {
+            format!("pod={n},model={MODEL},endpoint=tcp://127.0.0.1:1,block-size={ENGINE_BLOCK}")
+                .parse()
+                .expect("a valid subscription")
+        })
+        .collect()
+}
+
+/// The time of `iters` calls of `run`, each timing its own part (fresh
+/// indexes are built and dropped outside it).
+pub fn runs(iters: u64, mut run: impl FnMut() -> Duration) -> Duration {
+    (0..iters).map(|_| run()).sum()
+}
+
+/// Runs `f(thread)` on the calling thread and `threads - 1` helpers at
+/// once; wall time.
+pub fn parallel(threads: usize, f: impl Fn(usize) + Sync) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 1..threads {
+            let f = &f;
+            s.spawn(move || f(t));
+        }
+        f(0);
+    });
+    start.elapsed()
+}
+
+/// Our index holding the same (pod, block) pairs as after the ingest, as
+/// gateways insert them: the tree alone, no engine records. Each held path
+/// is inserted once, whole (inserts of its prefixes after it would leave a
+/// node per block).
+pub fn gateway_copy(w: &Workload) -> Index {
+    let index = Index::new(IndexConfig::default());
+    for (paths, name) in w.caches.held_paths(&w.trace).iter().zip(&w.names) {
+        for &(r, i) in paths {
+            let key = &w.our_keys[r][..=i];
+            index
+                .insert(MODEL, key, name, NOW)
+                .expect("within the index's bounds");
+        }
+    }
+    index.reclaim();
+    index
+}
+
+/// Another index run beside ours on the same workload: each method adds
+/// its rows or lines where ours are. Every method does nothing by default.
+pub trait Peer {
+    /// Prints its `memory/…` lines, after ours; `live` reads the heap's
+    /// live bytes.
+    fn memory(&mut self, _w: &Workload, _live: fn() -> isize) {}
+
+    /// Builds its indexes from the workload and checks them against ours
+    /// (`ours` fed the events and swept; `plain`, the same pairs as
+    /// gateways insert them), before any group runs.
+    fn prepare(&mut self, _w: &Workload, _ours: &Index, _plain: &Index) {}
+
+    /// Adds its rows to the `ingest/…` group, after ours.
+    fn ingest(&mut self, _g: &mut Group<'_>, _w: &Workload) {}
+
+    /// Adds its rows to the `lookup/…` group with `threads` threads, after
+    /// ours (the group's throughput is set for them).
+    fn lookups(&mut self, _g: &mut Group<'_>, _w: &Workload, _threads: usize) {}
+
+    /// Adds its rows to the `lookup_while_streaming/…` group, after ours;
+    /// `stream_id` names the streaming rows' parameter.
+    fn while_streaming(&mut self, _g: &mut Group<'_>, _w: &Workload, _stream_id: &str) {}
+}
+
+/// No peer: our rows alone.
+pub struct Alone;
+
+impl Peer for Alone {}
+
+/// Runs the whole benchmark with the rows of the peer `peer` makes from the
+/// workload beside ours; `live` reads the heap's live bytes (the bench's
+/// counting allocator).
+pub fn run<P: Peer>(peer: impl FnOnce(&Workload) -> P, live: fn() -> isize) {
+    let mut c = Criterion::default().configure_from_args();
+    let Ok(trace) = mooncake(&mooncake_path()) else {
+        eprintln!(
+            "mooncake trace not found at {}: nothing to run",
+            mooncake_path().display()
+        );
+        return;
+    };
+    let w = Workload::new(trace.into_iter().map(|r| r.key).collect());
+    let stored: usize = w
+        .steps
+        .iter()
+        .filter_map(|s| s.stored.as_ref())
+        .map(|s| s.hashes.len())
+        .sum();
+    eprintln!(
+        "events: {} requests on {PODS} pods of {} blocks: {} blocks stored, {} removed, {} block operations in {} events ({} msgpack bytes); {} (pod, block) pairs held at the end",
+        w.trace.requests.len(),
+        w.capacity,
+        stored,
+        w.ops as usize - stored,
+        w.ops,
+        w.events,
+        w.payloads.iter().map(|(_, p)| p.len()).sum::<usize>(),
+        w.caches.held(),
+    );
+    let peer = &mut peer(&w);
+    memory::memory(&w, live, peer);
+
+    let ours = Ours::new(&w.names);
+    let done = ours.apply(&w.names, &w.steps);
+    eprintln!("ours applied: {done:?}");
+    // The server's maintenance thread sweeps; this is the state it leaves.
+    ours.index.sweep(NOW, usize::MAX);
+    ours.index.reclaim();
+    let checked = Ours::new(&w.names);
+    let events = checked.decode_apply(&subscriptions(&w.names), &w.payloads);
+    assert_eq!(events, w.events, "every decoded event applies");
+    drop(checked);
+    let plain = gateway_copy(&w);
+    peer.prepare(&w, &ours.index, &plain);
+
+    ingest::ingest(&mut c, &w, peer);
+    let unswept = Ours::new(&w.names);
+    unswept.apply(&w.names, &w.steps);
+    lookup::lookups(&mut c, &w, [&ours.index, &unswept.index, &plain], peer);
+    drop((unswept, plain));
+    streaming::lookups_while_streaming(&mut c, &w, &ours, peer);
+    c.final_summary();
+}
