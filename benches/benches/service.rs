@@ -45,12 +45,12 @@ fn setup() -> Setup {
         .build()
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = ServerConfig {
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        metrics_listen: None,
+    let mut cfg = ServerConfig {
         data_dir: dir.path().into(),
         ..ServerConfig::default()
     };
+    cfg.transport.listen = "127.0.0.1:0".parse().expect("addr");
+    cfg.transport.metrics_listen = None;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (addr, index) = rt.block_on(async {
         let server = Server::bind(cfg).await.expect("bind");

@@ -23,10 +23,9 @@
 //! parents in the restored records), and only then does `/readyz` say ready.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_index::Snapshot;
@@ -36,70 +35,8 @@ use crate::clock::now_ms;
 use crate::engines::Engines;
 use crate::handler::Handler;
 use crate::metrics::Metrics;
+use crate::replica::config::{split_peer, ReplicaConfig};
 use crate::replica::{FillReport, Refusal};
-
-/// The other replicas, and how a cold start fills itself from them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaConfig {
-    /// The peers' QUIC addresses (`host:port`), asked in this order. Default
-    /// none: the server never fills itself from another.
-    pub peers: Vec<String>,
-    /// CA the peers' certificates are checked against; none: `client_ca`,
-    /// else the server's own certificate (replicas sharing one certificate).
-    pub peer_ca: Option<PathBuf>,
-    /// Name the peers' certificates must carry; none: each peer's host.
-    pub peer_server_name: Option<String>,
-    /// A snapshot of its own older than this is not started from while a
-    /// peer can give a fresher one. Default 1 minute: two snapshot periods,
-    /// so a server that merely restarted keeps its own, and one that was down
-    /// longer than that fills from a peer that saw the writes it missed.
-    pub max_age: Duration,
-    /// How long filling may take in all: every connection, transfer and
-    /// restore, over every peer asked. Default 60 s: long enough for a peer
-    /// that restarts alongside to come up and for a transfer of the default
-    /// bound's snapshot (about 150 MB, 1 to 2 s on loopback), short enough
-    /// that a whole set restarting at once serves (from its own snapshots)
-    /// within about a minute.
-    pub timeout: Duration,
-    /// Largest snapshot accepted from a peer. Default 4 GiB: the default
-    /// index's bound (16.8 M entries) makes snapshots of about 150 MB.
-    pub max_snapshot_bytes: u64,
-    /// Writes held while filling, counted by weight (key blocks; 1,024 for
-    /// a pod-table change, as `Op::weight`). Default 4,194,304: 32 MiB of
-    /// block hashes, about ten seconds of a busy gateway fleet's inserts.
-    pub queue: usize,
-    /// How long sending one snapshot to a peer may take before the transfer
-    /// is cut: it pins the index's memory (nothing retired meanwhile is
-    /// freed) and holds the one transfer slot. Default 2 minutes: a 4 GiB
-    /// snapshot at 150 MB/s takes half that.
-    pub send_timeout: Duration,
-}
-
-impl Default for ReplicaConfig {
-    fn default() -> Self {
-        ReplicaConfig {
-            peers: Vec::new(),
-            peer_ca: None,
-            peer_server_name: None,
-            max_age: Duration::from_secs(60),
-            timeout: Duration::from_secs(60),
-            max_snapshot_bytes: 4 << 30,
-            queue: 4 << 20,
-            send_timeout: Duration::from_secs(120),
-        }
-    }
-}
-
-/// The host and port of a `host:port` peer (`[v6]:port` too), if it is one.
-pub fn split_peer(peer: &str) -> Option<(&str, u16)> {
-    let (host, port) = peer.rsplit_once(':')?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    let port = port.parse().ok()?;
-    (!host.is_empty()).then_some((host, port))
-}
 
 /// Why a peer's snapshot was not restored.
 #[derive(Debug, thiserror::Error)]
@@ -148,12 +85,6 @@ pub struct Target {
     pub ready: Arc<AtomicBool>,
 }
 
-/// Pause between rounds of asking every peer.
-const ROUND_PAUSE: Duration = Duration::from_secs(1);
-
-/// Most time one connection attempt to a peer may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Fills the index from a peer (or, failing that, from the fallback), starts
 /// the engines, applies the held writes and reports ready.
 pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken) {
@@ -164,13 +95,13 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
     let mut refused = Vec::new();
     let mut restored = None;
     'rounds: for round in 0.. {
-        if round > 0 && tokio::time::Instant::now() + ROUND_PAUSE >= deadline {
+        if round > 0 && tokio::time::Instant::now() + cfg.retry >= deadline {
             break;
         }
         if round > 0 {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(ROUND_PAUSE) => {}
+                _ = tokio::time::sleep(cfg.retry) => {}
             }
         }
         for peer in &cfg.peers {
@@ -279,7 +210,7 @@ async fn take(
         let client_cfg = ClientConfig {
             tls: tls.clone(),
             server_name: cfg.peer_server_name.as_deref().unwrap_or(host).into(),
-            connect_timeout: left.min(CONNECT_TIMEOUT),
+            connect_timeout: left.min(cfg.connect_timeout),
             ..ClientConfig::default()
         };
         let client = Client::connect(addr, client_cfg).await?;
@@ -306,21 +237,4 @@ async fn take(
         .await
         .map_err(|e| FillError::Restore(e.to_string()))??;
     Ok((inserts, size))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn peers_are_host_and_port() {
-        assert_eq!(
-            split_peer("index-1.index:7070"),
-            Some(("index-1.index", 7070))
-        );
-        assert_eq!(split_peer("[::1]:7070"), Some(("::1", 7070)));
-        for bad in ["index-1", ":7070", "h:port", "h:70700"] {
-            assert_eq!(split_peer(bad), None, "{bad}");
-        }
-    }
 }

@@ -126,6 +126,7 @@ impl Server {
         cfg.validate()?;
         let tls = tls::rustls_config(&cfg)?;
         let api_tls = cfg
+            .transport
             .http_listen
             .is_some()
             .then(|| Arc::new(api::http_tls(tls.clone())));
@@ -135,22 +136,23 @@ impl Server {
         let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(quic));
         let mut transport = quinn::TransportConfig::default();
         transport
-            .max_concurrent_bidi_streams(cfg.max_streams.into())
+            .max_concurrent_bidi_streams(cfg.transport.max_streams.into())
             .max_concurrent_uni_streams(0u32.into())
-            .max_idle_timeout(cfg.idle_timeout.try_into().ok())
-            .receive_window(cfg.connection_window.into())
-            .stream_receive_window(cfg.connection_window.min(1 << 20).into());
+            .max_idle_timeout(cfg.transport.idle_timeout.try_into().ok())
+            .receive_window(cfg.transport.connection_window.into())
+            .stream_receive_window(cfg.transport.connection_window.min(1 << 20).into());
         server_config.transport_config(Arc::new(transport));
         let bind_err = |addr| move |source| ServerError::Bind { addr, source };
-        let socket = std::net::UdpSocket::bind(cfg.listen).map_err(bind_err(cfg.listen))?;
+        let socket = std::net::UdpSocket::bind(cfg.transport.listen)
+            .map_err(bind_err(cfg.transport.listen))?;
         let endpoint = quinn::Endpoint::new(
             tls::endpoint_config(&cfg)?,
             Some(server_config),
             socket,
             Arc::new(quinn::TokioRuntime),
         )
-        .map_err(bind_err(cfg.listen))?;
-        let http = match cfg.metrics_listen {
+        .map_err(bind_err(cfg.transport.listen))?;
+        let http = match cfg.transport.metrics_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
                     .await
@@ -158,7 +160,7 @@ impl Server {
             ),
             None => None,
         };
-        let api = match (cfg.http_listen, api_tls) {
+        let api = match (cfg.transport.http_listen, api_tls) {
             (Some(addr), Some(tls)) => Some((
                 tokio::net::TcpListener::bind(addr)
                     .await
@@ -173,6 +175,7 @@ impl Server {
         let token = CancellationToken::new();
         // Run-time subscriptions outlive a restart as the snapshot does.
         let kept = cfg
+            .upkeep
             .snapshot_interval
             .map(|_| cfg.data_dir.join(engines::kept::FILE));
         let engines =
@@ -215,9 +218,9 @@ impl Server {
     fn handler(&self) -> Arc<Handler> {
         Arc::new(Handler {
             index: self.index.clone(),
-            limits: self.cfg.limits(),
+            limits: self.cfg.wire_limits(),
             metrics: self.metrics.clone(),
-            inline_blocks: self.cfg.inline_blocks,
+            inline_blocks: self.cfg.limits.inline_blocks,
             engines: Some(self.engines.clone()),
             replica: self.replica.clone(),
         })
@@ -232,7 +235,9 @@ impl Server {
     pub fn local_addr(&self) -> SocketAddr {
         // The socket was bound by `bind`; reading its address back only fails
         // if the OS has lost it, in which case report the configured one.
-        self.endpoint.local_addr().unwrap_or(self.cfg.listen)
+        self.endpoint
+            .local_addr()
+            .unwrap_or(self.cfg.transport.listen)
     }
 
     /// The HTTP address actually bound, if any.
@@ -306,8 +311,8 @@ impl Server {
         let setup = Arc::new(stream::ConnSetup {
             service,
             roles: self.cfg.roles.clone(),
-            max_in_flight: self.cfg.max_in_flight,
-            max_streams: self.cfg.max_streams,
+            max_in_flight: self.cfg.limits.max_in_flight,
+            max_streams: self.cfg.transport.max_streams,
             busy,
             snapshot_timeout: self.cfg.replicas.send_timeout,
         });
@@ -338,17 +343,18 @@ impl Server {
         self.endpoint.set_server_config(None);
         tasks.stop.cancel();
         tasks.tracker.close();
-        if tokio::time::timeout(self.cfg.drain_timeout, tasks.tracker.wait())
+        if tokio::time::timeout(self.cfg.transport.drain_timeout, tasks.tracker.wait())
             .await
             .is_err()
         {
-            tracing::warn!(timeout = ?self.cfg.drain_timeout, "drain timed out; closing anyway");
+            tracing::warn!(timeout = ?self.cfg.transport.drain_timeout, "drain timed out; closing anyway");
         }
         // Past the drain, nothing more reaches the index before the
         // snapshot: the HTTP listeners' connections go (QUIC's just below).
         tasks.hard.cancel();
         self.endpoint.close(0u32.into(), stream::SHUTDOWN_REASON);
-        let _ = tokio::time::timeout(CLOSE_WAIT, self.endpoint.wait_idle()).await;
+        let _ =
+            tokio::time::timeout(self.cfg.transport.close_timeout, self.endpoint.wait_idle()).await;
         // The token stopped the engine threads; each notices within its
         // poll period. Joined before the snapshot, so it has every event.
         let engines = self.engines.clone();
@@ -359,7 +365,7 @@ impl Server {
             snapshot::save_and_report(self.index.clone(), self.cfg.data_dir.clone(), &self.metrics)
                 .await;
         }
-        if tokio::time::timeout(CLOSE_WAIT, tasks.tracker.wait())
+        if tokio::time::timeout(self.cfg.transport.close_timeout, tasks.tracker.wait())
             .await
             .is_err()
         {
@@ -386,7 +392,7 @@ impl Server {
 
     /// Starts the busy-polling spinners, if they are on.
     fn start_busy_poll(&self, tasks: &Tasks) -> Option<Arc<busy_poll::BusyPoll>> {
-        self.cfg.busy_poll.map(|window| {
+        self.cfg.transport.busy_poll.map(|window| {
             let busy = busy_poll::BusyPoll::with_gauge(window, self.metrics.busy_spinners.clone());
             busy.start(&tasks.tracker, &tasks.stop);
             busy
@@ -398,8 +404,8 @@ impl Server {
         tasks.tracker.spawn(maintenance::run(
             self.index.clone(),
             self.metrics.clone(),
-            self.cfg.sweep_interval,
-            self.cfg.sweep_budget,
+            self.cfg.upkeep.sweep_interval,
+            self.cfg.upkeep.sweep_budget,
             tasks.stop.clone(),
         ));
     }
@@ -460,16 +466,16 @@ impl Server {
         let app = api::router(Arc::new(api::Api {
             handler,
             keys,
-            max_body: self.cfg.http_max_body_bytes,
+            max_body: self.cfg.limits.http_max_body_bytes,
         }));
         tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
         let listener = api::Listener {
             tls,
             roles: self.cfg.roles.clone(),
-            max_connections: self.cfg.max_connections,
-            max_streams: self.cfg.max_streams,
-            max_in_flight: self.cfg.max_in_flight,
-            idle_timeout: self.cfg.idle_timeout,
+            max_connections: self.cfg.transport.max_connections,
+            max_streams: self.cfg.transport.max_streams,
+            max_in_flight: self.cfg.limits.max_in_flight,
+            idle_timeout: self.cfg.transport.idle_timeout,
             metrics: self.metrics.clone(),
         };
         tasks.tracker.spawn(api::serve(
@@ -494,10 +500,6 @@ struct Tasks {
     hard: CancellationToken,
 }
 
-/// How long the shutdown waits, past the drain, for connections to close
-/// and tasks to end.
-const CLOSE_WAIT: Duration = Duration::from_secs(1);
-
 /// Restores the server's own snapshot, or, for a cold start with peers,
 /// plans to fill from one (see [`bootstrap`]): the snapshot period (none
 /// when snapshots are off or an unreadable snapshot is in the way) and the
@@ -507,7 +509,7 @@ async fn restore_or_plan(
     index: &Arc<Index>,
     metrics: &Arc<Metrics>,
 ) -> Result<(Option<Duration>, Option<bootstrap::Filling>), ServerError> {
-    let Some(every) = cfg.snapshot_interval else {
+    let Some(every) = cfg.upkeep.snapshot_interval else {
         return Ok((None, plan(cfg, None)?));
     };
     let started = std::time::Instant::now();
@@ -584,11 +586,11 @@ async fn accept_loop<S: Service>(
     tracker: TaskTracker,
 ) {
     // One permit per connection, held by its task from the handshake on.
-    let open = Arc::new(Semaphore::new(cfg.max_connections));
+    let open = Arc::new(Semaphore::new(cfg.transport.max_connections));
     while let Some(incoming) = endpoint.accept().await {
         let Ok(permit) = open.clone().try_acquire_owned() else {
             metrics.connections_refused.inc();
-            tracing::warn!(remote = %incoming.remote_address(), max = cfg.max_connections, "refusing a connection: max-connections reached");
+            tracing::warn!(remote = %incoming.remote_address(), max = cfg.transport.max_connections, "refusing a connection: max-connections reached");
             incoming.refuse();
             continue;
         };

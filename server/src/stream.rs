@@ -542,17 +542,19 @@ mod tests {
 
     /// A server-side connection, not yet served, and its client side.
     async fn pair(dir: &tempfile::TempDir) -> (ServerConfig, quinn::Connection, quinn::Connection) {
-        let cfg = ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            metrics_listen: None,
+        let mut cfg = ServerConfig {
             data_dir: dir.path().into(),
             ..ServerConfig::default()
         };
+        cfg.transport.listen = "127.0.0.1:0".parse().unwrap();
+        cfg.transport.metrics_listen = None;
         let tls = crate::tls::rustls_config(&cfg).unwrap();
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
-        let server =
-            quinn::Endpoint::server(quinn::ServerConfig::with_crypto(Arc::new(quic)), cfg.listen)
-                .unwrap();
+        let server = quinn::Endpoint::server(
+            quinn::ServerConfig::with_crypto(Arc::new(quic)),
+            cfg.transport.listen,
+        )
+        .unwrap();
         let trust = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None).unwrap();
         let mut client = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
         client.set_default_client_config(trust.quic_config().unwrap());
@@ -590,15 +592,15 @@ mod tests {
             engines: None,
             replica: crate::replica::Replica::serving(),
             index: Arc::new(prefix_index::Index::new(cfg.index.clone())),
-            limits: cfg.limits(),
+            limits: cfg.wire_limits(),
             metrics: Arc::new(crate::metrics::Metrics::default()),
-            inline_blocks: cfg.inline_blocks,
+            inline_blocks: cfg.limits.inline_blocks,
         });
         let setup = ConnSetup {
             service: handler,
             roles: cfg.roles.clone(),
             max_in_flight: 4,
-            max_streams: cfg.max_streams,
+            max_streams: cfg.transport.max_streams,
             busy: None,
             snapshot_timeout: Duration::from_secs(60),
         };
@@ -607,7 +609,7 @@ mod tests {
         tracker.wait().await;
 
         let answer = recv.read_to_end(1 << 20).await.unwrap();
-        let f = split_frame(&answer, cfg.max_frame_bytes)
+        let f = split_frame(&answer, cfg.limits.max_frame_bytes)
             .unwrap()
             .expect("a whole frame");
         assert_eq!(f.header.request_id, 7);

@@ -48,7 +48,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ServerTlsError + '_ {
 pub fn server_identity(
     cfg: &ServerConfig,
 ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServerTlsError> {
-    match &cfg.tls {
+    match &cfg.transport.tls {
         CertSource::Files { cert, key } => Ok((load_chain(cert)?, load_key(key)?)),
         CertSource::SelfSigned => self_signed(&cfg.data_dir),
     }
@@ -92,7 +92,7 @@ pub fn rustls_config(cfg: &ServerConfig) -> Result<rustls::ServerConfig, ServerT
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(TlsError::from)?;
-    let builder = match &cfg.client_ca {
+    let builder = match &cfg.transport.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
@@ -179,7 +179,7 @@ fn quic_secret(dir: &Path) -> Result<[u8; QUIC_SECRET_LEN], ServerTlsError> {
 /// `client_ca` (one CA for every party), else its own certificate (replicas
 /// sharing one).
 pub fn peer_tls(cfg: &ServerConfig) -> Result<prefix_client::TlsConfig, ServerTlsError> {
-    let (cert, key) = match &cfg.tls {
+    let (cert, key) = match &cfg.transport.tls {
         CertSource::Files { cert, key } => (cert.clone(), key.clone()),
         CertSource::SelfSigned => (cfg.data_dir.join("cert.pem"), cfg.data_dir.join("key.pem")),
     };
@@ -187,7 +187,7 @@ pub fn peer_tls(cfg: &ServerConfig) -> Result<prefix_client::TlsConfig, ServerTl
         .replicas
         .peer_ca
         .clone()
-        .or_else(|| cfg.client_ca.clone())
+        .or_else(|| cfg.transport.client_ca.clone())
         .unwrap_or_else(|| cert.clone());
     Ok(prefix_client::TlsConfig::from_files(
         &ca,

@@ -146,7 +146,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
         ),
         None => {
             let server = embedded::server(plan.server_threads, |cfg| {
-                cfg.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+                cfg.transport.http_listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
                 cfg.index.max_key_blocks = cfg.index.max_key_blocks.max(plan.key_blocks);
                 // Every pod holds every key, whatever the default capacity.
                 cfg.index.pod_capacity = (plan.keys * plan.key_blocks) as u64;

@@ -111,18 +111,19 @@ fn runtime(threads: usize) -> anyhow::Result<ServerRuntime> {
 }
 
 fn config(dir: &tempfile::TempDir) -> ServerConfig {
-    ServerConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        metrics_listen: None,
+    let mut cfg = ServerConfig {
         data_dir: dir.path().into(),
-        // Load tests may send the largest batches.
-        max_frame_bytes: MAX_FRAME_CEILING,
-        max_batch: 4096,
-        // Nothing to keep: no snapshot work in the server's CPU time, and
-        // none left writing into the directory when it is deleted.
-        snapshot_interval: None,
         ..ServerConfig::default()
-    }
+    };
+    cfg.transport.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    cfg.transport.metrics_listen = None;
+    // Load tests may send the largest batches.
+    cfg.limits.max_frame_bytes = MAX_FRAME_CEILING;
+    cfg.limits.max_batch = 4096;
+    // Nothing to keep: no snapshot work in the server's CPU time, and none
+    // left writing into the directory when it is deleted.
+    cfg.upkeep.snapshot_interval = None;
+    cfg
 }
 
 /// Starts the real server on a free loopback port, on a runtime of its own
@@ -227,14 +228,14 @@ pub async fn echo(
 ) -> anyhow::Result<Embedded> {
     let dir = tempfile::tempdir()?;
     let mut cfg = config(&dir);
-    cfg.busy_poll = busy_poll;
+    cfg.transport.busy_poll = busy_poll;
     let echo = Arc::new(Echo {
         matches: (0..pods)
             .map(|i| (format!("pod-{i}"), 32u32.saturating_sub(i as u32)))
             .collect(),
         limits: Limits {
             max_batch: usize::MAX,
-            ..cfg.limits()
+            ..cfg.wire_limits()
         },
     });
     launch(threads, cfg, dir, Some(echo)).await

@@ -485,9 +485,9 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     let (addr, tls, _server) = if a.embedded {
         let (interval, capacity, busy) = (a.sweep_interval, a.pod_capacity, a.busy_poll);
         let s = embedded::server(threads, |c| {
-            c.sweep_interval = interval;
+            c.upkeep.sweep_interval = interval;
             c.index.pod_capacity = capacity;
-            c.busy_poll = busy.then_some(embedded::BUSY_POLL_WINDOW);
+            c.transport.busy_poll = busy.then_some(embedded::BUSY_POLL_WINDOW);
         })
         .await?;
         (s.addr, s.tls.clone(), Some(s))

@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 use super::apply::apply_batch;
 use super::follow::{Action, Follower};
 use super::stats::{Problem, SubStats};
-use super::task::POLL_MS;
 use super::{Engines, StartError, Subscription};
 
 /// One pod met by the collector.
@@ -68,7 +67,7 @@ impl Collector {
     pub(super) fn run(mut self, stop: CancellationToken) {
         let mut actions = Vec::new();
         while !stop.is_cancelled() {
-            match self.socket.poll(zmq::POLLIN, POLL_MS) {
+            match self.socket.poll(zmq::POLLIN, self.engines.cfg.poll_ms()) {
                 Ok(0) => continue,
                 Ok(_) => {}
                 Err(e) => {

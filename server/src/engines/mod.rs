@@ -16,6 +16,7 @@
 
 pub mod apply;
 mod central;
+mod config;
 pub mod follow;
 pub mod kept;
 pub mod metrics;
@@ -28,7 +29,6 @@ pub(crate) mod wire;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use parking_lot::Mutex;
 pub use prefix_index::Ratio;
@@ -37,6 +37,7 @@ use prefix_proto::key::hash_token_block;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
+pub use config::{EngineConfig, EngineSettings};
 pub use stats::SubStats;
 
 /// What a subscription's follower has seen, for `list-engines`: the
@@ -73,83 +74,6 @@ pub enum SubscribeError {
     /// The subscription's thread could not start.
     #[error("cannot start an engine thread: {0}")]
     Thread(String),
-}
-
-/// Precise mode's settings (see `ServerConfig::engines`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Engines followed from the start.
-    pub subscriptions: Vec<Subscription>,
-    /// Where the central collector binds its SUB socket (engines connect
-    /// to it with topics `kv@<pod>@<model>`), or none.
-    pub listen: Option<String>,
-    /// Block size of engines met through the central collector.
-    pub central_block_size: u32,
-    /// Tokens per block of the gateways' token keys: what engine blocks are
-    /// hashed into.
-    pub token_block: u32,
-    /// How long a replay may take before the pod is resynced instead.
-    pub replay_timeout: Duration,
-    /// Live batches held back during a replay; past it, resync.
-    pub max_held_batches: usize,
-    /// Their payloads' bytes; past it, resync.
-    pub max_held_bytes: usize,
-    /// Bounds on one decoded batch: events, and hashes and token ids per
-    /// event. A batch over the first is skipped whole, an event over the
-    /// others alone, as decode errors.
-    pub decode: prefix_events::DecodeLimits,
-    /// Most engine subscriptions (configured, added at run time and met by
-    /// the central collector).
-    pub max_engines: usize,
-    /// Largest event message accepted, in bytes: libzmq drops a connection
-    /// that sends a larger one.
-    pub max_message_bytes: usize,
-    /// Messages libzmq buffers per engine socket while its thread is busy
-    /// (its receive high-water mark); past it libzmq drops them (a gap).
-    /// An engine's buffered bytes are at most this times
-    /// `max_message_bytes`.
-    pub max_queued_messages: usize,
-}
-
-impl EngineConfig {
-    /// How much a replay may hold back of the live stream.
-    pub fn held_limit(&self) -> follow::HeldLimit {
-        follow::HeldLimit {
-            batches: self.max_held_batches,
-            bytes: self.max_held_bytes,
-        }
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            subscriptions: Vec::new(),
-            listen: None,
-            // vLLM's default block size.
-            central_block_size: 16,
-            token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
-            // vLLM answers a replay request within its publisher loop's
-            // 100 ms tick; 5 s allows for a buffer of thousands of batches.
-            replay_timeout: Duration::from_secs(5),
-            // vLLM's replay buffer holds 10,000 batches: a replay can bring
-            // no more than that many, nor need more held back.
-            max_held_batches: 10_000,
-            // Seconds of a busy engine's batches (tens of KiB each) while
-            // a replay runs; with `max_message_bytes`, the bound on what one
-            // engine's replay holds whatever it sends.
-            max_held_bytes: 256 << 20,
-            decode: prefix_events::DecodeLimits::default(),
-            max_engines: 1_024,
-            // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
-            // 0.5 MiB; 4 MiB leaves room for steps of many requests.
-            max_message_bytes: 4 << 20,
-            // Seconds of a busy engine's batches (one per scheduler step);
-            // with the message bound, at most 4 GiB from a hostile peer,
-            // a few MiB from a real one.
-            max_queued_messages: 1_000,
-        }
-    }
 }
 
 /// The engine subscriptions of one server: their threads and their state.

@@ -22,8 +22,6 @@ use super::follow::{digest, Action, Applied, Follower, Resync};
 use super::stats::{Problem, SubStats};
 use super::{EngineConfig, Subscription};
 
-/// How often a thread looks at its stop signal while its sockets are quiet.
-pub(super) const POLL_MS: i64 = 100;
 /// Messages taken from one socket before the others get a turn.
 pub(super) const BURST: usize = 256;
 
@@ -129,7 +127,7 @@ impl Task {
                 if let Some(d) = &dealer {
                     items.push(d.as_poll_item(zmq::POLLIN));
                 }
-                zmq::poll(&mut items, POLL_MS)?;
+                zmq::poll(&mut items, self.cfg.poll_ms())?;
                 (
                     items[0].is_readable(),
                     items[1].is_readable(),

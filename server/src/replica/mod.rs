@@ -11,6 +11,7 @@ use prefix_proto::{Op, Reply};
 
 use crate::metrics::Metrics;
 
+pub mod config;
 mod gate;
 mod sender;
 

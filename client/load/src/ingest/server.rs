@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use prefix_client::Client;
+use prefix_proto::EngineStatus;
 
 use super::publish::PUBLISH_THREAD;
 use crate::cpu::{self, ThreadTime, SERVER_THREAD};
@@ -30,6 +31,22 @@ pub(super) struct Progress {
     pub(super) decode_errors: u64,
 }
 
+impl Progress {
+    /// The counters of a subscription's state.
+    fn of(st: &EngineStatus) -> Progress {
+        Progress {
+            connected: st.connected,
+            next_seq: st.last_seq.map_or(0, |s| s + 1),
+            stored: st.blocks_stored,
+            removed: st.blocks_removed,
+            replays: st.replays,
+            resyncs: st.resyncs,
+            orphaned: st.orphaned,
+            decode_errors: st.decode_errors,
+        }
+    }
+}
+
 /// The server under test.
 pub(super) enum Server {
     /// In this process.
@@ -47,37 +64,13 @@ impl Server {
                 .engines
                 .list()
                 .into_iter()
-                .map(|(sub, st)| {
-                    let p = Progress {
-                        connected: st.connected,
-                        next_seq: st.last_seq.map_or(0, |s| s + 1),
-                        stored: st.blocks_stored,
-                        removed: st.blocks_removed,
-                        replays: st.replays,
-                        resyncs: st.resyncs,
-                        orphaned: st.orphaned,
-                        decode_errors: st.decode_errors,
-                    };
-                    (sub.pod, p)
-                })
+                .map(|(sub, st)| (sub.pod, Progress::of(&st)))
                 .collect(),
             Server::Remote(c) => c
                 .list_engines()
                 .await?
                 .into_iter()
-                .map(|st| {
-                    let p = Progress {
-                        connected: st.connected,
-                        next_seq: st.last_seq.map_or(0, |s| s + 1),
-                        stored: st.blocks_stored,
-                        removed: st.blocks_removed,
-                        replays: st.replays,
-                        resyncs: st.resyncs,
-                        orphaned: st.orphaned,
-                        decode_errors: st.decode_errors,
-                    };
-                    (st.sub.pod, p)
-                })
+                .map(|st| (st.sub.pod, Progress::of(&st.status)))
                 .collect(),
         };
         Ok(pods

@@ -1,0 +1,280 @@
+//! Server configuration: flags, `PREFIX_INDEX_*` environment variables and an
+//! optional TOML file, in that order of precedence, over documented defaults.
+//!
+//! [`Settings`] is what a user may set (every field optional, the same names
+//! as flags and TOML keys); [`ServerConfig`] is the resolved configuration the
+//! server runs with. Every limit the server enforces is a field here.
+//!
+//! Each subsystem owns its part, in one file: its settings (flags, TOML
+//! keys, help), its resolved configuration with each default and the reason
+//! for it, and its `validate()`. The transport, the request limits and the
+//! index are in this module's files; precise mode's in
+//! `engines/config.rs`, the replicas' in `replica/config.rs`, the roles' in
+//! `access.rs`. This file composes them and checks what spans two.
+
+use std::path::{Path, PathBuf};
+
+use prefix_index::IndexConfig;
+use prefix_proto::Limits;
+use serde::{Deserialize, Serialize};
+
+use crate::access::{RoleSettings, Roles};
+use crate::engines::{EngineConfig, EngineSettings};
+use crate::replica::config::{ReplicaConfig, ReplicaSettings};
+
+mod index;
+mod limits;
+mod transport;
+pub(crate) mod value;
+
+pub use index::{IndexSettings, Upkeep};
+pub use limits::{LimitSettings, LimitsConfig};
+pub use transport::{CertSource, TransportConfig, TransportSettings};
+pub use value::{ConfigError, HumanDuration};
+
+/// What a user may set. Flags override the environment, which overrides the
+/// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
+///
+/// Each field is one setting, declared once, in its subsystem's settings:
+/// its name is the TOML key (in kebab-case) and, upper-cased behind
+/// `PREFIX_INDEX_`, the environment variable; the flag is the same name
+/// (singular for the repeatable `--reader`, `--writer`, `--peer` and
+/// `--engine`); its doc comment is the `--help` text. Defaults and the
+/// reasons for them live in each subsystem's configuration's `Default`
+/// alone: `--help` shows them through [`Settings::with_defaults`], and tests
+/// hold the mapping both ways and `docs/operations.md` to them.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Settings {
+    /// Directory for the generated certificate and the index snapshot.
+    #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The listeners, TLS, connections and shutdown.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub transport: TransportSettings,
+    /// The limits of one request.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub limits: LimitSettings,
+    /// The index's bounds and policies, the sweep and snapshots.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub index: IndexSettings,
+    /// Roles of client certificates.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub roles: RoleSettings,
+    /// The other replicas.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub replicas: ReplicaSettings,
+    /// Precise mode.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub engines: EngineSettings,
+}
+
+/// The resolved configuration of a server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Data directory: the generated certificate, the snapshot, the QUIC
+    /// endpoint's key. Default `./prefix-index-data`.
+    pub data_dir: PathBuf,
+    /// The listeners, TLS, connections and shutdown.
+    pub transport: TransportConfig,
+    /// The limits of one request.
+    pub limits: LimitsConfig,
+    /// The index's own bounds and policies (see [`IndexConfig`]).
+    pub index: IndexConfig,
+    /// The sweep and snapshots.
+    pub upkeep: Upkeep,
+    /// Roles of client identities (see [`crate::access`]). Default: none,
+    /// every connected client may write.
+    pub roles: Roles,
+    /// The other replicas, and how a cold start fills itself from them (see
+    /// [`crate::bootstrap`]). Default: no peers.
+    pub replicas: ReplicaConfig,
+    /// Precise mode: engine subscriptions and their limits (see
+    /// [`crate::engines`]). Default: no engines.
+    pub engines: EngineConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("prefix-index-data"),
+            transport: TransportConfig::default(),
+            limits: LimitsConfig::default(),
+            index: IndexConfig::default(),
+            upkeep: Upkeep::default(),
+            roles: Roles::default(),
+            replicas: ReplicaConfig::default(),
+            engines: EngineConfig::default(),
+        }
+    }
+}
+
+impl Settings {
+    /// Reads a TOML settings file.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Settings::from_toml(&text, path)
+    }
+
+    /// Parses TOML settings (`path` names them in errors). A key that is
+    /// no setting is refused, as a misspelt one would otherwise be
+    /// ignored.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Settings, ConfigError> {
+        let parse = |source| ConfigError::Parse {
+            path: path.into(),
+            source: Box::new(source),
+        };
+        let table: toml::Table = toml::from_str(text).map_err(parse)?;
+        let names = Settings::names();
+        if let Some(key) = table.keys().find(|k| !names.contains(k)) {
+            return Err(ConfigError::Unknown {
+                path: path.into(),
+                key: key.clone(),
+            });
+        }
+        toml::Value::Table(table).try_into().map_err(parse)
+    }
+
+    /// These settings, with `under`'s filling the gaps.
+    pub fn or(self, under: Settings) -> Settings {
+        let (mut merged, over) = (under.to_table(), self.to_table());
+        merged.extend(over);
+        // Both tables come from `Settings` values, so they deserialize back
+        // into one; should that ever fail, the upper settings alone stand.
+        toml::Value::Table(merged).try_into().unwrap_or(self)
+    }
+
+    /// The settings that are set, as a TOML table (unset ones are absent).
+    fn to_table(&self) -> toml::Table {
+        // Every field serializes to a TOML value (strings, integers, arrays
+        // of strings); `None` fields are left out.
+        toml::Table::try_from(self).unwrap_or_default()
+    }
+
+    /// Every setting's value in `cfg`, rendered as a user would write it:
+    /// `none` for an unset optional one.
+    pub fn describe(cfg: &ServerConfig) -> Vec<(String, String)> {
+        let table = Settings::from(cfg).to_table();
+        Settings::names()
+            .into_iter()
+            .map(|name| {
+                let value = match table.get(&name) {
+                    Some(toml::Value::String(s)) => s.clone(),
+                    Some(toml::Value::Array(a)) => a
+                        .iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                        .collect::<Vec<_>>()
+                        .join(";"),
+                    Some(v) => v.to_string(),
+                    None => "none".into(),
+                };
+                (name, value)
+            })
+            .collect()
+    }
+
+    /// Every setting's TOML key, in declaration order.
+    pub fn names() -> Vec<String> {
+        use clap::Args as _;
+        let cmd = Settings::augment_args(clap::Command::new("settings"));
+        cmd.get_arguments()
+            .map(|a| a.get_id().as_str().replace('_', "-"))
+            .collect()
+    }
+
+    /// `cmd` (which flattens [`Settings`]) with each setting's default from
+    /// [`ServerConfig::default`] shown in its help, as `[default: ...]`. The
+    /// defaults are not clap's: a flag's absence must leave room for the
+    /// environment and the file.
+    pub fn with_defaults(mut cmd: clap::Command) -> clap::Command {
+        for (name, value) in Settings::describe(&ServerConfig::default()) {
+            if value == "none" {
+                continue;
+            }
+            let id = name.replace('-', "_");
+            cmd = cmd.mut_arg(id, |arg| {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                arg.help(format!("{help} [default: {value}]"))
+            });
+        }
+        cmd
+    }
+
+    /// The configuration these settings describe, defaults filled in.
+    pub fn resolve(self) -> Result<ServerConfig, ConfigError> {
+        let (index, upkeep) = self.index.resolve();
+        let cfg = ServerConfig {
+            data_dir: self
+                .data_dir
+                .unwrap_or_else(|| ServerConfig::default().data_dir),
+            transport: self.transport.resolve()?,
+            limits: self.limits.resolve(),
+            index,
+            upkeep,
+            roles: self.roles.resolve()?,
+            replicas: self.replicas.resolve(),
+            engines: self.engines.resolve()?,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// The settings that resolve to `cfg`: every value set, `off`/`0s` for what
+/// is off. `Settings::from(&cfg).resolve()` gives `cfg` back (a test holds
+/// this for every field).
+impl From<&ServerConfig> for Settings {
+    fn from(cfg: &ServerConfig) -> Self {
+        Settings {
+            data_dir: Some(cfg.data_dir.clone()),
+            transport: TransportSettings::from(&cfg.transport),
+            limits: LimitSettings::from(&cfg.limits),
+            index: IndexSettings::from_configs(&cfg.index, &cfg.upkeep),
+            roles: RoleSettings::from(&cfg.roles),
+            replicas: ReplicaSettings::from(&cfg.replicas),
+            engines: EngineSettings::from(&cfg.engines),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The wire limits this configuration enforces.
+    pub fn wire_limits(&self) -> Limits {
+        Limits {
+            max_frame_bytes: self.limits.max_frame_bytes,
+            max_key_blocks: self.index.max_key_blocks,
+            max_batch: self.limits.max_batch,
+            max_name_len: self.index.max_name_len,
+            max_candidates: self.limits.max_candidates,
+        }
+    }
+
+    /// Checks every value's range: each subsystem's, then what spans two.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.transport.validate()?;
+        self.limits.validate()?;
+        index::validate(&self.index, &self.upkeep)?;
+        self.replicas.validate()?;
+        self.engines.validate()?;
+        if self.roles.enabled() && self.transport.client_ca.is_none() {
+            return value::invalid(
+                "reader/writer/peer-identity",
+                &"set",
+                "roles name client certificates: they need --client-ca (mutual TLS)",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

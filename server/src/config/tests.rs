@@ -1,0 +1,326 @@
+use std::time::Duration;
+
+use prefix_proto::MAX_FRAME_CEILING;
+
+use super::*;
+
+#[test]
+fn flags_override_file_override_defaults() {
+    let file: Settings = toml::from_str(
+        r#"
+        listen = "0.0.0.0:9000"
+        ttl = 60
+        sweep-interval = "250ms"
+        metrics-listen = "off"
+        "#,
+    )
+    .unwrap();
+    let mut flags = Settings::default();
+    flags.index.ttl = Some(30);
+    let cfg = flags.or(file).resolve().unwrap();
+    assert_eq!(cfg.transport.listen, "0.0.0.0:9000".parse().unwrap());
+    assert_eq!(cfg.index.ttl, Duration::from_secs(30));
+    assert_eq!(cfg.upkeep.sweep_interval, Duration::from_millis(250));
+    assert_eq!(cfg.transport.metrics_listen, None);
+    assert_eq!(cfg.index.pod_capacity, 31_250);
+    assert_eq!(cfg.transport.tls, CertSource::SelfSigned);
+}
+
+#[test]
+fn unknown_keys_and_bad_values_are_refused() {
+    let unknown = Settings::from_toml("tll = 5", Path::new("t.toml"));
+    assert!(
+        matches!(&unknown, Err(ConfigError::Unknown { key, .. }) if key == "tll"),
+        "{unknown:?}"
+    );
+    let mut s = Settings::default();
+    s.limits.max_frame_bytes = Some(MAX_FRAME_CEILING + 1);
+    assert!(matches!(s.resolve(), Err(ConfigError::Invalid { .. })));
+    let mut s = Settings::default();
+    s.transport.metrics_listen = Some("nowhere".into());
+    assert!(s.resolve().is_err());
+    for (s, flag) in [
+        (
+            IndexSettings {
+                max_engine_blocks: Some(0),
+                ..IndexSettings::default()
+            },
+            "max-engine-blocks ",
+        ),
+        (
+            IndexSettings {
+                max_engine_blocks_per_pod: Some(0),
+                ..IndexSettings::default()
+            },
+            "max-engine-blocks-per-pod",
+        ),
+    ] {
+        let s = Settings {
+            index: s,
+            ..Settings::default()
+        };
+        let err = s.resolve().unwrap_err().to_string();
+        assert!(err.contains(flag), "{err}");
+    }
+    assert!(Settings::default().resolve().is_ok());
+}
+
+#[test]
+fn busy_polling_is_off_by_default_and_0s_turns_it_off() {
+    let on = |toml_text: &str| {
+        Settings::from_toml(toml_text, Path::new("t.toml"))
+            .unwrap()
+            .resolve()
+            .unwrap()
+            .transport
+            .busy_poll
+    };
+    assert_eq!(on(""), None);
+    assert_eq!(on(r#"busy-poll = "0s""#), None);
+    assert_eq!(
+        on(r#"busy-poll = "100ms""#),
+        Some(Duration::from_millis(100))
+    );
+}
+
+/// A configuration with every setting away from its default.
+fn everything_changed() -> ServerConfig {
+    let d = ServerConfig::default();
+    ServerConfig {
+        data_dir: "/var/lib/x".into(),
+        transport: TransportConfig {
+            listen: "0.0.0.0:9000".parse().unwrap(),
+            metrics_listen: None,
+            http_listen: Some("0.0.0.0:8443".parse().unwrap()),
+            tls: CertSource::Files {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+            },
+            client_ca: Some("ca.pem".into()),
+            max_connections: 15,
+            max_streams: 16,
+            idle_timeout: Duration::from_secs(17),
+            connection_window: 1 << 17,
+            busy_poll: Some(Duration::from_micros(230)),
+            drain_timeout: Duration::from_secs(21),
+            close_timeout: Duration::from_millis(1500),
+        },
+        limits: LimitsConfig {
+            max_frame_bytes: 4096,
+            http_max_body_bytes: 4096,
+            max_batch: 13,
+            max_candidates: 14,
+            inline_blocks: 20,
+            max_in_flight: 22,
+        },
+        index: IndexConfig {
+            ttl: Duration::from_secs(61),
+            pod_capacity: 7,
+            max_blocks: 8,
+            max_key_blocks: 9,
+            max_pods: 10,
+            max_models: 11,
+            max_name_len: 12,
+            speculative_ttl: Duration::from_millis(2500),
+            max_engine_blocks: 24,
+            max_engine_blocks_per_pod: 23,
+            ..d.index
+        },
+        upkeep: Upkeep {
+            sweep_interval: Duration::from_millis(180),
+            sweep_budget: 19,
+            snapshot_interval: None,
+        },
+        roles: Roles {
+            readers: vec!["cn:r".parse().unwrap()],
+            writers: vec![
+                "cn:w".parse().unwrap(),
+                format!("sha256:{}", "ab".repeat(32)).parse().unwrap(),
+            ],
+            peers: vec!["cn:index".parse().unwrap()],
+        },
+        replicas: ReplicaConfig {
+            peers: vec!["index-1.index:7070".into(), "10.0.0.2:7070".into()],
+            peer_ca: Some("peer-ca.pem".into()),
+            peer_server_name: Some("index.internal".into()),
+            max_age: Duration::from_secs(27),
+            timeout: Duration::from_secs(28),
+            retry: Duration::from_millis(250),
+            connect_timeout: Duration::from_secs(3),
+            max_snapshot_bytes: 29 << 20,
+            queue: 30,
+            send_timeout: Duration::from_secs(31),
+        },
+        engines: EngineConfig {
+            subscriptions: vec![
+                "pod=a,model=m,endpoint=tcp://h:1,replay=tcp://h:2,block-size=32"
+                    .parse()
+                    .unwrap(),
+                "pod=b,model=org/m,endpoint=tcp://h:3,topic=kv,media=GPU+CPU"
+                    .parse()
+                    .unwrap(),
+            ],
+            listen: Some("tcp://0.0.0.0:5557".into()),
+            central_block_size: 64,
+            token_block: 8,
+            replay_timeout: Duration::from_secs(25),
+            max_held_batches: 26,
+            max_held_bytes: 1 << 22,
+            decode: prefix_events::DecodeLimits {
+                max_events: 29,
+                max_hashes: 30,
+                max_tokens: 31,
+            },
+            max_engines: 27,
+            max_message_bytes: 2048,
+            max_queued_messages: 28,
+            poll: Duration::from_millis(50),
+        },
+    }
+}
+
+#[test]
+fn engine_settings_are_checked() {
+    let mut cfg = ServerConfig::default();
+    cfg.engines.subscriptions = vec!["pod=a,model=m,endpoint=tcp://h:1,block-size=24"
+        .parse()
+        .unwrap()];
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(
+        err.contains("must divide or be a multiple of token-block"),
+        "{err}"
+    );
+    cfg.engines.subscriptions = vec![
+        "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap(),
+        "pod=a,model=n,endpoint=tcp://h:2".parse().unwrap(),
+    ];
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("two subscriptions name this pod"), "{err}");
+    let mut bad = Settings::default();
+    bad.engines.engines = Some(vec!["pod=a,endpoint=tcp://h:1".into()]);
+    let err = bad.resolve().unwrap_err().to_string();
+    assert!(err.contains("model= is missing"), "{err}");
+    let mut listen = Settings::default();
+    listen.engines.engine_listen = Some("udp://x".into());
+    assert!(listen.resolve().is_err());
+}
+
+#[test]
+fn settings_and_configurations_map_both_ways() {
+    for cfg in [ServerConfig::default(), everything_changed()] {
+        assert_eq!(Settings::from(&cfg).resolve().unwrap(), cfg);
+    }
+    // Every setting of the changed configuration differs from the
+    // default one, so no field is left out of the mapping.
+    let (d, x) = (
+        Settings::describe(&ServerConfig::default()),
+        Settings::describe(&everything_changed()),
+    );
+    assert_eq!(d.len(), Settings::names().len());
+    for ((name, a), (_, b)) in d.iter().zip(&x) {
+        assert_ne!(a, b, "{name} is not mapped");
+    }
+}
+
+#[test]
+fn settings_merge_setting_by_setting_through_toml() {
+    let low = Settings::from(&everything_changed());
+    let mut high = Settings::default();
+    high.index.ttl = Some(5);
+    high.roles.readers = Some(vec!["cn:other".into()]);
+    let merged = high.clone().or(low.clone());
+    assert_eq!(merged.index.ttl, Some(5));
+    assert_eq!(merged.roles.readers, high.roles.readers);
+    assert_eq!(merged.limits.max_batch, low.limits.max_batch);
+    assert_eq!(merged.roles.writers, low.roles.writers);
+    assert_eq!(Settings::default().or(low.clone()), low);
+}
+
+#[test]
+fn flags_environment_and_keys_share_one_name() {
+    use clap::Args as _;
+    let cmd = Settings::augment_args(clap::Command::new("t"));
+    for arg in cmd.get_arguments() {
+        let key = arg.get_id().as_str().replace('_', "-");
+        let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
+        assert_eq!(
+            env,
+            format!("PREFIX_INDEX_{}", key.to_uppercase().replace('-', "_")),
+            "{key}"
+        );
+        let flag = arg.get_long().unwrap_or_default();
+        let plural = match flag.strip_suffix('y') {
+            Some(stem) => format!("{stem}ies"),
+            None => format!("{flag}s"),
+        };
+        assert!(key == flag || key == plural, "{key} vs --{flag}");
+    }
+}
+
+#[test]
+fn help_shows_the_real_defaults() {
+    let cmd = Settings::with_defaults(<Settings as clap::Args>::augment_args(clap::Command::new(
+        "t",
+    )));
+    let help = |id: &str| {
+        let arg = cmd.get_arguments().find(|a| a.get_id() == id).unwrap();
+        arg.get_help().unwrap().to_string()
+    };
+    assert!(help("ttl").ends_with("[default: 600]"), "{}", help("ttl"));
+    assert!(help("busy_poll").ends_with("[default: 0s]"));
+    assert!(help("metrics_listen").ends_with("[default: 127.0.0.1:7071]"));
+    assert!(!help("cert").contains("[default"));
+}
+
+/// `docs/operations.md`'s settings table lists exactly the settings,
+/// each with its real default.
+#[test]
+fn the_operations_doc_matches_the_settings() {
+    let doc = include_str!("../../../docs/operations.md");
+    let table = doc
+        .split("## Settings")
+        .nth(1)
+        .expect("a Settings section")
+        .lines()
+        .skip_while(|l| !l.starts_with("| flag"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'));
+    let ticked = |cell: &str| -> Vec<String> {
+        cell.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    use clap::Args as _;
+    let cmd = Settings::augment_args(clap::Command::new("t"));
+    let flag_of = |key: &str| {
+        let id = key.replace('-', "_");
+        let arg = cmd
+            .get_arguments()
+            .find(|a| a.get_id() == id.as_str())
+            .unwrap();
+        format!("--{}", arg.get_long().unwrap())
+    };
+    let defaults: std::collections::HashMap<String, String> =
+        Settings::describe(&ServerConfig::default())
+            .into_iter()
+            .map(|(key, value)| (flag_of(&key), value))
+            .collect();
+    let mut documented = Vec::new();
+    for row in table {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let default = ticked(cells[2]).into_iter().next().unwrap_or("none".into());
+        for flag in ticked(cells[1]) {
+            let real = defaults
+                .get(&flag)
+                .unwrap_or_else(|| panic!("{flag} is documented but is no setting"));
+            assert_eq!(&default, real, "the default of {flag}");
+            documented.push(flag);
+        }
+    }
+    let mut all: Vec<_> = defaults.into_keys().collect();
+    all.sort();
+    documented.sort();
+    assert_eq!(documented, all, "every setting is documented once");
+}

@@ -1,0 +1,295 @@
+//! Precise mode's settings: the engines followed, the central collector,
+//! and the bounds on what one engine can make the server hold.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{follow, Ratio, Subscription};
+use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
+
+/// What a user may set of precise mode (see [`crate::config::Settings`]).
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EngineSettings {
+    /// An engine to follow (precise mode): pod=<name>,model=<model>,
+    /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
+    /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
+    /// in the environment separate them with ';'. See docs/events.md.
+    #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
+    pub engines: Option<Vec<String>>,
+    /// Bind a SUB socket here (tcp://host:port) for engines that connect to
+    /// the server and publish with topics kv@<pod>@<model>; "off" for none.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
+    pub engine_listen: Option<String>,
+    /// Block size in tokens of the engines that connect to --engine-listen.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
+    pub engine_block_size: Option<u32>,
+    /// Tokens per block of the gateways' token keys; engine blocks are
+    /// hashed into blocks of this size.
+    #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
+    pub token_block: Option<u32>,
+    /// Most engines followed at once (configured, subscribed at run time,
+    /// or met through --engine-listen).
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
+    pub max_engines: Option<usize>,
+    /// How long a replay may take before the pod is cleared and learnt
+    /// again instead.
+    #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
+    pub replay_timeout: Option<HumanDuration>,
+    /// Live batches held back while a replay runs; past it, the pod is
+    /// cleared and learnt again.
+    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
+    pub max_held_batches: Option<usize>,
+    /// Bytes of live batches held back while a replay runs; past it, the
+    /// pod is cleared and learnt again.
+    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
+    pub max_held_bytes: Option<usize>,
+    /// Most events in one engine batch; a larger batch is skipped as a
+    /// decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
+    pub max_batch_events: Option<usize>,
+    /// Most block hashes in one engine event; a larger event is skipped
+    /// alone as a decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
+    pub max_event_hashes: Option<usize>,
+    /// Most token ids in one engine event; a larger event is skipped alone
+    /// as a decode error.
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
+    pub max_event_tokens: Option<usize>,
+    /// Largest engine event message in bytes; libzmq drops a connection
+    /// that sends a larger one (the gap is then replayed or resynced).
+    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
+    pub max_event_bytes: Option<usize>,
+    /// Engine messages buffered per socket while its thread is busy; past
+    /// it libzmq drops them (a gap, replayed or resynced).
+    #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
+    pub max_queued_events: Option<usize>,
+    /// How often an engine's thread wakes when nothing arrives, to notice
+    /// the shutdown and a replay's deadline.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
+    pub engine_poll: Option<HumanDuration>,
+}
+
+/// Precise mode's configuration (see `ServerConfig::engines`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Engines followed from the start.
+    pub subscriptions: Vec<Subscription>,
+    /// Where the central collector binds its SUB socket (engines connect
+    /// to it with topics `kv@<pod>@<model>`), or none.
+    pub listen: Option<String>,
+    /// Block size of engines met through the central collector.
+    pub central_block_size: u32,
+    /// Tokens per block of the gateways' token keys: what engine blocks are
+    /// hashed into.
+    pub token_block: u32,
+    /// How long a replay may take before the pod is resynced instead.
+    pub replay_timeout: Duration,
+    /// Live batches held back during a replay; past it, resync.
+    pub max_held_batches: usize,
+    /// Their payloads' bytes; past it, resync.
+    pub max_held_bytes: usize,
+    /// Bounds on one decoded batch: events, and hashes and token ids per
+    /// event. A batch over the first is skipped whole, an event over the
+    /// others alone, as decode errors.
+    pub decode: prefix_events::DecodeLimits,
+    /// Most engine subscriptions (configured, added at run time and met by
+    /// the central collector).
+    pub max_engines: usize,
+    /// Largest event message accepted, in bytes: libzmq drops a connection
+    /// that sends a larger one.
+    pub max_message_bytes: usize,
+    /// Messages libzmq buffers per engine socket while its thread is busy
+    /// (its receive high-water mark); past it libzmq drops them (a gap).
+    /// An engine's buffered bytes are at most this times
+    /// `max_message_bytes`.
+    pub max_queued_messages: usize,
+    /// How long an engine's thread waits for a message before it looks at
+    /// the shutdown and its replay's deadline again.
+    pub poll: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            subscriptions: Vec::new(),
+            listen: None,
+            // vLLM's default block size.
+            central_block_size: 16,
+            token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
+            // vLLM answers a replay request within its publisher loop's
+            // 100 ms tick; 5 s allows for a buffer of thousands of batches.
+            replay_timeout: Duration::from_secs(5),
+            // vLLM's replay buffer holds 10,000 batches: a replay can bring
+            // no more than that many, nor need more held back.
+            max_held_batches: 10_000,
+            // Seconds of a busy engine's batches (tens of KiB each) while
+            // a replay runs; with `max_message_bytes`, the bound on what one
+            // engine's replay holds whatever it sends.
+            max_held_bytes: 256 << 20,
+            decode: prefix_events::DecodeLimits::default(),
+            max_engines: 1_024,
+            // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
+            // 0.5 MiB; 4 MiB leaves room for steps of many requests.
+            max_message_bytes: 4 << 20,
+            // Seconds of a busy engine's batches (one per scheduler step);
+            // with the message bound, at most 4 GiB from a hostile peer,
+            // a few MiB from a real one.
+            max_queued_messages: 1_000,
+            // A stopped server waits at most this for each engine's thread,
+            // and a replay's deadline is kept to within it; more often costs
+            // wake-ups on every idle engine.
+            poll: Duration::from_millis(100),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// How much a replay may hold back of the live stream.
+    pub fn held_limit(&self) -> follow::HeldLimit {
+        follow::HeldLimit {
+            batches: self.max_held_batches,
+            bytes: self.max_held_bytes,
+        }
+    }
+
+    /// [`EngineConfig::poll`] in milliseconds, as libzmq's poll takes it.
+    pub(super) fn poll_ms(&self) -> i64 {
+        i64::try_from(self.poll.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Checks every value's range, and that the engines' block sizes fit
+    /// the gateways'.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.token_block == 0 || self.max_held_batches == 0 || self.max_engines == 0 {
+            return invalid(
+                "token-block/max-held-batches/max-engines",
+                &0,
+                "must be at least 1",
+            );
+        }
+        if self.replay_timeout.is_zero() {
+            return invalid("replay-timeout", &"0s", "must be positive");
+        }
+        if self.poll < Duration::from_millis(1) || self.poll > Duration::from_secs(10) {
+            return invalid(
+                "engine-poll",
+                &format!("{:?}", self.poll),
+                "must be 1ms to 10s",
+            );
+        }
+        if self.max_held_bytes < self.max_message_bytes {
+            return invalid(
+                "max-held-bytes",
+                &self.max_held_bytes,
+                "must be at least max-event-bytes",
+            );
+        }
+        let d = &self.decode;
+        if d.max_events == 0 || d.max_hashes == 0 || d.max_tokens == 0 {
+            return invalid(
+                "max-batch-events/max-event-hashes/max-event-tokens",
+                &0,
+                "must be at least 1",
+            );
+        }
+        if self.max_message_bytes < 1024 {
+            return invalid(
+                "max-event-bytes",
+                &self.max_message_bytes,
+                "must be at least 1024",
+            );
+        }
+        if self.max_queued_messages == 0 || self.max_queued_messages > i32::MAX as usize {
+            return invalid(
+                "max-queued-events",
+                &self.max_queued_messages,
+                "must be 1 to 2147483647",
+            );
+        }
+        let sizes = self.subscriptions.iter().map(|s| s.block_size);
+        let central = self.listen.as_ref().map(|_| self.central_block_size);
+        for size in sizes.chain(central) {
+            if Ratio::new(size, self.token_block).is_err() {
+                return invalid(
+                    "engine block-size",
+                    &size,
+                    "must divide or be a multiple of token-block",
+                );
+            }
+        }
+        let mut pods: Vec<&str> = self.subscriptions.iter().map(|s| &*s.pod).collect();
+        pods.sort_unstable();
+        if let Some(w) = pods.windows(2).find(|w| w[0] == w[1]) {
+            return invalid("engine", &w[0], "two subscriptions name this pod");
+        }
+        Ok(())
+    }
+}
+
+impl EngineSettings {
+    /// The configuration these settings describe, defaults filled in.
+    pub fn resolve(self) -> Result<EngineConfig, ConfigError> {
+        let d = EngineConfig::default();
+        Ok(EngineConfig {
+            subscriptions: subscriptions(self.engines)?,
+            listen: match self.engine_listen.as_deref() {
+                None => d.listen,
+                Some("off") => None,
+                Some(l) if l.starts_with("tcp://") => Some(l.into()),
+                Some(l) => return invalid("engine-listen", &l, "not tcp://host:port or \"off\""),
+            },
+            central_block_size: self.engine_block_size.unwrap_or(d.central_block_size),
+            token_block: self.token_block.unwrap_or(d.token_block),
+            replay_timeout: duration(self.replay_timeout, d.replay_timeout),
+            max_held_batches: self.max_held_batches.unwrap_or(d.max_held_batches),
+            max_held_bytes: self.max_held_bytes.unwrap_or(d.max_held_bytes),
+            decode: prefix_events::DecodeLimits {
+                max_events: self.max_batch_events.unwrap_or(d.decode.max_events),
+                max_hashes: self.max_event_hashes.unwrap_or(d.decode.max_hashes),
+                max_tokens: self.max_event_tokens.unwrap_or(d.decode.max_tokens),
+            },
+            max_engines: self.max_engines.unwrap_or(d.max_engines),
+            max_message_bytes: self.max_event_bytes.unwrap_or(d.max_message_bytes),
+            max_queued_messages: self.max_queued_events.unwrap_or(d.max_queued_messages),
+            poll: duration(self.engine_poll, d.poll),
+        })
+    }
+}
+
+impl From<&EngineConfig> for EngineSettings {
+    fn from(c: &EngineConfig) -> Self {
+        EngineSettings {
+            engines: (!c.subscriptions.is_empty())
+                .then(|| c.subscriptions.iter().map(ToString::to_string).collect()),
+            engine_listen: Some(c.listen.clone().unwrap_or_else(|| "off".into())),
+            engine_block_size: Some(c.central_block_size),
+            token_block: Some(c.token_block),
+            max_engines: Some(c.max_engines),
+            replay_timeout: Some(HumanDuration(c.replay_timeout)),
+            max_held_batches: Some(c.max_held_batches),
+            max_held_bytes: Some(c.max_held_bytes),
+            max_batch_events: Some(c.decode.max_events),
+            max_event_hashes: Some(c.decode.max_hashes),
+            max_event_tokens: Some(c.decode.max_tokens),
+            max_event_bytes: Some(c.max_message_bytes),
+            max_queued_events: Some(c.max_queued_messages),
+            engine_poll: Some(HumanDuration(c.poll)),
+        }
+    }
+}
+
+/// Parses the engine subscriptions.
+fn subscriptions(list: Option<Vec<String>>) -> Result<Vec<Subscription>, ConfigError> {
+    list.unwrap_or_default()
+        .into_iter()
+        .map(|s| {
+            s.parse()
+                .map_err(|e: super::SubscriptionError| ConfigError::Engine {
+                    value: s,
+                    why: e.to_string(),
+                })
+        })
+        .collect()
+}

@@ -1,0 +1,213 @@
+//! The replicas' settings: the peers, and how a cold start fills itself
+//! from them.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
+
+/// What a user may set of the replicas (see [`crate::config::Settings`]).
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ReplicaSettings {
+    /// Another replica of this index (host:port of its QUIC listener), asked
+    /// for its snapshot when this server starts cold. Repeat the flag; in the
+    /// environment separate them with ';'. Tried in the order given.
+    #[arg(long = "peer", env = "PREFIX_INDEX_PEERS", value_delimiter = ';')]
+    pub peers: Option<Vec<String>>,
+    /// CA certificate (PEM) the peers' certificates are checked against;
+    /// default: --client-ca, else the server's own certificate.
+    #[arg(long, env = "PREFIX_INDEX_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+    /// The name the peers' certificates are checked for; default: the host
+    /// of each --peer.
+    #[arg(long, env = "PREFIX_INDEX_PEER_SERVER_NAME")]
+    pub peer_server_name: Option<String>,
+    /// A snapshot of its own older than this does not count: the server
+    /// fills itself from a peer instead.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
+    pub bootstrap_max_age: Option<HumanDuration>,
+    /// How long filling from peers may take in all (connections, transfers,
+    /// restores) before the server starts from its own snapshot, however
+    /// old, or empty: all replicas may be starting at once.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
+    pub bootstrap_timeout: Option<HumanDuration>,
+    /// Pause between rounds of asking every peer for its snapshot.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_RETRY")]
+    pub bootstrap_retry: Option<HumanDuration>,
+    /// Most time one connection attempt to a peer may take.
+    #[arg(long, env = "PREFIX_INDEX_PEER_CONNECT_TIMEOUT")]
+    pub peer_connect_timeout: Option<HumanDuration>,
+    /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
+    #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
+    pub max_snapshot_bytes: Option<u64>,
+    /// Writes held while a peer's snapshot is being restored (applied right
+    /// after it), in key blocks (1,024 for a pod-table change); past it,
+    /// writes are refused `Unavailable`.
+    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
+    pub bootstrap_queue: Option<usize>,
+    /// How long sending this server's snapshot to one peer may take before
+    /// the transfer is cut (it holds the index's memory from being freed).
+    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
+    pub snapshot_send_timeout: Option<HumanDuration>,
+}
+
+/// The other replicas, and how a cold start fills itself from them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaConfig {
+    /// The peers' QUIC addresses (`host:port`), asked in this order. Default
+    /// none: the server never fills itself from another.
+    pub peers: Vec<String>,
+    /// CA the peers' certificates are checked against; none: `client_ca`,
+    /// else the server's own certificate (replicas sharing one certificate).
+    pub peer_ca: Option<PathBuf>,
+    /// Name the peers' certificates must carry; none: each peer's host.
+    pub peer_server_name: Option<String>,
+    /// A snapshot of its own older than this is not started from while a
+    /// peer can give a fresher one. Default 1 minute: two snapshot periods,
+    /// so a server that merely restarted keeps its own, and one that was down
+    /// longer than that fills from a peer that saw the writes it missed.
+    pub max_age: Duration,
+    /// How long filling may take in all: every connection, transfer and
+    /// restore, over every peer asked. Default 60 s: long enough for a peer
+    /// that restarts alongside to come up and for a transfer of the default
+    /// bound's snapshot (about 150 MB, 1 to 2 s on loopback), short enough
+    /// that a whole set restarting at once serves (from its own snapshots)
+    /// within about a minute.
+    pub timeout: Duration,
+    /// Pause between rounds of asking every peer. Default 1 s: a peer that
+    /// is starting too is asked again soon after it can answer, and a set
+    /// of replicas asking each other sends a few requests a second.
+    pub retry: Duration,
+    /// Most time one connection attempt to a peer may take. Default 5 s:
+    /// a handshake within a datacenter takes milliseconds, so a peer this
+    /// slow is taken as down and the next one asked.
+    pub connect_timeout: Duration,
+    /// Largest snapshot accepted from a peer. Default 4 GiB: the default
+    /// index's bound (16.8 M entries) makes snapshots of about 150 MB.
+    pub max_snapshot_bytes: u64,
+    /// Writes held while filling, counted by weight (key blocks; 1,024 for
+    /// a pod-table change, as `Op::weight`). Default 4,194,304: 32 MiB of
+    /// block hashes, about ten seconds of a busy gateway fleet's inserts.
+    pub queue: usize,
+    /// How long sending one snapshot to a peer may take before the transfer
+    /// is cut: it pins the index's memory (nothing retired meanwhile is
+    /// freed) and holds the one transfer slot. Default 2 minutes: a 4 GiB
+    /// snapshot at 150 MB/s takes half that.
+    pub send_timeout: Duration,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            peers: Vec::new(),
+            peer_ca: None,
+            peer_server_name: None,
+            max_age: Duration::from_secs(60),
+            timeout: Duration::from_secs(60),
+            retry: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(5),
+            max_snapshot_bytes: 4 << 30,
+            queue: 4 << 20,
+            send_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+impl ReplicaSettings {
+    /// The replica configuration these settings describe, defaults filled
+    /// in.
+    pub fn resolve(self) -> ReplicaConfig {
+        let d = ReplicaConfig::default();
+        ReplicaConfig {
+            peers: self.peers.unwrap_or_default(),
+            peer_ca: self.peer_ca,
+            peer_server_name: self.peer_server_name,
+            max_age: duration(self.bootstrap_max_age, d.max_age),
+            timeout: duration(self.bootstrap_timeout, d.timeout),
+            retry: duration(self.bootstrap_retry, d.retry),
+            connect_timeout: duration(self.peer_connect_timeout, d.connect_timeout),
+            max_snapshot_bytes: self.max_snapshot_bytes.unwrap_or(d.max_snapshot_bytes),
+            queue: self.bootstrap_queue.unwrap_or(d.queue),
+            send_timeout: duration(self.snapshot_send_timeout, d.send_timeout),
+        }
+    }
+}
+
+impl From<&ReplicaConfig> for ReplicaSettings {
+    fn from(c: &ReplicaConfig) -> Self {
+        ReplicaSettings {
+            peers: (!c.peers.is_empty()).then(|| c.peers.clone()),
+            peer_ca: c.peer_ca.clone(),
+            peer_server_name: c.peer_server_name.clone(),
+            bootstrap_max_age: Some(HumanDuration(c.max_age)),
+            bootstrap_timeout: Some(HumanDuration(c.timeout)),
+            bootstrap_retry: Some(HumanDuration(c.retry)),
+            peer_connect_timeout: Some(HumanDuration(c.connect_timeout)),
+            max_snapshot_bytes: Some(c.max_snapshot_bytes),
+            bootstrap_queue: Some(c.queue),
+            snapshot_send_timeout: Some(HumanDuration(c.send_timeout)),
+        }
+    }
+}
+
+impl ReplicaConfig {
+    /// Checks every value's range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(p) = self.peers.iter().find(|p| split_peer(p).is_none()) {
+            return invalid("peer", p, "not host:port");
+        }
+        if self.queue == 0 || self.timeout.is_zero() || self.send_timeout.is_zero() {
+            return invalid(
+                "bootstrap-queue/bootstrap-timeout/snapshot-send-timeout",
+                &0,
+                "must be positive",
+            );
+        }
+        if self.retry.is_zero() || self.connect_timeout.is_zero() {
+            return invalid(
+                "bootstrap-retry/peer-connect-timeout",
+                &"0s",
+                "must be positive",
+            );
+        }
+        if self.max_snapshot_bytes < 1 << 20 {
+            return invalid(
+                "max-snapshot-bytes",
+                &self.max_snapshot_bytes,
+                "must be at least 1048576",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The host and port of a `host:port` peer (`[v6]:port` too), if it is one.
+pub fn split_peer(peer: &str) -> Option<(&str, u16)> {
+    let (host, port) = peer.rsplit_once(':')?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let port = port.parse().ok()?;
+    (!host.is_empty()).then_some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_host_and_port() {
+        assert_eq!(
+            split_peer("index-1.index:7070"),
+            Some(("index-1.index", 7070))
+        );
+        assert_eq!(split_peer("[::1]:7070"), Some(("::1", 7070)));
+        for bad in ["index-1", ":7070", "h:port", "h:70700"] {
+            assert_eq!(split_peer(bad), None, "{bad}");
+        }
+    }
+}
