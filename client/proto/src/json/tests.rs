@@ -1,0 +1,285 @@
+use super::*;
+
+use crate::message::PodBlocks;
+
+fn full(kind: OpKind) -> JsonOp {
+    let key = KeySource {
+        text: Some("t".into()),
+        tokens: Some(vec![1]),
+        hashes: Some(vec![2]),
+    };
+    match kind {
+        OpKind::Lookup => JsonOp::Lookup {
+            model: "m".into(),
+            key,
+            candidates: Some(vec!["a".into()]),
+        },
+        OpKind::Insert => JsonOp::Insert {
+            model: "m".into(),
+            key,
+            pod: "p".into(),
+        },
+        OpKind::RemovePod => JsonOp::RemovePod { pod: "p".into() },
+        OpKind::SetPodCapacity => JsonOp::SetPodCapacity {
+            pod: "p".into(),
+            blocks: 1,
+        },
+        OpKind::Stats => JsonOp::Stats,
+        OpKind::Ping => JsonOp::Ping,
+        OpKind::Subscribe => JsonOp::Subscribe {
+            engine: EngineSub {
+                pod: "p".into(),
+                model: "m".into(),
+                endpoint: "tcp://h:1".into(),
+                replay: Some("tcp://h:2".into()),
+                block_size: 16,
+                topic: "kv".into(),
+                media: vec!["GPU".into()],
+            },
+        },
+        OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: "p".into() },
+        OpKind::ListEngines => JsonOp::ListEngines,
+        OpKind::SampleKeys => JsonOp::SampleKeys { count: 3, seed: 9 },
+    }
+}
+
+#[test]
+fn the_field_table_is_what_serde_writes() {
+    for kind in OpKind::ALL {
+        let op = full(kind);
+        assert_eq!(op.kind(), kind);
+        let Value::Object(obj) = serde_json::to_value(&op).unwrap() else {
+            panic!()
+        };
+        let mut keys: Vec<&str> = obj.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        let mut want: Vec<&str> = fields(kind).iter().copied().chain(["op"]).collect();
+        want.sort_unstable();
+        assert_eq!(keys, want, "{kind:?}");
+        assert_eq!(obj["op"], kind.name());
+        assert_eq!(kind_named(kind.name()), Some(kind));
+    }
+}
+
+#[test]
+fn ops_parse_with_and_without_their_tag() {
+    let l = JsonOp::parse(br#"{"op":"insert","model":"m","text":"abc","pod":"p"}"#).unwrap();
+    assert_eq!(
+        l,
+        JsonOp::Insert {
+            model: "m".into(),
+            key: KeySource {
+                text: Some("abc".into()),
+                ..KeySource::default()
+            },
+            pod: "p".into()
+        }
+    );
+    let body = br#"{"model":"m","hashes":[18446744073709551615],"candidates":["a"]}"#;
+    let op = JsonOp::parse_as(OpKind::Lookup, body).unwrap();
+    assert_eq!(
+        op.to_op(&KeyOptions::default()).unwrap(),
+        Op::Lookup {
+            model: "m".into(),
+            key: vec![u64::MAX],
+            candidates: Some(vec!["a".into()])
+        }
+    );
+    assert_eq!(
+        JsonOp::parse_as(OpKind::Stats, b"{}").unwrap(),
+        JsonOp::Stats
+    );
+}
+
+#[test]
+fn bad_objects_are_refused_with_the_reason() {
+    let cases: [(&[u8], &str); 12] = [
+        (br#"{"op":"drop_table"}"#, "unknown op \"drop_table\""),
+        (br#"{"op":"remove_pod"}"#, "remove_pod: missing field `pod`"),
+        (
+            br#"{"op":7}"#,
+            "invalid type: integer `7`, expected a string",
+        ),
+        (br#"{"pod":"p"}"#, "missing field \"op\""),
+        (br#"[1,2]"#, "expected a JSON object of an op's fields"),
+        (br#"{"op":"ping","x":1}"#, "unknown field `x`"),
+        (
+            br#"{"op":"ping","pod":"p"}"#,
+            "unknown field \"pod\" for ping; its fields are none",
+        ),
+        (br#"{"op":"ping","op":"ping"}"#, "duplicate field `op`"),
+        (
+            br#"{"op":"lookup","model":"m","hashes":[1],"pods":["a"]}"#,
+            "unknown field `pods`",
+        ),
+        (
+            br#"{"op":"lookup","model":"m","hashes":[-1]}"#,
+            "invalid value: integer `-1`",
+        ),
+        (
+            br#"{"op":"set_pod_capacity","pod":"p","blocks":"9"}"#,
+            "invalid type: string",
+        ),
+        (br#"{"op":"ping""#, "bad JSON"),
+    ];
+    for (bytes, want) in cases {
+        let e = JsonOp::parse(bytes).unwrap_err().to_string();
+        assert!(e.contains(want), "{}: {e}", String::from_utf8_lossy(bytes));
+    }
+    let e = JsonOp::parse_as(OpKind::Ping, br#"{"op":"ping"}"#).unwrap_err();
+    assert!(
+        e.to_string().contains("the path names the operation"),
+        "{e}"
+    );
+    let both = KeySource {
+        text: Some("x".into()),
+        tokens: Some(vec![1]),
+        hashes: None,
+    };
+    assert!(both.key(&KeyOptions::default()).is_err());
+    assert!(KeySource::default().key(&KeyOptions::default()).is_err());
+}
+
+#[test]
+fn keys_follow_the_block_sizes() {
+    let opts = KeyOptions {
+        block_bytes: 4,
+        block_tokens: 2,
+    };
+    let text = KeySource {
+        text: Some("abcdefghi".into()),
+        ..KeySource::default()
+    };
+    assert_eq!(text.key(&opts).unwrap().len(), 2);
+    let tokens = KeySource {
+        tokens: Some(vec![1, 2, 3, 4, 5]),
+        ..KeySource::default()
+    };
+    assert_eq!(tokens.key(&opts).unwrap(), key::token_key(&[1, 2, 3, 4], 2));
+}
+
+#[test]
+fn batches_are_bounded_before_their_ops_are_read() {
+    let opts = KeyOptions::default();
+    let req = parse_batch(
+        br#"{"ops":[{"op":"ping"},{"op":"remove_pod","pod":"p"}]}"#,
+        &opts,
+        2,
+    )
+    .unwrap();
+    assert_eq!(
+        req,
+        Request::Batch(vec![Op::Ping, Op::RemovePod { pod: "p".into() }])
+    );
+    let code = |r: Result<Request, Reply>| match r {
+        Err(Reply::Error { code, message }) => (ErrorCode::from_u16(code), message),
+        other => panic!("{other:?}"),
+    };
+    let (c, _) = code(parse_batch(br#"{"ops":[1,2,3]}"#, &opts, 2));
+    assert_eq!(c, Some(ErrorCode::BatchTooLarge));
+    let (c, m) = code(parse_batch(
+        br#"{"ops":[{"op":"ping"},{"op":"nope"}]}"#,
+        &opts,
+        2,
+    ));
+    assert_eq!(c, Some(ErrorCode::Malformed));
+    assert!(m.starts_with("ops[1]: unknown op"), "{m}");
+    let (c, _) = code(parse_batch(br#"{"ops":{}}"#, &opts, 2));
+    assert_eq!(c, Some(ErrorCode::Malformed));
+    let (c, _) = code(parse_batch(br#"{"ops":[],"x":1}"#, &opts, 2));
+    assert_eq!(c, Some(ErrorCode::Malformed));
+}
+
+#[test]
+fn replies_become_objects() {
+    let lookup = Reply::Lookup {
+        key_blocks: 3,
+        matches: vec![PodBlocks {
+            pod: "a".into(),
+            blocks: 2,
+        }],
+    };
+    assert_eq!(
+        reply_json(&lookup),
+        json!({"ok":true,"key_blocks":3,"matches":[{"pod":"a","blocks":2}]})
+    );
+    assert_eq!(
+        reply_json(&ErrorCode::KeyTooLong.reply("too long")),
+        json!({"ok":false,"error":{"code":5,"name":"key_too_long","message":"too long"}})
+    );
+    assert_eq!(
+        error_json(Some(999), "new"),
+        json!({"ok":false,"error":{"code":999,"name":null,"message":"new"}})
+    );
+    assert_eq!(
+        reply_json(&Reply::Removed(true)),
+        json!({"ok":true,"removed":true})
+    );
+}
+
+#[test]
+fn the_writer_writes_what_reply_json_gives() {
+    let lookup = Reply::Lookup {
+        key_blocks: 3,
+        matches: vec![
+            PodBlocks {
+                pod: "a\"b".into(),
+                blocks: 2,
+            },
+            PodBlocks {
+                pod: "c".into(),
+                blocks: 1,
+            },
+        ],
+    };
+    let err = ErrorCode::BadName.reply("no");
+    let mut out = b"junk".to_vec();
+    let mut w = JsonWriter::one(&mut out);
+    w.lookup(3, &[("a\"b", 2), ("c", 1)]);
+    assert_eq!(w.finish(), None);
+    let v: Value = serde_json::from_slice(&out[4..]).unwrap();
+    assert_eq!(v, reply_json(&lookup));
+
+    let mut out = Vec::new();
+    let mut w = JsonWriter::batch(&mut out);
+    w.lookup(3, &[("a\"b", 2), ("c", 1)]);
+    w.reply(&err);
+    w.reply(&Reply::Pong);
+    assert_eq!(w.finish(), None);
+    let v: Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v,
+        json!({"ok":true,"results":[reply_json(&lookup), reply_json(&err), {"ok":true}]})
+    );
+
+    let mut out = Vec::new();
+    let mut w = JsonWriter::one(&mut out);
+    w.reply(&err);
+    assert_eq!(w.finish(), Some(ErrorCode::BadName as u16));
+    let mut out = b"x".to_vec();
+    let mut w = JsonWriter::batch(&mut out);
+    w.reply(&err);
+    assert!(w.len() > 10);
+    w.abandon();
+    assert_eq!(out, b"x");
+}
+
+#[test]
+fn every_error_code_has_a_client_or_server_status() {
+    for code in ErrorCode::ALL {
+        let s = http_status(code);
+        assert!((400..600).contains(&s), "{code:?}");
+        assert_eq!(
+            s >= 500,
+            matches!(
+                code,
+                ErrorCode::TooManyPods
+                    | ErrorCode::TooManyModels
+                    | ErrorCode::IndexFull
+                    | ErrorCode::Unavailable
+                    | ErrorCode::Internal
+                    | ErrorCode::Unsupported
+            )
+        );
+    }
+}
