@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::pem::TlsError;
 use crate::wire::{ErrorCode, WireError};
-use prefix_proto::tls::TlsError;
 
 /// Why a call failed. Every variant is final for that call: the library never
 /// retries behind the caller's back, because the caller's deadline is short

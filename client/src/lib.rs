@@ -42,6 +42,7 @@ pub mod compare;
 mod conn;
 mod error;
 mod index;
+pub mod pem;
 pub mod replay;
 mod tls;
 
@@ -49,5 +50,5 @@ pub use client::{Client, ClientConfig, Server, ServerAddr};
 pub use cluster::{place, replicas, Cluster, ReplicaSets, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
 pub use index::{Index, LookupResult, Route};
-pub use prefix_proto::tls::{load_certs, load_key, TlsError};
+pub use pem::{load_certs, load_key, TlsError};
 pub use tls::{TlsConfig, DEFAULT_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};

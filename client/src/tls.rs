@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use prefix_proto::tls::{explain_handshake, load_certs, load_chain, load_key, TlsError};
+use crate::pem::{explain_handshake, load_certs, load_chain, load_key, TlsError};
 use prefix_proto::ALPN;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 

@@ -28,7 +28,7 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use prefix_proto::json::{error_json, http_status, parse_batch, JsonOp, KeyOptions};
+use prefix_proto::json::{error_json, parse_batch, JsonOp, KeyOptions};
 use prefix_proto::{ErrorCode, OpKind, Reply, Request};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -337,7 +337,7 @@ async fn serve_one(
             Ok(Err(e)) => {
                 l.metrics.handshakes_failed.inc();
                 let reason = e.to_string();
-                match prefix_proto::tls::explain_handshake(&reason) {
+                match prefix_client::pem::explain_handshake(&reason) {
                     Some(why) => tracing::warn!(%remote, %reason, "an HTTP client's handshake failed: {why}"),
                     None => tracing::debug!(%remote, %reason, "HTTP handshake failed"),
                 }
@@ -441,5 +441,49 @@ impl Drop for Busy<'_> {
         self.0
             .busy
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The HTTP status that answers an error code: 4xx for what the request
+/// got wrong, 5xx for what the server cannot do now.
+pub fn http_status(code: ErrorCode) -> u16 {
+    match code {
+        ErrorCode::Malformed
+        | ErrorCode::BadVersion
+        | ErrorCode::UnknownKind
+        | ErrorCode::BadName
+        | ErrorCode::BadSubscription => 400,
+        ErrorCode::Forbidden => 403,
+        ErrorCode::FrameTooLarge => 413,
+        ErrorCode::KeyTooLong | ErrorCode::BatchTooLarge | ErrorCode::TooManyCandidates => 422,
+        ErrorCode::TooManyPods | ErrorCode::TooManyModels => 507,
+        ErrorCode::IndexFull | ErrorCode::Unavailable => 503,
+        ErrorCode::Internal => 500,
+        ErrorCode::Unsupported => 501,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_code_has_a_client_or_server_status() {
+        for code in ErrorCode::ALL {
+            let s = http_status(code);
+            assert!((400..600).contains(&s), "{code:?}");
+            assert_eq!(
+                s >= 500,
+                matches!(
+                    code,
+                    ErrorCode::TooManyPods
+                        | ErrorCode::TooManyModels
+                        | ErrorCode::IndexFull
+                        | ErrorCode::Unavailable
+                        | ErrorCode::Internal
+                        | ErrorCode::Unsupported
+                )
+            );
+        }
     }
 }

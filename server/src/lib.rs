@@ -131,7 +131,7 @@ impl Server {
             .is_some()
             .then(|| Arc::new(api::http_tls(tls.clone())));
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| {
-            tls::ServerTlsError::from(prefix_proto::tls::TlsError::Quic(e.to_string()))
+            tls::ServerTlsError::from(prefix_client::pem::TlsError::Quic(e.to_string()))
         })?;
         let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(quic));
         let mut transport = quinn::TransportConfig::default();
@@ -607,7 +607,7 @@ async fn accept_loop<S: Service>(
                 Err(e) => {
                     metrics.handshakes_failed.inc();
                     let reason = e.to_string();
-                    match prefix_proto::tls::explain_handshake(&reason) {
+                    match prefix_client::pem::explain_handshake(&reason) {
                         // A client certificate the operator made wrong: say
                         // so where the operator looks.
                         Some(why) => tracing::warn!(%reason, "a client's handshake failed: {why}"),

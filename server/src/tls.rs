@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use prefix_proto::tls::{load_certs, load_chain, load_key, TlsError};
+use prefix_client::pem::{load_certs, load_chain, load_key, TlsError};
 use prefix_proto::ALPN;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};

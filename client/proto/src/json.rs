@@ -700,24 +700,5 @@ pub fn error_json(code: Option<u16>, message: &str) -> Value {
     })
 }
 
-/// The HTTP status that answers an error code: 4xx for what the request
-/// got wrong, 5xx for what the server cannot do now.
-pub fn http_status(code: ErrorCode) -> u16 {
-    match code {
-        ErrorCode::Malformed
-        | ErrorCode::BadVersion
-        | ErrorCode::UnknownKind
-        | ErrorCode::BadName
-        | ErrorCode::BadSubscription => 400,
-        ErrorCode::Forbidden => 403,
-        ErrorCode::FrameTooLarge => 413,
-        ErrorCode::KeyTooLong | ErrorCode::BatchTooLarge | ErrorCode::TooManyCandidates => 422,
-        ErrorCode::TooManyPods | ErrorCode::TooManyModels => 507,
-        ErrorCode::IndexFull | ErrorCode::Unavailable => 503,
-        ErrorCode::Internal => 500,
-        ErrorCode::Unsupported => 501,
-    }
-}
-
 #[cfg(test)]
 mod tests;

@@ -17,7 +17,6 @@
 //! - [`key`]: how a prompt becomes block hashes, identical in every gateway.
 //! - [`json`]: the operations and replies as JSON objects (the HTTP API's
 //!   bodies, `prefix-client replay`'s lines).
-//! - [`tls`]: PEM loading shared by both ends.
 //!
 //! ```
 //! use prefix_proto::{encode_request, FrameReader, Incoming, Kind, Limits, Op, Request};
@@ -43,7 +42,6 @@ pub mod key;
 mod limits;
 pub mod message;
 mod pod_name;
-pub mod tls;
 
 pub use codec::{
     decode_budget, decode_request, decode_response, encode_error, encode_request, encode_response,

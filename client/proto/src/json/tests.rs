@@ -263,23 +263,3 @@ fn the_writer_writes_what_reply_json_gives() {
     w.abandon();
     assert_eq!(out, b"x");
 }
-
-#[test]
-fn every_error_code_has_a_client_or_server_status() {
-    for code in ErrorCode::ALL {
-        let s = http_status(code);
-        assert!((400..600).contains(&s), "{code:?}");
-        assert_eq!(
-            s >= 500,
-            matches!(
-                code,
-                ErrorCode::TooManyPods
-                    | ErrorCode::TooManyModels
-                    | ErrorCode::IndexFull
-                    | ErrorCode::Unavailable
-                    | ErrorCode::Internal
-                    | ErrorCode::Unsupported
-            )
-        );
-    }
-}

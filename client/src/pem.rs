@@ -4,7 +4,7 @@
 //! `prefix-index/1`; a server and every Rust client read their certificates
 //! and keys with these two functions, so both report a bad file the same way.
 //!
-//! [`ALPN`]: crate::ALPN
+//! [`ALPN`]: prefix_proto::ALPN
 
 use std::path::{Path, PathBuf};
 
