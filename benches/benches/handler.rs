@@ -15,10 +15,10 @@ use criterion::{Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names};
 use prefix_index::{Index, IndexConfig};
 use prefix_proto::{Limits, Op, Request};
-use prefix_server::access::Access;
-use prefix_server::clock::now_ms;
-use prefix_server::handler::Handler;
-use prefix_server::metrics::Metrics;
+use prefix_server::now_ms;
+use prefix_server::Access;
+use prefix_server::Handler;
+use prefix_server::Metrics;
 use prefix_server::Service;
 
 #[global_allocator]
@@ -49,7 +49,7 @@ fn main() {
     }
     let handler = Handler {
         engines: None,
-        replica: prefix_server::replica::Replica::serving(),
+        replica: prefix_server::Replica::serving(),
         index: index.clone(),
         limits: Limits::default(),
         metrics: Arc::new(Metrics::default()),

@@ -472,7 +472,7 @@ impl Service for Handler {
     /// request can make the server build.
     ///
     /// `access` is what the connection's client may do (see
-    /// [`crate::access`]); ops it may not do are refused one by one with
+    /// [`crate::Access`]); ops it may not do are refused one by one with
     /// `Forbidden` and change nothing.
     fn serve(&self, id: u64, request: &Request, access: &Access, out: &mut Vec<u8>) {
         match request {

@@ -1,25 +1,35 @@
 //! `prefix-server`: the QUIC service that shares one [`prefix_index::Index`]
 //! among many gateway replicas.
 //!
-//! - [`config`]: flags, environment and TOML into a [`ServerConfig`].
-//! - [`handler`]: the index's [`Service`], without I/O (requests in, answer
-//!   frames out).
-//! - [`service`]: what the stream layer asks of whatever answers requests.
+//! Its modules are private; what other crates use is re-exported here: the
+//! [`Server`] and its [`config`] ([`ServerConfig`], [`Settings`]), the
+//! [`Service`] a server answers with, the index's [`Handler`], and what the
+//! load tester, the benches and the tests drive directly ([`Engines`],
+//! [`apply_batch`], [`Replica`], [`Metrics`], [`BusyPoll`], snapshots).
+//!
+//! - `config`: flags, environment and TOML into a [`ServerConfig`], each
+//!   subsystem's settings in its own file.
+//! - `handler`: the index's [`Service`], without I/O (requests in, answer
+//!   frames out); `service`: what the stream layer asks of whatever answers
+//!   requests.
 //! - `stream`: the async glue moving bytes between QUIC streams and a
 //!   service: framing (with `prefix-proto`'s `FrameReader`), heavy frames,
 //!   back-pressure, drain.
-//! - [`maintenance`]: the sweep task (TTL, capacities, freeing memory).
-//! - [`api`]: the HTTP/JSON API, the same operations for gateways without
+//! - `maintenance`: the sweep task (TTL, capacities, freeing memory);
+//!   `clock`: the time the server gives the index.
+//! - `api`: the HTTP/JSON API, the same operations for gateways without
 //!   QUIC (off unless `--http-listen` is set).
-//! - [`metrics`] and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
-//! - [`tls`]: the certificate (given or self-signed) and mutual TLS.
-//! - [`access`]: roles of client certificates (readers and writers).
-//! - [`busy_poll`]: optional spinning workers, for latency on machines where
+//! - `metrics` and `http`: Prometheus `/metrics`, `/healthz`, `/readyz`.
+//! - `tls`: the certificate (given or self-signed) and mutual TLS;
+//!   `access`: roles of client certificates (readers and writers).
+//! - `busy_poll`: optional spinning workers, for latency on machines where
 //!   waking a thread is slow.
-//! - [`snapshot`]: the index saved to the data directory and restored.
-//! - [`bootstrap`]: a cold replica filled from a live peer's snapshot.
-//! - [`engines`]: precise mode, following engines' KV-cache events over
-//!   ZeroMQ.
+//! - `snapshot`: the index saved to the data directory and restored;
+//!   `files`: files of the data directory set aside.
+//! - `replica`: the gate of a replica filling itself, and the snapshot it
+//!   sends; `bootstrap`: a cold replica filled from a live peer's snapshot.
+//! - `engines`: precise mode, following engines' KV-cache events over
+//!   ZeroMQ (their codec is the `prefix-events` crate).
 //!
 //! [`Server::bind`] opens the sockets (tests bind `127.0.0.1:0` and read the
 //! ports back); [`Server::run`] serves until the shutdown future resolves,
@@ -48,31 +58,36 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub mod access;
-pub mod api;
-pub mod bootstrap;
-pub mod busy_poll;
-pub mod clock;
+mod access;
+mod api;
+mod bootstrap;
+mod busy_poll;
+mod clock;
 pub mod config;
-pub mod engines;
+mod engines;
 mod files;
-pub mod handler;
+mod handler;
 mod http;
-pub mod maintenance;
-pub mod metrics;
-pub mod replica;
-pub mod service;
-pub mod snapshot;
+mod maintenance;
+mod metrics;
+mod replica;
+mod service;
+mod snapshot;
 mod stream;
-pub mod tls;
+mod tls;
 
+pub use access::Access;
+pub use api::{http_status, route, BATCH_PATH};
+pub use busy_poll::BusyPoll;
+pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
-pub use service::Service;
-
-use clock::now_ms;
-use handler::Handler;
-use metrics::Metrics;
-use replica::Replica;
+pub use engines::apply::apply_batch;
+pub use engines::{Engines, State as EngineStatus, Subscription};
+pub use handler::Handler;
+pub use metrics::Metrics;
+pub use replica::{FillReport, Refusal, Replica};
+pub use service::{Service, SnapshotJob};
+pub use snapshot::{save as save_snapshot, FILE as SNAPSHOT_FILE};
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, Error)]

@@ -63,7 +63,7 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Request frames being applied right now.
     pub in_flight: Gauge,
-    /// Busy-polling spinners spinning right now (see [`crate::busy_poll`]).
+    /// Busy-polling spinners spinning right now (see [`crate::BusyPoll`]).
     pub busy_spinners: Gauge,
     /// Connections accepted since start.
     pub connections_accepted: Counter,

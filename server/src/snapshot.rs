@@ -181,6 +181,7 @@ impl Found {
 
 /// Restores `<dir>/index.snapshot` into `index`, if there is one. A bad
 /// snapshot is moved aside and reported, and `index` is left empty.
+#[cfg(test)]
 pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
     find(dir, now).restore(index, now)
 }

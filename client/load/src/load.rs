@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use prefix_client::{Client, ClientError};
 use prefix_proto::{Op, Reply};
-use prefix_server::busy_poll::BusyPoll;
+use prefix_server::BusyPoll;
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -45,7 +45,7 @@ pub struct Plan {
     pub cpu: Probe,
     /// Keep the generator's workers polling instead of sleeping, and pace
     /// open-loop frames on a worker by polling the clock (see
-    /// [`prefix_server::busy_poll`]).
+    /// [`prefix_server::BusyPoll`]).
     pub busy_poll: bool,
 }
 

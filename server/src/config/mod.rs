@@ -89,14 +89,14 @@ pub struct ServerConfig {
     pub index: IndexConfig,
     /// The sweep and snapshots.
     pub upkeep: Upkeep,
-    /// Roles of client identities (see [`crate::access`]). Default: none,
+    /// Roles of client identities (see [`crate::Access`]). Default: none,
     /// every connected client may write.
     pub roles: Roles,
     /// The other replicas, and how a cold start fills itself from them (see
-    /// [`crate::bootstrap`]). Default: no peers.
+    /// `bootstrap.rs`). Default: no peers.
     pub replicas: ReplicaConfig,
     /// Precise mode: engine subscriptions and their limits (see
-    /// [`crate::engines`]). Default: no engines.
+    /// `engines/`). Default: no engines.
     pub engines: EngineConfig,
 }
 

@@ -113,7 +113,7 @@ pub struct TransportConfig {
     /// then buffer at most 16 GiB only if every one of them is stalled with a
     /// full window (size it down with `max_connections` on small machines).
     pub connection_window: u32,
-    /// Busy polling (see [`crate::busy_poll`]): how long the workers keep
+    /// Busy polling (see [`crate::BusyPoll`]): how long the workers keep
     /// polling after the last read, or none to let them sleep. Default none:
     /// spinning is worth a core per worker only on machines where wake-ups
     /// are slow (virtual machines) and the cores are the server's alone.

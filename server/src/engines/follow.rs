@@ -247,6 +247,7 @@ impl<T: AsRef<[u8]>> Follower<T> {
     }
 
     /// The last batch applied.
+    #[cfg(test)]
     pub fn last(&self) -> Option<Applied> {
         self.last
     }

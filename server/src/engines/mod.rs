@@ -42,7 +42,7 @@ pub use stats::SubStats;
 
 /// What a subscription's follower has seen, for `list-engines`: the
 /// protocol's [`EngineStatus`](prefix_proto::EngineStatus), read from a
-/// [`SubStats`].
+/// `SubStats`.
 pub use prefix_proto::EngineStatus as State;
 /// One engine to follow: the protocol's [`EngineSub`](prefix_proto::EngineSub),
 /// the one description of a subscription (its wire, JSON and text forms,
@@ -131,7 +131,7 @@ const STACK_BYTES: usize = 512 << 10;
 impl Engines {
     /// No subscriptions yet; threads stop when `shutdown` is cancelled.
     /// Run-time subscriptions are kept in the file `kept`, if given
-    /// ([`kept`]), and followed again by [`Engines::start`].
+    /// (`kept`), and followed again by [`Engines::start`].
     pub fn new(
         index: Arc<Index>,
         cfg: EngineConfig,

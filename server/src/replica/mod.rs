@@ -24,7 +24,7 @@ pub use sender::Sending;
 pub struct Refusal {
     /// The peer, as configured.
     pub peer: String,
-    /// What went wrong (a [`FillError`], in words).
+    /// What went wrong (a `FillError` of `bootstrap.rs`, in words).
     pub why: String,
 }
 
