@@ -36,7 +36,17 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::client::{Client, ClientConfig, ServerAddr};
 use crate::error::{ClientError, ConnectError};
 use crate::index::{Index, Route};
-use crate::wire::{ErrorCode, Op, OpKind, Reply, SampledKey, MAX_SAMPLE};
+use crate::wire::{ErrorCode, Op, OpKind, Reply, MAX_SAMPLE};
+
+mod answers;
+mod health;
+mod placement;
+mod writer;
+
+use answers::{joined, merge, sample};
+use health::{as_reply, fails_over, mark_suspect, millis_since};
+pub use placement::{place, replicas};
+use writer::{writer, Write};
 
 /// How a cluster replicates models.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,12 +126,6 @@ struct Counters {
     suspect_until: AtomicU64,
 }
 
-/// A write for one server's writer, and where its answer goes.
-struct Write {
-    op: Op,
-    answer: mpsc::Sender<Result<Reply, ClientError>>,
-}
-
 #[derive(Debug)]
 struct Member {
     name: String,
@@ -169,150 +173,6 @@ impl std::fmt::Debug for ReplicaSets {
             .field("replication", &self.replication)
             .finish()
     }
-}
-
-impl std::fmt::Debug for Write {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Write").field("op", &self.op).finish()
-    }
-}
-
-/// The replica set of `model` among `names`: the indexes of the `r`
-/// servers ranked highest by rendezvous hashing, highest first. Empty if
-/// there are no servers; all of them if `r` is larger.
-pub fn replicas(model: &str, names: &[impl AsRef<str>], r: usize) -> Vec<usize> {
-    let mut buf = Vec::with_capacity(300);
-    let mut ranked: Vec<(u64, usize)> = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            buf.clear();
-            buf.extend_from_slice(name.as_ref().as_bytes());
-            buf.push(0);
-            buf.extend_from_slice(model.as_bytes());
-            (xxh3_64(&buf), i)
-        })
-        .collect();
-    ranked.sort_unstable_by(|a, b| b.cmp(a));
-    ranked.into_iter().take(r).map(|(_, i)| i).collect()
-}
-
-/// The index of the server `model` belongs to among `names` (its first
-/// replica). `None` if there are no servers.
-pub fn place(model: &str, names: &[impl AsRef<str>]) -> Option<usize> {
-    replicas(model, names, 1).first().copied()
-}
-
-fn millis_since(epoch: Instant) -> u64 {
-    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
-}
-
-fn mark_suspect(c: &Counters, epoch: Instant, suspect_for: Duration) {
-    let for_ms = u64::try_from(suspect_for.as_millis()).unwrap_or(u64::MAX);
-    let until = millis_since(epoch).saturating_add(for_ms);
-    // Relaxed: see `Cluster::is_suspect`.
-    c.suspect_until.store(until, Ordering::Relaxed);
-}
-
-/// Whether another replica may answer what this one could not.
-fn fails_over(e: &ClientError) -> bool {
-    match e {
-        ClientError::Timeout(_) | ClientError::Disconnected { .. } => true,
-        ClientError::Server { code, .. } => *code == ErrorCode::Unavailable as u16,
-        ClientError::Invalid(_) | ClientError::Protocol(_) => false,
-    }
-}
-
-/// Most writes one writer sends in one batch.
-const WRITE_BATCH: usize = 256;
-
-/// About the bytes `op` takes in a frame (bincode varints: a random hash
-/// takes 9 bytes).
-fn op_bytes(op: &Op) -> usize {
-    match op {
-        Op::Insert { model, key, pod } => 16 + model.len() + pod.len() + 9 * key.len(),
-        Op::Lookup { model, key, .. } => 16 + model.len() + 9 * key.len(),
-        _ => 64,
-    }
-}
-
-/// Drains one server's write queue, a batch of what has queued at a time,
-/// each batch within the client's frame and batch limits; a batch that
-/// fails because the server is gone makes the server suspect.
-async fn writer(
-    client: Client,
-    mut queue: mpsc::Receiver<Write>,
-    counters: Arc<Counters>,
-    suspect: impl Fn(&Counters),
-) {
-    let limits = client.limits().clone();
-    let most = WRITE_BATCH.min(limits.max_batch).max(1);
-    // Half the frame: the estimate is rough, and the margin is cheap.
-    let budget = limits.frame_bytes() as usize / 2;
-    let mut batch: Vec<Write> = Vec::with_capacity(most);
-    let mut carried: Option<Write> = None;
-    loop {
-        let first = match carried.take() {
-            Some(w) => w,
-            None => match queue.recv().await {
-                Some(w) => w,
-                None => return,
-            },
-        };
-        let mut size = op_bytes(&first.op);
-        batch.push(first);
-        while batch.len() < most {
-            match queue.try_recv() {
-                Ok(w) => {
-                    let s = op_bytes(&w.op);
-                    if size + s > budget {
-                        carried = Some(w);
-                        break;
-                    }
-                    size += s;
-                    batch.push(w);
-                }
-                Err(_) => break,
-            }
-        }
-        let ops = batch.iter().map(|w| w.op.clone()).collect();
-        let n = batch.len() as u64;
-        // Relaxed: counters, read for reports only.
-        match client.batch(ops).await {
-            Ok(replies) => {
-                counters.applied.fetch_add(n, Ordering::Relaxed);
-                for (w, reply) in batch.drain(..).zip(replies) {
-                    let _ = w.answer.try_send(Ok(reply));
-                }
-            }
-            Err(e) => {
-                counters.failed.fetch_add(n, Ordering::Relaxed);
-                // Gone, not merely slow: a slow batch of writes says
-                // little about lookups.
-                if down(&e) {
-                    suspect(&counters);
-                }
-                for w in batch.drain(..) {
-                    let _ = w.answer.try_send(Err(e.clone()));
-                }
-            }
-        }
-    }
-}
-
-/// Whether the error says the server is not there (not merely slow).
-fn down(e: &ClientError) -> bool {
-    match e {
-        ClientError::Disconnected { .. } => true,
-        ClientError::Server { code, .. } => *code == ErrorCode::Unavailable as u16,
-        _ => false,
-    }
-}
-
-/// A failure as the reply in its op's place.
-fn as_reply(e: &ClientError) -> Reply {
-    let code = e.code().unwrap_or(ErrorCode::Unavailable);
-    code.reply(e)
 }
 
 impl Cluster {
@@ -828,155 +688,5 @@ impl Route for ReplicaSets {
     }
 }
 
-/// Two servers' replies to one op as the cluster's: removed if either
-/// removed, statistics summed, engine lists one after the other; replies
-/// that carry nothing (done, pong) are one. A reply of another kind is
-/// kept, for the caller to refuse.
-fn merge(acc: Reply, next: Reply) -> Reply {
-    match (acc, next) {
-        (Reply::Removed(a), Reply::Removed(b)) => Reply::Removed(a || b),
-        (Reply::Stats(mut a), Reply::Stats(b)) => {
-            a += &b;
-            Reply::Stats(a)
-        }
-        (Reply::Engines(mut a), Reply::Engines(b)) => {
-            a.extend(b);
-            Reply::Engines(a)
-        }
-        (a, b) if a == b => a,
-        (Reply::Done | Reply::Pong, other) | (other, _) => other,
-    }
-}
-
-/// Up to `most` distinct keys from every server's sample, one from each
-/// in turn (replicas hold the same keys: a key is taken once).
-fn sample(replies: Vec<Reply>, most: usize) -> Result<Vec<SampledKey>, ClientError> {
-    let mut lists = Vec::with_capacity(replies.len());
-    for reply in replies {
-        match reply {
-            Reply::Keys(keys) => lists.push(keys.into_iter()),
-            other => return Err(crate::index::unexpected(other)),
-        }
-    }
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    while out.len() < most {
-        let mut any = false;
-        for list in &mut lists {
-            if let Some(k) = list.next() {
-                any = true;
-                if out.len() < most && seen.insert((k.model.clone(), k.key.clone())) {
-                    out.push(k);
-                }
-            }
-        }
-        if !any {
-            break;
-        }
-    }
-    Ok(out)
-}
-
-/// The answers of `n` calls spawned as `(position, answer)`, in position
-/// order, or the first failure (by completion).
-async fn joined<T: 'static>(
-    mut calls: tokio::task::JoinSet<(usize, Result<T, ClientError>)>,
-    n: usize,
-) -> Result<Vec<T>, ClientError> {
-    let mut out: Vec<Option<T>> = std::iter::repeat_with(|| None).take(n).collect();
-    let mut first_err = None;
-    while let Some(done) = calls.join_next().await {
-        match done {
-            Ok((i, Ok(v))) => out[i] = Some(v),
-            Ok((_, Err(e))) => {
-                first_err.get_or_insert(e);
-            }
-            Err(e) => {
-                first_err.get_or_insert(ClientError::Protocol(format!("a call failed: {e}")));
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    out.into_iter()
-        .map(|v| v.ok_or_else(|| ClientError::Protocol("a call gave no answer".into())))
-        .collect()
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placement_is_stable_and_spread() {
-        let three = ["a:7070", "b:7070", "c:7070"];
-        let mut count = [0usize; 3];
-        for m in 0..3000 {
-            let model = format!("model-{m}");
-            let s = place(&model, &three).unwrap();
-            assert_eq!(place(&model, &three), Some(s), "deterministic");
-            count[s] += 1;
-            // Removing another server never moves this model.
-            let others: Vec<&str> = three
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != (s + 1) % 3)
-                .map(|(_, n)| *n)
-                .collect();
-            assert_eq!(others[place(&model, &others).unwrap()], three[s]);
-        }
-        assert!(count.iter().all(|&c| c > 800), "spread: {count:?}");
-        assert_eq!(place("m", &[] as &[&str]), None);
-    }
-
-    #[test]
-    fn a_new_server_takes_about_its_share_of_replicas() {
-        let four: Vec<String> = (0..4).map(|i| format!("index-{i}.svc:7070")).collect();
-        let mut five = four.clone();
-        five.push("index-4.svc:7070".into());
-        let models: Vec<String> = (0..4000).map(|m| format!("model-{m}")).collect();
-        let (mut moved, mut per_server) = (0usize, [0usize; 5]);
-        for m in &models {
-            let before = replicas(m, &four, 2);
-            assert_eq!(before.len(), 2);
-            assert_ne!(before[0], before[1]);
-            assert_eq!(before[0], place(m, &four).unwrap());
-            // Every gateway computes the same set: it depends on names only.
-            let shuffled: Vec<String> = four.iter().rev().cloned().collect();
-            let again: Vec<&str> = replicas(m, &shuffled, 2)
-                .into_iter()
-                .map(|i| shuffled[i].as_str())
-                .collect();
-            let named: Vec<&str> = before.iter().map(|&i| four[i].as_str()).collect();
-            assert_eq!(again, named);
-            let after = replicas(m, &five, 2);
-            for &s in &after {
-                per_server[s] += 1;
-            }
-            // Only the new server takes replicas; it takes one replica of a
-            // model at most, and the others keep theirs.
-            let kept = after.iter().filter(|s| before.contains(s)).count();
-            assert!(kept >= 1);
-            if kept == 1 {
-                assert!(after.contains(&4));
-                moved += 1;
-            }
-        }
-        // One replica in R·n' = 10 slots moves to the new server: 2/5 of
-        // the models lose one replica (each replica slot moves with
-        // probability 1/5).
-        let share = moved as f64 / models.len() as f64;
-        assert!((0.35..0.45).contains(&share), "{share}");
-        assert!(per_server.iter().all(|&n| n > 1400), "{per_server:?}");
-    }
-
-    #[test]
-    fn replica_sets_are_the_top_of_the_ranking() {
-        let names = ["a", "b", "c"];
-        assert_eq!(replicas("m", &names, 3).len(), 3);
-        assert_eq!(replicas("m", &names, 5).len(), 3);
-        assert_eq!(replicas("m", &names, 2), replicas("m", &names, 3)[..2]);
-        assert!(replicas("m", &[] as &[&str], 2).is_empty());
-    }
-}
+mod tests;
