@@ -9,20 +9,23 @@
 //! [`PrefixIndexError`]'s family.
 
 mod aio;
+mod route;
+mod types;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use prefix_client::key;
-use prefix_client::wire::{self, EngineSub, ErrorCode, Op, PodBlocks, Reply, WireStats};
+use prefix_client::wire::{EngineSub, ErrorCode, Op, Reply};
 use prefix_client::{
-    ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, Route, TlsConfig,
+    ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
 };
 use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
+
+use route::{AnyIndex, AnyRoute};
+use types::{EngineState, LookupResult, Stats};
 
 pyo3::create_exception!(
     prefix_index,
@@ -180,213 +183,6 @@ where
         out.map_err(call_error)?.into_py_any(py)
     })
 }
-
-/// The answer to a lookup.
-#[pyclass(frozen, get_all, module = "prefix_index")]
-#[derive(Debug, Clone)]
-pub struct LookupResult {
-    /// Blocks in the key the server looked up.
-    key_blocks: u32,
-    /// `(pod, blocks)` for every pod holding at least one leading block, by
-    /// blocks descending, then pod name.
-    matches: Vec<(String, u32)>,
-}
-
-#[pymethods]
-impl LookupResult {
-    fn __repr__(&self) -> String {
-        format!(
-            "LookupResult(key_blocks={}, matches={:?})",
-            self.key_blocks, self.matches
-        )
-    }
-}
-
-impl From<WireLookup> for LookupResult {
-    fn from(r: WireLookup) -> Self {
-        LookupResult {
-            key_blocks: r.key_blocks,
-            matches: r
-                .matches
-                .into_iter()
-                .map(|PodBlocks { pod, blocks }| (pod.as_str().to_owned(), blocks))
-                .collect(),
-        }
-    }
-}
-
-/// Index statistics: the protocol's [`WireStats`], read through getters.
-#[pyclass(frozen, module = "prefix_index")]
-#[derive(Debug, Clone)]
-pub struct Stats(WireStats);
-
-#[pymethods]
-impl Stats {
-    #[getter]
-    fn models(&self) -> u64 {
-        self.0.models
-    }
-    #[getter]
-    fn pods(&self) -> u64 {
-        self.0.pods
-    }
-    #[getter]
-    fn nodes(&self) -> u64 {
-        self.0.nodes
-    }
-    #[getter]
-    fn tree_blocks(&self) -> u64 {
-        self.0.tree_blocks
-    }
-    #[getter]
-    fn entries(&self) -> u64 {
-        self.0.entries
-    }
-    #[getter]
-    fn bytes(&self) -> u64 {
-        self.0.bytes
-    }
-
-    fn __repr__(&self) -> String {
-        let s = &self.0;
-        format!(
-            "Stats {{ models: {}, pods: {}, nodes: {}, tree_blocks: {}, entries: {}, bytes: {} }}",
-            s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes
-        )
-    }
-}
-
-/// One engine subscription and its state: the protocol's
-/// [`wire::EngineState`], its subscription's fields and its status's read
-/// through getters as one flat object.
-#[pyclass(frozen, module = "prefix_index")]
-#[derive(Debug, Clone)]
-pub struct EngineState(wire::EngineState);
-
-#[pymethods]
-impl EngineState {
-    #[getter]
-    fn pod(&self) -> &str {
-        &self.0.sub.pod
-    }
-    #[getter]
-    fn model(&self) -> &str {
-        &self.0.sub.model
-    }
-    #[getter]
-    fn endpoint(&self) -> &str {
-        &self.0.sub.endpoint
-    }
-    #[getter]
-    fn replay(&self) -> Option<&str> {
-        self.0.sub.replay.as_deref()
-    }
-    #[getter]
-    fn block_size(&self) -> u32 {
-        self.0.sub.block_size
-    }
-    #[getter]
-    fn topic(&self) -> &str {
-        &self.0.sub.topic
-    }
-    #[getter]
-    fn media(&self) -> Vec<String> {
-        self.0.sub.media.clone()
-    }
-    #[getter]
-    fn connected(&self) -> bool {
-        self.0.status.connected
-    }
-    #[getter]
-    fn last_seq(&self) -> Option<u64> {
-        self.0.status.last_seq
-    }
-    #[getter]
-    fn events(&self) -> u64 {
-        self.0.status.events
-    }
-    #[getter]
-    fn blocks_stored(&self) -> u64 {
-        self.0.status.blocks_stored
-    }
-    #[getter]
-    fn blocks_removed(&self) -> u64 {
-        self.0.status.blocks_removed
-    }
-    #[getter]
-    fn resyncs(&self) -> u64 {
-        self.0.status.resyncs
-    }
-    #[getter]
-    fn replays(&self) -> u64 {
-        self.0.status.replays
-    }
-    #[getter]
-    fn orphaned(&self) -> u64 {
-        self.0.status.orphaned
-    }
-    #[getter]
-    fn decode_errors(&self) -> u64 {
-        self.0.status.decode_errors
-    }
-    #[getter]
-    fn lag_ms(&self) -> i64 {
-        self.0.status.lag_ms
-    }
-    #[getter]
-    fn last_error(&self) -> Option<&str> {
-        self.0.status.last_error.as_deref()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("{:?}", self.0)
-    }
-}
-
-/// A future of the erased route.
-type Pending<T> = Pin<Box<dyn Future<Output = Result<T, ClientError>> + Send>>;
-
-/// A [`Route`] behind a pointer: what lets one Python class, [`Index`],
-/// call a client or a cluster.
-trait Erased: Send + Sync {
-    fn one(&self, op: Op) -> Pending<Reply>;
-    fn batch(&self, ops: Vec<Op>) -> Pending<Vec<Reply>>;
-}
-
-impl<R: Route> Erased for R {
-    fn one(&self, op: Op) -> Pending<Reply> {
-        let route = self.clone();
-        Box::pin(async move { route.one(op).await })
-    }
-
-    fn batch(&self, ops: Vec<Op>) -> Pending<Vec<Reply>> {
-        let route = self.clone();
-        Box::pin(async move { route.batch(ops).await })
-    }
-}
-
-/// A client's or a cluster's route, chosen when the Python object is made.
-#[derive(Clone)]
-struct AnyRoute(Arc<dyn Erased>);
-
-impl AnyRoute {
-    fn of<R: Route>(index: &prefix_client::Index<R>) -> prefix_client::Index<AnyRoute> {
-        prefix_client::Index::new(AnyRoute(Arc::new(index.route().clone())))
-    }
-}
-
-impl Route for AnyRoute {
-    fn one(&self, op: Op) -> impl Future<Output = Result<Reply, ClientError>> + Send {
-        self.0.one(op)
-    }
-
-    fn batch(&self, ops: Vec<Op>) -> impl Future<Output = Result<Vec<Reply>, ClientError>> + Send {
-        self.0.batch(ops)
-    }
-}
-
-/// The operations of either class.
-type AnyIndex = prefix_client::Index<AnyRoute>;
 
 /// A lookup's candidates as the client takes them.
 fn names(candidates: &Option<Vec<String>>) -> Option<Vec<&str>> {
