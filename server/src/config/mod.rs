@@ -141,7 +141,23 @@ impl Settings {
                 key: key.clone(),
             });
         }
-        toml::Value::Table(table).try_into().map_err(parse)
+        // Through the flattened groups a bad value's error no longer names
+        // its key: each key alone finds the first one that is refused.
+        toml::Value::Table(table.clone()).try_into().map_err(|e| {
+            table
+                .into_iter()
+                .find_map(|(key, value)| {
+                    let one = toml::Value::Table(toml::Table::from_iter([(key.clone(), value)]));
+                    one.try_into::<Settings>()
+                        .err()
+                        .map(|e| ConfigError::Value {
+                            path: path.into(),
+                            key,
+                            why: e.message().to_string(),
+                        })
+                })
+                .unwrap_or_else(|| parse(e))
+        })
     }
 
     /// These settings, with `under`'s filling the gaps.

@@ -33,6 +33,14 @@ fn unknown_keys_and_bad_values_are_refused() {
         matches!(&unknown, Err(ConfigError::Unknown { key, .. }) if key == "tll"),
         "{unknown:?}"
     );
+    for (text, key) in [("ttl = \"x\"", "ttl"), ("engines = \"pod=a\"", "engines")] {
+        let text = format!("listen = \"127.0.0.1:1\"\n{text}");
+        let bad = Settings::from_toml(&text, Path::new("t.toml"));
+        assert!(
+            matches!(&bad, Err(ConfigError::Value { key: k, .. }) if k == key),
+            "{bad:?}"
+        );
+    }
     let mut s = Settings::default();
     s.limits.max_frame_bytes = Some(MAX_FRAME_CEILING + 1);
     assert!(matches!(s.resolve(), Err(ConfigError::Invalid { .. })));

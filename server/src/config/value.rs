@@ -61,6 +61,16 @@ pub enum ConfigError {
         /// The key.
         key: String,
     },
+    /// A key of the TOML file has a value its setting does not take.
+    #[error("{path}: {key}: {why}")]
+    Value {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// What is wrong with the value.
+        why: String,
+    },
     /// An engine subscription does not parse.
     #[error("engine = {value}: {why}")]
     Engine {
