@@ -2,7 +2,7 @@
 //! streams: each gets its typed error, the index is untouched, and the server
 //! keeps serving a well-behaved client meanwhile.
 
-mod common;
+use prefix_testkit::server as common;
 
 use prefix_client::wire::{
     self, ErrorCode, Op, Reply, Request, Response, HEADER_LEN, MAX_FRAME_CEILING,
@@ -43,7 +43,7 @@ fn request(id: u64, r: &Request) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_get_typed_errors_and_the_server_keeps_serving() {
-    let server = common::start(|cfg| cfg.max_frame_bytes = 4096).await;
+    let server = common::start(|cfg| cfg.limits.max_frame_bytes = 4096).await;
     let good = server.client().await;
     good.insert("m", &[1, 2], "p").await.unwrap();
     let conn = common::raw(&server).await;
@@ -166,7 +166,7 @@ async fn a_closed_stream_does_not_close_the_connection() {
 async fn nothing_behind_a_fatal_frame_is_served_even_after_heavy_work_finishes() {
     // Every frame is heavy here, so the stream has work on the blocking pool
     // when the fatal frame arrives; finishing it must not resume the stream.
-    let server = common::start(|cfg| cfg.inline_blocks = 1).await;
+    let server = common::start(|cfg| cfg.limits.inline_blocks = 1).await;
     let conn = common::raw(&server).await;
     let heavy = Request::Batch(
         (0..64)

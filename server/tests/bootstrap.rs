@@ -2,7 +2,7 @@
 //! lookups while it fills, refuses a damaged or truncated snapshot and asks
 //! the next peer, and once ready answers as the peer it filled from.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Condvar, Mutex};
@@ -127,9 +127,9 @@ async fn peer(cert: &Certs, mode: Mode) -> Peer {
     fill(server.index());
     let inner = Handler {
         index: server.index().clone(),
-        limits: cfg.limits(),
+        limits: cfg.wire_limits(),
         metrics: server.metrics().clone(),
-        inline_blocks: cfg.inline_blocks,
+        inline_blocks: cfg.limits.inline_blocks,
         engines: None,
         replica: Replica::serving(),
     };
@@ -168,11 +168,7 @@ struct Certs {
 impl Certs {
     fn new() -> Certs {
         let dir = tempfile::tempdir().unwrap();
-        let made = rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()])
-            .unwrap();
-        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-        std::fs::write(&cert, made.cert.pem()).unwrap();
-        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let (cert, key) = prefix_testkit::tls::server_cert(dir.path());
         Certs {
             cert,
             key,
@@ -343,7 +339,7 @@ async fn with_no_peer_answering_a_replica_serves_after_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_go_to_writers_and_peers_only() {
-    let ca = common::Ca::new("test-ca");
+    let ca = prefix_testkit::tls::Ca::new("test-ca");
     let dir = tempfile::tempdir().unwrap();
     let ca_pem = ca.write(dir.path(), "ca");
     let server = common::start(|cfg| {

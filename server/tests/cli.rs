@@ -2,12 +2,12 @@
 //! says why, on stdout as JSON for what the server (or the client's own limit
 //! check) answered, on stderr in words for what never reached an answer.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::Ca;
+use prefix_testkit::tls::{Ca, Roles};
 
 /// The `prefix-client` binary of this build profile, brought up to date
 /// first (a test of this package alone would otherwise find a stale one).
@@ -122,17 +122,17 @@ async fn refused_ops_print_their_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_under_mutual_tls_print_their_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("gateways");
-    let ca_path = ca.write(dir.path(), "clients-ca.pem");
-    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
-    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
-    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
+    let roles = Roles::new(dir.path());
+    let Roles {
+        reader: (ro_cert, ro_key),
+        writer: (rw_cert, rw_key),
+        unlisted: (other_cert, other_key),
+        ..
+    } = roles.clone();
     let foreign = Ca::new("somebody else");
     let (alien_cert, alien_key) = foreign.client(dir.path(), "gw-alien");
     let server = common::start(|cfg| {
-        cfg.client_ca = Some(ca_path.clone());
-        cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
-        cfg.roles.writers = vec!["cn:gw-writer".parse().unwrap()];
+        roles.configure(cfg);
     })
     .await;
     let srv = server.ca.as_path();

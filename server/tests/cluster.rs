@@ -1,6 +1,6 @@
 //! Three servers, models placed by rendezvous hashing of their names.
 
-mod common;
+use prefix_testkit::server as common;
 
 use prefix_client::wire::{Op, Reply};
 use prefix_client::{place, Cluster, TlsConfig};
@@ -85,7 +85,8 @@ async fn servers_named_by_host_connect_and_reconnect() {
     );
     let (addr, http) = common::free_ports();
     let dir = tempfile::tempdir().unwrap();
-    let mut first = common::Proc::start(dir.path(), addr, http, "0s");
+    let mut first =
+        common::Proc::start(prefix_testkit::server_bin!(), dir.path(), addr, http, "0s");
     first.client().await;
     let named = format!("localhost:{}", addr.port());
     let tls = TlsConfig::from_files(&dir.path().join("cert.pem"), None, None).unwrap();
@@ -105,7 +106,8 @@ async fn servers_named_by_host_connect_and_reconnect() {
     // Stopped cleanly, so the client sees the connection close at once.
     first.signal("-TERM");
     first.wait().await;
-    let mut second = common::Proc::start(dir.path(), addr, http, "0s");
+    let mut second =
+        common::Proc::start(prefix_testkit::server_bin!(), dir.path(), addr, http, "0s");
     common::eventually("the named server is found again", async || {
         cluster.insert("m", &[3, 4], "p").await.is_ok()
     })

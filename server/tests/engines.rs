@@ -6,7 +6,7 @@
 //! the engine (sequence back to 0, empty cache). After each step, gateway
 //! lookups by token key must match the engine's own cache.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 use prefix_client::Client;
 use prefix_events::{encode_batch, Batch, Event, Removed, Stored};
 use prefix_proto::key::token_key;
-use prefix_server::engines::Subscription;
+use prefix_server::Subscription;
 
 const BLOCK: usize = 16;
 const TOPIC: &str = "kv";
@@ -268,7 +268,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let data = tempfile::tempdir().unwrap();
     let config = |sub: &Subscription| {
         let mut cfg = common::config(&data);
-        cfg.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
         cfg.engines.subscriptions = vec![sub.clone()];
         cfg
     };
@@ -356,7 +356,7 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     let data = tempfile::tempdir().unwrap();
     let config = |subs: &[Subscription]| {
         let mut cfg = common::config(&data);
-        cfg.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
         cfg.engines.subscriptions = subs.to_vec();
         cfg
     };

@@ -3,13 +3,13 @@
 //! roles from client certificates, and `docs/openapi.json` held to the
 //! routes the server really has.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
-use common::{Ca, TestServer};
+use common::TestServer;
 use prefix_client::key::{text_key, token_key};
 use prefix_proto::json::{fields, http_status, reply_json};
 use prefix_proto::{ErrorCode, Op, OpKind, Request, Response};
@@ -279,9 +279,9 @@ async fn the_api_answers_as_quic_does_over_http1_and_http2() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
     let (server, addr) = start(|cfg| {
-        cfg.http_max_body_bytes = 4096;
-        cfg.max_batch = 2;
-        cfg.max_candidates = 2;
+        cfg.limits.http_max_body_bytes = 4096;
+        cfg.limits.max_batch = 2;
+        cfg.limits.max_candidates = 2;
         cfg.index.max_key_blocks = 8;
     })
     .await;
@@ -392,15 +392,15 @@ async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_have_the_same_roles_as_over_quic() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("gateways");
-    let ca_path = ca.write(dir.path(), "clients-ca.pem");
-    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
-    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
-    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
+    let roles = Roles::new(dir.path());
+    let Roles {
+        reader: (ro_cert, ro_key),
+        writer: (rw_cert, rw_key),
+        unlisted: (other_cert, other_key),
+        ..
+    } = roles.clone();
     let (server, addr) = start(|cfg| {
-        cfg.client_ca = Some(ca_path.clone());
-        cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
-        cfg.roles.writers = vec!["cn:gw-writer".parse().unwrap()];
+        roles.configure(cfg);
     })
     .await;
     let insert = json!({"model": "m", "hashes": [1, 2], "pod": "p"});

@@ -1,6 +1,6 @@
 //! `prefix-client replay`: JSON Lines in, one JSON line out per line, in order.
 
-mod common;
+use prefix_testkit::server as common;
 
 use prefix_client::replay::replay;
 use prefix_client::wire::json::KeyOptions;

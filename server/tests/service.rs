@@ -1,7 +1,7 @@
 //! Every operation end to end, concurrency, TTL, removal, draining at
 //! shutdown, and reconnection, through the public client.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::time::Duration;
 
@@ -215,7 +215,7 @@ async fn a_busy_polling_server_serves_idles_and_stops() {
 async fn ttl_expiry_is_seen_over_the_network() {
     let server = common::start(|cfg| {
         cfg.index.ttl = Duration::from_secs(1);
-        cfg.sweep_interval = Duration::from_millis(50);
+        cfg.upkeep.sweep_interval = Duration::from_millis(50);
     })
     .await;
     let c = server.client().await;
@@ -272,8 +272,8 @@ async fn errors_are_typed_and_leave_the_index_alone() {
 /// 2,048-block key, so each lookup walks 256 nodes and lists 256 pods.
 async fn deep_index(n: usize) -> (common::TestServer, Client, Vec<Op>) {
     let server = common::start(|cfg| {
-        cfg.max_frame_bytes = 16 << 20;
-        cfg.max_batch = 4096;
+        cfg.limits.max_frame_bytes = 16 << 20;
+        cfg.limits.max_batch = 4096;
     })
     .await;
     let mut cfg = server.client_config();

@@ -1,13 +1,13 @@
 //! Who may connect: the right ALPN, a trusted server certificate, and with
 //! `--client-ca`, a client certificate signed by that CA.
 
-mod common;
+use prefix_testkit::server as common;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use common::Ca;
 use prefix_client::{Client, ClientError, TlsConfig};
+use prefix_testkit::tls::{fingerprint, Ca, Roles};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_alpn_is_refused() {
@@ -99,12 +99,14 @@ async fn mutual_tls_admits_only_signed_clients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("gateways");
-    let ca_path = ca.write(dir.path(), "clients-ca.pem");
-    let (ro_cert, ro_key) = ca.client(dir.path(), "gw-readonly");
-    let (rw_cert, rw_key) = ca.client(dir.path(), "gw-writer");
-    let (other_cert, other_key) = ca.client(dir.path(), "gw-unlisted");
-    let writer_id = common::fingerprint(&rw_cert);
+    let roles = Roles::new(dir.path());
+    let Roles {
+        ca: ca_path,
+        reader: (ro_cert, ro_key),
+        writer: (rw_cert, rw_key),
+        unlisted: (other_cert, other_key),
+    } = roles.clone();
+    let writer_id = fingerprint(&rw_cert);
 
     let server = common::start(|cfg| {
         cfg.client_ca = Some(ca_path.clone());
@@ -182,7 +184,7 @@ async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
         stranger.lookup("m", &[1], None).await.unwrap_err(),
         "lookup",
     );
-    let hex = common::fingerprint(&other_cert)[7..]
+    let hex = fingerprint(&other_cert)[7..]
         .replace(':', "")
         .to_lowercase();
     assert!(msg.contains(&hex), "{msg}");

@@ -16,6 +16,7 @@ use prefix_proto::{
     split_frame, EngineState, EngineStatus, EngineSub, FrameReader, Incoming, Kind, Limits, Op,
     PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
 };
+use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use proptest::prelude::*;
 
 /// The system allocator, recording the largest request (tests read and reset
@@ -25,13 +26,6 @@ static ALLOC: Counting<System> = Counting::new(System);
 
 /// Tests run on several threads; the allocation check needs this one alone.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn cases(default: u32) -> u32 {
-    std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Runs every decoder on `bytes` and checks the allocation bound.
 fn decode_all(bytes: &[u8]) -> Result<(), TestCaseError> {
@@ -183,45 +177,10 @@ fn reply() -> impl Strategy<Value = Reply> {
 }
 
 /// A mutation of a valid frame: flip bits, cut, splice in a length-like run.
-#[derive(Debug, Clone)]
-enum Mutation {
-    Flip(usize, u8),
-    Cut(usize),
-    Splice(usize, Vec<u8>),
-}
-
 fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
-        any::<usize>().prop_map(Mutation::Cut),
-        // 0xfb..0xfd are bincode's varint markers for 2-, 4- and 8-byte
-        // lengths: the way to claim a huge container in a few bytes.
-        (
-            any::<usize>(),
-            prop::collection::vec(prop_oneof![Just(0xfdu8), Just(0xffu8), any::<u8>()], 1..10)
-        )
-            .prop_map(|(i, b)| Mutation::Splice(i, b)),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
-    for m in muts {
-        if bytes.is_empty() {
-            break;
-        }
-        match m {
-            Mutation::Flip(i, x) => {
-                let i = i % bytes.len();
-                bytes[i] ^= x;
-            }
-            Mutation::Cut(i) => bytes.truncate(i % bytes.len()),
-            Mutation::Splice(i, run) => {
-                let i = i % bytes.len();
-                bytes.splice(i..i, run.iter().copied());
-            }
-        }
-    }
-    bytes
+    // 0xfb..0xfd are bincode's varint markers for 2-, 4- and 8-byte
+    // lengths: the way to claim a huge container in a few bytes.
+    fuzz::mutation(&[0xfd, 0xff])
 }
 
 proptest! {

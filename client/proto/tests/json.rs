@@ -10,18 +10,12 @@ use std::alloc::System;
 use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
 use prefix_proto::{EngineSub, Op, OpKind, Reply};
+use prefix_testkit::fuzz::cases;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
 #[global_allocator]
 static ALLOC: Counting<System> = Counting::new(System);
-
-fn cases(default: u32) -> u32 {
-    std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn name() -> impl Strategy<Value = String> {
     "[a-z0-9\"\\\\é -]{0,12}"

@@ -17,6 +17,7 @@ use prefix_events::{
     decode_batch, parse_live, parse_replay, parse_topic, Batch, DecodeError, DecodeLimits, Event,
     Removed, Stored,
 };
+use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use proptest::prelude::*;
 use rmp::encode as enc;
 
@@ -47,13 +48,6 @@ fn check<S: Strategy>(
     if let Err(e) = runner.run(&strategy, test) {
         panic!("{e}");
     }
-}
-
-fn cases(default: u32) -> u32 {
-    std::env::var("FUZZ_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// The most one decode may reserve at once for `len` payload bytes: a list
@@ -395,58 +389,11 @@ fn encode(batch: &Batch, l: &Layout) -> (Vec<u8>, Batch) {
 // --- Mutations -------------------------------------------------------------------
 
 /// A mutation of a valid payload: flip bits, cut, splice in a run.
-#[derive(Debug, Clone)]
-enum Mutation {
-    Flip(usize, u8),
-    Cut(usize),
-    Splice(usize, Vec<u8>),
-}
-
 fn mutation() -> impl Strategy<Value = Mutation> {
-    prop_oneof![
-        (any::<usize>(), 1u8..=255).prop_map(|(i, x)| Mutation::Flip(i, x)),
-        any::<usize>().prop_map(Mutation::Cut),
-        // 0xdc/0xdd/0xde/0xdf are array16/32 and map16/32 headers, 0xc6 and
-        // 0xdb bin32/str32, 0xff a length byte: the ways to claim a huge
-        // container in a few bytes; 0x91 nests.
-        (
-            any::<usize>(),
-            prop::collection::vec(
-                prop_oneof![
-                    Just(0xddu8),
-                    Just(0xdf),
-                    Just(0xdc),
-                    Just(0xc6),
-                    Just(0xdb),
-                    Just(0xff),
-                    Just(0x91),
-                    any::<u8>()
-                ],
-                1..10
-            )
-        )
-            .prop_map(|(i, b)| Mutation::Splice(i, b)),
-    ]
-}
-
-fn mutate(mut bytes: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
-    for m in muts {
-        if bytes.is_empty() {
-            break;
-        }
-        match m {
-            Mutation::Flip(i, x) => {
-                let i = i % bytes.len();
-                bytes[i] ^= x;
-            }
-            Mutation::Cut(i) => bytes.truncate(i % bytes.len()),
-            Mutation::Splice(i, run) => {
-                let i = i % bytes.len();
-                bytes.splice(i..i, run.iter().copied());
-            }
-        }
-    }
-    bytes
+    // 0xdc/0xdd/0xde/0xdf are array16/32 and map16/32 headers, 0xc6 and
+    // 0xdb bin32/str32, 0xff a length byte: the ways to claim a huge
+    // container in a few bytes; 0x91 nests.
+    fuzz::mutation(&[0xdd, 0xdf, 0xdc, 0xc6, 0xdb, 0xff, 0x91])
 }
 
 fn golden() -> Vec<Vec<u8>> {
