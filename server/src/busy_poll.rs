@@ -269,6 +269,9 @@ mod tests {
         keeps_polling(&polls, 1);
         spinners(&busy, 0);
         let parked_at = polls.load(Ordering::Relaxed);
+        // Not a threshold: a parked spinner is never polled however long
+        // this waits, so the test cannot fail for a slow machine; one that
+        // kept spinning would be polled thousands of times meanwhile.
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(
             polls.load(Ordering::Relaxed),

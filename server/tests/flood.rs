@@ -1,8 +1,10 @@
 //! Bounded under floods: a flood of unique inserts keeps the index within
 //! `max_blocks`, and a client that stops reading its answers holds up nobody.
 
-mod common;
+use prefix_testkit::server as common;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prefix_client::wire::{encode_request, ErrorCode, Op, Reply, Request};
@@ -10,28 +12,42 @@ use prefix_client::wire::{encode_request, ErrorCode, Op, Reply, Request};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
     const MAX_BLOCKS: u64 = 100_000;
-    const KEYS_PER_CLIENT: u64 = 150_000;
+    const CHUNK: u64 = 500;
+    // 600,000 keys at least; more if the sweep has not yet made room by
+    // then (so the test waits on the sweep, not on a clock), up to 20 times
+    // as many.
+    const CHUNKS: u64 = 1_200;
+    const MAX_CHUNKS: u64 = 20 * CHUNKS;
     const CLIENTS: u64 = 4;
     const PODS: u64 = 1_000;
     let server = common::start(|cfg| {
         cfg.index.max_blocks = MAX_BLOCKS;
         cfg.index.pod_capacity = u64::MAX;
-        cfg.sweep_interval = Duration::from_millis(50);
-        cfg.snapshot_interval = None;
+        cfg.upkeep.sweep_interval = Duration::from_millis(50);
+        cfg.upkeep.snapshot_interval = None;
     })
     .await;
 
+    // Chunks handed out, and inserts that went through, over all clients.
+    let (next, inserted) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = Vec::new();
-    for c in 0..CLIENTS {
+    for _ in 0..CLIENTS {
         let client = server.client().await;
+        let (next, inserted) = (next.clone(), inserted.clone());
         tasks.push(tokio::spawn(async move {
             let (mut done, mut full) = (0u64, 0u64);
-            for chunk in 0..KEYS_PER_CLIENT / 500 {
-                let ops = (0..500)
+            loop {
+                // Past the first CHUNKS, only until the sweep has made room
+                // once: more inserts through than fit in the empty index.
+                let enough = inserted.load(Ordering::Relaxed) > MAX_BLOCKS / 4;
+                let chunk = next.fetch_add(1, Ordering::Relaxed);
+                if chunk >= MAX_CHUNKS || (chunk >= CHUNKS && enough) {
+                    break;
+                }
+                let ops = (0..CHUNK)
                     .map(|i| {
-                        // 600,000 distinct 4-block keys, no shared prefix.
-                        let n = (c * KEYS_PER_CLIENT + chunk * 500 + i)
-                            .wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                        // Distinct 4-block keys, no shared prefix.
+                        let n = (chunk * CHUNK + i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                         Op::Insert {
                             model: format!("model-{}", n % 4),
                             key: vec![n, n ^ 1, n ^ 2, n ^ 3],
@@ -39,9 +55,10 @@ async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
                         }
                     })
                     .collect();
+                let mut through = 0;
                 for reply in client.batch(ops).await.unwrap() {
                     match reply {
-                        Reply::Done => done += 1,
+                        Reply::Done => through += 1,
                         // The index refuses past its bound until the sweep
                         // makes room: the typed answer a flood should get.
                         Reply::Error { code, .. } if code == ErrorCode::IndexFull as u16 => {
@@ -50,6 +67,8 @@ async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
                         other => panic!("unexpected {other:?}"),
                     }
                 }
+                done += through;
+                inserted.fetch_add(through, Ordering::Relaxed);
             }
             (done, full)
         }));
@@ -66,7 +85,12 @@ async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
         done += d;
         full += f;
     }
-    assert_eq!(done + full, CLIENTS * KEYS_PER_CLIENT);
+    // Every chunk handed out was answered whole; a chunk number past the
+    // last one is taken by each client when it stops.
+    let chunks = next.load(Ordering::Relaxed) - CLIENTS;
+    assert_eq!(done + full, chunks * CHUNK);
+    // The sweep made room while the flood ran: more went through than fit
+    // in the empty index (25,000 keys of 4 blocks).
     assert!(done > MAX_BLOCKS / 4, "only {done} inserts went through");
     assert!(peak <= MAX_BLOCKS, "{peak} entries, bound {MAX_BLOCKS}");
     common::eventually("the sweep evicts down to the target", async || {
@@ -74,7 +98,8 @@ async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
     })
     .await;
     // The index's own byte count (nodes, tables, names; what it allocates)
-    // stays in proportion to the bound, not to the 2.4 M entries offered.
+    // stays in proportion to the bound, not to the 2.4 M or more entries
+    // offered.
     let s = server.index.stats();
     assert!(
         s.bytes <= 256 * MAX_BLOCKS,
@@ -107,7 +132,20 @@ async fn a_client_that_never_reads_holds_up_nobody() {
             }
         }
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The flood has reached the server before the good client starts.
+    let metrics = server.metrics_addr.unwrap();
+    common::eventually(
+        "the server answers the stalled client's pings",
+        async || {
+            common::metric(
+                metrics,
+                r#"prefix_index_requests_total{op="ping",outcome="ok"}"#,
+            )
+            .await
+                > 0.0
+        },
+    )
+    .await;
 
     // Meanwhile a well-behaved client is served as usual.
     let good = server.client().await;
