@@ -11,12 +11,12 @@ use std::time::Duration;
 use prefix_client::{Client, ClientError};
 use prefix_index::Index;
 use prefix_proto::{ErrorCode, Reply, Request};
-use prefix_server::access::Access;
-use prefix_server::bootstrap::Replica;
 use prefix_server::config::CertSource;
-use prefix_server::handler::Handler;
-use prefix_server::service::{Service, SnapshotJob};
-use prefix_server::{Server, ServerConfig};
+use prefix_server::Access;
+use prefix_server::Handler;
+use prefix_server::Replica;
+use prefix_server::Server;
+use prefix_server::{Service, SnapshotJob};
 use tokio::sync::oneshot;
 
 /// What a test peer does to the snapshot it sends.
@@ -102,7 +102,7 @@ fn key(m: u64, k: u64) -> Vec<u64> {
 }
 
 fn now() -> u64 {
-    prefix_server::handler::now_ms()
+    prefix_server::now_ms()
 }
 
 /// A running test peer.
@@ -117,12 +117,10 @@ struct Peer {
 /// snapshot as `mode` says.
 async fn peer(cert: &Certs, mode: Mode) -> Peer {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = ServerConfig {
-        tls: cert.source(),
-        snapshot_interval: None,
-        metrics_listen: None,
-        ..common::config(&dir)
-    };
+    let mut cfg = common::config(&dir);
+    cfg.transport.tls = cert.source();
+    cfg.transport.metrics_listen = None;
+    cfg.upkeep.snapshot_interval = None;
     let server = Server::bind(cfg.clone()).await.unwrap();
     fill(server.index());
     let inner = Handler {
@@ -189,7 +187,7 @@ async fn cold(certs: &Certs, peers: &[SocketAddr]) -> common::TestServer {
     let (cert, key) = (certs.cert.clone(), certs.key.clone());
     let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
     let mut server = common::start(move |cfg| {
-        cfg.tls = CertSource::Files { cert, key };
+        cfg.transport.tls = CertSource::Files { cert, key };
         cfg.replicas.peers = peers;
     })
     .await;
@@ -321,7 +319,7 @@ async fn with_no_peer_answering_a_replica_serves_after_the_timeout() {
     let nobody = common::free_ports().0;
     let (cert, key) = (certs.cert.clone(), certs.key.clone());
     let replica = common::start(move |cfg| {
-        cfg.tls = CertSource::Files { cert, key };
+        cfg.transport.tls = CertSource::Files { cert, key };
         cfg.replicas.peers = vec![nobody.to_string()];
         cfg.replicas.timeout = Duration::from_millis(1500);
     })
@@ -343,7 +341,7 @@ async fn snapshots_go_to_writers_and_peers_only() {
     let dir = tempfile::tempdir().unwrap();
     let ca_pem = ca.write(dir.path(), "ca");
     let server = common::start(|cfg| {
-        cfg.client_ca = Some(ca_pem.clone());
+        cfg.transport.client_ca = Some(ca_pem.clone());
         cfg.roles.readers = vec!["cn:gw-ro".parse().unwrap()];
         cfg.roles.writers = vec!["cn:gw-rw".parse().unwrap()];
         cfg.roles.peers = vec!["cn:index-1".parse().unwrap()];

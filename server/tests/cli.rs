@@ -200,11 +200,11 @@ async fn the_documented_openssl_recipe_makes_working_certificates() {
     );
     let p = |name: &str| dir.path().join(name);
     let server = common::start(|cfg| {
-        cfg.tls = prefix_server::config::CertSource::Files {
+        cfg.transport.tls = prefix_server::config::CertSource::Files {
             cert: p("server.pem"),
             key: p("server.key"),
         };
-        cfg.client_ca = Some(p("ca.pem"));
+        cfg.transport.client_ca = Some(p("ca.pem"));
         cfg.roles.writers = vec!["cn:epp-writer".parse().unwrap()];
         cfg.roles.readers = vec!["cn:dashboard".parse().unwrap()];
     })
@@ -310,10 +310,10 @@ async fn compare_counts_the_sampled_lookups_replicas_answer_differently() {
     let a = common::start(|_| {}).await;
     let (cert, key) = (a.ca.clone(), a.dir.path().join("key.pem"));
     let b = common::start(move |cfg| {
-        cfg.tls = prefix_server::config::CertSource::Files { cert, key };
+        cfg.transport.tls = prefix_server::config::CertSource::Files { cert, key };
     })
     .await;
-    let now = prefix_server::handler::now_ms();
+    let now = prefix_server::now_ms();
     // 100 keys on both, 100 more on `a` alone.
     for k in 0..200u64 {
         let key = [k << 8, k << 8 | 1, k << 8 | 2];

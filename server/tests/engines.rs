@@ -400,7 +400,7 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
 
     // Subscribed at run time, then restarted with no configured engine:
     // the server follows it again.
-    client.subscribe_engine(sub.clone().into()).await.unwrap();
+    client.subscribe_engine(sub.clone()).await.unwrap();
     engine.subscribed();
     engine.store(&prompts[1], 2, 3, false);
     common::eventually("the run-time subscription is followed", async || {
@@ -434,7 +434,7 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     // The same after a crash that left the pod in the snapshot, with the
     // central collector on (which keeps other unfollowed pods).
     let (server, client) = start(&[]).await;
-    client.subscribe_engine(sub.clone().into()).await.unwrap();
+    client.subscribe_engine(sub.clone()).await.unwrap();
     engine.subscribed();
     engine.store(&prompts[1], 0, 1, false);
     common::eventually("the pod is learnt again", async || {
@@ -585,7 +585,7 @@ async fn replicas_follow_the_engine_each_and_answer_alike() {
         .await
         .unwrap();
     cluster
-        .subscribe_engine(engine.subscription().into())
+        .subscribe_engine(engine.subscription())
         .await
         .unwrap();
     let replicas = prefix_client::replicas("m", &names, 2);

@@ -117,7 +117,7 @@ async fn a_flood_of_unique_inserts_stays_within_the_memory_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_reads_holds_up_nobody() {
-    let server = common::start(|cfg| cfg.connection_window = 1 << 20).await;
+    let server = common::start(|cfg| cfg.transport.connection_window = 1 << 20).await;
     // The stalled client pipelines pings forever and never reads a reply.
     let stalled = common::raw(&server).await;
     let (mut send, _recv) = stalled.open_bi().await.unwrap();

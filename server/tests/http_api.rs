@@ -11,15 +11,17 @@ use std::path::Path;
 
 use common::TestServer;
 use prefix_client::key::{text_key, token_key};
-use prefix_proto::json::{fields, http_status, reply_json};
+use prefix_proto::json::{fields, reply_json};
 use prefix_proto::{ErrorCode, Op, OpKind, Request, Response};
-use prefix_server::api::{route, BATCH_PATH};
+use prefix_server::http_status;
+use prefix_server::{route, BATCH_PATH};
+use prefix_testkit::tls::Roles;
 use serde_json::{json, Value};
 
 /// A server with the API on an ephemeral port.
 async fn start(tweak: impl FnOnce(&mut prefix_server::ServerConfig)) -> (TestServer, SocketAddr) {
     let server = common::start(|cfg| {
-        cfg.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
         tweak(cfg);
     })
     .await;
@@ -431,7 +433,8 @@ async fn client_certificates_have_the_same_roles_as_over_quic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_idle_connections_are_closed() {
     use tokio::io::AsyncReadExt;
-    let (server, addr) = start(|cfg| cfg.idle_timeout = std::time::Duration::from_secs(1)).await;
+    let (server, addr) =
+        start(|cfg| cfg.transport.idle_timeout = std::time::Duration::from_secs(1)).await;
     // No TLS handshake at all: dropped after the idle timeout.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut buf = [0u8; 64];

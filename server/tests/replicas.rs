@@ -46,7 +46,7 @@ async fn writes_reach_every_replica_and_reads_divide_over_gateways() {
         let (c, k) = (cert.clone(), key.clone());
         servers.push(
             common::start(move |cfg| {
-                cfg.tls = prefix_server::config::CertSource::Files { cert: c, key: k };
+                cfg.transport.tls = prefix_server::config::CertSource::Files { cert: c, key: k };
             })
             .await,
         );

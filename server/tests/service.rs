@@ -184,8 +184,8 @@ async fn a_busy_polling_server_serves_idles_and_stops() {
     // times out makes shutdown wait for the spinners too: if they ignored it,
     // the server would not stop.
     let server = common::start(|cfg| {
-        cfg.busy_poll = Some(Duration::from_millis(20));
-        cfg.drain_timeout = Duration::from_secs(3600);
+        cfg.transport.busy_poll = Some(Duration::from_millis(20));
+        cfg.transport.drain_timeout = Duration::from_secs(3600);
     })
     .await;
     let spinners = server.metrics.busy_spinners.clone();
@@ -413,7 +413,7 @@ async fn the_client_reconnects_after_a_restart() {
     assert!(matches!(e, ClientError::Disconnected { .. }), "{e}");
 
     let mut cfg = common::config(&dir);
-    cfg.listen = addr;
+    cfg.transport.listen = addr;
     let second = common::start_with(cfg, dir).await;
     common::eventually("the client reconnects", async || c.ping().await.is_ok()).await;
     assert!(c.is_connected());

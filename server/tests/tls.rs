@@ -57,7 +57,7 @@ async fn mutual_tls_admits_only_signed_clients() {
     let rogue = Ca::new("rogue");
     let (rogue_cert, rogue_key) = rogue.client(dir.path(), "intruder");
 
-    let server = common::start(|cfg| cfg.client_ca = Some(ca_path.clone())).await;
+    let server = common::start(|cfg| cfg.transport.client_ca = Some(ca_path.clone())).await;
 
     let signed = prefix_client::ClientConfig {
         tls: TlsConfig::from_files(&server.ca, Some(&cert), Some(&key)).unwrap(),
@@ -109,7 +109,7 @@ async fn readers_may_look_up_but_not_write_and_strangers_may_do_nothing() {
     let writer_id = fingerprint(&rw_cert);
 
     let server = common::start(|cfg| {
-        cfg.client_ca = Some(ca_path.clone());
+        cfg.transport.client_ca = Some(ca_path.clone());
         cfg.roles.readers = vec!["cn:gw-readonly".parse().unwrap()];
         cfg.roles.writers = vec![writer_id.parse().unwrap()];
     })
