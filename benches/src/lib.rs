@@ -7,9 +7,9 @@
 //!   `hash_ids` are ready-made keys.
 //! - [`RwLockIndex`]: the per-gateway index design we replace: a map from the
 //!   chained hash of each prefix to its pods, behind one read-write lock.
-//! - [`precise`]: the Mooncake trace as engine KV-cache events, served by
-//!   simulated pods with LRU caches, and vLLM's msgpack form of them.
-//! - [`engine_events`]: the precise-mode benchmark's workload, our index's
+//! - [`engine_events`]: the precise-mode benchmark's workload (the Mooncake
+//!   trace as engine KV-cache events, served by `engine_sim`'s simulated
+//!   pods, and vLLM's msgpack form of them), our index's
 //!   rows, and a [`engine_events::Peer`] for another index's rows beside
 //!   them (NVIDIA Dynamo's, in the workspace `benches/dynamo/`).
 
@@ -24,7 +24,6 @@ use rand::{Rng, SeedableRng};
 use smallvec::SmallVec;
 
 pub mod engine_events;
-pub mod precise;
 
 /// Pods in every workload.
 pub const PODS: usize = 16;
@@ -176,7 +175,9 @@ pub struct RwLockIndex {
     map: RwLock<HashMap<u64, SmallVec<[u16; 4]>, ahash::RandomState>>,
 }
 
-fn chain(prev: u64, block: u64) -> u64 {
+/// The hash of a prefix: the hash of the prefix before it chained with
+/// its last block's hash.
+fn prefix_hash(prev: u64, block: u64) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(&block.to_le_bytes(), prev)
 }
 
@@ -186,7 +187,7 @@ impl RwLockIndex {
         let mut map = self.map.write();
         let mut h = 0;
         for &b in key {
-            h = chain(h, b);
+            h = prefix_hash(h, b);
             let pods = map.entry(h).or_default();
             if !pods.contains(&pod) {
                 pods.push(pod);
@@ -200,7 +201,7 @@ impl RwLockIndex {
         let mut out: SmallVec<[(u16, u32); 16]> = SmallVec::new();
         let mut h = 0;
         for (i, &b) in key.iter().enumerate() {
-            h = chain(h, b);
+            h = prefix_hash(h, b);
             let Some(pods) = map.get(&h) else { break };
             for &p in pods {
                 match out.iter_mut().find(|e| e.0 == p) {

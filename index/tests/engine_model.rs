@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use engine_sim::chain_hashes;
 use prefix_index::{EngineHandle, EngineOp, EngineSpec, Index, IndexConfig};
 use proptest::prelude::*;
 
@@ -27,11 +28,6 @@ const PLAIN: &str = "g";
 
 fn hash(tokens: &[u32]) -> u64 {
     xxhash_rust_like(tokens, 0)
-}
-
-/// The engines' chained hash: any function of the parent and the tokens.
-fn chain(parent: u64, tokens: &[u32]) -> u64 {
-    xxhash_rust_like(tokens, parent ^ 0x9e37_79b9_7f4a_7c15)
 }
 
 fn xxhash_rust_like(tokens: &[u32], seed: u64) -> u64 {
@@ -64,14 +60,7 @@ fn our_key(p: u32) -> Vec<u64> {
 
 /// Engine hashes of prompt `p` with engine blocks of `eb` tokens.
 fn engine_hashes(p: u32, eb: u32) -> Vec<u64> {
-    let mut parent = 0;
-    tokens(p)
-        .chunks(eb as usize)
-        .map(|c| {
-            parent = chain(parent, c);
-            parent
-        })
-        .collect()
+    chain_hashes(&tokens(p), eb as usize)
 }
 
 #[derive(Debug, Clone)]

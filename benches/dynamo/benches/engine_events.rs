@@ -34,10 +34,11 @@ use dynamo_kv_router::protocols::{
 };
 use dynamo_kv_router::zmq_wire::{decode_event_batch, ZmqEventNormalizer};
 use dynamo_kv_router::{ConcurrentRadixTreeCompressed, RadixTree};
+use engine_sim::{request_tokens, Step, BLOCK_TOKENS as ENGINE_BLOCK};
 use prefix_benches::engine_events::{
     heap_of, parallel, run, runs, stream, while_writing, Group, Peer, Workload, MODEL, NOW, PODS,
 };
-use prefix_benches::precise::{request_tokens, Step, ENGINE_BLOCK};
+use prefix_events::Event;
 use prefix_index::Index;
 
 /// mimalloc (the server's allocator), counting live bytes for the memory figures.
@@ -60,29 +61,40 @@ fn router_events(step: &Step, ids: &mut [u64], out: &mut Vec<RouterEvent>) {
             },
         )
     };
-    for &h in &step.removed {
-        out.push(event(KvCacheEventData::Removed(KvCacheRemoveData {
-            block_hashes: vec![ExternalSequenceBlockHash(h)],
-        })));
-    }
-    if let Some(s) = &step.stored {
-        let local =
-            compute_block_hash_for_seq(&s.tokens, ENGINE_BLOCK as u32, BlockHashOptions::default());
-        let blocks = s
-            .hashes
-            .iter()
-            .zip(local)
-            .map(|(&h, tokens_hash)| KvCacheStoredBlockData {
-                block_hash: ExternalSequenceBlockHash(h),
-                tokens_hash,
-                mm_extra_info: None,
-            })
-            .collect();
-        out.push(event(KvCacheEventData::Stored(KvCacheStoreData {
-            parent_hash: s.parent.map(ExternalSequenceBlockHash),
-            start_position: None,
-            blocks,
-        })));
+    for e in &step.events {
+        let data = match e {
+            Event::Removed(r) => KvCacheEventData::Removed(KvCacheRemoveData {
+                block_hashes: r
+                    .hashes
+                    .iter()
+                    .map(|&h| ExternalSequenceBlockHash(h))
+                    .collect(),
+            }),
+            Event::Stored(s) => {
+                let local = compute_block_hash_for_seq(
+                    &s.tokens,
+                    ENGINE_BLOCK as u32,
+                    BlockHashOptions::default(),
+                );
+                let blocks = s
+                    .hashes
+                    .iter()
+                    .zip(local)
+                    .map(|(&h, tokens_hash)| KvCacheStoredBlockData {
+                        block_hash: ExternalSequenceBlockHash(h),
+                        tokens_hash,
+                        mm_extra_info: None,
+                    })
+                    .collect();
+                KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: s.parent.map(ExternalSequenceBlockHash),
+                    start_position: None,
+                    blocks,
+                })
+            }
+            Event::Cleared => KvCacheEventData::Cleared,
+        };
+        out.push(event(data));
     }
 }
 
@@ -181,7 +193,6 @@ impl Dynamo {
         }
         assert_eq!(router.len() as u64, w.events, "an event for each of ours");
         let keys = w
-            .trace
             .requests
             .iter()
             .map(|r| {
@@ -241,7 +252,7 @@ impl Dynamo {
 
 impl Peer for Dynamo {
     fn memory(&mut self, w: &Workload, live: fn() -> isize) {
-        let pairs = w.caches.held() as f64;
+        let pairs = w.pods.held() as f64;
         // Events are cloned one at a time and consumed: what stays is the tree's.
         let (radix, heap) = heap_of(live, || {
             let mut tree = RadixTree::new();

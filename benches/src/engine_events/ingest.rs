@@ -4,10 +4,10 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
+use engine_sim::Step;
 use prefix_events::{decode_batch, DecodeLimits};
 
 use super::{parallel, runs, subscriptions, Ours, Peer, Workload, PODS};
-use crate::precise::Step;
 
 /// Ours applying decoded events on 1 and 2 threads (pods split by
 /// parity), decoding alone, and decoding and applying; then `peer`'s rows.

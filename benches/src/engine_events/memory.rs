@@ -15,7 +15,7 @@ pub fn heap_of<T>(live: fn() -> isize, build: impl FnOnce() -> T) -> (T, isize) 
 /// Prints ours before and after the sweep, the same pairs inserted by
 /// gateways, `peer`'s lines, and the floors.
 pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
-    let pairs = w.caches.held() as f64;
+    let pairs = w.pods.held() as f64;
     let before = live();
     let ours = Ours::new(&w.names);
     ours.apply(&w.names, &w.steps);
@@ -58,7 +58,7 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
     // parent links, no per-pod state), and one such table per pod.
     let (shared, heap) = heap_of(live, || {
         let mut t = HashMap::<u64, u64, ahash::RandomState>::default();
-        for (_, h) in w.caches.held_blocks() {
+        for (_, h) in w.pods.held_blocks() {
             t.insert(h, h);
         }
         t
@@ -71,7 +71,7 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
     drop(shared);
     let (per_pod, heap) = heap_of(live, || {
         let mut t = vec![HashMap::<u64, u64, ahash::RandomState>::default(); PODS];
-        for (pod, h) in w.caches.held_blocks() {
+        for (pod, h) in w.pods.held_blocks() {
             t[pod].insert(h, h);
         }
         t

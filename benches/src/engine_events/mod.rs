@@ -4,8 +4,10 @@
 //!
 //! The Mooncake trace is replayed once, outside timing, through 8 simulated
 //! pods (requests round-robin, an LRU cache of 16,384 blocks each, or of
-//! `ENGINE_EVENTS_CAPACITY`; [`crate::precise`]) into engine events: per
-//! request, the blocks it evicts and one store of the blocks it adds.
+//! `ENGINE_EVENTS_CAPACITY`; `engine_sim`'s [`Pods`], releasing tail first
+//! as vLLM does) into engine events: per request, the blocks it evicts and
+//! one store of the blocks it adds, and vLLM's msgpack of them (every field
+//! its GPU block pool sets).
 //! The groups:
 //!
 //! - `ingest/…`: every event into a fresh index, through
@@ -34,19 +36,19 @@ mod lookup;
 mod memory;
 mod streaming;
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion};
-use prefix_events::{decode_batch, DecodeLimits};
+use engine_sim::{request_tokens, Pods, Release, Step, BLOCK_TOKENS as ENGINE_BLOCK};
+use prefix_events::encode::Layout;
+use prefix_events::{decode_batch, DecodeLimits, Event};
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
 use prefix_proto::key::{hash_token_block, token_key};
-use prefix_server::engines::apply::apply_batch;
-use prefix_server::engines::Subscription;
+use prefix_server::apply_batch;
+use prefix_server::Subscription;
 
-use crate::precise::{
-    encode_vllm_batch, replay, request_tokens, EngineTrace, PodCaches, Step, ENGINE_BLOCK,
-};
 use crate::{mooncake, mooncake_path};
 
 pub use memory::heap_of;
@@ -84,12 +86,13 @@ pub type Group<'a> = BenchmarkGroup<'a, WallTime>;
 pub struct Workload {
     /// Blocks each pod caches.
     pub capacity: usize,
-    /// The trace and each request's engine hashes.
-    pub trace: EngineTrace,
-    /// Each request as the step its pod publishes for it.
+    /// Each request's trace block ids.
+    pub requests: Vec<Vec<u64>>,
+    /// Each request as the step its pod publishes for it (request `i` on
+    /// pod `i % PODS`).
     pub steps: Vec<Step>,
-    /// The pods' caches after the replay: where the streamed events go on.
-    pub caches: PodCaches,
+    /// The pods after the replay: where the streamed events go on.
+    pub pods: Pods,
     /// Blocks stored plus blocks removed.
     pub ops: u64,
     /// Events: one per block removed, one per store.
@@ -106,32 +109,36 @@ impl Workload {
     /// The trace's `requests` through [`PODS`] pods of `capacity()` blocks.
     pub fn new(requests: Vec<Vec<u64>>) -> Self {
         let capacity = capacity();
-        let trace = EngineTrace::new(requests);
-        let (steps, caches) = replay(&trace, PODS, capacity);
-        let ops = steps.iter().map(Step::block_ops).sum();
-        let events = steps
+        let mut pods = Pods::new(PODS, capacity, Release::TailFirst);
+        let steps: Vec<Step> = requests
             .iter()
-            .map(|s| (s.removed.len() + usize::from(s.stored.is_some())) as u64)
-            .sum();
+            .enumerate()
+            .map(|(r, key)| pods.serve(r % PODS, key))
+            .collect();
+        let ops = steps.iter().map(Step::block_ops).sum();
+        let events = steps.iter().map(|s| s.events.len() as u64).sum();
         let payloads = steps
             .iter()
             .enumerate()
             .map(|(i, s)| {
                 let mut bytes = Vec::new();
-                encode_vllm_batch(s, 1_796_049_997.0 + i as f64 * 1e-3, &mut bytes);
+                s.encode(
+                    1_796_049_997.0 + i as f64 * 1e-3,
+                    Layout::GpuPool,
+                    &mut bytes,
+                );
                 (s.pod, bytes)
             })
             .collect();
-        let our_keys = trace
-            .requests
+        let our_keys = requests
             .iter()
             .map(|r| token_key(&request_tokens(r), ENGINE_BLOCK))
             .collect();
         Workload {
             capacity,
-            trace,
+            requests,
             steps,
-            caches,
+            pods,
             ops,
             events,
             payloads,
@@ -180,21 +187,18 @@ impl Ours {
         for s in steps {
             let mut engine = self.engines[s.pod].lock();
             let mut batch = self.index.batch(&mut engine, &names[s.pod]);
-            let mut op = |op| {
+            for e in &s.events {
+                let op = match e {
+                    Event::Stored(st) => EngineOp::Stored {
+                        parent: st.parent,
+                        hashes: &st.hashes,
+                        tokens: &st.tokens,
+                    },
+                    Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
+                    Event::Cleared => EngineOp::Cleared,
+                };
                 let applied = batch.apply(MODEL, op);
                 done.add(&applied.expect("the events are well formed"));
-            };
-            for h in &s.removed {
-                op(EngineOp::Removed {
-                    hashes: std::slice::from_ref(h),
-                });
-            }
-            if let Some(st) = &s.stored {
-                op(EngineOp::Stored {
-                    parent: st.parent,
-                    hashes: &st.hashes,
-                    tokens: &st.tokens,
-                });
             }
             done.add(&batch.finish().expect("the events are well formed"));
         }
@@ -261,9 +265,26 @@ pub fn parallel(threads: usize, f: impl Fn(usize) + Sync) -> Duration {
 /// is inserted once, whole (inserts of its prefixes after it would leave a
 /// node per block).
 pub fn gateway_copy(w: &Workload) -> Index {
+    // Where each block first appears: a request and its place there.
+    let mut first_seen = HashMap::<u64, (usize, usize), ahash::RandomState>::default();
+    for (r, key) in w.requests.iter().enumerate() {
+        for (i, &id) in key.iter().enumerate() {
+            first_seen.entry(id).or_insert((r, i));
+        }
+    }
     let index = Index::new(IndexConfig::default());
-    for (paths, name) in w.caches.held_paths(&w.trace).iter().zip(&w.names) {
-        for &(r, i) in paths {
+    for (pod, name) in w.names.iter().enumerate() {
+        let cache = w.pods.cache(pod);
+        let parents: HashSet<u64, ahash::RandomState> = cache
+            .blocks()
+            .filter_map(|id| {
+                let (r, i) = first_seen[&id];
+                i.checked_sub(1).map(|p| w.requests[r][p])
+            })
+            .collect();
+        // Each held block with no held child ends a path the pod holds.
+        for id in cache.blocks().filter(|id| !parents.contains(id)) {
+            let (r, i) = first_seen[&id];
             let key = &w.our_keys[r][..=i];
             index
                 .insert(MODEL, key, name, NOW)
@@ -316,22 +337,17 @@ pub fn run<P: Peer>(peer: impl FnOnce(&Workload) -> P, live: fn() -> isize) {
         return;
     };
     let w = Workload::new(trace.into_iter().map(|r| r.key).collect());
-    let stored: usize = w
-        .steps
-        .iter()
-        .filter_map(|s| s.stored.as_ref())
-        .map(|s| s.hashes.len())
-        .sum();
+    let stored: u64 = w.steps.iter().map(Step::stored_blocks).sum();
     eprintln!(
         "events: {} requests on {PODS} pods of {} blocks: {} blocks stored, {} removed, {} block operations in {} events ({} msgpack bytes); {} (pod, block) pairs held at the end",
-        w.trace.requests.len(),
+        w.requests.len(),
         w.capacity,
         stored,
-        w.ops as usize - stored,
+        w.ops - stored,
         w.ops,
         w.events,
         w.payloads.iter().map(|(_, p)| p.len()).sum::<usize>(),
-        w.caches.held(),
+        w.pods.held(),
     );
     let peer = &mut peer(&w);
     memory::memory(&w, live, peer);

@@ -6,22 +6,22 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use engine_sim::{Pods, Step};
 
 use super::{Group, Ours, Peer, Workload, NOW, PODS, STREAM_RATE};
-use crate::precise::{PodCaches, Step};
 
 /// The requests after the replay (the trace again, round-robin going on),
 /// served to pods whose caches start as the replay left them.
 struct Requests {
-    caches: PodCaches,
+    pods: Pods,
     next: usize,
 }
 
 impl Requests {
     fn new(w: &Workload) -> Self {
         Requests {
-            caches: w.caches.clone(),
-            next: w.trace.requests.len(),
+            pods: w.pods.clone(),
+            next: w.requests.len(),
         }
     }
 
@@ -29,8 +29,7 @@ impl Requests {
     fn step(&mut self, w: &Workload) -> Step {
         let g = self.next;
         self.next += 1;
-        self.caches
-            .serve(&w.trace, g % w.trace.requests.len(), g % PODS)
+        self.pods.serve(g % PODS, &w.requests[g % w.requests.len()])
     }
 }
 

@@ -3,14 +3,13 @@
 //! rate measured end to end.
 //!
 //! **Events.** The trace's requests go round-robin to N simulated engines,
-//! each with an LRU cache of `capacity` blocks (the routing simulation's
-//! [`Lru`]). Each request is one batch (one scheduler step) of its engine's
-//! events, made as precise mode's simulation makes them
-//! ([`crate::simulate::precise`]): a `BlockStored` per run of blocks that
-//! entered the cache, 16 tokens a block, and a `BlockRemoved` per block
-//! evicted. `rounds` replays the trace with fresh block ids each time, so
-//! every round stores as much as the first. Every batch is encoded before
-//! the clock starts ([`wire`]: vLLM's msgpack).
+//! each with an LRU cache of `capacity` blocks (`engine_sim::Pods`, the
+//! routing simulation's engines). Each request is one batch (one scheduler
+//! step) of its engine's events: a `BlockRemoved` per block evicted to make
+//! room, then a `BlockStored` per run of blocks that entered the cache, 16
+//! tokens a block. `rounds` replays the trace with fresh block ids each
+//! time, so every round stores as much as the first. Every batch is encoded
+//! before the clock starts ([`plan`]: vLLM's msgpack, its required fields).
 //!
 //! **Path.** Each engine publishes from a thread of its own on a PUB
 //! socket of its own ([`publish`]); the server (in this process, or a
@@ -32,7 +31,6 @@
 mod plan;
 mod publish;
 mod server;
-mod wire;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +38,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use engine_sim::BLOCK_TOKENS;
 use prefix_client::Client;
 use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
@@ -50,7 +49,6 @@ use prefix_server::engines::Subscription;
 use serde::Serialize;
 
 use crate::cpu;
-use crate::simulate::precise::BLOCK_TOKENS;
 use crate::simulate::Release;
 use crate::workload::Request;
 use plan::{plan, Plan};

@@ -4,7 +4,7 @@
 //! Request i goes to gateway i mod G. The gateway scores every pod, picks the
 //! best, and the request's leading blocks found in that pod's cache count as
 //! hits (engines reuse only a contiguous cached prefix). Then the blocks enter
-//! the pod's cache (an LRU of `capacity` blocks, [`cache`]) and the gateway
+//! the pod's cache (an LRU of `capacity` blocks, `engine_sim`'s) and the gateway
 //! tells its index that the pod holds the key. Policies:
 //!
 //! - `random`: a uniformly random pod;
@@ -39,7 +39,6 @@
 //! Time is the trace's: request times are milliseconds after [`EPOCH`], so
 //! the index's TTLs, the speculative TTL and the event delay all run on it.
 
-mod cache;
 mod plot;
 pub mod precise;
 
@@ -47,6 +46,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine_sim::Pods;
 use prefix_client::Client;
 use prefix_index::{Index, IndexConfig};
 use rand::rngs::SmallRng;
@@ -54,7 +54,7 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use crate::workload::Request;
-pub use cache::{Lru, Release};
+pub use engine_sim::Release;
 pub use plot::plot;
 
 /// The simulation's clock at the trace's time 0, in ms: a real date, so that
@@ -327,16 +327,13 @@ pub async fn simulate(
             idx.set_capacity(p, modelled.max(1)).await?;
         }
     }
-    let mut caches: Vec<Lru> = (0..cfg.pods)
-        .map(|_| Lru::new(cfg.capacity, cfg.release))
-        .collect();
+    let mut engines = Pods::new(cfg.pods, cfg.capacity, cfg.release);
     let mut load = vec![0usize; cfg.pods];
     let mut recent: VecDeque<usize> = VecDeque::new();
     let mut served = vec![0u64; cfg.pods];
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let (mut hits, mut total) = (0usize, 0usize);
     let mut accuracy = Accuracy::default();
-    let (mut new, mut evicted) = (Vec::new(), Vec::new());
     let mean_load = (cfg.window as f64 / cfg.pods as f64).max(1e-9);
     // Ties go round-robin (by request number), not always to pod 0.
     let least_loaded = |load: &[usize], i: usize| {
@@ -361,8 +358,8 @@ pub async fn simulate(
             Policy::LeastLoaded => least_loaded(&load, i),
             Policy::PrefixShared | Policy::PrefixLocal | Policy::Precise | Policy::Oracle => {
                 if policy == Policy::Oracle {
-                    for (m, c) in matched.iter_mut().zip(&caches) {
-                        *m = c.hits(&r.key) as u32;
+                    for (p, m) in matched.iter_mut().enumerate() {
+                        *m = engines.hits(p, &r.key) as u32;
                     }
                 } else {
                     for (name, blocks) in idx.lookup(&model(g), key, now).await? {
@@ -384,13 +381,13 @@ pub async fn simulate(
                     .unwrap_or(0)
             }
         };
-        let held = caches[pod].hits(&r.key);
+        let held = engines.hits(pod, &r.key);
         accuracy.add(matched[pod] as usize, held);
         hits += held;
         total += r.key.len();
-        caches[pod].touch(&r.key, &mut new, &mut evicted);
-        if let Some(f) = &mut feeder {
-            f.changed(pod, &r.key, &new, &evicted, now)?;
+        match &mut feeder {
+            Some(f) => f.changed(engines.serve(pod, &r.key), now)?,
+            None => engines.touch(pod, &r.key),
         }
         served[pod] += 1;
         load[pod] += 1;

@@ -2,39 +2,59 @@
 //! batch of tagged-map events, `docs/events.md`): what a simulated engine
 //! sends. The load tester replays traces as engine events with it, the
 //! benchmarks feed decoders with it, and the tests play engines with it;
-//! `decode_batch` reads back exactly what it writes.
+//! `decode_batch` reads back exactly what it writes, in either [`Layout`].
 
 use rmp::encode as enc;
 
 use crate::batch::{Batch, Event, Removed, Stored};
 
-/// The msgpack payload of `batch`.
+/// Which fields the events carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// The fields vLLM always sends: a `BlockStored` of `type` and its 7
+    /// required fields, a `BlockRemoved` of `type`, `block_hashes` and
+    /// `medium`, each under the smallest map header.
+    Required,
+    /// Every field vLLM 0.33's GPU block pool sets
+    /// (`shared/engines/vllm-kv-events.md`, §4 and §7): a `BlockStored`
+    /// also has `extra_keys` (a nil per block), `group_idx` 0 and
+    /// `kv_cache_spec_kind` `"full_attention"`, under msgspec's `map16`
+    /// header; a `BlockRemoved` also has `group_idx` 0.
+    GpuPool,
+}
+
+/// The msgpack payload of `batch`, in [`Layout::Required`].
 pub fn encode_batch(batch: &Batch) -> Vec<u8> {
     let mut out = Vec::new();
+    encode_batch_into(batch, Layout::Required, &mut out);
+    out
+}
+
+/// Appends the msgpack payload of `batch` in `layout` to `out`.
+pub fn encode_batch_into(batch: &Batch, layout: Layout, out: &mut Vec<u8>) {
     // Writing into a Vec cannot fail: every `write_*` below is infallible
     // here, so their results are dropped.
-    let _ = enc::write_array_len(&mut out, 3);
-    let _ = enc::write_f64(&mut out, batch.ts);
-    let _ = enc::write_array_len(&mut out, batch.events.len() as u32);
+    let _ = enc::write_array_len(out, 3);
+    let _ = enc::write_f64(out, batch.ts);
+    let _ = enc::write_array_len(out, batch.events.len() as u32);
     for event in &batch.events {
         match event {
-            Event::Stored(s) => stored(&mut out, s),
-            Event::Removed(r) => removed(&mut out, r),
+            Event::Stored(s) => stored(out, s, layout),
+            Event::Removed(r) => removed(out, r, layout),
             Event::Cleared => {
-                let _ = enc::write_map_len(&mut out, 1);
-                kv(&mut out, "type", "AllBlocksCleared");
+                let _ = enc::write_map_len(out, 1);
+                kv(out, "type", "AllBlocksCleared");
             }
         }
     }
     match batch.data_parallel_rank {
         Some(rank) => {
-            let _ = enc::write_uint(&mut out, u64::from(rank));
+            let _ = enc::write_uint(out, u64::from(rank));
         }
         None => {
-            let _ = enc::write_nil(&mut out);
+            let _ = enc::write_nil(out);
         }
     }
-    out
 }
 
 fn kv(out: &mut Vec<u8>, key: &str, value: &str) {
@@ -62,8 +82,14 @@ fn hashes(out: &mut Vec<u8>, hashes: &[u64]) {
     }
 }
 
-fn stored(out: &mut Vec<u8>, s: &Stored) {
-    let _ = enc::write_map_len(out, 8);
+fn stored(out: &mut Vec<u8>, s: &Stored, layout: Layout) {
+    match layout {
+        Layout::Required => {
+            let _ = enc::write_map_len(out, 8);
+        }
+        // msgspec sizes the header for the struct, not the fields present.
+        Layout::GpuPool => out.extend_from_slice(&[0xde, 0x00, 0x0b]),
+    }
     kv(out, "type", "BlockStored");
     hashes(out, &s.hashes);
     let _ = enc::write_str(out, "parent_block_hash");
@@ -86,13 +112,37 @@ fn stored(out: &mut Vec<u8>, s: &Stored) {
     let _ = enc::write_nil(out);
     opt_str(out, "medium", s.medium.as_deref());
     opt_str(out, "lora_name", s.lora_name.as_deref());
+    if layout == Layout::GpuPool {
+        let _ = enc::write_str(out, "extra_keys");
+        let _ = enc::write_array_len(out, s.hashes.len() as u32);
+        for _ in &s.hashes {
+            let _ = enc::write_nil(out);
+        }
+        group_idx(out);
+        kv(out, "kv_cache_spec_kind", "full_attention");
+    }
 }
 
-fn removed(out: &mut Vec<u8>, r: &Removed) {
-    let _ = enc::write_map_len(out, 3);
+fn removed(out: &mut Vec<u8>, r: &Removed, layout: Layout) {
+    let _ = enc::write_map_len(
+        out,
+        match layout {
+            Layout::Required => 3,
+            Layout::GpuPool => 4,
+        },
+    );
     kv(out, "type", "BlockRemoved");
     hashes(out, &r.hashes);
     opt_str(out, "medium", r.medium.as_deref());
+    if layout == Layout::GpuPool {
+        group_idx(out);
+    }
+}
+
+/// The GPU pool's one KV-cache group.
+fn group_idx(out: &mut Vec<u8>) {
+    let _ = enc::write_str(out, "group_idx");
+    let _ = enc::write_uint(out, 0);
 }
 
 #[cfg(test)]
@@ -143,5 +193,32 @@ mod tests {
         let real =
             b"\x93\xcb\x41\xda\xc3\x62\xe5\x85\xd5\xce\x91\x81\xa4type\xb0AllBlocksCleared\x00";
         assert_eq!(encode_batch(&batch), real);
+    }
+
+    #[test]
+    fn the_gpu_pools_layout_is_vllms() {
+        // The real BlockStored batch of `shared/engines/vllm-kv-events.md`,
+        // §7, byte for byte: decoded, then written again.
+        let real: Vec<u8> = concat!(
+            "93cb41dac3631363774591de000ba474797065ab426c6f636b53746f726564ac",
+            "626c6f636b5f68617368657393cf5896a494c10f45aacf1b21f7b4efbb2c06cf",
+            "84b82a066b9279f6b1706172656e745f626c6f636b5f68617368c0a9746f6b65",
+            "6e5f696473dc0030cd1133cd48dccd6c79cd66b1cd61c4cd0814cd20a7cd0f18",
+            "cd3f6bcd6168cd3989cd3c73cd5368cd3098cd64f5cd1ae0cd0c04cd3e73cd03",
+            "a1cd7259cd6afbcd31e6cd3765cd4dc1cd6193cd623346cd5912cd3903cd2218",
+            "cd5c5ccd66a3cd1d49cd4babcd78ffcd0d16cd7362cd28a2cd03ebcd02dccd0b",
+            "12cd3830cd54f7cd4115cd0dd1cd63a5cd14f5cd42afaa626c6f636b5f73697a",
+            "6510a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65",
+            "c0aa65787472615f6b65797393c0c0c0a967726f75705f69647800b26b765f63",
+            "616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00",
+        )
+        .as_bytes()
+        .chunks(2)
+        .map(|h| u8::from_str_radix(std::str::from_utf8(h).unwrap(), 16).unwrap())
+        .collect();
+        let batch = decode_batch(&real, &DecodeLimits::default()).unwrap();
+        let mut out = Vec::new();
+        encode_batch_into(&batch, Layout::GpuPool, &mut out);
+        assert_eq!(out, real);
     }
 }

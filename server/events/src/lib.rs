@@ -18,8 +18,10 @@
 //!   with a typed [`DecodeError`] that says where it went wrong. Limits are
 //!   in [`DecodeLimits`].
 //!
-//! * [`encode`]: [`encode_batch`] writes a batch as vLLM does, for whatever
-//!   plays an engine (the load tester, benchmarks, tests).
+//! * [`encode`]: [`encode_batch`] and [`encode_batch_into`] write a batch
+//!   as vLLM does (with its required fields, or every field its GPU block
+//!   pool sets: [`Layout`]), for whatever plays an engine (the load tester,
+//!   benchmarks, tests).
 //!
 //! It is not a ZeroMQ client (no sockets, no async runtime: the server moves
 //! the frames), and not an index (it does not interpret hashes, count copies
@@ -60,7 +62,7 @@ mod msgpack;
 pub use batch::{
     decode_batch, BadEvents, Batch, DecodeError, DecodeLimits, Event, Removed, Stored,
 };
-pub use encode::encode_batch;
+pub use encode::{encode_batch, encode_batch_into, Layout};
 pub use frames::{
     parse_live, parse_replay, parse_topic, replay_request, FrameError, Live, ReplayItem, END_SEQ,
 };

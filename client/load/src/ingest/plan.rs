@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::wire;
+use engine_sim::Pods;
+use prefix_events::encode::Layout;
+
 use super::IngestConfig;
-use crate::simulate::precise::{events, Chain};
-use crate::simulate::Lru;
 use crate::workload::Request;
 
 /// Every engine's encoded batches and what they hold.
@@ -24,16 +24,13 @@ pub(super) struct Plan {
 /// ids are far below 2^40).
 const ROUND_SHIFT: u32 = 40;
 
-/// Turns the trace into each engine's batches, encoded.
+/// Turns the trace into each engine's batches, encoded with vLLM's
+/// required fields.
 pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
     let n = cfg.engines.max(1);
-    let mut caches: Vec<Lru> = (0..n)
-        .map(|_| Lru::new(cfg.capacity, cfg.release))
-        .collect();
+    let mut pods = Pods::new(n, cfg.capacity, cfg.release);
     let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
-    let mut chain = Chain::default();
-    let (mut key, mut hashes, mut new, mut evicted, mut evs) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut key = Vec::new();
     let (mut stored, mut removed, mut count, mut bytes) = (0, 0, 0, 0);
     let mut encoding = Duration::ZERO;
     let ts = SystemTime::now()
@@ -44,19 +41,16 @@ pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
             let e = (round * trace.len() + i) % n;
             key.clear();
             key.extend(r.key.iter().map(|id| id + ((round as u64) << ROUND_SHIFT)));
-            caches[e].touch(&key, &mut new, &mut evicted);
-            if new.is_empty() && evicted.is_empty() {
+            let step = pods.serve(e, &key);
+            if step.events.is_empty() {
                 continue;
             }
-            chain.hashes(&key, &mut hashes);
-            evs.clear();
-            events(&chain, &key, &hashes, &new, &evicted, &mut evs);
-            stored += new.len() as u64;
-            removed += evicted.len() as u64;
-            count += evs.len() as u64;
+            stored += step.stored_blocks();
+            removed += step.removed_blocks();
+            count += step.events.len() as u64;
             let mut payload = Vec::new();
             let t = Instant::now();
-            wire::encode_batch(ts, &evs, &mut payload);
+            step.encode(ts, Layout::Required, &mut payload);
             encoding += t.elapsed();
             bytes += payload.len() as u64;
             batches[e].push(payload);
