@@ -48,6 +48,12 @@ pub struct IndexConfig {
     /// the sum of the pods' KV-cache blocks over their count, with room,
     /// makes each engine's share its own.
     pub max_engine_blocks_per_pod: u64,
+    /// The largest ratio of an engine's block size to ours, either way: an
+    /// engine block of this many of ours, or this many engine pages to one
+    /// of our blocks; engines past it are refused. Default 1,024: real ones
+    /// are 64 or less (SGLang's one-token pages under 64-token blocks), and
+    /// the bound keeps a chain's walk within `max_key_blocks` times it.
+    pub max_block_ratio: u32,
     /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
     /// the longest Kubernetes object name.
     pub max_name_len: usize,
@@ -66,6 +72,7 @@ impl Default for IndexConfig {
             speculative_ttl: Duration::from_secs(2),
             max_engine_blocks: 1 << 24,
             max_engine_blocks_per_pod: 1 << 24,
+            max_block_ratio: 1024,
             max_name_len: 253,
         }
     }

@@ -127,9 +127,7 @@ mod walk;
 mod loom_tests;
 
 pub use config::IndexConfig;
-pub use engine::{
-    Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, MAX_RATIO, PINNED,
-};
+pub use engine::{Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED};
 pub use error::{EngineError, InsertError, PodError};
 pub use index::{Index, Lookup, Reader};
 pub use pods::PodId;

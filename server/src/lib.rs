@@ -329,7 +329,11 @@ impl Server {
             max_in_flight: self.cfg.limits.max_in_flight,
             max_streams: self.cfg.transport.max_streams,
             busy,
-            snapshot_timeout: self.cfg.replicas.send_timeout,
+            snapshots: stream::SnapshotSending {
+                timeout: self.cfg.replicas.send_timeout,
+                piece_bytes: self.cfg.replicas.send_piece_bytes,
+                pieces: self.cfg.replicas.send_pieces,
+            },
         });
         let accept = accept_loop(
             &self.endpoint,

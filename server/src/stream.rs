@@ -30,8 +30,8 @@ struct Shared<S> {
     permits: Arc<Semaphore>,
     shutdown: CancellationToken,
     busy: Option<Arc<BusyPoll>>,
-    /// How long one snapshot transfer may take.
-    snapshot_timeout: Duration,
+    /// How snapshots are sent.
+    snapshots: SnapshotSending,
 }
 
 impl<S> Drop for Shared<S> {
@@ -57,9 +57,22 @@ pub struct ConnSetup<S> {
     pub max_streams: u32,
     /// Told of every read, when busy polling is on.
     pub busy: Option<Arc<BusyPoll>>,
-    /// How long one snapshot transfer may take before it is reset: it pins
-    /// the index's memory and holds the one transfer slot.
-    pub snapshot_timeout: Duration,
+    /// How a snapshot is sent to a peer that asks for it.
+    pub snapshots: SnapshotSending,
+}
+
+/// How a snapshot is sent to a peer that asks for it (see
+/// `ReplicaConfig`).
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotSending {
+    /// How long one transfer may take before it is reset: it pins the
+    /// index's memory and holds the one transfer slot.
+    pub timeout: Duration,
+    /// Bytes handed from the writing job to the stream at a time.
+    pub piece_bytes: usize,
+    /// Pieces queued between them: with one being filled and one being
+    /// written, one transfer holds `(pieces + 2) * piece_bytes`.
+    pub pieces: usize,
 }
 
 /// Serves one accepted connection: every bidirectional stream the client
@@ -87,7 +100,7 @@ pub async fn serve_connection<S: Service>(
         permits: Arc::new(Semaphore::new(setup.max_in_flight)),
         busy: setup.busy.clone(),
         shutdown: shutdown.clone(),
-        snapshot_timeout: setup.snapshot_timeout,
+        snapshots: setup.snapshots,
     });
     loop {
         let accepted = tokio::select! {
@@ -373,23 +386,18 @@ impl<S: Service> Heavy<S> {
     }
 }
 
-/// Pieces of a snapshot handed from the writing job to the stream: large
-/// enough that each write is efficient, few enough in flight to bound the
-/// memory one transfer holds (`SNAPSHOT_PIECES` queued, one being filled,
-/// one being written: 6 MiB).
-const SNAPSHOT_PIECE: usize = 1 << 20;
-const SNAPSHOT_PIECES: usize = 4;
-
 /// A [`std::io::Write`] that hands full pieces to the sending task; fails
 /// once the task has stopped (the client went away).
 struct Pieces {
     piece: Vec<u8>,
+    /// A full piece's bytes.
+    size: usize,
     to: tokio::sync::mpsc::Sender<Vec<u8>>,
 }
 
 impl Pieces {
     fn hand_over(&mut self) -> std::io::Result<()> {
-        let full = std::mem::replace(&mut self.piece, Vec::with_capacity(SNAPSHOT_PIECE));
+        let full = std::mem::replace(&mut self.piece, Vec::with_capacity(self.size));
         self.to
             .blocking_send(full)
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))
@@ -398,9 +406,9 @@ impl Pieces {
 
 impl std::io::Write for Pieces {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = buf.len().min(SNAPSHOT_PIECE - self.piece.len());
+        let n = buf.len().min(self.size - self.piece.len());
         self.piece.extend_from_slice(&buf[..n]);
-        if self.piece.len() == SNAPSHOT_PIECE {
+        if self.piece.len() == self.size {
             self.hand_over()?;
         }
         Ok(n)
@@ -446,10 +454,12 @@ async fn send_snapshot<S: Service>(
     if send.write_all(&head).await.is_err() {
         return false;
     }
-    let (to, mut pieces) = tokio::sync::mpsc::channel(SNAPSHOT_PIECES);
+    let sending = shared.snapshots;
+    let (to, mut pieces) = tokio::sync::mpsc::channel(sending.pieces);
     let writing = tokio::task::spawn_blocking(move || {
         let mut sink = Pieces {
-            piece: Vec::with_capacity(SNAPSHOT_PIECE),
+            piece: Vec::with_capacity(sending.piece_bytes),
+            size: sending.piece_bytes,
             to,
         };
         job(&mut sink)?;
@@ -463,7 +473,7 @@ async fn send_snapshot<S: Service>(
         }
         true
     };
-    let sent = tokio::time::timeout(shared.snapshot_timeout, moved)
+    let sent = tokio::time::timeout(sending.timeout, moved)
         .await
         .unwrap_or(false);
     // Dropping the receiver fails the job's next hand-over, so it stops.
@@ -474,7 +484,7 @@ async fn send_snapshot<S: Service>(
             let why = match outcome {
                 Ok(Ok(())) => format!(
                     "the client stopped reading, or took longer than {:?}",
-                    shared.snapshot_timeout
+                    sending.timeout
                 ),
                 Ok(Err(e)) => e.to_string(),
                 Err(e) => e.to_string(),
@@ -602,7 +612,11 @@ mod tests {
             max_in_flight: 4,
             max_streams: cfg.transport.max_streams,
             busy: None,
-            snapshot_timeout: Duration::from_secs(60),
+            snapshots: SnapshotSending {
+                timeout: Duration::from_secs(60),
+                piece_bytes: 1 << 20,
+                pieces: 4,
+            },
         };
         serve_connection(conn, &setup, shutdown, tracker.clone()).await;
         tracker.close();

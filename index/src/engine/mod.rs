@@ -69,7 +69,7 @@ use chain::{Chain, Placed, Run};
 pub(crate) use records::{Data, DataRef, Extra, Page, Parent, Records};
 pub use registry::EngineHandle;
 pub(crate) use registry::Registry;
-pub use spec::{EngineSpec, Ratio, MAX_RATIO};
+pub use spec::{EngineSpec, Ratio};
 
 /// The time of an entry an engine confirmed: it never expires (TTLs and
 /// speculative TTLs measure age from an entry's time, and no clock reaches
@@ -176,9 +176,9 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(spec: EngineSpec) -> Result<Self, EngineError> {
+    pub(crate) fn new(spec: EngineSpec, max_ratio: u32) -> Result<Self, EngineError> {
         Ok(Engine {
-            ratio: Ratio::new(spec.engine_block, spec.our_block)?,
+            ratio: Ratio::new(spec.engine_block, spec.our_block, max_ratio)?,
             spec,
             models: IndexMap::default(),
             last_batch: None,

@@ -14,9 +14,18 @@ pub type EngineHandle = Arc<parking_lot::Mutex<Engine>>;
 
 /// Engine-fed pods by name. Each engine has its own lock, taken by its one
 /// subscription and by snapshots; lookups never touch either.
-#[derive(Default)]
 pub(crate) struct Registry {
     map: Mutex<HashMap<Box<str>, EngineHandle, ahash::RandomState>>,
+}
+
+impl Default for Registry {
+    // By hand: loom's mutex, which replaces ours in model tests, has no
+    // `Default`.
+    fn default() -> Self {
+        Registry {
+            map: Mutex::new(HashMap::default()),
+        }
+    }
 }
 
 impl Index {
@@ -36,7 +45,7 @@ impl Index {
                 return Ok(e.clone());
             }
         }
-        let engine = Engine::new(spec)?;
+        let engine = Engine::new(spec, self.sh.cfg.max_block_ratio)?;
         let align = engine.align();
         self.precise_id(pod, align)?;
         let handle: EngineHandle = Arc::new(parking_lot::Mutex::new(engine));

@@ -3,12 +3,6 @@
 
 use crate::error::EngineError;
 
-/// The largest ratio of block sizes either way: an engine block of 1,024
-/// of ours, or 1,024 engine pages to one of our blocks. Real ones are 64
-/// or less (SGLang's one-token pages under 64-token blocks); the bound
-/// keeps a chain's walk within `max_key_blocks` times it.
-pub const MAX_RATIO: u32 = 1024;
-
 /// How engine blocks map to ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ratio {
@@ -29,9 +23,9 @@ impl Ratio {
     }
 
     /// The mapping between an engine's block size and ours, in tokens;
-    /// refused when neither divides the other, or the ratio passes
-    /// [`MAX_RATIO`].
-    pub fn new(engine_block: u32, our_block: u32) -> Result<Ratio, EngineError> {
+    /// refused when neither divides the other, or the ratio passes `max`
+    /// ([`IndexConfig::max_block_ratio`](crate::IndexConfig::max_block_ratio)).
+    pub fn new(engine_block: u32, our_block: u32, max: u32) -> Result<Ratio, EngineError> {
         let bad = || EngineError::BlockSizes {
             engine: engine_block,
             ours: our_block,
@@ -47,7 +41,7 @@ impl Ratio {
             return Err(bad());
         };
         match ratio {
-            Ratio::Whole(r) | Ratio::Pages(r) if r > MAX_RATIO => Err(bad()),
+            Ratio::Whole(r) | Ratio::Pages(r) if r > max => Err(bad()),
             _ => Ok(ratio),
         }
     }

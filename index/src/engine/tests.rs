@@ -5,6 +5,9 @@ use crate::{EngineHandle, Index, IndexConfig};
 
 const T0: u64 = 1_700_000_000_000;
 
+/// The default bound on block size ratios.
+const MAX_RATIO: u32 = 1024;
+
 /// A stand-in for the gateways' rule: any fixed function of the tokens.
 fn hash(tokens: &[u32]) -> u64 {
     tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
@@ -63,25 +66,47 @@ fn remove(index: &Index, e: &EngineHandle, hashes: &[u64]) -> Applied {
 
 #[test]
 fn ratios_follow_the_block_sizes_or_are_refused() {
-    assert_eq!(Ratio::new(64, 16), Ok(Ratio::Whole(4)));
-    assert_eq!(Ratio::new(16, 16), Ok(Ratio::Whole(1)));
-    assert_eq!(Ratio::new(1, 16), Ok(Ratio::Pages(16)));
+    assert_eq!(Ratio::new(64, 16, MAX_RATIO), Ok(Ratio::Whole(4)));
+    assert_eq!(Ratio::new(16, 16, MAX_RATIO), Ok(Ratio::Whole(1)));
+    assert_eq!(Ratio::new(1, 16, MAX_RATIO), Ok(Ratio::Pages(16)));
     assert!(matches!(
-        Ratio::new(24, 16),
+        Ratio::new(24, 16, MAX_RATIO),
         Err(EngineError::BlockSizes { .. })
     ));
     assert!(matches!(
-        Ratio::new(0, 16),
+        Ratio::new(0, 16, MAX_RATIO),
         Err(EngineError::BlockSizes { .. })
     ));
-    assert_eq!(Ratio::new(16 * MAX_RATIO, 16), Ok(Ratio::Whole(MAX_RATIO)));
-    assert_eq!(Ratio::new(1, MAX_RATIO), Ok(Ratio::Pages(MAX_RATIO)));
+    assert_eq!(
+        Ratio::new(16 * MAX_RATIO, 16, MAX_RATIO),
+        Ok(Ratio::Whole(MAX_RATIO))
+    );
+    assert_eq!(
+        Ratio::new(1, MAX_RATIO, MAX_RATIO),
+        Ok(Ratio::Pages(MAX_RATIO))
+    );
     for (engine, ours) in [(32 * MAX_RATIO, 16), (1, 2 * MAX_RATIO)] {
         assert!(matches!(
-            Ratio::new(engine, ours),
+            Ratio::new(engine, ours, MAX_RATIO),
             Err(EngineError::BlockSizes { .. })
         ));
     }
+}
+
+#[test]
+fn the_ratio_bound_is_the_index_configuration() {
+    let index = Index::new(IndexConfig {
+        max_block_ratio: 4,
+        ..IndexConfig::default()
+    });
+    assert!(index.engine("pod", spec(16)).is_ok());
+    assert!(matches!(
+        index.engine("other", spec(32)),
+        Err(EngineError::BlockSizes {
+            engine: 32,
+            ours: 4
+        })
+    ));
 }
 
 #[test]

@@ -47,6 +47,10 @@ pub struct IndexSettings {
     /// take the others' room under --max-engine-blocks.
     #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_BLOCKS_PER_POD")]
     pub max_engine_blocks_per_pod: Option<u64>,
+    /// The largest ratio of an engine's block size to --token-block, either
+    /// way; engines past it are refused.
+    #[arg(long, env = "PREFIX_INDEX_MAX_BLOCK_RATIO")]
+    pub max_block_ratio: Option<u32>,
     /// How often the maintenance task sweeps (TTL, capacities).
     #[arg(long, env = "PREFIX_INDEX_SWEEP_INTERVAL")]
     pub sweep_interval: Option<HumanDuration>,
@@ -102,6 +106,7 @@ impl IndexSettings {
             max_engine_blocks_per_pod: self
                 .max_engine_blocks_per_pod
                 .unwrap_or(d.max_engine_blocks_per_pod),
+            max_block_ratio: self.max_block_ratio.unwrap_or(d.max_block_ratio),
             ..d
         };
         let upkeep = Upkeep {
@@ -125,6 +130,7 @@ impl IndexSettings {
             speculative_ttl: Some(HumanDuration(index.speculative_ttl)),
             max_engine_blocks: Some(index.max_engine_blocks),
             max_engine_blocks_per_pod: Some(index.max_engine_blocks_per_pod),
+            max_block_ratio: Some(index.max_block_ratio),
             sweep_interval: Some(HumanDuration(upkeep.sweep_interval)),
             sweep_budget: Some(upkeep.sweep_budget),
             snapshot_interval: written_or_off(upkeep.snapshot_interval),
@@ -148,6 +154,9 @@ pub fn validate(index: &IndexConfig, upkeep: &Upkeep) -> Result<(), ConfigError>
     }
     if index.max_engine_blocks_per_pod == 0 {
         return invalid("max-engine-blocks-per-pod", &0, "must be at least 1");
+    }
+    if index.max_block_ratio == 0 {
+        return invalid("max-block-ratio", &0, "must be at least 1");
     }
     if index.ttl.is_zero() {
         return invalid("ttl", &0, "must be at least 1 second");

@@ -280,7 +280,7 @@ impl ServerConfig {
         self.limits.validate()?;
         index::validate(&self.index, &self.upkeep)?;
         self.replicas.validate()?;
-        self.engines.validate()?;
+        self.engines.validate(self.index.max_block_ratio)?;
         if self.roles.enabled() && self.transport.client_ca.is_none() {
             return value::invalid(
                 "reader/writer/peer-identity",

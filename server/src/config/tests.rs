@@ -132,6 +132,7 @@ fn everything_changed() -> ServerConfig {
             speculative_ttl: Duration::from_millis(2500),
             max_engine_blocks: 24,
             max_engine_blocks_per_pod: 23,
+            max_block_ratio: 32,
             ..d.index
         },
         upkeep: Upkeep {
@@ -158,6 +159,8 @@ fn everything_changed() -> ServerConfig {
             max_snapshot_bytes: 29 << 20,
             queue: 30,
             send_timeout: Duration::from_secs(31),
+            send_piece_bytes: 1 << 16,
+            send_pieces: 2,
         },
         engines: EngineConfig {
             subscriptions: vec![

@@ -160,8 +160,8 @@ impl EngineConfig {
     }
 
     /// Checks every value's range, and that the engines' block sizes fit
-    /// the gateways'.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// the gateways' within `max_ratio` (the index's `max_block_ratio`).
+    pub fn validate(&self, max_ratio: u32) -> Result<(), ConfigError> {
         if self.token_block == 0 || self.max_held_batches == 0 || self.max_engines == 0 {
             return invalid(
                 "token-block/max-held-batches/max-engines",
@@ -211,11 +211,11 @@ impl EngineConfig {
         let sizes = self.subscriptions.iter().map(|s| s.block_size);
         let central = self.listen.as_ref().map(|_| self.central_block_size);
         for size in sizes.chain(central) {
-            if Ratio::new(size, self.token_block).is_err() {
+            if Ratio::new(size, self.token_block, max_ratio).is_err() {
                 return invalid(
                     "engine block-size",
                     &size,
-                    "must divide or be a multiple of token-block",
+                    "must divide or be a multiple of token-block, within max-block-ratio",
                 );
             }
         }

@@ -52,6 +52,14 @@ pub struct ReplicaSettings {
     /// the transfer is cut (it holds the index's memory from being freed).
     #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
     pub snapshot_send_timeout: Option<HumanDuration>,
+    /// Bytes of a snapshot being sent handed from its writer to the
+    /// connection at a time.
+    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECE_BYTES")]
+    pub snapshot_piece_bytes: Option<usize>,
+    /// Pieces of a snapshot being sent queued for the connection; one
+    /// transfer holds this many plus two.
+    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECES")]
+    pub snapshot_pieces: Option<usize>,
 }
 
 /// The other replicas, and how a cold start fills itself from them.
@@ -97,6 +105,14 @@ pub struct ReplicaConfig {
     /// freed) and holds the one transfer slot. Default 2 minutes: a 4 GiB
     /// snapshot at 150 MB/s takes half that.
     pub send_timeout: Duration,
+    /// Bytes of a snapshot being sent handed from the job that writes it to
+    /// the connection at a time. Default 1 MiB: each write to the stream is
+    /// large enough to be efficient.
+    pub send_piece_bytes: usize,
+    /// Pieces queued between the writing job and the connection; with one
+    /// being filled and one being written, a transfer holds this many plus
+    /// two. Default 4: 6 MiB a transfer, and the writer rarely waits.
+    pub send_pieces: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -112,6 +128,8 @@ impl Default for ReplicaConfig {
             max_snapshot_bytes: 4 << 30,
             queue: 4 << 20,
             send_timeout: Duration::from_secs(120),
+            send_piece_bytes: 1 << 20,
+            send_pieces: 4,
         }
     }
 }
@@ -132,6 +150,8 @@ impl ReplicaSettings {
             max_snapshot_bytes: self.max_snapshot_bytes.unwrap_or(d.max_snapshot_bytes),
             queue: self.bootstrap_queue.unwrap_or(d.queue),
             send_timeout: duration(self.snapshot_send_timeout, d.send_timeout),
+            send_piece_bytes: self.snapshot_piece_bytes.unwrap_or(d.send_piece_bytes),
+            send_pieces: self.snapshot_pieces.unwrap_or(d.send_pieces),
         }
     }
 }
@@ -149,6 +169,8 @@ impl From<&ReplicaConfig> for ReplicaSettings {
             max_snapshot_bytes: Some(c.max_snapshot_bytes),
             bootstrap_queue: Some(c.queue),
             snapshot_send_timeout: Some(HumanDuration(c.send_timeout)),
+            snapshot_piece_bytes: Some(c.send_piece_bytes),
+            snapshot_pieces: Some(c.send_pieces),
         }
     }
 }
@@ -172,6 +194,16 @@ impl ReplicaConfig {
                 &"0s",
                 "must be positive",
             );
+        }
+        if self.send_piece_bytes < 4096 || self.send_piece_bytes > 64 << 20 {
+            return invalid(
+                "snapshot-piece-bytes",
+                &self.send_piece_bytes,
+                "must be 4096 to 67108864",
+            );
+        }
+        if self.send_pieces == 0 || self.send_pieces > 1024 {
+            return invalid("snapshot-pieces", &self.send_pieces, "must be 1 to 1024");
         }
         if self.max_snapshot_bytes < 1 << 20 {
             return invalid(
