@@ -24,7 +24,7 @@
 //! threads and the engines' libzmq I/O threads (each engine has a context,
 //! as a process, of its own). Then the same batches are decoded
 //! (`prefix_events::decode_batch`) and applied
-//! (`prefix_server::engines::apply::apply_batch`) on one thread of this
+//! (`prefix_server::apply_batch`) on one thread of this
 //! process with no socket in between: the rate the server's own work
 //! allows one core.
 
@@ -44,8 +44,8 @@ use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
 use prefix_proto::key::hash_token_block;
 use prefix_proto::EngineSub;
-use prefix_server::engines::apply::apply_batch;
-use prefix_server::engines::Subscription;
+use prefix_server::apply_batch;
+use prefix_server::Subscription;
 use serde::Serialize;
 
 use crate::cpu;

@@ -22,10 +22,13 @@
 //!   as vLLM does (with its required fields, or every field its GPU block
 //!   pool sets: [`Layout`]), for whatever plays an engine (the load tester,
 //!   benchmarks, tests).
+//! * [`follow`]: following one engine's stream by sequence number: a
+//!   [`Follower`] turns the numbers it sees into [`Action`]s (apply, ask a
+//!   replay, resync), so the socket task only moves frames and timers.
 //!
 //! It is not a ZeroMQ client (no sockets, no async runtime: the server moves
-//! the frames), and not an index (it does not interpret hashes, count copies
-//! or track sequence gaps). It recomputes no block hashes:
+//! the frames), and not an index (it does not interpret hashes or count
+//! copies). It recomputes no block hashes:
 //! hashes are opaque `u64`s, in the engine's own hashing scheme.
 //!
 //! Peer input never panics here, and decoding never allocates out of
@@ -56,6 +59,7 @@
 
 pub mod batch;
 pub mod encode;
+pub mod follow;
 pub mod frames;
 mod msgpack;
 
@@ -63,6 +67,7 @@ pub use batch::{
     decode_batch, BadEvents, Batch, DecodeError, DecodeLimits, Event, Removed, Stored,
 };
 pub use encode::{encode_batch, encode_batch_into, Layout};
+pub use follow::{digest, Action, Applied, Follower, HeldLimit, Resync};
 pub use frames::{
     parse_live, parse_replay, parse_topic, replay_request, FrameError, Live, ReplayItem, END_SEQ,
 };

@@ -13,9 +13,9 @@ use prefix_index::{EngineHandle, EngineOp};
 use tokio_util::sync::CancellationToken;
 
 use super::apply::apply_batch;
-use super::follow::{Action, Follower};
 use super::stats::{Problem, SubStats};
 use super::{Engines, StartError, Subscription};
+use prefix_events::follow::{Action, Follower};
 
 /// One pod met by the collector.
 struct Pod {
@@ -174,7 +174,7 @@ impl Collector {
             gone,
             follower: Follower::new(
                 false,
-                super::follow::HeldLimit {
+                prefix_events::HeldLimit {
                     batches: 0,
                     bytes: 0,
                 },

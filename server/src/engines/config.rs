@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{follow, Ratio, Subscription};
+use super::{Ratio, Subscription};
 use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
 
 /// What a user may set of precise mode (see [`crate::config::Settings`]).
@@ -147,8 +147,8 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// How much a replay may hold back of the live stream.
-    pub fn held_limit(&self) -> follow::HeldLimit {
-        follow::HeldLimit {
+    pub fn held_limit(&self) -> prefix_events::HeldLimit {
+        prefix_events::HeldLimit {
             batches: self.max_held_batches,
             bytes: self.max_held_bytes,
         }

@@ -11,8 +11,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
-use super::follow::Resync;
 use super::{Engines, SubStats};
+use prefix_events::follow::Resync;
 
 /// The server's engine subscriptions, once they exist (metrics are made
 /// before them).

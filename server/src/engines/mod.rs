@@ -10,14 +10,14 @@
 //! SUB socket that engines connect to, the topic `kv@<pod>@<model>` naming
 //! the pod (`central`).
 //!
-//! Layering: `prefix-events` decodes frames and payloads; [`follow`] decides
-//! what sequence numbers mean (apply, replay, resync); [`apply`] turns a
-//! batch into index operations; only `task` and `central` touch sockets.
+//! Layering: `prefix-events` decodes frames and payloads, and its `follow`
+//! decides what sequence numbers mean (apply, replay, resync); [`apply`]
+//! turns a batch into index operations; only `task` and `central` touch
+//! sockets.
 
 pub mod apply;
 mod central;
 mod config;
-pub mod follow;
 pub mod kept;
 pub mod metrics;
 #[cfg(test)]

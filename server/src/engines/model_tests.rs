@@ -15,8 +15,8 @@ use prefix_proto::key::{hash_token_block, token_key};
 use proptest::prelude::*;
 
 use super::apply::apply_batch;
-use super::follow::{Action, Follower};
 use super::Subscription;
+use prefix_events::follow::{Action, Follower};
 
 const BLOCK: usize = 16;
 const PROMPTS: u32 = 4;
@@ -209,7 +209,7 @@ impl Server {
             sub,
             follower: Follower::new(
                 true,
-                super::follow::HeldLimit {
+                prefix_events::HeldLimit {
                     batches: 1_000,
                     bytes: usize::MAX,
                 },

@@ -9,7 +9,7 @@ use prefix_index::Applied;
 use prefix_proto::EngineStatus;
 
 use super::apply::Outcome;
-use super::follow::Resync;
+use prefix_events::follow::Resync;
 
 /// One subscription's counters. Every access is `Relaxed`: they are
 /// statistics, read independently, never used to order other memory.

@@ -18,9 +18,9 @@ use prefix_index::{EngineHandle, EngineOp, Index};
 use tokio_util::sync::CancellationToken;
 
 use super::apply::apply_batch;
-use super::follow::{digest, Action, Applied, Follower, Resync};
 use super::stats::{Problem, SubStats};
 use super::{EngineConfig, Subscription};
+use prefix_events::follow::{digest, Action, Applied, Follower, Resync};
 
 /// Messages taken from one socket before the others get a turn.
 pub(super) const BURST: usize = 256;

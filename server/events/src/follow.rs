@@ -247,7 +247,6 @@ impl<T: AsRef<[u8]>> Follower<T> {
     }
 
     /// The last batch applied.
-    #[cfg(test)]
     pub fn last(&self) -> Option<Applied> {
         self.last
     }
