@@ -18,9 +18,9 @@ use prefix_index::IndexConfig;
 use prefix_proto::Limits;
 use serde::{Deserialize, Serialize};
 
-use crate::access::{RoleSettings, Roles};
-use crate::engines::{EngineConfig, EngineSettings};
-use crate::replica::config::{ReplicaConfig, ReplicaSettings};
+pub use crate::access::{Identity, RoleSettings, Roles};
+pub use crate::engines::{EngineConfig, EngineSettings};
+pub use crate::replica::config::{ReplicaConfig, ReplicaSettings};
 
 mod index;
 mod limits;
