@@ -22,15 +22,6 @@ const BLOCK: usize = 16;
 const TOPIC: &str = "kv";
 const POD: &str = "vllm-0";
 
-/// The engines' chained block hash: any function of parent and tokens.
-fn chain(parent: u64, tokens: &[u32]) -> u64 {
-    tokens.iter().fold(parent ^ 0x51_7cc1_b727_220a, |h, &t| {
-        (h ^ u64::from(t))
-            .wrapping_mul(0x100_0000_01b3)
-            .rotate_left(17)
-    })
-}
-
 /// Prompt `p` of `blocks` blocks; prompts share their first two blocks.
 fn prompt(p: u32, blocks: usize) -> Vec<u32> {
     (0..blocks * BLOCK)
@@ -41,15 +32,9 @@ fn prompt(p: u32, blocks: usize) -> Vec<u32> {
         .collect()
 }
 
+/// The engine's hashes of `tokens`, chained as vLLM's are.
 fn hashes(tokens: &[u32]) -> Vec<u64> {
-    let mut parent = 0;
-    tokens
-        .chunks_exact(BLOCK)
-        .map(|c| {
-            parent = chain(parent, c);
-            parent
-        })
-        .collect()
+    engine_sim::chain_hashes(tokens, BLOCK)
 }
 
 /// One event's payload, as vLLM 0.33 encodes it.

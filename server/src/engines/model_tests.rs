@@ -36,23 +36,9 @@ fn prompt(p: u32) -> Vec<u32> {
         .collect()
 }
 
-fn chain(parent: u64, tokens: &[u32]) -> u64 {
-    tokens.iter().fold(parent ^ 0x9e37_79b9_7f4a_7c15, |h, &t| {
-        (h ^ u64::from(t))
-            .wrapping_mul(0x100_0000_01b3)
-            .rotate_left(23)
-    })
-}
-
+/// The engine's hashes of `tokens`, chained as vLLM's are.
 fn hashes(tokens: &[u32]) -> Vec<u64> {
-    let mut parent = 0;
-    tokens
-        .chunks_exact(BLOCK)
-        .map(|c| {
-            parent = chain(parent, c);
-            parent
-        })
-        .collect()
+    engine_sim::chain_hashes(tokens, BLOCK)
 }
 
 #[derive(Debug, Clone)]
