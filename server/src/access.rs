@@ -28,7 +28,7 @@ use std::str::FromStr;
 use rustls_pki_types::CertificateDer;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::ConfigError;
+use crate::config::value::ConfigError;
 
 /// One way of naming a client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
