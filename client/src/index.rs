@@ -104,6 +104,23 @@ impl<R: Route> Index<R> {
         self.lookup(model, &key, candidates).await
     }
 
+    /// As [`Index::lookup_tokens`], for a request with an identity beyond
+    /// its token ids (a cache salt, multimodal items, prompt embeddings):
+    /// the key is [`key::token_key_with`](crate::key::token_key_with), so
+    /// an engine's salted or multimodal blocks match only the same salt or
+    /// items.
+    pub async fn lookup_tokens_with(
+        &self,
+        model: &str,
+        tokens: &[u32],
+        block_tokens: usize,
+        identity: &crate::key::Identity,
+        candidates: Option<&[&str]>,
+    ) -> Result<LookupResult, ClientError> {
+        let key = crate::key::token_key_with(tokens, block_tokens, identity);
+        self.lookup(model, &key, candidates).await
+    }
+
     /// Records that `pod` holds every prefix of `key` under `model`.
     pub async fn insert(&self, model: &str, key: &[u64], pod: &str) -> Result<(), ClientError> {
         let op = Op::Insert {

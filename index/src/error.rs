@@ -72,6 +72,17 @@ pub enum EngineError {
         /// The engine's block size.
         block: u32,
     },
+    /// A store's identity seeds are neither none nor one per block of ours
+    /// (or per page).
+    #[error("a store of {blocks} blocks has {seeds} identity seeds (0 or {expected} expected)")]
+    SeedCount {
+        /// Seeds given.
+        seeds: usize,
+        /// Engine blocks in the store.
+        blocks: usize,
+        /// Seeds a store of that many blocks needs.
+        expected: usize,
+    },
     /// `max_engine_blocks` engine blocks are recorded already.
     #[error("engine block records are full (max_engine_blocks = {max})")]
     Full {

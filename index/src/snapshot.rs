@@ -29,6 +29,7 @@
 //!          ( Model { name }  Node { parent, edge, entries }* )*
 //!          ( Engine { pod, engine_block, our_block, last_batch }
 //!            ( EngineModel { name }  Block { hash, parent, copies, data }* )* )*
+//!          (a Block's data: our hashes, a page, or a page with an identity seed)
 //!          Engines { engines, blocks }             (version 2)
 //!          End { pods, models, nodes }
 //! ```
@@ -115,10 +116,19 @@ enum Record {
 #[derive(Debug, Clone, Encode, Decode)]
 enum BlockData {
     Whole(Vec<u64>),
+    /// A plain page (identity seed 0).
     Page {
         depth: u32,
         tokens: Vec<u32>,
         group: Option<u64>,
+    },
+    /// A page with an identity seed: written only for such pages, so a
+    /// snapshot without them reads in servers that predate seeds.
+    SeededPage {
+        depth: u32,
+        tokens: Vec<u32>,
+        group: Option<u64>,
+        seed: u64,
     },
 }
 
@@ -361,10 +371,16 @@ impl Index {
                     let data = match records.data(at) {
                         DataRef::One(h) => BlockData::Whole(vec![h]),
                         DataRef::Many(hs) => BlockData::Whole(hs.to_vec()),
-                        DataRef::Page(p) => BlockData::Page {
+                        DataRef::Page(p) if p.seed == 0 => BlockData::Page {
                             depth: p.depth,
                             tokens: p.tokens.to_vec(),
                             group: p.group,
+                        },
+                        DataRef::Page(p) => BlockData::SeededPage {
+                            depth: p.depth,
+                            tokens: p.tokens.to_vec(),
+                            group: p.group,
+                            seed: p.seed,
                         },
                     };
                     w.record(&RecordRef::Block {
@@ -543,6 +559,18 @@ impl Snapshot {
                             depth,
                             tokens: tokens.into(),
                             group,
+                            seed: 0,
+                        })),
+                        BlockData::SeededPage {
+                            depth,
+                            tokens,
+                            group,
+                            seed,
+                        } => Data::Extra(Extra::Page(Page {
+                            depth,
+                            tokens: tokens.into(),
+                            group,
+                            seed,
                         })),
                     };
                     blocks.push((hash, EngineRecord::new(parent, copies, data)));

@@ -24,9 +24,15 @@ const BATCHES: usize = 20_000;
 const NOW: u64 = 1_700_000_000_000;
 
 fn hash(tokens: &[u32]) -> u64 {
-    tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
+    seeded(tokens, 0)
+}
+
+/// [`hash`] under an identity seed (seed 0: [`hash`]).
+fn seeded(tokens: &[u32], seed: u64) -> u64 {
+    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
         (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    })
+    });
+    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
 }
 
 /// Prompt `p`'s tokens: every prompt shares its first 8 blocks, each group
@@ -99,7 +105,7 @@ fn spec() -> EngineSpec {
     EngineSpec {
         engine_block: OURS as u32,
         our_block: OURS as u32,
-        hash,
+        hash: seeded,
     }
 }
 
@@ -124,6 +130,7 @@ fn apply(index: &Index, pod: &str, batches: &[Batch]) {
                 parent: from.checked_sub(1).map(|j| hs[j]),
                 hashes: &hs[from..to],
                 tokens: &all_tokens[p as usize][from * OURS..to * OURS],
+                seeds: &[],
             };
             batch.apply("m", op).unwrap();
         }

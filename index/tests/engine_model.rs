@@ -162,6 +162,7 @@ impl Store {
             parent: start.checked_sub(1).map(|j| self.hashes[j]),
             hashes: &self.hashes[start..end],
             tokens: &self.tokens[start * self.eb..end * self.eb],
+            seeds: &[],
         }
     }
 
@@ -257,7 +258,7 @@ fn run(eb: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
     let spec = EngineSpec {
         engine_block: eb,
         our_block: OURS,
-        hash,
+        hash: xxhash_rust_like,
     };
     let engines: Vec<EngineHandle> = ENGINE_PODS
         .iter()

@@ -56,6 +56,7 @@ fn stored(parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> Event {
         block_size: BLOCK as u32,
         lora_name: None,
         medium: Some("GPU".into()),
+        ..Default::default()
     })
 }
 

@@ -173,6 +173,7 @@ impl Pods {
                 block_size: BLOCK_TOKENS as u32,
                 lora_name: None,
                 medium: Some("GPU".into()),
+                ..Default::default()
             }));
         }
         events.extend(evicted[made_room..].iter().filter_map(removed));

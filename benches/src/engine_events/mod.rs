@@ -45,7 +45,7 @@ use engine_sim::{request_tokens, Pods, Release, Step, BLOCK_TOKENS as ENGINE_BLO
 use prefix_events::encode::Layout;
 use prefix_events::{decode_batch, DecodeLimits, Event};
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
-use prefix_proto::key::{hash_token_block, token_key};
+use prefix_proto::key::{hash_token_block_seeded, token_key};
 use prefix_server::apply_batch;
 use prefix_server::Subscription;
 
@@ -163,7 +163,7 @@ impl Ours {
         let spec = EngineSpec {
             engine_block: ENGINE_BLOCK as u32,
             our_block: ENGINE_BLOCK as u32,
-            hash: hash_token_block,
+            hash: hash_token_block_seeded,
         };
         let engines = names
             .iter()
@@ -193,6 +193,7 @@ impl Ours {
                         parent: st.parent,
                         hashes: &st.hashes,
                         tokens: &st.tokens,
+                        seeds: &[],
                     },
                     Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
                     Event::Cleared => EngineOp::Cleared,

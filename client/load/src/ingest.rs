@@ -42,7 +42,7 @@ use engine_sim::BLOCK_TOKENS;
 use prefix_client::Client;
 use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
-use prefix_proto::key::hash_token_block;
+use prefix_proto::key::hash_token_block_seeded;
 use prefix_proto::EngineSub;
 use prefix_server::apply_batch;
 use prefix_server::Subscription;
@@ -396,7 +396,7 @@ fn in_process(plan: &Plan, subs: &[Subscription]) -> anyhow::Result<InProcess> {
     let spec = EngineSpec {
         engine_block: BLOCK_TOKENS as u32,
         our_block: BLOCK_TOKENS as u32,
-        hash: hash_token_block,
+        hash: hash_token_block_seeded,
     };
     let handles = subs
         .iter()

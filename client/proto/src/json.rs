@@ -58,7 +58,12 @@ impl Default for KeyOptions {
 /// command line, `--text`, `--tokens 1,2,3` or `--hashes 7,8`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
-#[cfg_attr(feature = "clap", group(required = true, multiple = false))]
+// The group's members are named: clap leaves a group with a flattened
+// field empty.
+#[cfg_attr(
+    feature = "clap",
+    group(required = true, multiple = false, args = ["text", "tokens", "hashes"])
+)]
 pub struct KeySource {
     /// Prompt text, hashed in blocks of `block_bytes` (--block-bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -73,6 +78,81 @@ pub struct KeySource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
     pub hashes: Option<Vec<u64>>,
+    /// With `tokens`: what else identifies the request's blocks.
+    #[serde(flatten)]
+    #[cfg_attr(feature = "clap", command(flatten))]
+    pub identity: TokenIdentity,
+}
+
+/// A token key's identity beyond its ids ([`key::Identity`]), as JSON
+/// fields and command-line flags: only with `tokens`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+// No group of its own: these flags go with `--tokens`, outside the key's
+// one-of group.
+#[cfg_attr(feature = "clap", group(skip))]
+pub struct TokenIdentity {
+    /// The request's `cache_salt`, as given to vLLM: a salted engine's
+    /// blocks match only keys with the same salt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long))]
+    pub cache_salt: Option<String>,
+    /// The request's multimodal items, `{"identifier", "offset",
+    /// "length"}` in token positions, the identifier being the request's
+    /// `multi_modal_uuids` entry (or vLLM's item hash). On the command
+    /// line, `--mm-item IDENTIFIER:OFFSET:LENGTH`, once per item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long = "mm-item"))]
+    pub mm_items: Option<Vec<key::MmItem>>,
+    /// With prompt embeddings: each block's digest of them, in hex (vLLM:
+    /// SHA-256 of the block's tensor bytes); comma-separated on the
+    /// command line. The key stops after the last block with a digest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+    pub prompt_embeds: Option<Vec<String>>,
+}
+
+impl TokenIdentity {
+    /// Whether any field is given.
+    pub fn is_given(&self) -> bool {
+        self.cache_salt.is_some() || self.mm_items.is_some() || self.prompt_embeds.is_some()
+    }
+
+    /// The identity these fields describe, or why they do not.
+    pub fn identity(&self) -> Result<key::Identity, JsonError> {
+        let prompt_embeds = match &self.prompt_embeds {
+            None => None,
+            Some(digests) => Some(
+                digests
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| {
+                        hex(d).ok_or_else(|| {
+                            JsonError::new(format!(
+                                "prompt_embeds[{i}]: a digest is hex with an even number of digits"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+        };
+        Ok(key::Identity {
+            cache_salt: self.cache_salt.clone(),
+            mm_items: self.mm_items.clone().unwrap_or_default(),
+            prompt_embeds,
+        })
+    }
+}
+
+/// The bytes of an even-length hex string.
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+        .collect()
 }
 
 impl KeySource {
@@ -84,16 +164,26 @@ impl KeySource {
                 text: None,
                 tokens: None,
                 hashes: Some(h),
-            } => Ok(h),
+                identity,
+            } if !identity.is_given() => Ok(h),
             other => other.key(opts),
         }
     }
 
     /// The block hashes, or why there are none.
     pub fn key(&self, opts: &KeyOptions) -> Result<Vec<u64>, JsonError> {
+        if self.tokens.is_none() && self.identity.is_given() {
+            return Err(JsonError::new(
+                "\"cache_salt\", \"mm_items\" and \"prompt_embeds\" go with \"tokens\"",
+            ));
+        }
         match (&self.text, &self.tokens, &self.hashes) {
             (Some(t), None, None) => Ok(key::text_key(t, opts.block_bytes)),
-            (None, Some(t), None) => Ok(key::token_key(t, opts.block_tokens)),
+            (None, Some(t), None) => Ok(key::token_key_with(
+                t,
+                opts.block_tokens,
+                &self.identity.identity()?,
+            )),
             (None, None, Some(h)) => Ok(h.clone()),
             (None, None, None) => Err(JsonError::new(
                 "give one of \"text\", \"tokens\" or \"hashes\"",
@@ -203,8 +293,26 @@ impl JsonError {
 /// refuses others, which serde cannot do for objects with flattened parts.
 pub fn fields(kind: OpKind) -> &'static [&'static str] {
     match kind {
-        OpKind::Lookup => &["model", "text", "tokens", "hashes", "candidates"],
-        OpKind::Insert => &["model", "text", "tokens", "hashes", "pod"],
+        OpKind::Lookup => &[
+            "model",
+            "text",
+            "tokens",
+            "hashes",
+            "cache_salt",
+            "mm_items",
+            "prompt_embeds",
+            "candidates",
+        ],
+        OpKind::Insert => &[
+            "model",
+            "text",
+            "tokens",
+            "hashes",
+            "cache_salt",
+            "mm_items",
+            "prompt_embeds",
+            "pod",
+        ],
         OpKind::RemovePod | OpKind::Unsubscribe => &["pod"],
         OpKind::SetPodCapacity => &["pod", "blocks"],
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => &[],
@@ -389,6 +497,9 @@ struct Fields {
     text: Option<String>,
     tokens: Option<Vec<u32>>,
     hashes: Option<Vec<u64>>,
+    cache_salt: Option<String>,
+    mm_items: Option<Vec<key::MmItem>>,
+    prompt_embeds: Option<Vec<String>>,
     candidates: Option<Vec<String>>,
     pod: Option<String>,
     blocks: Option<u64>,
@@ -409,6 +520,9 @@ impl Fields {
             ("text", self.text.is_some()),
             ("tokens", self.tokens.is_some()),
             ("hashes", self.hashes.is_some()),
+            ("cache_salt", self.cache_salt.is_some()),
+            ("mm_items", self.mm_items.is_some()),
+            ("prompt_embeds", self.prompt_embeds.is_some()),
             ("candidates", self.candidates.is_some()),
             ("pod", self.pod.is_some()),
             ("blocks", self.blocks.is_some()),
@@ -446,6 +560,11 @@ impl Fields {
             text: self.text,
             tokens: self.tokens,
             hashes: self.hashes,
+            identity: TokenIdentity {
+                cache_salt: self.cache_salt,
+                mm_items: self.mm_items,
+                prompt_embeds: self.prompt_embeds,
+            },
         };
         Ok(match kind {
             OpKind::Lookup => JsonOp::Lookup {

@@ -303,8 +303,10 @@ impl Index {
         awaitable(py, lookup_many(self.index()?, model, keys, candidates))
     }
 
-    /// A lookup by token ids, hashed here in blocks of `block_tokens`.
-    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16))]
+    /// A lookup by token ids, hashed here in blocks of `block_tokens`,
+    /// with the request's identity ([`token_key`]).
+    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
+    #[allow(clippy::too_many_arguments)]
     fn lookup_tokens(
         &self,
         py: Python<'_>,
@@ -312,13 +314,18 @@ impl Index {
         tokens: Vec<u32>,
         candidates: Option<Vec<String>>,
         block_tokens: usize,
+        cache_salt: Option<String>,
+        mm_items: Option<Vec<(String, u32, u32)>>,
+        prompt_embeds: Option<Vec<Vec<u8>>>,
     ) -> PyResult<LookupResult> {
-        let key = key::token_key(&tokens, block_tokens);
+        let id = identity(cache_salt, mm_items, prompt_embeds);
+        let key = key::token_key_with(&tokens, block_tokens, &id);
         block(py, lookup(self.index()?, model, key, candidates))
     }
 
     /// Awaitable [`Index::lookup_tokens`].
-    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16))]
+    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
+    #[allow(clippy::too_many_arguments)]
     fn lookup_tokens_async<'py>(
         &self,
         py: Python<'py>,
@@ -326,8 +333,12 @@ impl Index {
         tokens: Vec<u32>,
         candidates: Option<Vec<String>>,
         block_tokens: usize,
+        cache_salt: Option<String>,
+        mm_items: Option<Vec<(String, u32, u32)>>,
+        prompt_embeds: Option<Vec<Vec<u8>>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let key = key::token_key(&tokens, block_tokens);
+        let id = identity(cache_salt, mm_items, prompt_embeds);
+        let key = key::token_key_with(&tokens, block_tokens, &id);
         awaitable(py, lookup(self.index()?, model, key, candidates))
     }
 
@@ -606,11 +617,42 @@ fn text_key(text: &str, block_bytes: usize) -> Vec<u64> {
     key::text_key(text, block_bytes)
 }
 
-/// The key of a token-id prompt: one hash per full `block_tokens` ids.
+/// The key of a token-id prompt: one hash per full `block_tokens` ids,
+/// each block's hash seeded by its identity beyond the ids: the request's
+/// `cache_salt`, its multimodal items as `(identifier, offset, length)` in
+/// token positions, and its per-block prompt-embeds digests.
 #[pyfunction]
-#[pyo3(signature = (tokens, block_tokens=key::TOKEN_BLOCK_TOKENS))]
-fn token_key(tokens: Vec<u32>, block_tokens: usize) -> Vec<u64> {
-    key::token_key(&tokens, block_tokens)
+#[pyo3(signature = (tokens, block_tokens=key::TOKEN_BLOCK_TOKENS, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
+fn token_key(
+    tokens: Vec<u32>,
+    block_tokens: usize,
+    cache_salt: Option<String>,
+    mm_items: Option<Vec<(String, u32, u32)>>,
+    prompt_embeds: Option<Vec<Vec<u8>>>,
+) -> Vec<u64> {
+    let id = identity(cache_salt, mm_items, prompt_embeds);
+    key::token_key_with(&tokens, block_tokens, &id)
+}
+
+/// A request's identity from the keyword arguments.
+fn identity(
+    cache_salt: Option<String>,
+    mm_items: Option<Vec<(String, u32, u32)>>,
+    prompt_embeds: Option<Vec<Vec<u8>>>,
+) -> key::Identity {
+    key::Identity {
+        cache_salt,
+        mm_items: mm_items
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(identifier, offset, length)| key::MmItem {
+                identifier,
+                offset,
+                length,
+            })
+            .collect(),
+        prompt_embeds,
+    }
 }
 
 #[pymodule]

@@ -40,6 +40,19 @@ def test_keys_follow_the_documented_vectors():
     assert len(token_key(list(range(40)), block_tokens=8)) == 5
 
 
+def test_token_keys_carry_the_requests_identity():
+    # The identity vectors of docs/protocol.md ("Keys"), computed with the
+    # Python xxhash package from the rule as written there.
+    tokens = list(range(32))
+    assert token_key(tokens, cache_salt="tenant-a")[0] == 0xAC64A7D7A02B4A1E
+    image = [("img-a", 8, 16)]
+    assert token_key(tokens, mm_items=image) == [0xA281CE7BD569058D, 0x06DE7AD12D1CF9AC]
+    both = token_key(tokens, cache_salt="tenant-a", mm_items=image)
+    assert both[0] == 0xD40725C848688234
+    assert token_key(tokens, cache_salt="") == token_key(tokens)
+    assert len(token_key(tokens, prompt_embeds=[b"\x01" * 32])) == 1
+
+
 def test_blocking_calls(server):
     c = connect(server)
     c.ping()
@@ -64,6 +77,11 @@ def test_blocking_calls(server):
     assert c.remove_pod("pod-b") is True
     assert c.remove_pod("pod-b") is False
     assert c.lookup("m", key).matches == [("pod-a", 4)]
+    # A salted request's key is its own: only the salt finds it.
+    salted = token_key(list(range(64)), cache_salt="t")
+    c.insert("m", salted, "pod-s")
+    assert c.lookup_tokens("m", list(range(64)), cache_salt="t").matches == [("pod-s", 4)]
+    assert c.lookup_tokens("m", list(range(64))).matches == [("pod-a", 4)]
     assert c.list_engines() == []
     assert c.is_connected()
     c.close()

@@ -30,6 +30,8 @@ func main() {
 	pods := flag.String("pods", "pod-a,pod-b,pod-c", "candidate pods, comma-separated")
 	tokens := flag.String("tokens", "", "the prompt's token ids, comma-separated")
 	block := flag.Int("block-tokens", 16, "token ids per block (the server's --token-block)")
+	salt := flag.String("cache-salt", "", "the request's cache_salt, as given to vLLM")
+	mm := flag.String("mm-items", "", "the request's multimodal items, IDENTIFIER:OFFSET:LENGTH,... in token positions")
 	demo := flag.Bool("demo", false, "record prefixes, score, and check the hashing against the server")
 	flag.Parse()
 
@@ -53,15 +55,19 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	scores, err := score(c, *model, ids, candidates, *block)
+	items, err := parseMmItems(*mm)
+	if err != nil {
+		fail(err)
+	}
+	scores, err := score(c, *model, ids, Identity{CacheSalt: *salt, MmItems: items}, candidates, *block)
 	if err != nil {
 		fail(err)
 	}
 	print(scores)
 }
 
-func score(c *Client, model string, tokens []uint32, candidates []string, block int) (map[string]float64, error) {
-	key, err := TokenKey(tokens, block)
+func score(c *Client, model string, tokens []uint32, id Identity, candidates []string, block int) (map[string]float64, error) {
+	key, err := TokenKeyWith(tokens, block, id)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +80,9 @@ func score(c *Client, model string, tokens []uint32, candidates []string, block 
 
 // runDemo: pod-a holds the prompt's first 4 blocks (recorded as token ids,
 // hashed by the server), pod-b its first 2 (hashed here); the prompt has 6
-// full blocks, so the scores must be 4/6, 2/6 and 0.
+// full blocks, so the scores must be 4/6, 2/6 and 0. Then the same prompt
+// with a cache salt and an image, hashed here and by the server: only
+// pod-c, which holds it so, matches it.
 func runDemo(c *Client, model string, candidates []string, block int) error {
 	if len(candidates) != 3 {
 		return fmt.Errorf("the demo takes 3 pods")
@@ -93,7 +101,7 @@ func runDemo(c *Client, model string, candidates []string, block int) error {
 	if err := c.Insert(model, candidates[1], mine, nil); err != nil {
 		return err
 	}
-	scores, err := score(c, model, prompt, candidates, block)
+	scores, err := score(c, model, prompt, Identity{}, candidates, block)
 	if err != nil {
 		return err
 	}
@@ -103,12 +111,28 @@ func runDemo(c *Client, model string, candidates []string, block int) error {
 			return fmt.Errorf("%s scored %v, want %v: this example's hashing and the server's disagree", pod, scores[pod], w)
 		}
 	}
-	byServer, err := c.LookupTokens(model, prompt, candidates)
+	byServer, err := c.LookupTokens(model, prompt, Identity{}, candidates)
 	if err != nil {
 		return err
 	}
 	if fmt.Sprint(Scores(byServer.KeyBlocks, byServer.Matches, candidates)) != fmt.Sprint(scores) {
 		return fmt.Errorf("lookups by token ids and by this example's hashes differ")
+	}
+	tenant := Identity{CacheSalt: "tenant-a", MmItems: []MmItem{{"img-1", uint32(block + 3), uint32(2 * block)}}}
+	salted, err := TokenKeyWith(prompt, block, tenant)
+	if err != nil {
+		return err
+	}
+	if err := c.Insert(model, candidates[2], salted, nil); err != nil {
+		return err
+	}
+	byServer, err = c.LookupTokens(model, prompt, tenant, candidates)
+	if err != nil {
+		return err
+	}
+	got := Scores(byServer.KeyBlocks, byServer.Matches, candidates)
+	if got[candidates[2]] != 1 || got[candidates[0]] != 0 || got[candidates[1]] != 0 {
+		return fmt.Errorf("a salted request with an image scored %v: this example's identity rule and the server's disagree", got)
 	}
 	// Over a limit: the server's error carries the protocol's code and name.
 	_, err = c.LookupHashes(model, make([]uint64, 100000), candidates)

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -18,22 +18,7 @@ import (
 // (seed 0). A trailing partial block is dropped: engines reuse only full
 // KV blocks.
 func TokenKey(tokens []uint32, blockTokens int) ([]uint64, error) {
-	if blockTokens <= 0 {
-		return nil, fmt.Errorf("block size %d", blockTokens)
-	}
-	buf := make([]byte, 4*blockTokens)
-	key := make([]uint64, 0, len(tokens)/blockTokens)
-	for start := 0; start+blockTokens <= len(tokens); start += blockTokens {
-		for i, t := range tokens[start : start+blockTokens] {
-			binary.LittleEndian.PutUint32(buf[4*i:], t)
-		}
-		h, err := xxh3(buf)
-		if err != nil {
-			return nil, err
-		}
-		key = append(key, h)
-	}
-	return key, nil
+	return TokenKeyWith(tokens, blockTokens, Identity{})
 }
 
 // Match is one pod's answer to a lookup: its matched leading blocks.
@@ -157,10 +142,24 @@ func (c *Client) LookupHashes(model string, key []uint64, candidates []string) (
 	return l, err
 }
 
-// LookupTokens leaves the hashing to the server.
-func (c *Client) LookupTokens(model string, tokens []uint32, candidates []string) (Lookup, error) {
+// LookupTokens leaves the hashing to the server, identity included.
+func (c *Client) LookupTokens(model string, tokens []uint32, id Identity, candidates []string) (Lookup, error) {
+	body := map[string]any{"model": model, "tokens": tokens, "candidates": candidates}
+	if id.CacheSalt != "" {
+		body["cache_salt"] = id.CacheSalt
+	}
+	if len(id.MmItems) > 0 {
+		body["mm_items"] = id.MmItems
+	}
+	if id.PromptEmbeds != nil {
+		digests := make([]string, len(id.PromptEmbeds))
+		for i, d := range id.PromptEmbeds {
+			digests[i] = hex.EncodeToString(d)
+		}
+		body["prompt_embeds"] = digests
+	}
 	var l Lookup
-	err := c.call("/v1/lookup", map[string]any{"model": model, "tokens": tokens, "candidates": candidates}, &l)
+	err := c.call("/v1/lookup", body, &l)
 	return l, err
 }
 

@@ -6,10 +6,11 @@ import (
 	"math/bits"
 )
 
-// XXH3-64 with seed 0 for inputs of up to 240 bytes: the block hash of the
-// prefix-index key rule (docs/protocol.md). Token blocks of up to 60 ids
-// (240 bytes) and the default text blocks (64 bytes) are in range; longer
-// inputs take XXH3's long path, which this example does not carry.
+// XXH3-64 for inputs of up to 240 bytes, with a seed: the block hash of the
+// prefix-index key rule (docs/protocol.md), seed 0 for a plain block and
+// the block's identity seed otherwise. Token blocks of up to 60 ids (240
+// bytes) and the default text blocks (64 bytes) are in range; longer inputs
+// take XXH3's long path, which this example does not carry.
 
 const maxHashLen = 240
 
@@ -67,28 +68,32 @@ func rrmxmx(h uint64, n uint64) uint64 {
 	return h ^ h>>28
 }
 
-func mix16(in []byte, i int, s int) uint64 {
-	return fold64(r64(in, i)^r64(secret[:], s), r64(in, i+8)^r64(secret[:], s+8))
+func mix16(in []byte, i int, s int, seed uint64) uint64 {
+	return fold64(r64(in, i)^(r64(secret[:], s)+seed), r64(in, i+8)^(r64(secret[:], s+8)-seed))
 }
 
 // xxh3 is XXH3-64 (seed 0) of in, for len(in) <= 240.
-func xxh3(in []byte) (uint64, error) {
+func xxh3(in []byte) (uint64, error) { return xxh3Seeded(in, 0) }
+
+// xxh3Seeded is XXH3-64 of in with seed, for len(in) <= 240.
+func xxh3Seeded(in []byte, seed uint64) (uint64, error) {
 	n := len(in)
 	s := secret[:]
 	switch {
 	case n > maxHashLen:
-		return 0, fmt.Errorf("a block of %d bytes: this example hashes blocks of up to %d bytes", n, maxHashLen)
+		return 0, fmt.Errorf("%d bytes to hash: this example hashes up to %d bytes", n, maxHashLen)
 	case n == 0:
-		return xxh64Avalanche(r64(s, 56) ^ r64(s, 64)), nil
+		return xxh64Avalanche(seed ^ r64(s, 56) ^ r64(s, 64)), nil
 	case n <= 3:
 		combined := uint64(in[0])<<16 | uint64(in[n>>1])<<24 | uint64(in[n-1]) | uint64(n)<<8
-		return xxh64Avalanche(combined ^ (r32(s, 0) ^ r32(s, 4))), nil
+		return xxh64Avalanche(combined ^ ((r32(s, 0) ^ r32(s, 4)) + seed)), nil
 	case n <= 8:
+		seed ^= uint64(bits.ReverseBytes32(uint32(seed))) << 32
 		input := r32(in, n-4) + r32(in, 0)<<32
-		return rrmxmx(input^(r64(s, 8)^r64(s, 16)), uint64(n)), nil
+		return rrmxmx(input^((r64(s, 8)^r64(s, 16))-seed), uint64(n)), nil
 	case n <= 16:
-		lo := r64(in, 0) ^ (r64(s, 24) ^ r64(s, 32))
-		hi := r64(in, n-8) ^ (r64(s, 40) ^ r64(s, 48))
+		lo := r64(in, 0) ^ ((r64(s, 24) ^ r64(s, 32)) + seed)
+		hi := r64(in, n-8) ^ ((r64(s, 40) ^ r64(s, 48)) - seed)
 		acc := uint64(n) + bits.ReverseBytes64(lo) + hi + fold64(lo, hi)
 		return avalanche(acc), nil
 	case n <= 128:
@@ -96,24 +101,24 @@ func xxh3(in []byte) (uint64, error) {
 		if n > 32 {
 			if n > 64 {
 				if n > 96 {
-					acc += mix16(in, 48, 96) + mix16(in, n-64, 112)
+					acc += mix16(in, 48, 96, seed) + mix16(in, n-64, 112, seed)
 				}
-				acc += mix16(in, 32, 64) + mix16(in, n-48, 80)
+				acc += mix16(in, 32, 64, seed) + mix16(in, n-48, 80, seed)
 			}
-			acc += mix16(in, 16, 32) + mix16(in, n-32, 48)
+			acc += mix16(in, 16, 32, seed) + mix16(in, n-32, 48, seed)
 		}
-		acc += mix16(in, 0, 0) + mix16(in, n-16, 16)
+		acc += mix16(in, 0, 0, seed) + mix16(in, n-16, 16, seed)
 		return avalanche(acc), nil
 	default:
 		acc := uint64(n) * prime64_1
 		for i := 0; i < 8; i++ {
-			acc += mix16(in, 16*i, 16*i)
+			acc += mix16(in, 16*i, 16*i, seed)
 		}
 		acc = avalanche(acc)
 		for i := 8; i < n/16; i++ {
-			acc += mix16(in, 16*i, 16*(i-8)+3)
+			acc += mix16(in, 16*i, 16*(i-8)+3, seed)
 		}
-		acc += mix16(in, n-16, 136-17)
+		acc += mix16(in, n-16, 136-17, seed)
 		return avalanche(acc), nil
 	}
 }

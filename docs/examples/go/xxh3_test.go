@@ -66,3 +66,64 @@ func TestScoresArePrefixShares(t *testing.T) {
 		t.Errorf("an empty key scores 0, got %v", s["a"])
 	}
 }
+
+// Seeded: xxhash.xxh3_64_intdigest(bytes(...), seed=0x3b490f35e06e9357).
+func TestSeededXXH3MatchesAnIndependentImplementation(t *testing.T) {
+	const seed = 0x3b490f35e06e9357
+	cases := []struct {
+		n    int
+		want uint64
+	}{
+		{0, 0xba2d11eae7b3e7e0}, {1, 0x7d357acea71b7c7e}, {2, 0x81f503d5658c75d3},
+		{3, 0xe5e7c609d32436fd}, {4, 0x743d3fb4095a835b}, {7, 0xd036d2d1536de2d1},
+		{8, 0x325512fbb35e6eec}, {9, 0x8642941310d84395}, {15, 0x55b25baf2df0d7e3},
+		{16, 0x3e69bd6f09bba015}, {17, 0x7315442265bdbf14}, {31, 0x11f89cea0e708534},
+		{32, 0x9b71103e1a1ce542}, {33, 0x4df5c0fc405f3094}, {63, 0x6418d92f2420fd04},
+		{64, 0xd58ba423ff522290}, {65, 0xde85e2200c689843}, {95, 0xc46caa8c6e3e7e9a},
+		{96, 0x407ccb40e9148cfc}, {97, 0x6dbff9822addba15}, {127, 0x72e9d80ca651a90c},
+		{128, 0x2f50d99159e7e2ab}, {129, 0x00e471d2dbe3f0b7}, {130, 0x7d95a09da6d90f20},
+		{143, 0x49b57789cf699f03}, {144, 0x593a3a2189f0f0de}, {200, 0x6d8e1ee86d27cc6d},
+		{239, 0xe97db4c2a60773da}, {240, 0xf474beb87183cd31},
+	}
+	for _, c := range cases {
+		in := make([]byte, c.n)
+		for i := range in {
+			in[i] = byte((i*7 + 3) % 251)
+		}
+		got, err := xxh3Seeded(in, seed)
+		if err != nil || got != c.want {
+			t.Errorf("len %d: got %#016x, %v; want %#016x", c.n, got, err, c.want)
+		}
+	}
+}
+
+// The identity vectors of docs/protocol.md ("Keys").
+func TestTheProtocolDocsIdentityVectors(t *testing.T) {
+	tokens := make([]uint32, 32)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	salted, err := TokenKeyWith(tokens, 16, Identity{CacheSalt: "tenant-a"})
+	if err != nil || salted[0] != 0xac64a7d7a02b4a1e {
+		t.Errorf("salted: %#x, %v", salted, err)
+	}
+	image := Identity{MmItems: []MmItem{{"img-a", 8, 16}}}
+	key, err := TokenKeyWith(tokens, 16, image)
+	if err != nil || len(key) != 2 || key[0] != 0xa281ce7bd569058d || key[1] != 0x06de7ad12d1cf9ac {
+		t.Errorf("image: %#x, %v", key, err)
+	}
+	image.CacheSalt = "tenant-a"
+	both, err := TokenKeyWith(tokens, 16, image)
+	if err != nil || both[0] != 0xd40725c848688234 {
+		t.Errorf("image and salt: %#x, %v", both, err)
+	}
+	items, err := parseMmItems("sha256:ab:3:40, x:1:2")
+	if err != nil || len(items) != 2 || items[0] != (MmItem{"sha256:ab", 3, 40}) {
+		t.Errorf("parse: %v, %v", items, err)
+	}
+	for _, bad := range []string{"a:1", ":1:2", "a:x:2"} {
+		if _, err := parseMmItems(bad); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 //! A batch of one pod's engine events: where events enter, and where held
 //! removals go to the tree.
 
+use super::store::Store;
 use super::{Applied, Engine, EngineOp, Ratio, Run};
 use crate::error::EngineError;
 use crate::index::Index;
@@ -43,6 +44,7 @@ impl EngineBatch<'_> {
                 parent,
                 hashes,
                 tokens,
+                seeds,
             } => {
                 let per = engine.spec.engine_block as usize;
                 if tokens.len() != hashes.len().saturating_mul(per) {
@@ -52,10 +54,29 @@ impl EngineBatch<'_> {
                         block: engine.spec.engine_block,
                     });
                 }
+                let expected = hashes.len().saturating_mul(engine.ratio.seeds_per_block());
+                if !seeds.is_empty() && seeds.len() != expected {
+                    return Err(EngineError::SeedCount {
+                        seeds: seeds.len(),
+                        blocks: hashes.len(),
+                        expected,
+                    });
+                }
                 // A store may hold again what the run removed, so the run
                 // goes first; the store's records change even if it fails.
                 let settled = index.settle(engine, pod);
-                let stored = index.store(engine, pod, model, parent, hashes, tokens, &mut done);
+                let stored = index.store(
+                    engine,
+                    pod,
+                    model,
+                    Store {
+                        parent,
+                        hashes,
+                        tokens,
+                        seeds,
+                    },
+                    &mut done,
+                );
                 done.released += settled?;
                 stored?;
             }

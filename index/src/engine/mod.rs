@@ -88,6 +88,14 @@ pub enum EngineOp<'a> {
         hashes: &'a [u64],
         /// Their token ids, `engine_block` per hash.
         tokens: &'a [u32],
+        /// The identity seed of each of our blocks in the store (engine
+        /// blocks of one or more of ours), or of each engine page (pages
+        /// smaller than ours), in order, that [`EngineSpec::hash`] hashes
+        /// its tokens with: what besides tokens tells the block (a cache
+        /// salt, multimodal items). Empty when every block is plain (seed
+        /// 0). A group of pages takes its first page's seed; a seed on any
+        /// later page makes the group match no gateway key.
+        seeds: &'a [u64],
     },
     /// One copy less of each block.
     Removed {
@@ -218,6 +226,11 @@ impl Engine {
         self.last_batch = batch;
     }
 
+    /// How its blocks map to ours.
+    pub fn ratio(&self) -> Ratio {
+        self.ratio
+    }
+
     /// The spec this engine was registered with.
     pub fn spec(&self) -> EngineSpec {
         self.spec
@@ -300,6 +313,6 @@ impl Engine {
 /// The hash rule of an engine restored from a snapshot until its
 /// subscription registers it again ([`crate::Index::engine`] replaces it).
 /// Blocks stored meanwhile hash to 0 and match no gateway key.
-pub(crate) fn unset_hash(_: &[u32]) -> u64 {
+pub(crate) fn unset_hash(_: &[u32], _: u64) -> u64 {
     0
 }

@@ -3,22 +3,32 @@
 
 use super::{DataRef, EngineSpec, Parent, Records};
 
-/// Our hash of the group that the page with `toks` closes, under `parent`:
-/// the tokens of its `n - 1` ancestors and its own. `None` if an ancestor
-/// is unknown.
+/// Our hash of the group that the page with `toks` and `seed` closes,
+/// under `parent`: the tokens of its `n - 1` ancestors and its own, with
+/// the group's seed. `None` if an ancestor is unknown.
+///
+/// The group's seed is its first page's (a salt is on a sequence's first
+/// page, and so on its first group's). A seed on a later page (a
+/// multimodal item, say, whose place in our block a page cannot tell) gives
+/// the group a seed no gateway key has, so it matches none.
 pub(super) fn group_hash(
     records: &Records,
     parent: Option<u64>,
     toks: &[u32],
+    seed: u64,
     n: u32,
     spec: EngineSpec,
 ) -> Option<u64> {
     let mut pages: Vec<&[u32]> = vec![toks];
+    let mut seeds: Vec<u64> = vec![seed];
     let mut at = parent.and_then(|p| records.find(p));
     for _ in 1..n {
         let a = at?;
         match records.data(a) {
-            DataRef::Page(p) => pages.push(&p.tokens),
+            DataRef::Page(p) => {
+                pages.push(&p.tokens);
+                seeds.push(p.seed);
+            }
             DataRef::One(_) | DataRef::Many(_) => return None,
         }
         at = match records.parent(a) {
@@ -27,8 +37,20 @@ pub(super) fn group_hash(
         };
     }
     let tokens: Vec<u32> = pages.iter().rev().flat_map(|p| p.iter().copied()).collect();
-    (tokens.len() == spec.our_block as usize).then(|| (spec.hash)(&tokens))
+    // `seeds` is leaf first: the group's first page is last.
+    let (first, later) = seeds.split_last().map_or((0, &[][..]), |(f, l)| (*f, l));
+    let seed = match later.iter().any(|&s| s != 0) {
+        false => first,
+        // Mixed so that no single seed, and so no gateway key, gives it.
+        true => later.iter().fold(first ^ UNTOLD, |acc, &s| {
+            acc.rotate_left(17) ^ s.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        }),
+    };
+    (tokens.len() == spec.our_block as usize).then(|| (spec.hash)(&tokens, seed))
 }
+
+/// Mixed into the seed of a group whose later pages carry seeds.
+const UNTOLD: u64 = 0x756e_746f_6c64_2121;
 
 /// Cuts `key` (the groups on `last`'s path) at the first group with a page
 /// not held, walking up from `last`.

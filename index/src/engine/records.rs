@@ -84,6 +84,8 @@ pub(crate) struct Page {
     pub(crate) tokens: Box<[u32]>,
     /// On a group's last page, our hash of the group.
     pub(crate) group: Option<u64>,
+    /// Its identity seed (0 for a plain page): see [`EngineOp::Stored`](super::EngineOp::Stored).
+    pub(crate) seed: u64,
 }
 
 /// Our side of an engine block, owned (to record one).
@@ -520,6 +522,7 @@ mod tests {
             depth: 0,
             tokens: vec![1, 2].into(),
             group: None,
+            seed: 0,
         };
         let b = r
             .insert(2, Some(1), 1, Data::Extra(Extra::Page(page.clone())))

@@ -22,6 +22,15 @@ impl Ratio {
         }
     }
 
+    /// Identity seeds per engine block: one per block of ours in it, or
+    /// one per page.
+    pub fn seeds_per_block(self) -> usize {
+        match self {
+            Ratio::Whole(r) => r as usize,
+            Ratio::Pages(_) => 1,
+        }
+    }
+
     /// The mapping between an engine's block size and ours, in tokens;
     /// refused when neither divides the other, or the ratio passes `max`
     /// ([`IndexConfig::max_block_ratio`](crate::IndexConfig::max_block_ratio)).
@@ -55,6 +64,7 @@ pub struct EngineSpec {
     pub engine_block: u32,
     /// Tokens in one of our blocks: the gateways' token block size.
     pub our_block: u32,
-    /// Our hash of one block of `our_block` token ids: the gateways' rule.
-    pub hash: fn(&[u32]) -> u64,
+    /// Our hash of one block of `our_block` token ids with an identity
+    /// seed (0: a plain block): the gateways' rule.
+    pub hash: fn(&[u32], u64) -> u64,
 }

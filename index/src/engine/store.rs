@@ -12,6 +12,17 @@ use super::{
 use crate::error::EngineError;
 use crate::index::Index;
 
+/// A store event's blocks, as [`EngineOp::Stored`](super::EngineOp::Stored)
+/// carries them (counts checked).
+#[derive(Clone, Copy)]
+pub(super) struct Store<'a> {
+    pub(super) parent: Option<u64>,
+    pub(super) hashes: &'a [u64],
+    pub(super) tokens: &'a [u32],
+    /// Empty, or [`Ratio::seeds_per_block`] per hash.
+    pub(super) seeds: &'a [u64],
+}
+
 /// What recording a store's blocks leaves for placing them.
 struct Recorded {
     /// The position of the model's records in the engine's map.
@@ -29,25 +40,22 @@ struct Recorded {
 }
 
 impl Index {
-    /// Applies a store of `hashes` (with their `tokens`) under `parent` to
-    /// `pod`'s records under `model` and to the tree.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies `store` to `pod`'s records under `model` and to the tree.
     pub(super) fn store(
         &self,
         engine: &mut Engine,
         pod: &str,
         model: &str,
-        parent: Option<u64>,
-        hashes: &[u64],
-        tokens: &[u32],
+        store: Store<'_>,
         done: &mut Applied,
     ) -> Result<(), EngineError> {
         // A model's records exist while it has one: an empty store names a
         // model (an adapter, say) and records nothing.
-        if hashes.is_empty() {
+        if store.hashes.is_empty() {
             return Ok(());
         }
-        let recorded = self.record_blocks(engine, model, parent, hashes, tokens, done)?;
+        let parent = store.parent;
+        let recorded = self.record_blocks(engine, model, store, done)?;
         let placed = match recorded.last {
             Some(last) => self.place_chain(
                 engine,
@@ -75,12 +83,17 @@ impl Index {
         &self,
         engine: &mut Engine,
         model: &str,
-        parent: Option<u64>,
-        hashes: &[u64],
-        tokens: &[u32],
+        store: Store<'_>,
         done: &mut Applied,
     ) -> Result<Recorded, EngineError> {
+        let Store {
+            parent,
+            hashes,
+            tokens,
+            seeds,
+        } = store;
         let (spec, ratio) = (engine.spec, engine.ratio);
+        let seeds_per = ratio.seeds_per_block();
         let max_records = self.sh.cfg.max_engine_blocks;
         let max_own = self.sh.cfg.max_engine_blocks_per_pod;
         let own = engine.blocks() as u64;
@@ -126,7 +139,11 @@ impl Index {
                         if added == room {
                             break 'records Err(full);
                         }
-                        let data = block_data(records, spec, ratio, up, toks);
+                        let seeds = match seeds {
+                            [] => &[][..],
+                            s => &s[k * seeds_per..(k + 1) * seeds_per],
+                        };
+                        let data = block_data(records, spec, ratio, up, toks, seeds);
                         let Some(at) = records.insert(h, up, 1, data) else {
                             break 'records Err(full);
                         };
@@ -226,21 +243,25 @@ impl Index {
     }
 }
 
-/// Our side of a new engine block with tokens `toks` under `up`: our hash
-/// of each of our blocks in it, or, for a page, its tokens and depth (and
-/// the hash of the group it closes).
+/// Our side of a new engine block with tokens `toks` under `up` and
+/// identity `seeds` (none, or one per block of ours or per page): our hash
+/// of each of our blocks in it, or, for a page, its tokens, depth and seed
+/// (and the hash of the group it closes).
 fn block_data(
     records: &Records,
     spec: EngineSpec,
     ratio: Ratio,
     up: Option<u64>,
     toks: &[u32],
+    seeds: &[u64],
 ) -> Data {
+    let seed = |i: usize| seeds.get(i).copied().unwrap_or(0);
     match ratio {
-        Ratio::Whole(1) => Data::One((spec.hash)(toks)),
+        Ratio::Whole(1) => Data::One((spec.hash)(toks, seed(0))),
         Ratio::Whole(_) => Data::whole(
             toks.chunks_exact(spec.our_block as usize)
-                .map(spec.hash)
+                .enumerate()
+                .map(|(i, block)| (spec.hash)(block, seed(i)))
                 .collect(),
         ),
         Ratio::Pages(n) => {
@@ -252,12 +273,13 @@ fn block_data(
                 None => 0,
             };
             let group = (depth % n == n - 1)
-                .then(|| group_hash(records, up, toks, n, spec))
+                .then(|| group_hash(records, up, toks, seed(0), n, spec))
                 .flatten();
             Data::Extra(Extra::Page(Page {
                 depth,
                 tokens: toks.into(),
                 group,
+                seed: seed(0),
             }))
         }
     }

@@ -10,16 +10,22 @@ const MAX_RATIO: u32 = 1024;
 
 /// A stand-in for the gateways' rule: any fixed function of the tokens.
 fn hash(tokens: &[u32]) -> u64 {
-    tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
+    seeded(tokens, 0)
+}
+
+/// [`hash`] under an identity seed (seed 0: [`hash`]).
+fn seeded(tokens: &[u32], seed: u64) -> u64 {
+    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
         (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    })
+    });
+    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
 }
 
 fn spec(engine_block: u32) -> EngineSpec {
     EngineSpec {
         engine_block,
         our_block: 4,
-        hash,
+        hash: seeded,
     }
 }
 
@@ -54,6 +60,7 @@ fn store(
         parent,
         hashes,
         tokens: toks,
+        seeds: &[],
     };
     index.apply(&mut e.lock(), "pod", "m", op).unwrap()
 }
@@ -120,6 +127,7 @@ fn a_model_has_records_only_while_it_holds_one() {
             parent: None,
             hashes: &[],
             tokens: &[],
+            seeds: &[],
         };
         let adapter = format!("adapter-{i}");
         let done = index.apply(&mut e.lock(), "pod", &adapter, op).unwrap();
@@ -285,6 +293,7 @@ fn wide_engine_blocks_are_several_of_ours() {
         parent: None,
         hashes: &[5],
         tokens: &[1, 2, 3],
+        seeds: &[],
     };
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", bad),
@@ -427,6 +436,7 @@ fn a_run_that_could_not_be_released_dies_with_its_engine() {
             parent: Some(1),
             hashes: &[3],
             tokens: &tokens(2, 2)[4..],
+            seeds: &[],
         };
         assert!(batch.apply("m", op).is_err());
         assert!(batch.finish().is_err());
@@ -490,6 +500,7 @@ fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
         parent: None,
         hashes: &[7, 8, 9],
         tokens: &tokens(3, 3),
+        seeds: &[],
     };
     index.apply(&mut e.lock(), "pod", "n", op).unwrap();
     e.lock().set_last_batch(Some((41, 5)));
@@ -528,6 +539,7 @@ fn snapshot_records_that_do_not_fit_the_block_sizes_are_refused() {
             depth: 0,
             tokens: vec![1; 4].into(),
             group: None,
+            seed: 0,
         })),
     ] {
         let blocks = vec![
@@ -574,6 +586,7 @@ fn engine_records_are_bounded() {
         parent: None,
         hashes: &[1, 2, 3],
         tokens: &tokens(1, 3),
+        seeds: &[],
     };
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", op),
@@ -600,6 +613,7 @@ fn room_taken_and_not_used_goes_back() {
             parent,
             hashes,
             tokens,
+            seeds: &[],
         };
         let got = index.apply(&mut e.lock(), pod, "m", op).map(drop);
         let held = e.lock().blocks() as u64;
@@ -663,6 +677,7 @@ fn pods_storing_at_once_never_pass_the_bound_together() {
                             parent: None,
                             hashes: &hashes,
                             tokens: &tokens(event as u32, 16),
+                            seeds: &[],
                         };
                         if index.apply(&mut e.lock(), &pod, "m", op).is_err() {
                             break;
@@ -693,6 +708,7 @@ fn one_engine_cannot_take_the_others_room() {
         parent: None,
         hashes: &[1, 2, 3],
         tokens: &tokens(1, 3),
+        seeds: &[],
     };
     assert!(matches!(
         index.apply(&mut greedy.lock(), "greedy", "m", op),
@@ -709,7 +725,114 @@ fn one_engine_cannot_take_the_others_room() {
         parent: None,
         hashes: &[7, 8],
         tokens: &tokens(2, 2),
+        seeds: &[],
     };
     index.apply(&mut other.lock(), "other", "m", op).unwrap();
     assert_eq!(index.stats().engine_blocks, 4);
+}
+
+fn store_seeded(
+    index: &Index,
+    e: &EngineHandle,
+    parent: Option<u64>,
+    hashes: &[u64],
+    toks: &[u32],
+    seeds: &[u64],
+) -> Result<Applied, EngineError> {
+    let op = EngineOp::Stored {
+        parent,
+        hashes,
+        tokens: toks,
+        seeds,
+    };
+    index.apply(&mut e.lock(), "pod", "m", op)
+}
+
+/// The key of prompt `p` with block `i` seeded by `seeds[i]` (0 past it).
+fn seeded_key(p: u32, blocks: u32, seeds: &[u64]) -> Vec<u64> {
+    tokens(p, blocks)
+        .chunks(4)
+        .enumerate()
+        .map(|(i, b)| seeded(b, seeds.get(i).copied().unwrap_or(0)))
+        .collect()
+}
+
+#[test]
+fn seeded_blocks_match_only_keys_with_their_seeds() {
+    let index = index();
+    let e = index.engine("pod", spec(4)).unwrap();
+    // A salt on the first block, an item on the third.
+    let seeds = [7, 0, 9, 0];
+    store_seeded(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4), &seeds).unwrap();
+    let pod = |n| vec![("pod".to_string(), n)];
+    assert_eq!(matched(&index, &seeded_key(1, 4, &seeds), T0), pod(4));
+    assert!(matched(&index, &key(1, 4), T0).is_empty());
+    // Another item on the third block: the blocks before it.
+    assert_eq!(
+        matched(&index, &seeded_key(1, 4, &[7, 0, 8, 0]), T0),
+        pod(2)
+    );
+    // Seeds of the wrong count are refused whole.
+    let refused = store_seeded(&index, &e, None, &[5], &tokens(2, 1), &[1, 2]);
+    assert!(matches!(
+        refused,
+        Err(EngineError::SeedCount {
+            seeds: 2,
+            blocks: 1,
+            expected: 1
+        })
+    ));
+    // Engine blocks of two of ours: a seed per block of ours.
+    let wide = index.engine("wide", spec(8)).unwrap();
+    let op = EngineOp::Stored {
+        parent: None,
+        hashes: &[11, 12],
+        tokens: &tokens(3, 4),
+        seeds: &[5, 0, 0, 6],
+    };
+    index.apply(&mut wide.lock(), "wide", "m", op).unwrap();
+    assert_eq!(
+        index.lookup("m", &seeded_key(3, 4, &[5, 0, 0, 6]), None, T0),
+        [("wide".to_string(), 4)]
+    );
+    assert_eq!(
+        index.lookup("m", &seeded_key(3, 4, &[5]), None, T0),
+        [("wide".to_string(), 2)]
+    );
+}
+
+#[test]
+fn a_group_of_pages_takes_its_first_pages_seed_and_keeps_it_in_snapshots() {
+    let index = index();
+    let e = index.engine("pod", spec(1)).unwrap();
+    let toks = tokens(4, 3);
+    let hashes: Vec<u64> = (20..32).collect();
+    // The sequence's first page is salted; a page of the third block holds
+    // an item, which a page cannot place in our block.
+    let mut seeds = vec![0; 12];
+    seeds[0] = 7;
+    seeds[9] = 9;
+    store_seeded(&index, &e, None, &hashes, &toks, &seeds).unwrap();
+    let pod = |n| vec![("pod".to_string(), n)];
+    let salted = seeded_key(4, 3, &[7]);
+    assert_eq!(matched(&index, &salted, T0), pod(2));
+    assert!(matched(&index, &key(4, 3), T0).is_empty());
+    // The third group matches no key: not the plain one, not one with the
+    // page's seed.
+    assert_eq!(matched(&index, &seeded_key(4, 3, &[7, 0, 9]), T0), pod(2));
+    let mut bytes = Vec::new();
+    index.write_snapshot(&mut bytes, T0).unwrap();
+    let restored = super::tests::index();
+    let got = crate::Snapshot::parse(&bytes)
+        .unwrap()
+        .restore(&restored, T0);
+    assert_eq!(got.refused, 0);
+    assert_eq!(matched(&restored, &salted, T0), pod(2));
+    // The restored pages' seeds hold for groups closed after the restart.
+    let e = restored.engine("pod", spec(1)).unwrap();
+    let more = tokens(4, 4);
+    let more_hashes: Vec<u64> = (32..36).collect();
+    store_seeded(&restored, &e, Some(31), &more_hashes, &more[12..], &[]).unwrap();
+    assert_eq!(matched(&restored, &seeded_key(4, 4, &[7]), T0), pod(2));
+    assert!(matched(&restored, &key(4, 4), T0).is_empty());
 }

@@ -46,6 +46,7 @@
 
 mod error;
 mod event;
+mod extra;
 #[cfg(test)]
 mod testing;
 
@@ -97,7 +98,7 @@ pub enum Event {
 }
 
 /// `BlockStored`: a run of consecutive blocks of one sequence was cached.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Stored {
     /// The engine's block hashes, in sequence order.
     pub hashes: Vec<u64>,
@@ -119,6 +120,44 @@ pub struct Stored {
     /// (older engines: the GPU). A name of up to 24 bytes is held inline
     /// (a payload carries one for every event).
     pub medium: Option<CompactString>,
+    /// Each block's extra keys (vLLM's `extra_keys`, see [`RawExtraKey`]),
+    /// one entry per block, `None` for a block without any. Empty when the
+    /// event has none at all (absent, nil, or nil for every block), as for
+    /// every plain-text request, so those cost no allocation.
+    pub extra_keys: Vec<Option<Box<[RawExtraKey]>>>,
+    /// SGLang's `cache_salt` (a field of its `BlockStored`, or in the
+    /// metadata map of its older `BlockStoredWithMetadata`): the request's
+    /// salt, by which SGLang namespaces the hashes. `None` when nil or
+    /// absent.
+    pub cache_salt: Option<CompactString>,
+    /// Whether the blocks were hashed with lookahead tokens (vLLM's
+    /// `lookahead_token_ids` not nil): the engine reuses such a block only
+    /// when those tokens follow it.
+    pub lookahead: bool,
+}
+
+/// One of a block's extra keys as vLLM publishes it, untagged (its
+/// `to_event_extra_keys`): in order, the LoRA name (when the event has
+/// `lora_name`), the multimodal items, the cache salt (first block only)
+/// and the prompt-embeds digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RawExtraKey {
+    /// A string: the LoRA name, or the cache salt.
+    Text(CompactString),
+    /// An `(identifier, offset)` pair: a multimodal item overlapping the
+    /// block, `offset` tokens from the block's start (negative when it
+    /// started in an earlier block).
+    Mm {
+        /// The item's identifier (a string's bytes, or bytes).
+        identifier: Box<[u8]>,
+        /// Its offset relative to the block's start.
+        offset: i64,
+    },
+    /// Bytes: a prompt-embeds digest.
+    Bytes(Box<[u8]>),
+    /// Any other shape (a float, a map, a pair of other types...): the
+    /// block's identity cannot be told, so it must match no key.
+    Unknown,
 }
 
 /// `BlockRemoved`: blocks were evicted.
@@ -362,6 +401,7 @@ mod tests {
                 block_size: 16,
                 lora_name: None,
                 medium: Some("GPU".into()),
+                ..Default::default()
             })]
         );
     }

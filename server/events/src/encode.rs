@@ -6,7 +6,7 @@
 
 use rmp::encode as enc;
 
-use crate::batch::{Batch, Event, Removed, Stored};
+use crate::batch::{Batch, Event, RawExtraKey, Removed, Stored};
 
 /// Which fields the events carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,16 @@ pub enum Layout {
     /// `kv_cache_spec_kind` `"full_attention"`, under msgspec's `map16`
     /// header; a `BlockRemoved` also has `group_idx` 0.
     GpuPool,
+}
+
+/// The optional fields a store carries beyond its layout's: `extra_keys`
+/// when some block has keys (in [`Layout::Required`]; the GPU pool's
+/// layout always has them), `cache_salt` (SGLang's) and
+/// `lookahead_token_ids` (an empty list per block).
+fn optional_fields(s: &Stored, layout: Layout) -> u32 {
+    u32::from(layout == Layout::Required && !s.extra_keys.is_empty())
+        + u32::from(s.cache_salt.is_some())
+        + u32::from(s.lookahead)
 }
 
 /// The msgpack payload of `batch`, in [`Layout::Required`].
@@ -83,12 +93,16 @@ fn hashes(out: &mut Vec<u8>, hashes: &[u64]) {
 }
 
 fn stored(out: &mut Vec<u8>, s: &Stored, layout: Layout) {
+    let more = optional_fields(s, layout);
     match layout {
         Layout::Required => {
-            let _ = enc::write_map_len(out, 8);
+            let _ = enc::write_map_len(out, 8 + more);
         }
-        // msgspec sizes the header for the struct, not the fields present.
-        Layout::GpuPool => out.extend_from_slice(&[0xde, 0x00, 0x0b]),
+        // msgspec writes a map16 header even for a map a fixmap holds.
+        Layout::GpuPool => {
+            out.push(0xde);
+            out.extend_from_slice(&(0x0b + more as u16).to_be_bytes());
+        }
     }
     kv(out, "type", "BlockStored");
     hashes(out, &s.hashes);
@@ -112,14 +126,62 @@ fn stored(out: &mut Vec<u8>, s: &Stored, layout: Layout) {
     let _ = enc::write_nil(out);
     opt_str(out, "medium", s.medium.as_deref());
     opt_str(out, "lora_name", s.lora_name.as_deref());
+    if layout == Layout::GpuPool || !s.extra_keys.is_empty() {
+        extra_keys(out, s);
+    }
     if layout == Layout::GpuPool {
-        let _ = enc::write_str(out, "extra_keys");
-        let _ = enc::write_array_len(out, s.hashes.len() as u32);
-        for _ in &s.hashes {
-            let _ = enc::write_nil(out);
-        }
         group_idx(out);
         kv(out, "kv_cache_spec_kind", "full_attention");
+    }
+    if let Some(salt) = &s.cache_salt {
+        kv(out, "cache_salt", salt);
+    }
+    if s.lookahead {
+        let _ = enc::write_str(out, "lookahead_token_ids");
+        let _ = enc::write_array_len(out, s.hashes.len() as u32);
+        for _ in &s.hashes {
+            let _ = enc::write_array_len(out, 0);
+        }
+    }
+}
+
+/// `extra_keys`: each block's keys, nil for a block without (every block
+/// when the store has none).
+fn extra_keys(out: &mut Vec<u8>, s: &Stored) {
+    let _ = enc::write_str(out, "extra_keys");
+    let _ = enc::write_array_len(out, s.hashes.len() as u32);
+    for i in 0..s.hashes.len() {
+        let Some(Some(keys)) = s.extra_keys.get(i) else {
+            let _ = enc::write_nil(out);
+            continue;
+        };
+        let _ = enc::write_array_len(out, keys.len() as u32);
+        for key in keys.iter() {
+            match key {
+                RawExtraKey::Text(t) => {
+                    let _ = enc::write_str(out, t);
+                }
+                RawExtraKey::Mm { identifier, offset } => {
+                    let _ = enc::write_array_len(out, 2);
+                    match std::str::from_utf8(identifier) {
+                        Ok(id) => {
+                            let _ = enc::write_str(out, id);
+                        }
+                        Err(_) => {
+                            let _ = enc::write_bin(out, identifier);
+                        }
+                    }
+                    let _ = enc::write_sint(out, *offset);
+                }
+                RawExtraKey::Bytes(b) => {
+                    let _ = enc::write_bin(out, b);
+                }
+                // A shape no engine sends.
+                RawExtraKey::Unknown => {
+                    let _ = enc::write_f64(out, 0.0);
+                }
+            }
+        }
     }
 }
 
@@ -162,6 +224,7 @@ mod tests {
                     block_size: 16,
                     lora_name: Some("sql".into()),
                     medium: Some("GPU".into()),
+                    ..Default::default()
                 }),
                 Event::Removed(Removed {
                     hashes: [7].into(),

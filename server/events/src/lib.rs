@@ -64,7 +64,7 @@ pub mod frames;
 mod msgpack;
 
 pub use batch::{
-    decode_batch, BadEvents, Batch, DecodeError, DecodeLimits, Event, Removed, Stored,
+    decode_batch, BadEvents, Batch, DecodeError, DecodeLimits, Event, RawExtraKey, Removed, Stored,
 };
 pub use encode::{encode_batch, encode_batch_into, Layout};
 pub use follow::{digest, Action, Applied, Follower, HeldLimit, Resync};

@@ -34,6 +34,15 @@ pub(crate) enum IntOrBin<'a> {
     Bin(&'a [u8]),
 }
 
+/// A string, bytes or an int: the scalar forms of vLLM's extra keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scalar<'a> {
+    /// A string's bytes, not checked to be UTF-8.
+    Str(&'a [u8]),
+    Bin(&'a [u8]),
+    Int(i128),
+}
+
 /// What a value is, as far as choosing a layout needs: the batch and the
 /// events each come as an array (positional) or a map (named).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,6 +296,31 @@ impl<'a> Reader<'a> {
             m => return Self::mismatch("an integer or bytes", m),
         };
         Ok(IntOrBin::Bin(self.take(n)?))
+    }
+
+    /// The next value if it is a string, bytes or an int (then read);
+    /// `None`, consuming nothing, for any other value.
+    pub(crate) fn scalar(&mut self) -> Result<Option<Scalar<'a>>> {
+        Ok(Some(match self.peek()? {
+            Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+                Scalar::Str(self.str_bytes()?)
+            }
+            Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => match self.int_or_bin()? {
+                IntOrBin::Bin(b) => Scalar::Bin(b),
+                IntOrBin::Int(i) => Scalar::Int(i),
+            },
+            Marker::FixPos(_)
+            | Marker::FixNeg(_)
+            | Marker::U8
+            | Marker::U16
+            | Marker::U32
+            | Marker::U64
+            | Marker::I8
+            | Marker::I16
+            | Marker::I32
+            | Marker::I64 => Scalar::Int(self.int()?),
+            _ => return Ok(None),
+        }))
     }
 
     /// A float; an int is taken as its value too (msgspec's decoder does the

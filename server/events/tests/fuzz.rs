@@ -15,7 +15,7 @@ use compact_str::CompactString;
 use counting_alloc::Counting;
 use prefix_events::{
     decode_batch, parse_live, parse_replay, parse_topic, Batch, DecodeError, DecodeLimits, Event,
-    Removed, Stored,
+    RawExtraKey, Removed, Stored,
 };
 use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use proptest::prelude::*;
@@ -175,6 +175,58 @@ fn label() -> impl Strategy<Value = Option<CompactString>> {
     prop::option::of("[A-Za-z0-9_/.-]{1,40}".prop_map(CompactString::from))
 }
 
+/// Per-block extra keys of every shape; nil for every block decodes as
+/// none at all, so such lists are generated as empty.
+fn extra_keys() -> impl Strategy<Value = Vec<Option<Box<[RawExtraKey]>>>> {
+    let key = prop_oneof![
+        "[a-z0-9-]{1,30}".prop_map(|t| RawExtraKey::Text(t.into())),
+        (prop::collection::vec(any::<u8>(), 0..40), any::<i64>()).prop_map(|(id, offset)| {
+            RawExtraKey::Mm {
+                identifier: id.into(),
+                offset,
+            }
+        }),
+        prop::collection::vec(any::<u8>(), 0..40).prop_map(|b| RawExtraKey::Bytes(b.into())),
+        Just(RawExtraKey::Unknown),
+    ];
+    let block = prop::option::of(prop::collection::vec(key, 0..4).prop_map(Vec::into_boxed_slice));
+    prop::collection::vec(block, 0..5).prop_map(|blocks| {
+        if blocks.iter().all(Option::is_none) {
+            Vec::new()
+        } else {
+            blocks
+        }
+    })
+}
+
+/// Writes `extra_keys` as vLLM does: a list per block, or nil; an unknown
+/// shape as an int.
+fn write_extra_keys(out: &mut Vec<u8>, keys: &[Option<Box<[RawExtraKey]>>]) {
+    let _ = enc::write_array_len(out, keys.len() as u32);
+    for block in keys {
+        let Some(block) = block else {
+            let _ = enc::write_nil(out);
+            continue;
+        };
+        let _ = enc::write_array_len(out, block.len() as u32);
+        for key in block.iter() {
+            match key {
+                RawExtraKey::Text(t) => drop(enc::write_str(out, t)),
+                RawExtraKey::Mm { identifier, offset } => {
+                    let _ = enc::write_array_len(out, 2);
+                    match std::str::from_utf8(identifier) {
+                        Ok(id) => drop(enc::write_str(out, id)),
+                        Err(_) => drop(enc::write_bin(out, identifier)),
+                    }
+                    let _ = enc::write_sint(out, *offset);
+                }
+                RawExtraKey::Bytes(b) => drop(enc::write_bin(out, b)),
+                RawExtraKey::Unknown => drop(enc::write_uint(out, 1)),
+            }
+        }
+    }
+}
+
 fn event() -> impl Strategy<Value = Event> {
     let hashes = prop::collection::vec(any::<u64>(), 0..6);
     prop_oneof![
@@ -185,17 +237,23 @@ fn event() -> impl Strategy<Value = Event> {
             any::<u32>(),
             label(),
             label(),
+            (extra_keys(), label()),
         )
-            .prop_map(|(hashes, parent, tokens, block_size, lora_name, medium)| {
-                Event::Stored(Stored {
-                    hashes,
-                    parent,
-                    tokens,
-                    block_size,
-                    lora_name,
-                    medium,
-                })
-            }),
+            .prop_map(
+                |(hashes, parent, tokens, block_size, lora_name, medium, (extra_keys, salt))| {
+                    Event::Stored(Stored {
+                        hashes,
+                        parent,
+                        tokens,
+                        block_size,
+                        lora_name,
+                        medium,
+                        extra_keys,
+                        cache_salt: salt,
+                        lookahead: false,
+                    })
+                },
+            ),
         (hashes, label()).prop_map(|(hashes, medium)| Event::Removed(Removed {
             hashes: hashes.into(),
             medium
@@ -264,7 +322,7 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
     if !l.map_events {
         match e {
             Event::Stored(s) => {
-                let _ = enc::write_array_len(out, 8);
+                let _ = enc::write_array_len(out, 9);
                 let _ = enc::write_str(out, "BlockStored");
                 write_hashes(out, &s.hashes, l.hash);
                 match s.parent {
@@ -278,7 +336,16 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
                 let _ = enc::write_uint(out, u64::from(s.block_size));
                 let _ = enc::write_nil(out); // lora_id
                 write_opt_str(out, &s.medium);
-                write_opt_str(out, &s.lora_name);
+                // SGLang's metadata map where vLLM has `lora_name`.
+                match &s.cache_salt {
+                    Some(salt) => {
+                        let _ = enc::write_map_len(out, 1);
+                        let _ = enc::write_str(out, "cache_salt");
+                        let _ = enc::write_str(out, salt);
+                    }
+                    None => write_opt_str(out, &s.lora_name),
+                }
+                write_extra_keys(out, &s.extra_keys);
             }
             Event::Removed(r) => {
                 let _ = enc::write_array_len(out, 3);
@@ -294,13 +361,13 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
         return;
     }
     let (tag, fields) = match e {
-        Event::Stored(_) => ("BlockStored", 8),
+        Event::Stored(s) => ("BlockStored", 8 + u16::from(s.cache_salt.is_some())),
         Event::Removed(_) => ("BlockRemoved", 3),
         Event::Cleared => ("AllBlocksCleared", 1),
     };
     // map16 even when small, as msgspec writes BlockStored.
     out.push(0xde);
-    out.extend_from_slice(&(fields as u16).to_be_bytes());
+    out.extend_from_slice(&fields.to_be_bytes());
     let write_type = |out: &mut Vec<u8>| {
         let _ = enc::write_str(out, "type");
         let _ = enc::write_str(out, tag);
@@ -329,7 +396,11 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
             let _ = enc::write_str(out, "lora_name");
             write_opt_str(out, &s.lora_name);
             let _ = enc::write_str(out, "extra_keys");
-            out.extend_from_slice(&[0x92, 0xc0, 0x92, 0xa1, b'x', 0x01]);
+            write_extra_keys(out, &s.extra_keys);
+            if let Some(salt) = &s.cache_salt {
+                let _ = enc::write_str(out, "cache_salt");
+                let _ = enc::write_str(out, salt);
+            }
         }
         Event::Removed(r) => {
             let _ = enc::write_str(out, "block_hashes");
@@ -378,11 +449,21 @@ fn encode(batch: &Batch, l: &Layout) -> (Vec<u8>, Batch) {
         out.extend_from_slice(&events);
         write_rank(&mut out);
     }
-    let want = Batch {
+    let mut want = Batch {
         unknown_events: unknown,
         bad: None,
         ..batch.clone()
     };
+    if !l.map_events {
+        // The array form has SGLang's salt where vLLM has `lora_name`.
+        for e in &mut want.events {
+            if let Event::Stored(s) = e {
+                if s.cache_salt.is_some() {
+                    s.lora_name = None;
+                }
+            }
+        }
+    }
     (out, want)
 }
 

@@ -7,7 +7,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use prefix_events::{decode_batch, Batch, DecodeLimits, Event, Removed, Stored};
+use prefix_events::{decode_batch, Batch, DecodeLimits, Event, RawExtraKey, Removed, Stored};
 use serde::Deserialize;
 
 /// `NAME.json`, as the script writes it.
@@ -20,6 +20,33 @@ struct Expected {
     events: Vec<ExpectedEvent>,
 }
 
+/// One of a block's extra keys as the script writes it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonKey {
+    Text(String),
+    Mm(String, i64),
+    Bytes { hex: String },
+}
+
+impl From<JsonKey> for RawExtraKey {
+    fn from(k: JsonKey) -> Self {
+        match k {
+            JsonKey::Text(t) => RawExtraKey::Text(t.into()),
+            JsonKey::Mm(id, offset) => RawExtraKey::Mm {
+                identifier: id.into_bytes().into(),
+                offset,
+            },
+            JsonKey::Bytes { hex } => RawExtraKey::Bytes(
+                (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect(),
+            ),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 enum ExpectedEvent {
     Stored {
@@ -29,6 +56,9 @@ enum ExpectedEvent {
         block_size: u32,
         lora_name: Option<String>,
         medium: Option<String>,
+        cache_salt: Option<String>,
+        extra_keys: Vec<Option<Vec<JsonKey>>>,
+        lookahead: bool,
     },
     Removed {
         hashes: Vec<u64>,
@@ -47,6 +77,9 @@ impl From<ExpectedEvent> for Event {
                 block_size,
                 lora_name,
                 medium,
+                cache_salt,
+                extra_keys,
+                lookahead,
             } => Event::Stored(Stored {
                 hashes,
                 parent,
@@ -54,6 +87,12 @@ impl From<ExpectedEvent> for Event {
                 block_size,
                 lora_name: lora_name.map(Into::into),
                 medium: medium.map(Into::into),
+                cache_salt: cache_salt.map(Into::into),
+                extra_keys: extra_keys
+                    .into_iter()
+                    .map(|b| b.map(|keys| keys.into_iter().map(RawExtraKey::from).collect()))
+                    .collect(),
+                lookahead,
             }),
             ExpectedEvent::Removed { hashes, medium } => Event::Removed(Removed {
                 hashes: hashes.into(),

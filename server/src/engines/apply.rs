@@ -6,11 +6,14 @@
 //! CPU or storage offloading) stay out of the routing view unless the
 //! subscription accepts that medium. A bad event (wrong block size, token
 //! ids that do not fill its blocks, the record bound reached) is counted
-//! and skipped; the rest of the batch still applies.
+//! and skipped; the rest of the batch still applies. A store's blocks
+//! carry their identity (salt, multimodal items) as seeds
+//! ([`super::identity`]).
 
 use prefix_events::{Batch, Event};
 use prefix_index::{Applied, EngineError, EngineOp, Index};
 
+use super::identity::{store_seeds, Identified};
 use super::Subscription;
 
 /// What applying one batch did.
@@ -24,6 +27,9 @@ pub struct Outcome {
     pub other_medium: u64,
     /// Events of a type this server does not know (skipped by the decoder).
     pub unknown_events: u64,
+    /// Blocks stored with an identity, and those whose identity could not
+    /// be told (they match no key).
+    pub identity: Identified,
     /// Events refused, with the first reason (and batches whose held
     /// removals could not be taken off the tree).
     pub refused: u64,
@@ -45,8 +51,11 @@ pub fn apply_batch(
         ..Outcome::default()
     };
     let mut engine = engine.lock();
+    let ratio = engine.ratio();
+    let mut seeds = Vec::new();
     let mut applying = index.batch(&mut engine, &sub.pod);
     for event in &batch.events {
+        let mut identified = Identified::default();
         let (medium, model, op) = match event {
             Event::Stored(s) => {
                 if s.block_size != sub.block_size {
@@ -56,10 +65,12 @@ pub fn apply_batch(
                     ));
                     continue;
                 }
+                identified = store_seeds(s, ratio, &mut seeds);
                 let op = EngineOp::Stored {
                     parent: s.parent,
                     hashes: &s.hashes,
                     tokens: &s.tokens,
+                    seeds: &seeds,
                 };
                 (
                     s.medium.as_deref(),
@@ -82,6 +93,7 @@ pub fn apply_batch(
             Ok(done) => {
                 out.applied.add(&done);
                 out.events += 1;
+                out.identity.add(identified);
             }
             Err(
                 e @ (EngineError::TokenCount { .. }
@@ -109,7 +121,7 @@ impl Outcome {
 mod tests {
     use prefix_events::{Removed, Stored};
     use prefix_index::{EngineSpec, IndexConfig};
-    use prefix_proto::key::{hash_token_block, token_key};
+    use prefix_proto::key::{hash_token_block_seeded, token_key};
 
     use super::*;
 
@@ -139,6 +151,7 @@ mod tests {
             tokens,
             lora_name: lora.map(Into::into),
             medium: Some(medium.into()),
+            ..Default::default()
         })
     }
 
@@ -149,7 +162,7 @@ mod tests {
         let spec = EngineSpec {
             engine_block: 16,
             our_block: 16,
-            hash: hash_token_block,
+            hash: hash_token_block_seeded,
         };
         let engine = index.engine(&s.pod, spec).unwrap();
         let tokens: Vec<u32> = (0..32).collect();

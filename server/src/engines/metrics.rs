@@ -41,7 +41,7 @@ fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 /// (name, help, value) of every per-pod counter.
-const COUNTERS: [(&str, &str, Read); 13] = [
+const COUNTERS: [(&str, &str, Read); 15] = [
     ("engine_batches", "Event batches applied", |s| {
         counter(&s.batches)
     }),
@@ -85,6 +85,16 @@ const COUNTERS: [(&str, &str, Read); 13] = [
         "engine_unknown_events",
         "Events of an unknown type, skipped",
         |s| counter(&s.unknown_events),
+    ),
+    (
+        "engine_identity_blocks",
+        "Blocks stored with an identity beyond their tokens (salt, multimodal items, prompt embeddings)",
+        |s| counter(&s.identity_blocks),
+    ),
+    (
+        "engine_untold_blocks",
+        "Blocks whose identity could not be told (unknown extra keys, lookahead hashing, items in blocks not of the gateways' size): they match no key",
+        |s| counter(&s.untold_blocks),
     ),
     (
         "engine_decode_errors",

@@ -12,12 +12,14 @@
 //!
 //! Layering: `prefix-events` decodes frames and payloads, and its `follow`
 //! decides what sequence numbers mean (apply, replay, resync); [`apply`]
-//! turns a batch into index operations; only `task` and `central` touch
+//! turns a batch into index operations, with [`identity`] folding each
+//! stored block's identity into its seeds; only `task` and `central` touch
 //! sockets.
 
 pub mod apply;
 mod central;
 mod config;
+mod identity;
 pub mod kept;
 pub mod metrics;
 #[cfg(test)]
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 pub use prefix_index::Ratio;
 use prefix_index::{EngineError, EngineSpec, Index};
-use prefix_proto::key::hash_token_block;
+use prefix_proto::key::hash_token_block_seeded;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
@@ -175,7 +177,7 @@ impl Engines {
         EngineSpec {
             engine_block: block_size,
             our_block: self.cfg.token_block,
-            hash: hash_token_block,
+            hash: hash_token_block_seeded,
         }
     }
 

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use prefix_events::{decode_batch, encode_batch, Batch, DecodeLimits, Event, Removed, Stored};
 use prefix_index::{EngineHandle, EngineOp, EngineSpec, Index, IndexConfig};
-use prefix_proto::key::{hash_token_block, token_key};
+use prefix_proto::key::{hash_token_block_seeded, token_key};
 use proptest::prelude::*;
 
 use super::apply::apply_batch;
@@ -128,6 +128,7 @@ impl Engine {
                     block_size: BLOCK as u32,
                     lora_name: None,
                     medium: Some("GPU".into()),
+                    ..Default::default()
                 })))
             }
             Op::Evict { pick } => {
@@ -184,7 +185,7 @@ impl Server {
         let spec = EngineSpec {
             engine_block: BLOCK as u32,
             our_block: BLOCK as u32,
-            hash: hash_token_block,
+            hash: hash_token_block_seeded,
         };
         let sub: Subscription = "pod=e,model=m,endpoint=tcp://h:1,replay=tcp://h:2"
             .parse()

@@ -38,6 +38,10 @@ pub struct SubStats {
     pub other_medium: AtomicU64,
     /// Events of an unknown type.
     pub unknown_events: AtomicU64,
+    /// Engine blocks stored with an identity (salt, items, embeddings).
+    pub identity_blocks: AtomicU64,
+    /// Engine blocks whose identity could not be told (they match no key).
+    pub untold_blocks: AtomicU64,
     /// Messages that did not decode (framing or payload), and oversized ones.
     pub decode_errors: AtomicU64,
     /// Sequence gaps seen.
@@ -96,6 +100,8 @@ impl SubStats {
         add(&self.refused, out.refused);
         add(&self.other_medium, out.other_medium);
         add(&self.unknown_events, out.unknown_events);
+        add(&self.identity_blocks, out.identity.blocks);
+        add(&self.untold_blocks, out.identity.untold);
         // Relaxed: statistics.
         self.last_seq
             .store(seq.saturating_add(1), Ordering::Relaxed);

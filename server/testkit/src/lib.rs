@@ -18,6 +18,8 @@
 //!   [`server::Proc`] runs the binary, whose path only the server crate's
 //!   own tests know ([`server_bin!`]); [`server::eventually`],
 //!   [`server::metric`] and [`server::http_get`] wait on and read it.
+//! - `vllm` ([`vllm`]): vLLM's own block extra keys for a set of requests,
+//!   which the key rule's tests check against.
 //!
 //! ```
 //! # #[cfg(feature = "fuzz")] {
@@ -34,6 +36,8 @@ pub mod fuzz;
 pub mod server;
 #[cfg(feature = "tls")]
 pub mod tls;
+#[cfg(feature = "vllm")]
+pub mod vllm;
 
 /// The path of the `prefix-server` binary, for [`server::Proc`].
 ///

@@ -24,7 +24,7 @@ use anyhow::Context;
 use engine_sim::{block_tokens, Step, BLOCK_TOKENS};
 use prefix_events::Event;
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index};
-use prefix_proto::key::hash_token_block;
+use prefix_proto::key::{hash_token_block, hash_token_block_seeded};
 
 /// The gateways' token key of a trace key: one `hash_token_block` per block.
 pub fn token_key(key: &[u64]) -> Vec<u64> {
@@ -40,6 +40,7 @@ fn op(event: &Event) -> EngineOp<'_> {
             parent: s.parent,
             hashes: &s.hashes,
             tokens: &s.tokens,
+            seeds: &[],
         },
         Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
         Event::Cleared => EngineOp::Cleared,
@@ -70,7 +71,7 @@ impl Feeder {
         let spec = EngineSpec {
             engine_block: BLOCK_TOKENS as u32,
             our_block: BLOCK_TOKENS as u32,
-            hash: hash_token_block,
+            hash: hash_token_block_seeded,
         };
         let pods = pods
             .iter()

@@ -7,6 +7,11 @@ fn full(kind: OpKind) -> JsonOp {
         text: Some("t".into()),
         tokens: Some(vec![1]),
         hashes: Some(vec![2]),
+        identity: TokenIdentity {
+            cache_salt: Some("s".into()),
+            mm_items: Some(vec!["i:0:1".parse().unwrap()]),
+            prompt_embeds: Some(vec!["00".into()]),
+        },
     };
     match kind {
         OpKind::Lookup => JsonOp::Lookup {
@@ -134,7 +139,7 @@ fn bad_objects_are_refused_with_the_reason() {
     let both = KeySource {
         text: Some("x".into()),
         tokens: Some(vec![1]),
-        hashes: None,
+        ..KeySource::default()
     };
     assert!(both.key(&KeyOptions::default()).is_err());
     assert!(KeySource::default().key(&KeyOptions::default()).is_err());
@@ -156,6 +161,64 @@ fn keys_follow_the_block_sizes() {
         ..KeySource::default()
     };
     assert_eq!(tokens.key(&opts).unwrap(), key::token_key(&[1, 2, 3, 4], 2));
+}
+
+/// A token key's identity from JSON fields is the key rule's, and goes
+/// only with token ids.
+#[test]
+fn token_keys_take_their_identity_from_the_fields() {
+    let opts = KeyOptions::default();
+    let tokens: Vec<u32> = (0..64).collect();
+    let body = |extra: &str| {
+        format!(
+            r#"{{"op":"lookup","model":"m","tokens":{}{extra}}}"#,
+            serde_json::to_string(&tokens).unwrap()
+        )
+    };
+    let key = |extra: &str| match JsonOp::parse(body(extra).as_bytes()).unwrap() {
+        JsonOp::Lookup { key, .. } => key.key(&opts),
+        other => panic!("{other:?}"),
+    };
+    let identity = key::Identity {
+        cache_salt: Some("tenant".into()),
+        mm_items: vec!["img:20:30".parse().unwrap()],
+        prompt_embeds: None,
+    };
+    assert_eq!(
+        key(r#","cache_salt":"tenant","mm_items":[{"identifier":"img","offset":20,"length":30}]"#)
+            .unwrap(),
+        key::token_key_with(&tokens, 16, &identity)
+    );
+    assert_ne!(key(r#","cache_salt":"tenant""#).unwrap(), key("").unwrap());
+    let digests = key(r#","prompt_embeds":["0a0b","0c0d"]"#).unwrap();
+    assert_eq!(digests.len(), 2);
+    for (extra, why) in [
+        (r#","prompt_embeds":["abc"]"#, "prompt_embeds[0]"),
+        (r#","prompt_embeds":["zz"]"#, "prompt_embeds[0]"),
+    ] {
+        let e = key(extra).unwrap_err().to_string();
+        assert!(e.contains(why), "{extra}: {e}");
+    }
+    let e =
+        JsonOp::parse(br#"{"op":"lookup","model":"m","mm_items":[{"identifier":"x","offset":1}]}"#)
+            .unwrap_err()
+            .to_string();
+    assert!(e.contains("length"), "{e}");
+    let text = KeySource {
+        text: Some("x".repeat(64)),
+        identity: TokenIdentity {
+            cache_salt: Some("s".into()),
+            ..TokenIdentity::default()
+        },
+        ..KeySource::default()
+    };
+    let e = text.key(&opts).unwrap_err().to_string();
+    assert!(e.contains("go with \"tokens\""), "{e}");
+    let hashes = KeySource {
+        hashes: Some(vec![1]),
+        ..text
+    };
+    assert!(hashes.clone().into_key(&opts).is_err());
 }
 
 #[test]

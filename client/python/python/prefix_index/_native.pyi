@@ -88,6 +88,10 @@ class Index:
         tokens: Sequence[int],
         candidates: Optional[Sequence[str]] = None,
         block_tokens: int = 16,
+        *,
+        cache_salt: Optional[str] = None,
+        mm_items: Optional[Sequence[tuple[str, int, int]]] = None,
+        prompt_embeds: Optional[Sequence[bytes]] = None,
     ) -> LookupResult: ...
     def lookup_tokens_async(
         self,
@@ -95,6 +99,10 @@ class Index:
         tokens: Sequence[int],
         candidates: Optional[Sequence[str]] = None,
         block_tokens: int = 16,
+        *,
+        cache_salt: Optional[str] = None,
+        mm_items: Optional[Sequence[tuple[str, int, int]]] = None,
+        prompt_embeds: Optional[Sequence[bytes]] = None,
     ) -> Awaitable[LookupResult]: ...
     def insert(self, model: str, key: Sequence[int], pod: str) -> None: ...
     def insert_async(self, model: str, key: Sequence[int], pod: str) -> Awaitable[None]: ...
@@ -164,4 +172,11 @@ class Cluster(Index):
     def replicas_of(self, model: str) -> list[str]: ...
 
 def text_key(text: str, block_bytes: int = 64) -> list[int]: ...
-def token_key(tokens: Sequence[int], block_tokens: int = 16) -> list[int]: ...
+def token_key(
+    tokens: Sequence[int],
+    block_tokens: int = 16,
+    *,
+    cache_salt: Optional[str] = None,
+    mm_items: Optional[Sequence[tuple[str, int, int]]] = None,
+    prompt_embeds: Optional[Sequence[bytes]] = None,
+) -> list[int]: ...

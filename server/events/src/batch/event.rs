@@ -4,6 +4,7 @@
 use compact_str::CompactString;
 use smallvec::SmallVec;
 
+use super::extra::extra_keys;
 use super::{BadEvents, DecodeError, DecodeLimits, Event, Location, Removed, Stored};
 use crate::msgpack::{utf8, IntOrBin, Reader, Shape};
 
@@ -90,6 +91,9 @@ struct Fields<'a> {
     block_size: Option<Reader<'a>>,
     lora_name: Option<Reader<'a>>,
     medium: Option<Reader<'a>>,
+    extra_keys: Option<Reader<'a>>,
+    cache_salt: Option<Reader<'a>>,
+    lookahead: Option<Reader<'a>>,
 }
 
 /// Field names the engines send (but the two read in the first pass), so
@@ -153,6 +157,9 @@ fn map_event<'a>(
             b"block_size" => Some(&mut f.block_size),
             b"lora_name" => Some(&mut f.lora_name),
             b"medium" => Some(&mut f.medium),
+            b"extra_keys" => Some(&mut f.extra_keys),
+            b"cache_salt" => Some(&mut f.cache_salt),
+            b"lookahead_token_ids" => Some(&mut f.lookahead),
             other => {
                 utf8(other).map_err(|e| key_at().err(e))?;
                 None
@@ -192,6 +199,12 @@ fn map_event<'a>(
             )?,
             lora_name: optional_str(f.lora_name, "lora_name")?,
             medium: optional_str(f.medium, "medium")?,
+            extra_keys: match f.extra_keys {
+                Some(mut r) => extra_keys(&mut r, Location::event(i, "extra_keys"), limits)?,
+                None => Vec::new(),
+            },
+            cache_salt: optional_str(f.cache_salt, "cache_salt")?,
+            lookahead: f.lookahead.is_some_and(|mut r| !r.eat_nil()),
         }),
         Kind::Removed => Event::Removed(Removed {
             hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
@@ -276,29 +289,43 @@ fn array_event(
             let tokens = tokens(r, at("token_ids"), limits)?;
             let block_size = uint32(r, at("block_size"))?;
             read = STORED_POSITIONS.len();
-            let mut medium = None;
-            let mut lora_name = None;
+            let mut stored = Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+                ..Stored::default()
+            };
             if n > 5 {
                 // lora_id: deprecated, and the index keys on hashes.
                 r.skip().map_err(|e| at("lora_id").err(e))?;
                 read = 6;
             }
             if n > 6 {
-                medium = opt_str(r, at("medium"))?;
+                stored.medium = opt_str(r, at("medium"))?;
                 read = 7;
             }
             if n > 7 {
-                lora_name = stored_position_7(r, at("lora_name"))?;
+                (stored.lora_name, stored.cache_salt) = stored_position_7(r, at("lora_name"))?;
                 read = 8;
             }
-            Some(Event::Stored(Stored {
-                hashes,
-                parent,
-                tokens,
-                block_size,
-                lora_name,
-                medium,
-            }))
+            if n > 8 {
+                stored.extra_keys = extra_keys(r, at("extra_keys"), limits)?;
+                read = 9;
+            }
+            // group_idx, kv_cache_spec_kind, its sliding window, locality,
+            // ownership, session_id; then lookahead_token_ids.
+            if n > LOOKAHEAD_POSITION {
+                for _ in read..LOOKAHEAD_POSITION {
+                    r.skip().map_err(|e| at("").err(e))?;
+                }
+                stored.lookahead = !r.eat_nil();
+                if stored.lookahead {
+                    r.skip().map_err(|e| at("lookahead_token_ids").err(e))?;
+                }
+                read = LOOKAHEAD_POSITION + 1;
+            }
+            Some(Event::Stored(stored))
         }
         Kind::Removed => {
             if n < 2 {
@@ -322,25 +349,38 @@ fn array_event(
     Ok(event)
 }
 
+/// Where an array-form `BlockStored` has `lookahead_token_ids`.
+const LOOKAHEAD_POSITION: usize = 15;
+
 /// Position 7 of an array-form `BlockStored`: vLLM's `lora_name` (a string
-/// or nil), or SGLang's `BlockStoredWithMetadata.metadata` (a map holding
-/// `cache_salt`), skipped.
+/// or nil), or SGLang's `BlockStoredWithMetadata.metadata`, a map whose
+/// `cache_salt` is read (other keys are skipped). As (LoRA name, salt).
 fn stored_position_7(
     r: &mut Reader<'_>,
     at: Location,
-) -> Result<Option<CompactString>, DecodeError> {
+) -> Result<(Option<CompactString>, Option<CompactString>), DecodeError> {
     if r.shape().map_err(|e| at.err(e))? == Shape::Map {
-        r.skip().map_err(|e| at.err(e))?;
-        return Ok(None);
+        let n = r.map_len().map_err(|e| at.err(e))?;
+        let mut salt = None;
+        for _ in 0..n {
+            let key = r.str_bytes().map_err(|e| at.err(e))?;
+            if key == b"cache_salt" {
+                salt = opt_str(r, at)?;
+            } else {
+                r.skip().map_err(|e| at.err(e))?;
+            }
+        }
+        return Ok((None, salt));
     }
-    opt_str(r, at).map_err(|e| match e {
+    let name = opt_str(r, at).map_err(|e| match e {
         DecodeError::UnexpectedType { at, found, .. } => DecodeError::UnexpectedType {
             at,
             expected: "a string, nil or a map",
             found,
         },
         e => e,
-    })
+    })?;
+    Ok((name, None))
 }
 
 /// A list of block hashes (one is held inline: see [`Removed::hashes`]).

@@ -277,6 +277,23 @@ class SgArrCleared(SgArrEvent, tag="AllBlocksCleared"):
 KNOWN = {"BlockStored", "BlockRemoved", "AllBlocksCleared"}
 
 
+def expected_extra_keys(keys: Any) -> Any:
+    """vLLM's untagged per-block keys as the test reads them: a string,
+    an [identifier, offset] pair, or {"hex": ...} for bytes; [] when every
+    block's entry is nil (the decoder keeps nothing then)."""
+    if not keys or all(k is None for k in keys):
+        return []
+
+    def one(k: Any) -> Any:
+        if isinstance(k, bytes):
+            return {"hex": k.hex()}
+        if isinstance(k, (tuple, list)):
+            return [k[0], k[1]]
+        return k
+
+    return [None if block is None else [one(k) for k in block] for block in keys]
+
+
 def expected_event(e: Any) -> Any:
     name = type(e).__struct_config__.tag
     if name == "BlockStored":
@@ -290,6 +307,12 @@ def expected_event(e: Any) -> Any:
                 "block_size": e.block_size,
                 "lora_name": getattr(e, "lora_name", None),
                 "medium": None if medium is None else str(getattr(medium, "value", medium)),
+                # SGLang's salt: a field of BlockStored, or in the metadata
+                # of BlockStoredWithMetadata.
+                "cache_salt": getattr(e, "cache_salt", None)
+                or getattr(getattr(e, "metadata", None), "cache_salt", None),
+                "extra_keys": expected_extra_keys(getattr(e, "extra_keys", None)),
+                "lookahead": getattr(e, "lookahead_token_ids", None) is not None,
             }
         }
     if name == "BlockRemoved":

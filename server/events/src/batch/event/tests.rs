@@ -1,5 +1,5 @@
 use super::super::testing::{batch_of, W};
-use super::super::{decode_batch, Batch};
+use super::super::{decode_batch, Batch, RawExtraKey};
 use super::*;
 
 fn decode(events: &[Vec<u8>]) -> Result<Batch, DecodeError> {
@@ -24,6 +24,7 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> Event {
         block_size: 2,
         lora_name: None,
         medium: None,
+        ..Default::default()
     })
 }
 
@@ -119,24 +120,26 @@ fn array_events_of_every_length_the_engines_sent() {
         .raw(&base().nil().s("GPU").map(1).s("cache_salt").s("s").done())
         .done();
     let batch = decode(&[five, six, seven, nine, salted]).unwrap();
-    let with = |medium: Option<&str>, lora: Option<&str>| {
-        Event::Stored(Stored {
-            hashes: vec![7, u64::MAX],
-            parent: None,
-            tokens: vec![3, 4],
-            block_size: 2,
-            lora_name: lora.map(Into::into),
-            medium: medium.map(Into::into),
-        })
+    let with = |medium: Option<&str>, lora: Option<&str>| Stored {
+        hashes: vec![7, u64::MAX],
+        parent: None,
+        tokens: vec![3, 4],
+        block_size: 2,
+        lora_name: lora.map(Into::into),
+        medium: medium.map(Into::into),
+        ..Default::default()
     };
     assert_eq!(
         batch.events,
         [
-            with(None, None),
-            with(None, None),
-            with(Some("CPU_PINNED"), None),
-            with(Some("GPU"), Some("adapter")),
-            with(Some("GPU"), None),
+            Event::Stored(with(None, None)),
+            Event::Stored(with(None, None)),
+            Event::Stored(with(Some("CPU_PINNED"), None)),
+            Event::Stored(with(Some("GPU"), Some("adapter"))),
+            Event::Stored(Stored {
+                cache_salt: Some("s".into()),
+                ..with(Some("GPU"), None)
+            }),
         ]
     );
     let removed = W::default().arr(1).s("BlockRemoved").done();
@@ -539,4 +542,167 @@ fn an_error_stepping_over_a_field_names_it() {
             format!("event 0: {field}: the payload ends inside this value")
         );
     }
+}
+
+/// vLLM's `extra_keys` (LoRA name, item pairs, salt, digest, untagged),
+/// SGLang's `cache_salt` and vLLM's `lookahead_token_ids`, in the map form
+/// and at their positions in the array form.
+#[test]
+fn identity_fields_in_both_forms() {
+    let keys = |w: W| {
+        w.arr(3)
+            .nil()
+            .arr(5)
+            .s("sql-lora")
+            .arr(2)
+            .s("img-a")
+            .i(-16)
+            .s("tenant")
+            .bin(&[9; 4])
+            .arr(2)
+            .u(1)
+            .u(2)
+            .nil()
+    };
+    let map = keys(
+        W::default()
+            .map(8)
+            .s("type")
+            .s("BlockStored")
+            .s("block_hashes")
+            .arr(3)
+            .u(1)
+            .u(2)
+            .u(3)
+            .s("token_ids")
+            .arr(3)
+            .u(5)
+            .u(6)
+            .u(7)
+            .s("block_size")
+            .u(1)
+            .s("cache_salt")
+            .s("sg")
+            .s("lookahead_token_ids")
+            .arr(1)
+            .arr(0)
+            .s("parent_block_hash")
+            .nil()
+            .s("extra_keys"),
+    )
+    .done();
+    let array = keys(
+        W::default()
+            .arr(16)
+            .s("BlockStored")
+            .arr(3)
+            .u(1)
+            .u(2)
+            .u(3)
+            .nil()
+            .arr(3)
+            .u(5)
+            .u(6)
+            .u(7)
+            .u(1)
+            .nil()
+            .s("GPU")
+            .s("sql-lora"),
+    )
+    .u(0)
+    .s("full_attention")
+    .nil()
+    .nil()
+    .nil()
+    .nil()
+    .arr(1)
+    .arr(0)
+    .done();
+    let batch = decode(&[map, array]).unwrap();
+    let extra = vec![
+        None,
+        Some(
+            vec![
+                RawExtraKey::Text("sql-lora".into()),
+                RawExtraKey::Mm {
+                    identifier: b"img-a".to_vec().into(),
+                    offset: -16,
+                },
+                RawExtraKey::Text("tenant".into()),
+                RawExtraKey::Bytes(vec![9; 4].into()),
+                RawExtraKey::Unknown,
+            ]
+            .into_boxed_slice(),
+        ),
+        None,
+    ];
+    let expect = Stored {
+        hashes: vec![1, 2, 3],
+        tokens: vec![5, 6, 7],
+        block_size: 1,
+        extra_keys: extra,
+        lookahead: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        batch.events,
+        [
+            Event::Stored(Stored {
+                cache_salt: Some("sg".into()),
+                ..expect.clone()
+            }),
+            Event::Stored(Stored {
+                medium: Some("GPU".into()),
+                lora_name: Some("sql-lora".into()),
+                ..expect
+            }),
+        ]
+    );
+    // Nil for every block (plain text) is no keys at all.
+    let plain = W::default()
+        .map(5)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .arr(1)
+        .u(1)
+        .s("token_ids")
+        .arr(1)
+        .u(5)
+        .s("block_size")
+        .u(1)
+        .s("extra_keys")
+        .arr(1)
+        .nil()
+        .done();
+    match &decode(&[plain]).unwrap().events[0] {
+        Event::Stored(s) => assert!(s.extra_keys.is_empty() && !s.lookahead),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[test]
+fn extra_keys_past_max_hashes_are_refused() {
+    let e = W::default()
+        .map(5)
+        .s("type")
+        .s("BlockStored")
+        .s("block_hashes")
+        .arr(0)
+        .s("token_ids")
+        .arr(0)
+        .s("block_size")
+        .u(1)
+        .s("extra_keys")
+        .arr(3)
+        .nil()
+        .nil()
+        .nil()
+        .done();
+    let limits = DecodeLimits {
+        max_hashes: 2,
+        ..DecodeLimits::default()
+    };
+    let got = decode_batch(&batch_of(&[e]), &limits);
+    assert!(why(got).contains("max_hashes"));
 }

@@ -9,10 +9,20 @@
 //! - tokens: blocks of [`TOKEN_BLOCK_TOKENS`] token ids, each id as 4
 //!   little-endian bytes, so a 16-token block hashes 64 bytes.
 //!
+//! A token block may carry an identity beyond its ids (a cache salt,
+//! multimodal items, prompt embeddings): [`identity`] seeds its hash, and
+//! [`token_key_with`] builds such a request's key.
+//!
 //! All gateways of one model must use the same block sizes. `docs/protocol.md`
 //! lists test vectors that a gateway in another language can check against.
 
 use xxhash_rust::xxh3::xxh3_64;
+
+mod identity;
+
+pub use identity::{
+    hash_token_block_seeded, identity_seed, unmatched_seed, ExtraKey, Identity, MmItem,
+};
 
 /// Default bytes per text block.
 pub const TEXT_BLOCK_BYTES: usize = 64;
@@ -53,10 +63,33 @@ pub fn token_key(tokens: &[u32], block_tokens: usize) -> Vec<u64> {
         .collect()
 }
 
+/// The key of a token-id prompt with an identity: as [`token_key`], each
+/// block hashed with its identity seed ([`Identity::block_seeds`]). A plain
+/// identity gives the plain key.
+pub fn token_key_with(tokens: &[u32], block_tokens: usize, identity: &Identity) -> Vec<u64> {
+    if identity.is_plain() {
+        return token_key(tokens, block_tokens);
+    }
+    if block_tokens == 0 {
+        return Vec::new();
+    }
+    let blocks = tokens.chunks_exact(block_tokens);
+    let seeds = identity.block_seeds(blocks.len(), block_tokens);
+    blocks
+        .zip(seeds)
+        .map(|(block, seed)| hash_token_block_seeded(block, seed))
+        .collect()
+}
+
 /// The hash of one block of token ids (each id as 4 little-endian bytes).
 /// The server hashes engines' stored blocks with it, so that a gateway's
 /// token key walks to the blocks an engine reported.
 pub fn hash_token_block(block: &[u32]) -> u64 {
+    with_token_bytes(block, hash_block)
+}
+
+/// `hash` of the block's ids as 4 little-endian bytes each.
+fn with_token_bytes(block: &[u32], hash: impl FnOnce(&[u8]) -> u64) -> u64 {
     // 64 ids (256 bytes) on the stack covers every common block size.
     let mut stack = [0u8; 256];
     let mut heap;
@@ -70,7 +103,7 @@ pub fn hash_token_block(block: &[u32]) -> u64 {
     for (out, t) in buf.chunks_exact_mut(4).zip(block) {
         out.copy_from_slice(&t.to_le_bytes());
     }
-    hash_block(buf)
+    hash(buf)
 }
 
 #[cfg(test)]

@@ -1,0 +1,204 @@
+//! Block identity end to end: vLLM 0.33.0's own event bytes
+//! (`tests/data/vllm_identity`, encoded by its publisher's structs from
+//! requests hashed by its own functions), published over libzmq to a
+//! server that follows one pod per request; then gateway lookups of the
+//! same token ids, with and without the request's identity, answer what
+//! vLLM would reuse:
+//!
+//! | pod's cache | lookup | vLLM reuses |
+//! |---|---|---|
+//! | plain | plain | 10 |
+//! | salted `tenant-a` | plain, or another salt | 0 |
+//! | salted `tenant-a` | salt `tenant-a` | 10 |
+//! | image `img-a` on blocks 2–5 | the same tokens, image `img-b` (or none) | 2 |
+//! | image `img-a` on blocks 2–5 | image `img-a` | 10 |
+//! | LoRA `sql-lora` (salted or not) | model `sql-lora`, same salt | 10 |
+
+use prefix_testkit::server as common;
+
+use std::path::Path;
+
+use prefix_client::Client;
+use prefix_proto::key::{Identity, MmItem};
+use prefix_server::Subscription;
+use serde::Deserialize;
+
+const BLOCK: usize = 16;
+const TOPIC: &str = "kv";
+
+#[derive(Deserialize)]
+struct Cases {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize, Clone)]
+struct Case {
+    name: String,
+    file: String,
+    tokens: Vec<u32>,
+    cache_salt: Option<String>,
+    mm_items: Vec<MmItem>,
+    lora_name: Option<String>,
+}
+
+fn data() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vllm_identity")
+}
+
+/// One engine's publisher: an XPUB socket, which tells when the server's
+/// subscription has arrived (a PUB socket drops what it sends before).
+struct Publisher {
+    socket: zmq::Socket,
+    endpoint: String,
+}
+
+impl Publisher {
+    fn bind(ctx: &zmq::Context) -> Publisher {
+        let socket = ctx.socket(zmq::XPUB).unwrap();
+        socket.set_linger(0).unwrap();
+        socket.set_xpub_verbose(true).unwrap();
+        socket.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
+        Publisher { socket, endpoint }
+    }
+
+    /// Publishes `payload` as batch 0 once a subscriber is there.
+    fn publish_when_subscribed(&self, payload: &[u8]) {
+        loop {
+            assert!(
+                self.socket.poll(zmq::POLLIN, 10_000).unwrap() > 0,
+                "no subscriber within 10 s"
+            );
+            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
+                break;
+            }
+        }
+        let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &0u64.to_be_bytes(), payload];
+        self.socket.send_multipart(msg, 0).unwrap();
+    }
+}
+
+/// Blocks `pod` matches for `tokens` with `identity` under `model`.
+async fn blocks(client: &Client, model: &str, pod: &str, tokens: &[u32], id: &Identity) -> u32 {
+    let got = client
+        .lookup_tokens_with(model, tokens, BLOCK, id, None)
+        .await
+        .unwrap();
+    got.matches
+        .iter()
+        .find(|m| m.pod.as_str() == pod)
+        .map_or(0, |m| m.blocks)
+}
+
+fn salted(salt: &str) -> Identity {
+    Identity {
+        cache_salt: Some(salt.into()),
+        ..Identity::default()
+    }
+}
+
+fn image(id: &str) -> Identity {
+    Identity {
+        mm_items: vec![MmItem {
+            identifier: id.into(),
+            offset: 32,
+            length: 64,
+        }],
+        ..Identity::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_answer_what_vllm_would_reuse() {
+    let cases: Cases =
+        serde_json::from_str(&std::fs::read_to_string(data().join("cases.json")).unwrap()).unwrap();
+    let case = |name: &str| cases.cases.iter().find(|c| c.name == name).unwrap().clone();
+    let ctx = zmq::Context::new();
+    let publishers: Vec<(Case, Publisher)> = cases
+        .cases
+        .iter()
+        .map(|c| (c.clone(), Publisher::bind(&ctx)))
+        .collect();
+    let subs = publishers
+        .iter()
+        .map(|(c, p)| Subscription {
+            pod: c.name.clone(),
+            model: "m".into(),
+            endpoint: p.endpoint.clone(),
+            replay: None,
+            block_size: BLOCK as u32,
+            topic: TOPIC.into(),
+            media: vec!["GPU".into()],
+        })
+        .collect();
+    let server = common::start(|cfg| cfg.engines.subscriptions = subs).await;
+    let client = server.client().await;
+    for (c, p) in &publishers {
+        p.publish_when_subscribed(&std::fs::read(data().join(&c.file)).unwrap());
+    }
+    // Each pod holds its request's 10 blocks, asked with its identity.
+    for (c, _) in &publishers {
+        let model = c.lora_name.as_deref().unwrap_or("m");
+        let id = Identity {
+            cache_salt: c.cache_salt.clone(),
+            mm_items: c.mm_items.clone(),
+            prompt_embeds: None,
+        };
+        common::eventually(&format!("{} is followed", c.name), async || {
+            blocks(&client, model, &c.name, &c.tokens, &id).await == 10
+        })
+        .await;
+    }
+
+    let plain = Identity::default();
+    let text = case("plain").tokens;
+    assert_eq!(blocks(&client, "m", "plain", &text, &plain).await, 10);
+    // A salted cache answers only its own salt.
+    assert_eq!(blocks(&client, "m", "salted", &text, &plain).await, 0);
+    assert_eq!(
+        blocks(&client, "m", "salted", &text, &salted("tenant-b")).await,
+        0
+    );
+    assert_eq!(
+        blocks(&client, "m", "salted", &text, &salted("tenant-a")).await,
+        10
+    );
+    // Another image with the same placeholder tokens: only the blocks
+    // before it; the same image: all of them.
+    let pixels = case("image_a").tokens;
+    assert_eq!(
+        blocks(&client, "m", "image_a", &pixels, &image("img-b")).await,
+        2
+    );
+    assert_eq!(blocks(&client, "m", "image_a", &pixels, &plain).await, 2);
+    assert_eq!(
+        blocks(&client, "m", "image_a", &pixels, &image("img-a")).await,
+        10
+    );
+    // An adapter is its own model; its salt still counts.
+    assert_eq!(blocks(&client, "sql-lora", "lora", &text, &plain).await, 10);
+    assert_eq!(blocks(&client, "m", "lora", &text, &plain).await, 0);
+    assert_eq!(
+        blocks(&client, "sql-lora", "lora_salted", &text, &plain).await,
+        0
+    );
+    assert_eq!(
+        blocks(
+            &client,
+            "sql-lora",
+            "lora_salted",
+            &text,
+            &salted("tenant-a")
+        )
+        .await,
+        10
+    );
+    let http = server.metrics_addr.unwrap();
+    let identity =
+        |pod: &str| format!("prefix_index_engine_identity_blocks_total{{pod=\"{pod}\"}}");
+    assert_eq!(common::metric(http, &identity("salted")).await, 1.0);
+    assert_eq!(common::metric(http, &identity("image_a")).await, 4.0);
+    assert_eq!(common::metric(http, &identity("plain")).await, 0.0);
+    client.close().await;
+    server.shutdown().await;
+}
