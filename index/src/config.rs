@@ -21,8 +21,9 @@ pub struct IndexConfig {
     /// least recently used entries across all pods down to that level. Default
     /// 0.9: headroom so inserts keep succeeding between sweeps.
     pub evict_to: f64,
-    /// Keys are cut to this many blocks. Default 2,048: 128 Ki tokens at 64
-    /// tokens a block, past every model's context window today.
+    /// Keys are cut to this many blocks. Default 65,536: 1 Mi tokens at the
+    /// gateways' default 16 tokens a block, the longest contexts served
+    /// today, so any prompt an engine holds gets a lookup's answer.
     pub max_key_blocks: usize,
     /// Distinct pods (live, or removed and not yet reclaimed). Default 4,096.
     /// Hard ceiling 1,048,575 (ids share a 64-bit word with the time).
@@ -66,7 +67,7 @@ impl Default for IndexConfig {
             pod_capacity: 31_250,
             max_blocks: 1 << 24,
             evict_to: 0.9,
-            max_key_blocks: 2048,
+            max_key_blocks: 1 << 16,
             max_pods: 4096,
             max_models: 1024,
             speculative_ttl: Duration::from_secs(2),

@@ -10,10 +10,12 @@ pub const MAX_FRAME_CEILING: u32 = 16 << 20;
 /// Protocol limits. Both ends check them; the server's are authoritative.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// Largest payload in bytes. Default 1 MiB: a batch of 64 lookups of
-    /// 2,048-block keys.
+    /// Largest payload in bytes. Default 1 MiB: a lookup of a key of
+    /// `max_key_blocks` (at most 9 bytes a hash, 576 KiB), or a batch of
+    /// 64 lookups of 2,048-block keys.
     pub max_frame_bytes: u32,
-    /// Longest key in blocks. Default 2,048 (the index's `max_key_blocks`).
+    /// Longest key in blocks. Default 65,536 (the index's
+    /// `max_key_blocks`): 1 Mi tokens at 16 tokens a block.
     pub max_key_blocks: usize,
     /// Most ops in one batch. Default 1,024.
     pub max_batch: usize,
@@ -29,7 +31,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_frame_bytes: 1 << 20,
-            max_key_blocks: 2048,
+            max_key_blocks: 1 << 16,
             max_batch: 1024,
             max_name_len: 253,
             max_candidates: 1024,

@@ -87,6 +87,16 @@ def test_blocking_calls(server):
     c.close()
 
 
+def test_a_128k_token_prompt_is_found_whole(server):
+    # The default key limit covers a million tokens; 128,000 are 8,000 blocks.
+    c = connect(server)
+    prompt = [i % 50_000 for i in range(128_000)]
+    c.insert("long", token_key(prompt), "pod-long")
+    found = c.lookup_tokens("long", prompt)
+    assert (found.key_blocks, found.matches) == (8_000, [("pod-long", 8_000)])
+    c.close()
+
+
 def test_asyncio_calls(server):
     c = connect(server)
     keys = [token_key([i] * 16 + list(range(48))) for i in range(200)]

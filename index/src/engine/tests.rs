@@ -836,3 +836,38 @@ fn a_group_of_pages_takes_its_first_pages_seed_and_keeps_it_in_snapshots() {
     assert_eq!(matched(&restored, &seeded_key(4, 4, &[7]), T0), pod(2));
     assert!(matched(&restored, &key(4, 4), T0).is_empty());
 }
+
+/// A 1,000,000-token prompt (62,500 blocks of 16), stored by its engine 512
+/// blocks an event, is held and found whole under the default key limit.
+#[test]
+fn a_million_token_prompt_is_held_and_found_whole_by_default() {
+    const BLOCKS: usize = 62_500;
+    let index = Index::new(IndexConfig::default());
+    let spec = EngineSpec {
+        engine_block: 16,
+        our_block: 16,
+        hash: seeded,
+    };
+    let e = index.engine("pod", spec).unwrap();
+    let toks: Vec<u32> = (0..(BLOCKS * 16) as u32).collect();
+    let hashes: Vec<u64> = (1..=BLOCKS as u64).collect();
+    for start in (0..BLOCKS).step_by(512) {
+        let end = (start + 512).min(BLOCKS);
+        let parent = start.checked_sub(1).map(|i| hashes[i]);
+        let done = store_seeded(
+            &index,
+            &e,
+            parent,
+            &hashes[start..end],
+            &toks[start * 16..end * 16],
+            &[],
+        )
+        .unwrap();
+        assert_eq!((done.orphaned, done.too_deep), (0, 0));
+    }
+    let key: Vec<u64> = toks.chunks(16).map(hash).collect();
+    assert_eq!(
+        index.lookup("m", &key, None, T0),
+        [("pod".to_string(), BLOCKS as u32)]
+    );
+}

@@ -37,12 +37,13 @@ pub struct LimitSettings {
 /// index's: [`prefix_index::IndexConfig`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct LimitsConfig {
-    /// Largest request payload. Default 1 MiB (a batch of 64 lookups of
-    /// 2,048-block keys); hard ceiling 16 MiB.
+    /// Largest request payload. Default 1 MiB (a lookup of a
+    /// `max_key_blocks` key, or a batch of 64 lookups of 2,048-block keys);
+    /// hard ceiling 16 MiB.
     pub max_frame_bytes: u32,
-    /// Largest HTTP/JSON request body. Default 4 MiB: a lookup of a
-    /// 2,048-block key as 32,768 token ids is under 400 KB of JSON, so ten
-    /// of them fit in one batch; at most 64 MiB.
+    /// Largest HTTP/JSON request body. Default 8 MiB: a lookup of the
+    /// longest key, 65,536 blocks, as 1,048,576 token ids of up to six
+    /// digits is under 7.4 MB of JSON; at most 64 MiB.
     pub http_max_body_bytes: usize,
     /// Most ops per batch. Default 1,024.
     pub max_batch: usize,
@@ -63,7 +64,7 @@ impl Default for LimitsConfig {
         let wire = Limits::default();
         LimitsConfig {
             max_frame_bytes: wire.max_frame_bytes,
-            http_max_body_bytes: 4 << 20,
+            http_max_body_bytes: 8 << 20,
             max_batch: wire.max_batch,
             max_candidates: wire.max_candidates,
             inline_blocks: 16_384,

@@ -1,4 +1,10 @@
-//! Block identity end to end: vLLM 0.33.0's own event bytes
+//! What a gateway's token key finds of an engine's blocks, end to end.
+//!
+//! Long prompts: an engine's 128,000-token prompt, stored in chunks of 512
+//! blocks, is answered whole (8,000 blocks) with the default settings, over
+//! QUIC and HTTP.
+//!
+//! Block identity: vLLM 0.33.0's own event bytes
 //! (`tests/data/vllm_identity`, encoded by its publisher's structs from
 //! requests hashed by its own functions), published over libzmq to a
 //! server that follows one pod per request; then gateway lookups of the
@@ -19,9 +25,11 @@ use prefix_testkit::server as common;
 use std::path::Path;
 
 use prefix_client::Client;
+use prefix_events::{encode_batch, Batch, Event, Stored};
 use prefix_proto::key::{Identity, MmItem};
 use prefix_server::Subscription;
 use serde::Deserialize;
+use serde_json::{json, Value};
 
 const BLOCK: usize = 16;
 const TOPIC: &str = "kv";
@@ -62,19 +70,42 @@ impl Publisher {
         Publisher { socket, endpoint }
     }
 
-    /// Publishes `payload` as batch 0 once a subscriber is there.
-    fn publish_when_subscribed(&self, payload: &[u8]) {
+    /// Waits until a subscriber is there.
+    fn subscribed(&self) {
         loop {
             assert!(
                 self.socket.poll(zmq::POLLIN, 10_000).unwrap() > 0,
                 "no subscriber within 10 s"
             );
             if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
-                break;
+                return;
             }
         }
-        let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &0u64.to_be_bytes(), payload];
+    }
+
+    /// Publishes `payload` as batch `seq`.
+    fn publish(&self, seq: u64, payload: &[u8]) {
+        let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &seq.to_be_bytes(), payload];
         self.socket.send_multipart(msg, 0).unwrap();
+    }
+
+    /// Publishes `payload` as batch 0 once a subscriber is there.
+    fn publish_when_subscribed(&self, payload: &[u8]) {
+        self.subscribed();
+        self.publish(0, payload);
+    }
+}
+
+/// The subscription to `publisher` as pod `pod` of model `m`.
+fn subscription(pod: &str, publisher: &Publisher) -> Subscription {
+    Subscription {
+        pod: pod.into(),
+        model: "m".into(),
+        endpoint: publisher.endpoint.clone(),
+        replay: None,
+        block_size: BLOCK as u32,
+        topic: TOPIC.into(),
+        media: vec!["GPU".into()],
     }
 }
 
@@ -121,15 +152,7 @@ async fn lookups_answer_what_vllm_would_reuse() {
         .collect();
     let subs = publishers
         .iter()
-        .map(|(c, p)| Subscription {
-            pod: c.name.clone(),
-            model: "m".into(),
-            endpoint: p.endpoint.clone(),
-            replay: None,
-            block_size: BLOCK as u32,
-            topic: TOPIC.into(),
-            media: vec!["GPU".into()],
-        })
+        .map(|(c, p)| subscription(&c.name, p))
         .collect();
     let server = common::start(|cfg| cfg.engines.subscriptions = subs).await;
     let client = server.client().await;
@@ -199,6 +222,78 @@ async fn lookups_answer_what_vllm_would_reuse() {
     assert_eq!(common::metric(http, &identity("salted")).await, 1.0);
     assert_eq!(common::metric(http, &identity("image_a")).await, 4.0);
     assert_eq!(common::metric(http, &identity("plain")).await, 0.0);
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// An engine holds a 128,000-token prompt, stored as vLLM stores a long
+/// prefill: 512 blocks an event, each under the last. A gateway's lookup of
+/// it answers 8,000 blocks with the default key limit, over QUIC and over
+/// the HTTP API's token ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_an_engine_holds_is_answered_whole() {
+    const BLOCKS: usize = 8_000;
+    let ctx = zmq::Context::new();
+    let engine = Publisher::bind(&ctx);
+    let sub = subscription("long", &engine);
+    let server = common::start(|cfg| {
+        cfg.engines.subscriptions = vec![sub];
+        cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let client = server.client().await;
+    let tokens: Vec<u32> = (0..(BLOCKS * BLOCK) as u32).map(|i| i % 50_000).collect();
+    let hashes = engine_sim::chain_hashes(&tokens, BLOCK);
+    engine.subscribed();
+    for (seq, chunk) in (0..BLOCKS).step_by(512).enumerate() {
+        let end = (chunk + 512).min(BLOCKS);
+        let event = Event::Stored(Stored {
+            hashes: hashes[chunk..end].to_vec(),
+            parent: chunk.checked_sub(1).map(|i| hashes[i]),
+            tokens: tokens[chunk * BLOCK..end * BLOCK].to_vec(),
+            block_size: BLOCK as u32,
+            medium: Some("GPU".into()),
+            ..Stored::default()
+        });
+        let payload = encode_batch(&Batch {
+            ts: 1.8e9,
+            events: vec![event],
+            data_parallel_rank: Some(0),
+            unknown_events: 0,
+            bad: None,
+        });
+        engine.publish(seq as u64, &payload);
+    }
+    let plain = Identity::default();
+    common::eventually("the whole prompt is held", async || {
+        blocks(&client, "m", "long", &tokens, &plain).await == BLOCKS as u32
+    })
+    .await;
+    let api = server.api_addr.expect("the API is on");
+    let root = reqwest::Certificate::from_pem(&std::fs::read(&server.ca).unwrap()).unwrap();
+    let http = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root)
+        .use_rustls_tls()
+        .build()
+        .unwrap();
+    let body = json!({"model": "m", "tokens": tokens, "candidates": ["long"]});
+    let text = http
+        .post(format!("https://localhost:{}/v1/lookup", api.port()))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["key_blocks"], json!(BLOCKS), "{answer}");
+    assert_eq!(
+        answer["matches"],
+        json!([{"pod": "long", "blocks": BLOCKS}]),
+        "{answer}"
+    );
     client.close().await;
     server.shutdown().await;
 }
