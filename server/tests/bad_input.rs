@@ -43,7 +43,12 @@ fn request(id: u64, r: &Request) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_frames_get_typed_errors_and_the_server_keeps_serving() {
-    let server = common::start(|cfg| cfg.limits.max_frame_bytes = 4096).await;
+    // Small limits, so that frames over them are small.
+    let server = common::start(|cfg| {
+        cfg.limits.max_frame_bytes = 4096;
+        cfg.index.max_key_blocks = 2048;
+    })
+    .await;
     let good = server.client().await;
     good.insert("m", &[1, 2], "p").await.unwrap();
     let conn = common::raw(&server).await;

@@ -85,7 +85,8 @@ fn refused(r: &Run) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_ops_print_their_reason() {
-    let server = common::start(|_| {}).await;
+    // A key limit a command line can pass (one argument holds 128 KiB).
+    let server = common::start(|cfg| cfg.index.max_key_blocks = 2048).await;
     let ca = [server.ca.as_path()];
     let ok = run(
         server.addr,
@@ -113,7 +114,8 @@ async fn refused_ops_print_their_reason() {
     .await;
     let why = refused(&long);
     assert!(
-        why.contains("key of 3000 blocks exceeds max_key_blocks = 2048"),
+        why.contains("key of 3000 blocks exceeds max_key_blocks = 2048")
+            && why.contains("key_too_long"),
         "{why}"
     );
     server.shutdown().await;

@@ -249,7 +249,8 @@ async fn errors_are_typed_and_leave_the_index_alone() {
     .await;
     let c = server.client().await;
     // Past the client's own limits, a call fails without being sent.
-    let e = c.insert("m", &[1; 2049], "p").await.unwrap_err();
+    let past = prefix_client::wire::Limits::default().max_key_blocks + 1;
+    let e = c.insert("m", &vec![1; past], "p").await.unwrap_err();
     assert!(matches!(e, ClientError::Invalid(_)), "{e}");
     // Past the server's tighter limits, the server answers typed errors.
     let e = c.insert("m", &[1; 9], "p").await.unwrap_err();

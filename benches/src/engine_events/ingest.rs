@@ -64,6 +64,22 @@ pub(super) fn ingest(c: &mut Criterion, w: &Workload, peer: &mut impl Peer) {
             })
         })
     });
+    // The same with identities: what folding extra keys into seeds costs.
+    for (name, payloads) in &w.identity_payloads {
+        g.bench_function(
+            BenchmarkId::new("ours/decode+apply", format!("threads=1,{name}")),
+            |b| {
+                b.iter_custom(|iters| {
+                    runs(iters, || {
+                        let o = Ours::new(&w.names);
+                        let start = Instant::now();
+                        black_box(o.decode_apply(&subs, payloads));
+                        start.elapsed()
+                    })
+                })
+            },
+        );
+    }
     peer.ingest(&mut g, w);
     g.finish();
 }

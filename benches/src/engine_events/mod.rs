@@ -13,7 +13,9 @@
 //! - `ingest/…`: every event into a fresh index, through
 //!   `EngineBatch::apply`, a batch per request, or from vLLM's msgpack
 //!   batches through `prefix_events::decode_batch` and the server's
-//!   `apply_batch` (and through `decode_batch` alone, for its share).
+//!   `apply_batch` (and through `decode_batch` alone, for its share); and
+//!   decoded and applied with identities (`,salted`: a tenant's salt on
+//!   each sequence's first block; `,mm`: an item on every block too).
 //! - `lookup/…`: every trace request as a key after the ingest, 1 and 2
 //!   threads.
 //! - `lookup_while_streaming/…`: the same lookups while another thread
@@ -43,7 +45,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion};
 use engine_sim::{request_tokens, Pods, Release, Step, BLOCK_TOKENS as ENGINE_BLOCK};
 use prefix_events::encode::Layout;
-use prefix_events::{decode_batch, DecodeLimits, Event};
+use prefix_events::{decode_batch, DecodeLimits, Event, RawExtraKey, Stored};
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
 use prefix_proto::key::{hash_token_block_seeded, token_key};
 use prefix_server::apply_batch;
@@ -99,6 +101,11 @@ pub struct Workload {
     pub events: u64,
     /// Each step as vLLM's msgpack batch, with its pod.
     pub payloads: Vec<(usize, Vec<u8>)>,
+    /// The same batches with identities, as (name, batches): `salted`,
+    /// every request's first block salted with one of 64 tenants' salts;
+    /// `mm`, every block holding a multimodal item too (an image of the
+    /// request's own, at its first token), so every block's hash is seeded.
+    pub identity_payloads: Vec<(&'static str, Vec<(usize, Vec<u8>)>)>,
     /// The pods' names, `pod-0` to `pod-7`.
     pub names: Vec<String>,
     /// Each request's token key, as gateways look it up.
@@ -130,6 +137,26 @@ impl Workload {
                 (s.pod, bytes)
             })
             .collect();
+        let identity_payloads = ["salted", "mm"]
+            .into_iter()
+            .map(|name| {
+                let batches = steps
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let step = with_identity(s, i, name == "mm");
+                        let mut bytes = Vec::new();
+                        step.encode(
+                            1_796_049_997.0 + i as f64 * 1e-3,
+                            Layout::GpuPool,
+                            &mut bytes,
+                        );
+                        (s.pod, bytes)
+                    })
+                    .collect();
+                (name, batches)
+            })
+            .collect();
         let our_keys = requests
             .iter()
             .map(|r| token_key(&request_tokens(r), ENGINE_BLOCK))
@@ -142,9 +169,48 @@ impl Workload {
             ops,
             events,
             payloads,
+            identity_payloads,
             names: (0..PODS).map(|p| format!("pod-{p}")).collect(),
             our_keys,
         }
+    }
+}
+
+/// Step `i`'s events with extra keys as vLLM publishes them: the request's
+/// salt (one of 64 tenants) on a sequence's first block, and with `mm` an
+/// item on every block, which started at the request's first token.
+fn with_identity(step: &Step, i: usize, mm: bool) -> Step {
+    let events = step
+        .events
+        .iter()
+        .map(|e| match e {
+            Event::Stored(s) => {
+                let extra_keys = (0..s.hashes.len())
+                    .map(|b| {
+                        let mut keys = Vec::new();
+                        if mm {
+                            keys.push(RawExtraKey::Mm {
+                                identifier: format!("image-{i}").into_bytes().into(),
+                                offset: -((b * ENGINE_BLOCK) as i64),
+                            });
+                        }
+                        if b == 0 && s.parent.is_none() {
+                            keys.push(RawExtraKey::Text(format!("tenant-{}", i % 64).into()));
+                        }
+                        (!keys.is_empty()).then(|| keys.into_boxed_slice())
+                    })
+                    .collect();
+                Event::Stored(Stored {
+                    extra_keys,
+                    ..s.clone()
+                })
+            }
+            other => other.clone(),
+        })
+        .collect();
+    Step {
+        pod: step.pod,
+        events,
     }
 }
 
