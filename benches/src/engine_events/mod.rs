@@ -84,6 +84,9 @@ pub const NOW: u64 = 1_700_000_000_000;
 /// A criterion group of this benchmark.
 pub type Group<'a> = BenchmarkGroup<'a, WallTime>;
 
+/// vLLM msgpack batches, each with its pod.
+pub type Payloads = Vec<(usize, Vec<u8>)>;
+
 /// Everything the groups feed the indexes, made once.
 pub struct Workload {
     /// Blocks each pod caches.
@@ -105,7 +108,7 @@ pub struct Workload {
     /// every request's first block salted with one of 64 tenants' salts;
     /// `mm`, every block holding a multimodal item too (an image of the
     /// request's own, at its first token), so every block's hash is seeded.
-    pub identity_payloads: Vec<(&'static str, Vec<(usize, Vec<u8>)>)>,
+    pub identity_payloads: Vec<(&'static str, Payloads)>,
     /// The pods' names, `pod-0` to `pod-7`.
     pub names: Vec<String>,
     /// Each request's token key, as gateways look it up.
