@@ -309,17 +309,17 @@ impl<'a> Reader<'a> {
                 IntOrBin::Bin(b) => Scalar::Bin(b),
                 IntOrBin::Int(i) => Scalar::Int(i),
             },
-            Marker::FixPos(_)
-            | Marker::FixNeg(_)
-            | Marker::U8
-            | Marker::U16
-            | Marker::U32
-            | Marker::U64
-            | Marker::I8
-            | Marker::I16
-            | Marker::I32
-            | Marker::I64 => Scalar::Int(self.int()?),
-            _ => return Ok(None),
+            _ => {
+                let mut ahead = *self;
+                let m = ahead.marker()?;
+                match ahead.int_after(m) {
+                    Some(int) => {
+                        *self = ahead;
+                        Scalar::Int(int?)
+                    }
+                    None => return Ok(None),
+                }
+            }
         }))
     }
 

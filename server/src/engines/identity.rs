@@ -54,6 +54,10 @@ pub fn store_seeds(s: &Stored, ratio: Ratio, seeds: &mut Vec<u64>) -> Identified
         return found;
     }
     let per = ratio.seeds_per_block();
+    // Our blocks' seeds: an engine block of ours, one of several of ours (a
+    // salt is its first's), or a page (a group takes its first page's).
+    let ours = ratio == Ratio::Whole(1);
+    let lora = s.lora_name.as_deref();
     let mut keys: Vec<ExtraKey<'_>> = Vec::new();
     for j in 0..s.hashes.len() {
         keys.clear();
@@ -64,7 +68,6 @@ pub fn store_seeds(s: &Stored, ratio: Ratio, seeds: &mut Vec<u64>) -> Identified
             .get(j)
             .and_then(Option::as_deref)
             .unwrap_or(&[]);
-        let lora = s.lora_name.as_deref();
         let skip = match (raw.first(), lora) {
             (Some(RawExtraKey::Text(t)), Some(l)) if t == l => 1,
             _ => 0,
@@ -95,10 +98,6 @@ pub fn store_seeds(s: &Stored, ratio: Ratio, seeds: &mut Vec<u64>) -> Identified
         if !keys.is_empty() || !told {
             found.blocks += 1;
         }
-        // Our blocks' seeds: an engine block of ours, one of several of
-        // ours (a salt is its first's), or a page (a group takes its first
-        // page's seed).
-        let ours = ratio == Ratio::Whole(1);
         if !told || !(ours || only_salt) {
             found.untold += 1;
             seeds.extend(std::iter::repeat_n(unmatched_seed(), per));

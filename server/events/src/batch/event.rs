@@ -22,15 +22,7 @@ pub(super) fn decode_events(
     limits: &DecodeLimits,
 ) -> Result<(Vec<Event>, u32, Option<BadEvents>), DecodeError> {
     let at = Location::batch("events");
-    let n = r.array_len().map_err(|e| at.err(e))?;
-    if n > limits.max_events {
-        return Err(DecodeError::Limit {
-            at,
-            limit: "max_events",
-            len: n,
-            max: limits.max_events,
-        });
-    }
+    let n = list_len(r, at, "max_events", limits.max_events)?;
     let mut events = Vec::with_capacity(n.min(r.remaining() / MIN_EVENT_BYTES));
     let mut unknown = 0u32;
     let mut bad: Option<BadEvents> = None;
@@ -383,21 +375,33 @@ fn stored_position_7(
     Ok((name, None))
 }
 
+/// The length of the list at `r`, refused with [`DecodeError::Limit`] past
+/// `max` (the [`DecodeLimits`] field named `limit`).
+pub(super) fn list_len(
+    r: &mut Reader<'_>,
+    at: Location,
+    limit: &'static str,
+    max: usize,
+) -> Result<usize, DecodeError> {
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n > max {
+        return Err(DecodeError::Limit {
+            at,
+            limit,
+            len: n,
+            max,
+        });
+    }
+    Ok(n)
+}
+
 /// A list of block hashes (one is held inline: see [`Removed::hashes`]).
 fn hashes(
     r: &mut Reader<'_>,
     at: Location,
     limits: &DecodeLimits,
 ) -> Result<SmallVec<[u64; 1]>, DecodeError> {
-    let n = r.array_len().map_err(|e| at.err(e))?;
-    if n > limits.max_hashes {
-        return Err(DecodeError::Limit {
-            at,
-            limit: "max_hashes",
-            len: n,
-            max: limits.max_hashes,
-        });
-    }
+    let n = list_len(r, at, "max_hashes", limits.max_hashes)?;
     // Each hash takes at least one byte.
     let mut out = SmallVec::with_capacity(n.min(r.remaining()));
     for j in 0..n {
@@ -438,15 +442,7 @@ fn tokens(
     at: Location,
     limits: &DecodeLimits,
 ) -> Result<Vec<u32>, DecodeError> {
-    let n = r.array_len().map_err(|e| at.err(e))?;
-    if n > limits.max_tokens {
-        return Err(DecodeError::Limit {
-            at,
-            limit: "max_tokens",
-            len: n,
-            max: limits.max_tokens,
-        });
-    }
+    let n = list_len(r, at, "max_tokens", limits.max_tokens)?;
     // Each token id takes at least one byte.
     let mut out = Vec::with_capacity(n.min(r.remaining()));
     let mut j = 0;

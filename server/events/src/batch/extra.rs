@@ -3,6 +3,7 @@
 
 use smallvec::SmallVec;
 
+use super::event::list_len;
 use super::{DecodeError, DecodeLimits, Location, RawExtraKey};
 use crate::msgpack::{Reader, Scalar, Shape};
 
@@ -17,15 +18,8 @@ pub(super) fn extra_keys(
     if r.eat_nil() {
         return Ok(Vec::new());
     }
-    let n = r.array_len().map_err(|e| at.err(e))?;
-    if n > limits.max_hashes {
-        return Err(DecodeError::Limit {
-            at,
-            limit: "max_hashes",
-            len: n,
-            max: limits.max_hashes,
-        });
-    }
+    // One entry per block hash.
+    let n = list_len(r, at, "max_hashes", limits.max_hashes)?;
     let mut out: Vec<Option<Box<[RawExtraKey]>>> = Vec::new();
     for j in 0..n {
         if r.eat_nil() {
