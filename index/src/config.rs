@@ -55,6 +55,12 @@ pub struct IndexConfig {
     /// are 64 or less (SGLang's one-token pages under 64-token blocks), and
     /// the bound keeps a chain's walk within `max_key_blocks` times it.
     pub max_block_ratio: u32,
+    /// The most KV-cache groups an engine's stores may name (indices
+    /// `0..max_engine_groups`); a store or removal naming a higher index
+    /// is refused. Default 32, and at most 64: hybrid models have a
+    /// handful (one per attention kind and page size; vLLM splits a kind's
+    /// layers into groups of equal size).
+    pub max_engine_groups: u32,
     /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
     /// the longest Kubernetes object name.
     pub max_name_len: usize,
@@ -74,6 +80,7 @@ impl Default for IndexConfig {
             max_engine_blocks: 1 << 24,
             max_engine_blocks_per_pod: 1 << 24,
             max_block_ratio: 1024,
+            max_engine_groups: 32,
             max_name_len: 253,
         }
     }

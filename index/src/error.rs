@@ -13,6 +13,10 @@ pub enum PodError {
         /// The configured `max_name_len`.
         max: usize,
     },
+    /// The name holds a NUL character, which marks the index's own hidden
+    /// pods (one per KV-cache group of a hybrid model's engine-fed pod).
+    #[error("pod names may not hold a NUL character")]
+    Reserved,
     /// `max_pods` ids are in use.
     #[error("too many pods (max_pods = {max})")]
     TooManyPods {
@@ -95,6 +99,14 @@ pub enum EngineError {
     PodFull {
         /// The configured `max_engine_blocks_per_pod`.
         max: u64,
+    },
+    /// A store or removal named a KV-cache group past `max_engine_groups`.
+    #[error("KV-cache group {idx} is past the {max} an engine may have (max_engine_groups)")]
+    Group {
+        /// The group's index.
+        idx: u32,
+        /// The configured `max_engine_groups` (at most 64).
+        max: u32,
     },
     /// A snapshot's engine record was refused.
     #[error("engine block {hash:#x} of the snapshot: {why}")]

@@ -167,8 +167,13 @@ impl Index {
     }
 
     /// Removes a pod: it vanishes from every lookup at once; the sweep frees its
-    /// entries. Returns whether it existed.
+    /// entries (and its KV-cache groups', for a hybrid engine-fed pod).
+    /// Returns whether it existed.
     pub fn remove_pod(&self, pod: &str) -> bool {
+        if pod.contains(crate::groups::HIDDEN_MARK) {
+            return false;
+        }
+        self.remove_hidden(pod);
         let pin = self.pin();
         self.sh.pods.remove(pod, &self.sh.epoch, &pin)
     }

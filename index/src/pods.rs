@@ -16,6 +16,7 @@
 use std::sync::Arc;
 
 use crate::error::PodError;
+use crate::groups::HIDDEN_MARK;
 use crate::reclaim::{free_uncounted, Epoch, Pin, Published, Unlinked};
 use crate::sync::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Mutex, Ordering,
@@ -46,7 +47,8 @@ struct Slot {
     name: AtomicPtr<Name>,
     blocks: AtomicI64,
     capacity: AtomicU64,
-    /// [`PRECISE`] and [`GAPPY`]; zero for a pod fed only by gateways.
+    /// [`PRECISE`], [`GAPPY`], [`HIDDEN`] and [`HYBRID`]; zero for a pod
+    /// fed only by gateways.
     flags: AtomicU8,
     /// Our blocks per engine block of an engine-fed pod (1 otherwise):
     /// the engine reuses whole blocks only, so matches round down to it.
@@ -59,6 +61,14 @@ const PRECISE: u8 = 1;
 /// The pod may hold a node below one it does not hold (an engine removed a
 /// block whose children it still caches): lookups check its path top-down.
 const GAPPY: u8 = 2;
+/// The pod holds one KV-cache group of a hybrid model's engine-fed pod
+/// (`crate::groups`): its entries count for that pod, never as a match of
+/// their own. Its name is the pod's with [`HIDDEN_MARK`] and the group, a
+/// name no caller may use; it is not listed.
+const HIDDEN: u8 = 4;
+/// The pod's engine has KV-cache groups with rules other than full
+/// attention's: lookups find its match by `crate::groups::hit`.
+const HYBRID: u8 = 8;
 
 type NameMap = std::collections::HashMap<Box<str>, u32, ahash::RandomState>;
 
@@ -130,11 +140,39 @@ impl Pods {
         self.map(pin).get(name).map(|&i| PodId(i))
     }
 
-    /// The id of `name`, interning it if new.
+    /// The id of `name`, interning it if new. Names holding
+    /// [`HIDDEN_MARK`] are refused: they are hidden pods'.
     pub(crate) fn intern(
         &self,
         name: &str,
         max_name_len: usize,
+        epoch: &Epoch,
+        pin: &Pin,
+    ) -> Result<PodId, PodError> {
+        if name.contains(HIDDEN_MARK) {
+            return Err(PodError::Reserved);
+        }
+        self.intern_as(name, max_name_len, 0, epoch, pin)
+    }
+
+    /// The id of hidden pod `name` (see [`HIDDEN`]), interning it if new.
+    pub(crate) fn intern_hidden(
+        &self,
+        name: &str,
+        max_name_len: usize,
+        epoch: &Epoch,
+        pin: &Pin,
+    ) -> Result<PodId, PodError> {
+        debug_assert!(name.contains(HIDDEN_MARK));
+        self.intern_as(name, max_name_len, HIDDEN, epoch, pin)
+    }
+
+    /// The id of `name`, interned with `flags` if new.
+    fn intern_as(
+        &self,
+        name: &str,
+        max_name_len: usize,
+        flags: u8,
         epoch: &Epoch,
         pin: &Pin,
     ) -> Result<PodId, PodError> {
@@ -185,8 +223,9 @@ impl Pods {
             self.default_capacity.load(Ordering::Relaxed),
             Ordering::Relaxed,
         );
-        // Relaxed: as for the capacity.
-        slot.flags.store(0, Ordering::Relaxed);
+        // Relaxed: as for the capacity; lookups that find the id unranked
+        // read `HIDDEN` after their Acquire load of LIVE (`is_live`).
+        slot.flags.store(flags, Ordering::Relaxed);
         // Relaxed: as for the capacity.
         slot.align.store(1, Ordering::Relaxed);
         // Release: pairs with the Acquire load in `is_live`.
@@ -213,6 +252,8 @@ impl Pods {
             // Relaxed: pairs with nothing; we hold `writer`, under which every
             // state change happens.
             .filter(|&id| self.slots[id as usize].state.load(Ordering::Relaxed) == LIVE)
+            // Hidden pods are never a match: ranked as not live.
+            .filter(|&id| !self.is_hidden(id))
             .filter_map(|id| Some((self.name(PodId(id), pin)?, id)))
             .collect();
         order.sort_unstable();
@@ -321,6 +362,21 @@ impl Pods {
         self.slots[id as usize].state.load(Ordering::Acquire) == LIVE
     }
 
+    /// Whether entries with this id are a match of their own: live and not
+    /// hidden.
+    #[inline]
+    pub(crate) fn is_match(&self, id: u32) -> bool {
+        self.is_live(id) && !self.is_hidden(id)
+    }
+
+    /// Whether the id is a hidden pod's (see [`HIDDEN`]).
+    #[inline]
+    pub(crate) fn is_hidden(&self, id: u32) -> bool {
+        // Relaxed: set before the id's Release store of LIVE, which every
+        // reader of an id loads first (`is_live`, or the rank table).
+        self.slots[id as usize].flags.load(Ordering::Relaxed) & HIDDEN != 0
+    }
+
     /// The name of a live or dead id.
     pub(crate) fn name<'g>(&'g self, id: PodId, _pin: &'g Pin) -> Option<&'g str> {
         // Acquire: pairs with the Release half of the swap in `intern` that
@@ -425,6 +481,35 @@ impl Pods {
         self.slots[id as usize].flags.load(Ordering::Relaxed) & GAPPY != 0
     }
 
+    /// Marks a pod hybrid (see [`HYBRID`]), or not.
+    pub(crate) fn set_hybrid(&self, id: u32, on: bool) {
+        let flags = &self.slots[id as usize].flags;
+        // SeqCst: as in `mark_gappy`, so that a lookup pinned after the
+        // call reads it.
+        if on {
+            flags.fetch_or(HYBRID, Ordering::SeqCst);
+        } else {
+            flags.fetch_and(!HYBRID, Ordering::SeqCst);
+        }
+    }
+
+    /// Whether a pod's match is found by its groups' rules.
+    #[inline]
+    pub(crate) fn is_hybrid(&self, id: u32) -> bool {
+        // Relaxed: the pin's SeqCst fence orders it (see `set_hybrid`).
+        self.slots[id as usize].flags.load(Ordering::Relaxed) & HYBRID != 0
+    }
+
+    /// Whether a lookup's match of this pod needs the engine-fed pods'
+    /// pass (gaps, whole engine blocks, groups): one load of the flags.
+    #[inline]
+    pub(crate) fn needs_pass(&self, id: u32) -> bool {
+        let slot = &self.slots[id as usize];
+        // Relaxed: as in `is_gappy` and `align`.
+        slot.flags.load(Ordering::Relaxed) & (GAPPY | HYBRID) != 0
+            || slot.align.load(Ordering::Relaxed) > 1
+    }
+
     /// Whether a removed pod's id still waits to be freed (its entries purged
     /// and grace periods passed), which takes sweep passes.
     pub(crate) fn removals_pending(&self) -> bool {
@@ -436,9 +521,13 @@ impl Pods {
         0..self.writer.lock().next
     }
 
-    /// Every live pod's name and id (a snapshot writes them).
+    /// Every live pod's name and id (a snapshot writes them), hidden
+    /// ones aside.
     pub(crate) fn live<'g>(&'g self, pin: &'g Pin) -> impl Iterator<Item = (&'g str, u32)> {
-        self.map(pin).iter().map(|(name, &id)| (&**name, id))
+        self.map(pin)
+            .iter()
+            .filter(|(name, _)| !name.contains(HIDDEN_MARK))
+            .map(|(name, &id)| (&**name, id))
     }
 
     /// The capacity new pods start with.
@@ -448,7 +537,7 @@ impl Pods {
     }
 
     pub(crate) fn live_count(&self, pin: &Pin) -> usize {
-        self.map(pin).len()
+        self.live(pin).count()
     }
 }
 

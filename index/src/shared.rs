@@ -2,10 +2,17 @@
 //! and the epoch. Below `tree`, `sweep` and `index` in the module order, so
 //! they all use it and it uses none of them.
 
+use std::collections::HashMap;
+
 use crate::config::IndexConfig;
+use crate::groups::GroupTable;
 use crate::pods::Pods;
-use crate::reclaim::Epoch;
+use crate::reclaim::{Epoch, Published};
 use crate::stats::Counters;
+use crate::sync::Mutex;
+
+/// Hybrid pods' group tables, by pod name.
+pub(crate) type GroupMap = HashMap<Box<str>, GroupTable, ahash::RandomState>;
 
 /// State shared by every tree of one index.
 pub(crate) struct Shared {
@@ -18,6 +25,11 @@ pub(crate) struct Shared {
     /// The index's collector: every pin its trees are walked under, and
     /// every retirement, goes through it.
     pub(crate) epoch: Epoch,
+    /// The group tables of hybrid engine-fed pods (`crate::groups`),
+    /// replaced copy-on-write under `groups_writer` when an engine names a
+    /// new group (control-plane rate), read by lookups under a pin.
+    pub(crate) groups: Published<GroupMap>,
+    pub(crate) groups_writer: Mutex<()>,
 }
 
 impl Shared {
@@ -28,6 +40,8 @@ impl Shared {
             pods: Pods::new(cfg.max_pods, cfg.pod_capacity),
             counters: Counters::default(),
             epoch: Epoch::default(),
+            groups: Published::new(Box::default()),
+            groups_writer: Mutex::new(()),
             cfg,
         }
     }

@@ -28,11 +28,18 @@
 //!          Pod { name, capacity }*                 (pod refs are their order)
 //!          ( Model { name }  Node { parent, edge, entries }* )*
 //!          ( Engine { pod, engine_block, our_block, last_batch }
-//!            ( EngineModel { name }  Block { hash, parent, copies, data }* )* )*
+//!            EngineGroups { groups }?
+//!            ( EngineModel { name }  Block { hash, parent, copies, data }*
+//!              GroupCopies { group, blocks }* )* )*
 //!          (a Block's data: our hashes, a page, or a page with an identity seed)
 //!          Engines { engines, blocks }             (version 2)
 //!          End { pods, models, nodes }
 //! ```
+//!
+//! `EngineGroups` (each KV-cache group's index and kind) and `GroupCopies`
+//! (the blocks a group after the first holds, by engine hash, with their
+//! copies) are written only for hybrid models' pods (`crate::groups`), so
+//! snapshots without them read in servers that predate them.
 //!
 //! `Node::parent` is the index of the parent among the model's nodes (or
 //! `ROOT`), and nodes come in pre-order, so a reader rebuilds each node's key
@@ -46,7 +53,10 @@ use bincode::{Decode, Encode};
 use thiserror::Error;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::engine::{Data, DataRef, EngineOp, EngineSpec, Extra, Page, Record as EngineRecord};
+use crate::engine::{
+    Data, DataRef, EngineOp, EngineSpec, Extra, Lane, Page, Record as EngineRecord,
+};
+use crate::groups::GroupKind;
 use crate::walk::Walk;
 use crate::Index;
 
@@ -110,6 +120,44 @@ enum Record {
         engines: u32,
         blocks: u64,
     },
+    EngineGroups {
+        groups: Vec<(u32, KindData)>,
+    },
+    GroupCopies {
+        group: u32,
+        blocks: Vec<(u64, u32)>,
+    },
+}
+
+/// A KV-cache group's kind ([`GroupKind`]), as written.
+#[derive(Debug, Clone, Copy, Encode, Decode)]
+enum KindData {
+    Full,
+    Window(u32),
+    Mamba,
+    Unmodelled,
+}
+
+impl From<GroupKind> for KindData {
+    fn from(k: GroupKind) -> Self {
+        match k {
+            GroupKind::Full => KindData::Full,
+            GroupKind::Window(w) => KindData::Window(w),
+            GroupKind::Mamba => KindData::Mamba,
+            GroupKind::Unmodelled => KindData::Unmodelled,
+        }
+    }
+}
+
+impl From<KindData> for GroupKind {
+    fn from(k: KindData) -> Self {
+        match k {
+            KindData::Full => GroupKind::Full,
+            KindData::Window(w) => GroupKind::Window(w),
+            KindData::Mamba => GroupKind::Mamba,
+            KindData::Unmodelled => GroupKind::Unmodelled,
+        }
+    }
 }
 
 /// An engine record's own data (`engine::Data`), as written.
@@ -175,6 +223,13 @@ enum RecordRef<'a> {
     Engines {
         engines: u32,
         blocks: u64,
+    },
+    EngineGroups {
+        groups: &'a [(u32, KindData)],
+    },
+    GroupCopies {
+        group: u32,
+        blocks: &'a [(u64, u32)],
     },
 }
 
@@ -363,6 +418,15 @@ impl Index {
                 last_batch: engine.last_batch(),
             })?;
             engines += 1;
+            if engine.ruled() {
+                let groups: Vec<(u32, KindData)> = engine
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, k)| Some((i as u32, KindData::from((*k)?))))
+                    .collect();
+                w.record(&RecordRef::EngineGroups { groups: &groups })?;
+            }
             let mut models: Vec<_> = engine.models.iter().collect();
             models.sort_unstable_by(|a, b| a.0.cmp(b.0));
             for (name, records) in models {
@@ -390,6 +454,20 @@ impl Index {
                         data: &data,
                     })?;
                     sum.engine_blocks += 1;
+                }
+                let mut lanes: Vec<(u32, Vec<(u64, u32)>)> = Vec::new();
+                for (Lane(group), at, copies) in records.lane_copies() {
+                    match lanes.iter_mut().find(|l| l.0 == group) {
+                        Some(l) => l.1.push((records.hash(at), copies)),
+                        None => lanes.push((group, vec![(records.hash(at), copies)])),
+                    }
+                }
+                lanes.sort_unstable_by_key(|l| l.0);
+                for (group, blocks) in &lanes {
+                    w.record(&RecordRef::GroupCopies {
+                        group: *group,
+                        blocks,
+                    })?;
                 }
             }
         }
@@ -439,7 +517,18 @@ struct EngineSnap {
     engine_block: u32,
     our_block: u32,
     last_batch: Option<(u64, u64)>,
-    models: Vec<(String, Vec<(u64, EngineRecord)>)>,
+    /// Its KV-cache groups' kinds, by index (a hybrid model's).
+    groups: Vec<(u32, GroupKind)>,
+    models: Vec<EngineModelSnap>,
+}
+
+/// One model of an engine as read: its records, and the copies of its
+/// groups after the first.
+#[derive(Debug)]
+struct EngineModelSnap {
+    name: String,
+    blocks: Vec<(u64, EngineRecord)>,
+    lanes: Vec<(u32, Vec<(u64, u32)>)>,
 }
 
 impl Snapshot {
@@ -524,14 +613,40 @@ impl Snapshot {
                         engine_block,
                         our_block,
                         last_batch,
+                        groups: Vec::new(),
                         models: Vec::new(),
                     });
+                }
+                Some(Record::EngineGroups { groups }) => {
+                    let Some(engine) = snap.engines.last_mut() else {
+                        return Err(SnapshotError::Invalid("engine groups before any engine"));
+                    };
+                    if !engine.models.is_empty() || !engine.groups.is_empty() {
+                        return Err(SnapshotError::Invalid("engine groups out of place"));
+                    }
+                    engine.groups = groups.into_iter().map(|(i, k)| (i, k.into())).collect();
+                }
+                Some(Record::GroupCopies { group, blocks }) => {
+                    let Some(model) = snap.engines.last_mut().and_then(|e| e.models.last_mut())
+                    else {
+                        return Err(SnapshotError::Invalid(
+                            "group copies before any engine model",
+                        ));
+                    };
+                    if group == 0 {
+                        return Err(SnapshotError::Invalid("group copies of the first group"));
+                    }
+                    model.lanes.push((group, blocks));
                 }
                 Some(Record::EngineModel { name }) => {
                     let Some(engine) = snap.engines.last_mut() else {
                         return Err(SnapshotError::Invalid("engine model before any engine"));
                     };
-                    engine.models.push((name, Vec::new()));
+                    engine.models.push(EngineModelSnap {
+                        name,
+                        blocks: Vec::new(),
+                        lanes: Vec::new(),
+                    });
                 }
                 Some(Record::Block {
                     hash,
@@ -539,7 +654,7 @@ impl Snapshot {
                     copies,
                     data,
                 }) => {
-                    let Some((_, blocks)) =
+                    let Some(EngineModelSnap { blocks, lanes, .. }) =
                         snap.engines.last_mut().and_then(|e| e.models.last_mut())
                     else {
                         return Err(SnapshotError::Invalid(
@@ -573,6 +688,9 @@ impl Snapshot {
                             seed,
                         })),
                     };
+                    if !lanes.is_empty() {
+                        return Err(SnapshotError::Invalid("engine block after group copies"));
+                    }
                     blocks.push((hash, EngineRecord::new(parent, copies, data)));
                 }
                 Some(Record::Engines { engines, blocks }) => {
@@ -583,7 +701,7 @@ impl Snapshot {
                         .engines
                         .iter()
                         .flat_map(|e| e.models.iter())
-                        .map(|m| m.1.len())
+                        .map(|m| m.blocks.len())
                         .sum();
                     if engines as usize != snap.engines.len() || blocks != total as u64 {
                         return Err(SnapshotError::Invalid("engine counts differ"));
@@ -751,11 +869,16 @@ impl Snapshot {
             let mut engine = handle.lock();
             engine.set_last_batch(snap.last_batch);
             let before = engine.blocks();
-            let refused = snap.models.into_iter().any(|(model, blocks)| {
-                index
-                    .restore_engine(&mut engine, &snap.pod, &model, blocks)
-                    .is_err()
-            });
+            let groups = index.restore_groups(&mut engine, &snap.pod, &snap.groups);
+            let refused = groups.is_err()
+                || snap.models.into_iter().any(|m| {
+                    index
+                        .restore_engine(&mut engine, &snap.pod, &m.name, m.blocks)
+                        .and_then(|()| {
+                            index.restore_lanes(&mut engine, &snap.pod, &m.name, m.lanes)
+                        })
+                        .is_err()
+                });
             if refused {
                 // Part of the pod's records is not the state its last
                 // batch left: the pod is cleared and learnt again from its

@@ -9,12 +9,13 @@ use smallvec::SmallVec;
 
 use crate::children::Children;
 use crate::error::InsertError;
+use crate::groups::Rule;
 use crate::node::Node;
 use crate::node_ref::{NodeRef, Root};
 use crate::pods::{PodId, NOT_LIVE, UNRANKED};
 use crate::reclaim::Pin;
 use crate::shared::Shared;
-use crate::slots::{Entries, Refresh};
+use crate::slots::{Entries, Refresh, MAX_TIME};
 use crate::stats::Counters;
 use crate::walk::{self, Path};
 
@@ -62,13 +63,46 @@ impl Tree {
         now: u64,
         pin: &Pin,
     ) -> Result<(), InsertError> {
+        self.insert_from(sh, key, 0, pod, now, pin)
+    }
+
+    /// Records that `pod` holds blocks `from..key.len()` of `key`'s path,
+    /// last used at `now`, and nothing above them: the path's nodes above
+    /// `from` are made (without entries) or cut at `from` as needed, and
+    /// keep their entries. A KV-cache group of a hybrid model holds blocks
+    /// without their ancestors (a sliding window frees the blocks it has
+    /// moved past).
+    pub(crate) fn insert_from(
+        &self,
+        sh: &Shared,
+        key: &[u64],
+        from: usize,
+        pod: u32,
+        now: u64,
+        pin: &Pin,
+    ) -> Result<(), InsertError> {
         'restart: loop {
             let mut node = self.root(pin);
             let mut depth = 0;
             while depth < key.len() {
                 let rest = &key[depth..];
                 let step = match walk::step(node, rest, sh.seed) {
+                    None if depth < from => bare_leaf(sh, node, &key[depth..from], depth, pin),
                     None => add_leaf(sh, node, rest, pod, now, pin)?,
+                    // Above the range: the key's nodes there keep their
+                    // entries; one it leaves, or that runs into the range,
+                    // is cut where it does (the halves keep the entries).
+                    Some((c, m)) if depth < from => {
+                        let cut = m.min(from - depth);
+                        if cut == c.edge.len() {
+                            Step::Descend(c, depth + cut)
+                        } else {
+                            match split(sh, node, c, cut, |_| Ok::<(), ()>(()), |_, _| {}, pin) {
+                                Ok(Some(_)) => Step::Again,
+                                _ => Step::Restart,
+                            }
+                        }
+                    }
                     Some((c, m)) if m == c.edge.len() => match c.pods.refresh(pod, now) {
                         Refresh::Done => Step::Descend(c, depth + m),
                         Refresh::Sealed => Step::Restart,
@@ -270,7 +304,7 @@ impl Tree {
                 }
                 let rank = ranks.rank(pod);
                 if rank == NOT_LIVE
-                    || (rank == UNRANKED && !sh.pods.is_live(pod))
+                    || (rank == UNRANKED && !sh.pods.is_match(pod))
                     || candidates.is_some_and(|c| c.binary_search(&pod).is_err())
                 {
                     continue;
@@ -312,31 +346,34 @@ impl Tree {
             return;
         }
         let found = &mut out[first_match..];
-        if found
-            .iter()
-            .any(|m| sh.pods.is_gappy(m.pod.0) || sh.pods.align(m.pod.0) > 1)
-        {
-            close_gaps(sh, &path, now, ranks, found);
+        if found.iter().any(|m| sh.pods.needs_pass(m.pod.0)) {
+            close_gaps(sh, &path, now, ranks, found, pin);
             out.retain(|m| m.blocks > 0);
         }
     }
 }
 
 /// Cuts each gappy pod's match at the first node of the path, top-down,
-/// where it is not visible, rounds engine-fed pods' matches down to whole
-/// engine blocks, then restores the answer's order (blocks descending, then
-/// name rank). The bottom-up scan answers with the deepest node where a pod
-/// is visible, which is its match only when it holds every node above
-/// (always true of a pod fed by gateways alone).
+/// where it is not visible, finds each hybrid pod's by its groups' rules,
+/// rounds engine-fed pods' matches down to whole engine blocks, then
+/// restores the answer's order (blocks descending, then name rank). The
+/// bottom-up scan answers with the deepest node where a pod is visible,
+/// which is its match only when it holds every node above (always true of
+/// a pod fed by gateways alone).
 fn close_gaps(
     sh: &Shared,
     path: &[(NodeRef<'_>, u32)],
     now: u64,
     ranks: &crate::pods::Ranks,
     found: &mut [Match],
+    pin: &Pin,
 ) {
     for m in found.iter_mut() {
         let align = sh.pods.align(m.pod.0);
+        if sh.pods.is_hybrid(m.pod.0) {
+            m.blocks = group_hit(sh, path, now, m.pod.0, m.blocks, pin);
+            continue;
+        }
         m.blocks -= m.blocks % align;
         if !sh.pods.is_gappy(m.pod.0) {
             continue;
@@ -358,6 +395,64 @@ fn close_gaps(
         }
     }
     found.sort_by_key(|m| (std::cmp::Reverse(m.blocks), ranks.rank(m.pod.0)));
+}
+
+/// A hybrid pod's match, at most `found` blocks (the deepest node where its
+/// own entries are visible): the longest hit its KV-cache groups allow
+/// together (`crate::groups::hit`), each group's blocks being its entries
+/// (the first group's) or a hidden pod's. A speculative entry of the pod (a
+/// gateway's insert, not pinned) stands for every group: the engine is
+/// computing that prefix.
+fn group_hit(
+    sh: &Shared,
+    path: &[(NodeRef<'_>, u32)],
+    now: u64,
+    pod: u32,
+    found: u32,
+    pin: &Pin,
+) -> u32 {
+    let align = sh.pods.align(pod).max(1);
+    let table = sh
+        .pods
+        .name(PodId(pod), pin)
+        .and_then(|name| sh.groups.get(pin).get(name));
+    let Some(table) = table else {
+        // No longer hybrid (its engine dropped meanwhile): as a plain pod.
+        return found - found % align;
+    };
+    let ids: SmallVec<[Option<u32>; 8]> = table
+        .groups
+        .iter()
+        .map(|(hidden, _)| match hidden {
+            None => Some(pod),
+            Some(name) => sh.pods.id(name, pin).map(PodId::get),
+        })
+        .collect();
+    let rules: SmallVec<[Rule; 8]> = table.groups.iter().map(|g| g.1).collect();
+    let visible = |node: NodeRef<'_>, id: u32| {
+        node.pods
+            .find(id)
+            .is_some_and(|time| now.saturating_sub(time) <= sh.ttl_ms)
+    };
+    // Which groups hold each node of the path down to the match, as bits.
+    let depth = path.partition_point(|&(_, d)| d < found) + 1;
+    let masks: SmallVec<[u64; 16]> = path[..depth.min(path.len())]
+        .iter()
+        .map(|&(node, _)| match node.pods.find(pod) {
+            Some(t) if t < MAX_TIME && now.saturating_sub(t) <= sh.ttl_ms => u64::MAX,
+            _ => ids.iter().enumerate().fold(0, |mask, (g, id)| {
+                mask | u64::from(id.is_some_and(|id| visible(node, id))) << g
+            }),
+        })
+        .collect();
+    // Unit `j` is held where its last block of ours is: block
+    // `(j + 1) * align - 1`, on the first node whose edge ends past it.
+    let held = |g: usize, j: u32| {
+        let block = (j + 1) * align - 1;
+        let k = path.partition_point(|&(_, d)| d <= block);
+        masks.get(k).is_some_and(|m| m >> g & 1 != 0)
+    };
+    crate::groups::hit(&rules, found / align, held) * align
 }
 
 /// The pods of rank 64 and up found at one node, ordered by rank when drained.
@@ -450,6 +545,31 @@ fn reserve(sh: &Shared, pod: u32, n: usize) -> Result<(), InsertError> {
     }
     sh.pods.add_blocks(pod, n);
     Ok(())
+}
+
+/// Hangs a new leaf of `edge` without entries under `parent`, to go on
+/// below it (an insert whose range starts past it); `depth` is where the
+/// edge starts.
+fn bare_leaf<'g>(
+    sh: &Shared,
+    parent: NodeRef<'g>,
+    edge: &[u64],
+    depth: usize,
+    pin: &'g Pin,
+) -> Step<'g> {
+    let Some(parent) = parent.lock() else {
+        return Step::Restart;
+    };
+    if parent.child(edge[0], sh.seed).is_some() {
+        return Step::Again;
+    }
+    let leaf = Node::new(edge, &[], Children::new());
+    let leaf_bytes = leaf.bytes() as i64;
+    let (leaf, table_bytes) = parent.add_child(leaf, sh.seed, &sh.epoch, pin);
+    Counters::add(&sh.counters.nodes, 1);
+    Counters::add(&sh.counters.tree_blocks, edge.len() as i64);
+    Counters::add(&sh.counters.bytes, leaf_bytes + table_bytes as i64);
+    Step::Descend(leaf, depth + edge.len())
 }
 
 /// Hangs a new leaf holding `rest` under `parent`.

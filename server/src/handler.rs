@@ -134,7 +134,7 @@ impl Replies for Discard {
 
 fn pod_error(e: &PodError) -> Reply {
     match e {
-        PodError::BadName { .. } => ErrorCode::BadName.reply(e),
+        PodError::BadName { .. } | PodError::Reserved => ErrorCode::BadName.reply(e),
         PodError::TooManyPods { .. } => ErrorCode::TooManyPods.reply(e),
     }
 }
@@ -143,7 +143,7 @@ fn pod_error(e: &PodError) -> Reply {
 fn subscription_error(e: &SubscribeError) -> Reply {
     let code = match e {
         SubscribeError::Index {
-            source: EngineError::Pod(PodError::BadName { .. }),
+            source: EngineError::Pod(PodError::BadName { .. } | PodError::Reserved),
             ..
         } => ErrorCode::BadName,
         SubscribeError::Index {

@@ -206,6 +206,7 @@ impl Engine {
         let event = Event::Removed(Removed {
             hashes: [h].into(),
             medium: Some("GPU".into()),
+            group: None,
         });
         self.publish(payload(event), lost);
     }

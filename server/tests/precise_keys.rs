@@ -19,6 +19,10 @@
 //! | image `img-a` on blocks 2–5 | the same tokens, image `img-b` (or none) | 2 |
 //! | image `img-a` on blocks 2–5 | image `img-a` | 10 |
 //! | LoRA `sql-lora` (salted or not) | model `sql-lora`, same salt | 10 |
+//!
+//! Hybrid models: a full-attention group and a sliding-window group (32
+//! tokens) each store the 10 blocks; the window group then evicts blocks 8
+//! and 9. vLLM's coordinator reuses 8.
 
 use prefix_testkit::server as common;
 
@@ -37,6 +41,19 @@ const TOPIC: &str = "kv";
 #[derive(Deserialize)]
 struct Cases {
     cases: Vec<Case>,
+    hybrid: Hybrid,
+}
+
+/// The hybrid scenario's two batches (see the fixtures' README).
+#[derive(Deserialize)]
+struct Hybrid {
+    stored: String,
+    evicted: String,
+    tokens: Vec<u32>,
+}
+
+fn cases() -> Cases {
+    serde_json::from_str(&std::fs::read_to_string(data().join("cases.json")).unwrap()).unwrap()
 }
 
 #[derive(Deserialize, Clone)]
@@ -141,8 +158,7 @@ fn image(id: &str) -> Identity {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_answer_what_vllm_would_reuse() {
-    let cases: Cases =
-        serde_json::from_str(&std::fs::read_to_string(data().join("cases.json")).unwrap()).unwrap();
+    let cases = cases();
     let case = |name: &str| cases.cases.iter().find(|c| c.name == name).unwrap().clone();
     let ctx = zmq::Context::new();
     let publishers: Vec<(Case, Publisher)> = cases
@@ -222,6 +238,45 @@ async fn lookups_answer_what_vllm_would_reuse() {
     assert_eq!(common::metric(http, &identity("salted")).await, 1.0);
     assert_eq!(common::metric(http, &identity("image_a")).await, 4.0);
     assert_eq!(common::metric(http, &identity("plain")).await, 0.0);
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// A hybrid model's pod: both groups hold the 10 blocks, then the window
+/// group evicts blocks 8 and 9. The answer is vLLM's: 10, then 8; the
+/// full-attention group's 10 blocks alone do not make a hit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
+    let hybrid = cases().hybrid;
+    let ctx = zmq::Context::new();
+    let engine = Publisher::bind(&ctx);
+    let sub = subscription("hybrid", &engine);
+    let server = common::start(|cfg| cfg.engines.subscriptions = vec![sub]).await;
+    let client = server.client().await;
+    let plain = Identity::default();
+    engine.publish_when_subscribed(&std::fs::read(data().join(&hybrid.stored)).unwrap());
+    common::eventually("both groups are held", async || {
+        blocks(&client, "m", "hybrid", &hybrid.tokens, &plain).await == 10
+    })
+    .await;
+    engine.publish(1, &std::fs::read(data().join(&hybrid.evicted)).unwrap());
+    common::eventually("the window's loss is seen", async || {
+        blocks(&client, "m", "hybrid", &hybrid.tokens, &plain).await == 8
+    })
+    .await;
+    // Only the window group lost them: a prefix of 8 still answers 8.
+    assert_eq!(
+        blocks(&client, "m", "hybrid", &hybrid.tokens[..8 * BLOCK], &plain).await,
+        8
+    );
+    let http = server.metrics_addr.unwrap();
+    let metric = |name: &str| format!("prefix_index_engine_{name}_total{{pod=\"hybrid\"}}");
+    assert_eq!(common::metric(http, &metric("blocks_stored")).await, 20.0);
+    assert_eq!(common::metric(http, &metric("blocks_removed")).await, 2.0);
+    assert_eq!(
+        common::metric(http, &metric("unmodelled_blocks")).await,
+        0.0
+    );
     client.close().await;
     server.shutdown().await;
 }

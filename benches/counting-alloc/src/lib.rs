@@ -4,8 +4,9 @@
 //! index's churn test (live bytes come back to their baseline), the
 //! protocol's fuzz test (no input makes the decoder reserve memory out of
 //! proportion to its length) and the index benchmark (heap bytes per entry).
-//! It counts live bytes and the largest single request since the last reset;
-//! it changes nothing else, so the wrapped allocator's speed is what a
+//! It counts live bytes and the largest single request since the last reset,
+//! by every thread and by the calling thread alone (a test harness's own
+//! threads allocate while a test measures); it changes nothing else, so the wrapped allocator's speed is what a
 //! benchmark measures, plus two relaxed atomic adds.
 //!
 //! ```
@@ -19,11 +20,20 @@
 //! let v = vec![0u8; 1 << 20];
 //! assert!(ALLOC.live() - before >= 1 << 20);
 //! assert!(ALLOC.largest() >= 1 << 20);
+//! assert!(ALLOC.largest_here() >= 1 << 20);
 //! drop(v);
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+
+thread_local! {
+    /// The largest single allocation of this thread since its last reset.
+    /// Const-initialized and without a destructor, so the allocator can
+    /// touch it at any point of a thread's life without allocating.
+    static LARGEST_HERE: Cell<usize> = const { Cell::new(0) };
+}
 
 /// `A`, counting. Use it as the `#[global_allocator]` of a test or bench
 /// binary.
@@ -63,10 +73,23 @@ impl<A> Counting<A> {
         self.largest.store(0, Ordering::Relaxed);
     }
 
+    /// The largest single allocation (or reallocation) the calling thread
+    /// made since its last [`Counting::reset_largest_here`]: what one
+    /// thread's work reserved, whatever other threads do meanwhile.
+    pub fn largest_here(&self) -> usize {
+        LARGEST_HERE.try_with(Cell::get).unwrap_or(0)
+    }
+
+    /// Starts a new window for [`Counting::largest_here`].
+    pub fn reset_largest_here(&self) {
+        let _ = LARGEST_HERE.try_with(|l| l.set(0));
+    }
+
     fn record(&self, grown: isize, size: usize) {
         // Relaxed: counters only; nothing is published through them.
         self.live.fetch_add(grown, Ordering::Relaxed);
         self.largest.fetch_max(size, Ordering::Relaxed);
+        let _ = LARGEST_HERE.try_with(|l| l.set(l.get().max(size)));
     }
 }
 

@@ -151,6 +151,7 @@ impl Pods {
             Some(Event::Removed(Removed {
                 hashes: [hash].into(),
                 medium: Some("GPU".into()),
+                group: None,
             }))
         };
         events.extend(evicted[..made_room].iter().filter_map(removed));

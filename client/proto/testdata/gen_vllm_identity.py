@@ -558,6 +558,71 @@ def gen_events(vllm, out_dir: Path) -> list:
     return cases
 
 
+# The hybrid scenario: a model with a full-attention group (0) and a
+# sliding-window group (1, a window of 32 tokens, as gpt-oss and Gemma 3
+# have), each caching the plain request's 10 blocks in one step; then the
+# window group's pool evicts blocks 8 and 9.
+HYBRID_WINDOW = 32
+HYBRID_GROUPS = [(0, "full_attention", None), (1, "sliding_window", HYBRID_WINDOW)]
+HYBRID_EVICTED = [8, 9]
+
+
+def gen_hybrid(vllm, out_dir: Path) -> dict:
+    """``hybrid_stored.msgpack``: one batch with a ``BlockStored`` per group,
+    annotated as ``KVCacheManager.take_events`` annotates them;
+    ``hybrid_evicted.msgpack``: one batch with a ``BlockRemoved`` per block
+    the window group evicted, as ``BlockPool`` sends them (one hash each,
+    the group's index)."""
+    kcu, kve = vllm.kcu, vllm.kve
+    encoder = msgspec.msgpack.Encoder()
+    decoder = msgspec.msgpack.Decoder(kve["KVEventBatch"])
+    req = FakeRequest(vllm, base_tokens(), [], None, None, None)
+    _, hashes = block_walk(vllm, req, BLOCK_SIZE)
+    ints = [kcu["maybe_convert_block_hash"](h) for h in hashes]
+    stored = []
+    for idx, kind, window in HYBRID_GROUPS:
+        event = kve["BlockStored"](
+            block_hashes=ints,
+            parent_block_hash=None,
+            token_ids=req.all_token_ids[0 : len(hashes) * BLOCK_SIZE],
+            block_size=BLOCK_SIZE,
+            lora_id=None,
+            medium=kve["MEDIUM_GPU"],
+            lora_name=None,
+            extra_keys=None,
+            group_idx=idx,
+            session_id=None,
+            lookahead_token_ids=None,
+        )
+        event.kv_cache_spec_kind = kind
+        event.kv_cache_spec_sliding_window = window
+        stored.append(event)
+    removed = [
+        kve["BlockRemoved"](block_hashes=[ints[i]], medium=kve["MEDIUM_GPU"], group_idx=1)
+        for i in HYBRID_EVICTED
+    ]
+    files = {}
+    for name, events in (("hybrid_stored", stored), ("hybrid_evicted", removed)):
+        batch = kve["KVEventBatch"](ts=1.0, events=events)
+        batch.data_parallel_rank = 0
+        payload = encoder.encode(batch)
+        back = decoder.decode(payload)
+        plain = lambda b: msgspec.json.decode(msgspec.json.encode(b))  # noqa: E731
+        assert plain(back) == plain(batch), name
+        (out_dir / f"{name}.msgpack").write_bytes(payload)
+        files[name] = f"{name}.msgpack"
+    return {
+        "stored": files["hybrid_stored"],
+        "evicted": files["hybrid_evicted"],
+        "tokens": req.all_token_ids,
+        "groups": [
+            {"group_idx": i, "kind": k, "sliding_window": w} for i, k, w in HYBRID_GROUPS
+        ],
+        "evicted_blocks": HYBRID_EVICTED,
+        "block_hashes": ints,
+    }
+
+
 README = """\
 # vLLM block-identity fixtures
 
@@ -599,6 +664,17 @@ of `image_a` therefore hash the same as in `plain`.
 | lora.msgpack | - | - | sql-lora, /adapters/sql, 1 |
 | lora_salted.msgpack | tenant-a | - | sql-lora, /adapters/sql, 1 |
 
+A hybrid model: `hybrid_stored.msgpack` is one batch of two `BlockStored`
+events for the `plain` request's 10 blocks, one per KV-cache group: group 0
+`full_attention`, group 1 `sliding_window` with
+`kv_cache_spec_sliding_window` 32 (fields set as
+`KVCacheManager.take_events` sets them). `hybrid_evicted.msgpack` is one
+batch of two `BlockRemoved` events, blocks 8 and 9, `group_idx` 1: the
+window group evicted them, the full-attention group keeps them. vLLM's
+coordinator then reuses 8 blocks (the window needs blocks 6 and 7 before
+a hit at 8, and has nothing after 7). `cases.json` describes them under
+`hybrid`.
+
 `cases.json` lists per file: name, file, tokens, cache_salt, mm_items,
 lora_name, lora_path, lora_id, block_hashes (the u64 ints in the event),
 block_digests (full 32-byte SHA-256 digests, hex) and event_extra_keys.
@@ -621,6 +697,7 @@ def main(argv):
     vllm = load_vllm(src)
     write_json(testdata / "vllm_extra_keys.json", gen_extra_keys(vllm))
     cases = gen_events(vllm, events_dir)
+    hybrid = gen_hybrid(vllm, events_dir)
     write_json(
         events_dir / "cases.json",
         {
@@ -628,6 +705,7 @@ def main(argv):
             "none_hash_seed": "0",
             "block_size": BLOCK_SIZE,
             "cases": cases,
+            "hybrid": hybrid,
         },
     )
     (events_dir / "README.md").write_text(README.format(

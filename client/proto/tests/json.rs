@@ -143,7 +143,7 @@ fn value() -> impl Strategy<Value = Value> {
 /// Runs every entry point on `bytes`; nothing panics, and no allocation is
 /// out of proportion to the input.
 fn parse_all(bytes: &[u8]) -> Result<(), TestCaseError> {
-    ALLOC.reset_largest();
+    ALLOC.reset_largest_here();
     let opts = KeyOptions::default();
     let mut outcomes = vec![JsonOp::parse(bytes).map(drop).map_err(|e| e.to_string())];
     for kind in OpKind::ALL {
@@ -151,7 +151,7 @@ fn parse_all(bytes: &[u8]) -> Result<(), TestCaseError> {
         outcomes.push(parsed.map(drop).map_err(|e| e.to_string()));
     }
     let batch = parse_batch(bytes, &opts, 64);
-    let largest = ALLOC.largest();
+    let largest = ALLOC.largest_here();
     // A JSON value costs at most a few words per input byte (an array of
     // one-digit numbers: 32 bytes a `Value` per 2 bytes of text).
     let bound = 32 * bytes.len() + 4096;

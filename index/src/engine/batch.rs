@@ -4,6 +4,7 @@
 use super::store::Store;
 use super::{Applied, Engine, EngineOp, Ratio, Run};
 use crate::error::EngineError;
+use crate::groups::{Group, Rule};
 use crate::index::Index;
 
 /// Engine events of one pod being applied, as [`Index::batch`] starts it.
@@ -25,15 +26,51 @@ impl EngineBatch<'_> {
     /// changes. Removals held for the end of the batch count as
     /// [`Applied::released`] when they go to the tree.
     pub fn apply(&mut self, model: &str, op: EngineOp<'_>) -> Result<Applied, EngineError> {
+        self.apply_group(Group::PLAIN, model, op)
+    }
+
+    /// Applies one engine event of KV-cache group `group` (see
+    /// [`GroupKind`](crate::GroupKind)): a store's group says its kind,
+    /// learnt for the pod's lookups; a removal's only its index (its kind
+    /// is not read); "cleared" empties every group. Group 0 of full
+    /// attention is what [`EngineBatch::apply`] applies. A store may name
+    /// fewer blocks than its token ids fill when its group skipped blocks
+    /// (a sliding window's), if another group records them.
+    pub fn apply_group(
+        &mut self,
+        group: Group,
+        model: &str,
+        op: EngineOp<'_>,
+    ) -> Result<Applied, EngineError> {
         let mut done = Applied::default();
         let (index, engine, pod) = (self.index, &mut *self.engine, self.pod);
         if engine.closed {
             return Ok(done);
         }
+        let max = index.sh.cfg.max_engine_groups.min(64);
+        if group.idx >= max {
+            return Err(EngineError::Group {
+                idx: group.idx,
+                max,
+            });
+        }
+        if let EngineOp::Stored { hashes, .. } = op {
+            if engine.learn(group) {
+                // Before any of the group's blocks are placed, so that no
+                // lookup reads them by another rule.
+                index.publish_groups(pod, engine);
+            }
+            if engine.ruled() && engine.rule(group.idx) == Rule::Never {
+                // Not read at all (its blocks may be of another size).
+                done.unmodelled += hashes.len() as u64;
+                return Ok(done);
+            }
+        }
         match op {
             EngineOp::Cleared => {
                 // The pod gets a new id: the run's entries go with the old.
                 engine.run.key.clear();
+                engine.pending.clear();
                 index.budget().uncount(engine);
                 engine.models.clear();
                 engine.chain = None;
@@ -47,7 +84,13 @@ impl EngineBatch<'_> {
                 seeds,
             } => {
                 let per = engine.spec.engine_block as usize;
-                if tokens.len() != hashes.len().saturating_mul(per) {
+                let whole = tokens.len() == hashes.len().saturating_mul(per);
+                // A ruled engine's group may skip blocks: fewer hashes
+                // than its tokens fill, never more.
+                let skipping = engine.ruled()
+                    && tokens.len() % per.max(1) == 0
+                    && tokens.len() > hashes.len().saturating_mul(per);
+                if !whole && !skipping {
                     return Err(EngineError::TokenCount {
                         tokens: tokens.len(),
                         blocks: hashes.len(),
@@ -65,24 +108,28 @@ impl EngineBatch<'_> {
                 // A store may hold again what the run removed, so the run
                 // goes first; the store's records change even if it fails.
                 let settled = index.settle(engine, pod);
-                let stored = index.store(
-                    engine,
-                    pod,
-                    model,
-                    Store {
-                        parent,
-                        hashes,
-                        tokens,
-                        seeds,
-                    },
-                    &mut done,
-                );
+                let store = Store {
+                    parent,
+                    hashes,
+                    tokens,
+                    seeds,
+                };
+                let stored = match engine.ruled() {
+                    false => index.store(engine, pod, model, store, &mut done),
+                    true => index.group_store(engine, pod, model, group.idx, store, &mut done),
+                };
                 done.released += settled?;
                 stored?;
             }
-            EngineOp::Removed { hashes } => {
+            EngineOp::Removed { hashes } if engine.ruled() => {
+                done.released += index.settle(engine, pod)?;
+                index.group_remove(engine, pod, model, group.idx, hashes, &mut done)?;
+            }
+            EngineOp::Removed { hashes } if group.idx == 0 => {
                 index.remove(engine, pod, model, hashes, &mut done)?;
             }
+            // A group a plain engine never stored in holds none of them.
+            EngineOp::Removed { hashes } => done.unknown += hashes.len() as u64,
         }
         Ok(done)
     }
@@ -94,8 +141,10 @@ impl EngineBatch<'_> {
     }
 
     fn end(&mut self) -> Result<Applied, EngineError> {
+        let unresolved = self.index.settle_pending(self.engine, self.pod);
         Ok(Applied {
             released: self.index.settle(self.engine, self.pod)?,
+            unresolved: unresolved?,
             ..Applied::default()
         })
     }

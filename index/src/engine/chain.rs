@@ -145,3 +145,13 @@ pub(super) enum Placed {
     Orphan,
     TooDeep,
 }
+
+impl Placed {
+    /// Counts a store left out of the tree for this reason.
+    pub(super) fn count(self, done: &mut super::Applied) {
+        match self {
+            Placed::Orphan => done.orphaned += 1,
+            Placed::TooDeep => done.too_deep += 1,
+        }
+    }
+}

@@ -43,16 +43,21 @@
 //! - `chain`: the chain cache and the run of removals; `pages`: engine
 //!   pages smaller than our blocks;
 //! - `spec`: block sizes and their ratio; `registry`: the engine-fed pods;
-//!   `budget`: the records' count against `max_engine_blocks`.
+//!   `budget`: the records' count against `max_engine_blocks`;
+//! - `lanes`: a hybrid model's KV-cache groups (`crate::groups`), each
+//!   holding its own copies of the shared records, placed in the tree one
+//!   block at a time.
 
 use indexmap::IndexMap;
 
 use crate::error::EngineError;
+use crate::groups::GroupKind;
 use crate::slots::MAX_TIME;
 
 mod batch;
 mod budget;
 mod chain;
+mod lanes;
 mod pages;
 mod place;
 mod records;
@@ -66,7 +71,7 @@ mod tests;
 
 pub use batch::EngineBatch;
 use chain::{Chain, Placed, Run};
-pub(crate) use records::{Data, DataRef, Extra, Page, Parent, Records};
+pub(crate) use records::{Data, DataRef, Extra, Lane, Page, Parent, Records};
 pub use registry::EngineHandle;
 pub(crate) use registry::Registry;
 pub use spec::{EngineSpec, Ratio};
@@ -123,6 +128,15 @@ pub struct Applied {
     pub released: u64,
     /// Clears applied.
     pub cleared: u64,
+    /// Blocks stored in KV-cache groups the index does not model
+    /// ([`GroupKind::Unmodelled`](crate::GroupKind::Unmodelled)): not
+    /// recorded; the pod matches nothing while it has such a group.
+    pub unmodelled: u64,
+    /// Blocks of a store that skips blocks (a sliding window's, whose
+    /// token ids cover blocks it did not keep) that no group of the pod
+    /// recorded by the end of the batch: their place in the sequence is
+    /// not known, so they are not held.
+    pub unresolved: u64,
 }
 
 impl Applied {
@@ -135,6 +149,8 @@ impl Applied {
         self.too_deep += o.too_deep;
         self.released += o.released;
         self.cleared += o.cleared;
+        self.unmodelled += o.unmodelled;
+        self.unresolved += o.unresolved;
     }
 }
 
@@ -181,6 +197,13 @@ pub struct Engine {
     /// Removals an [`EngineBatch`] has not taken off the tree yet; empty
     /// outside one.
     run: Run,
+    /// The kind of each KV-cache group its stores named, by the group's
+    /// index (`None`: not named yet). Empty while every store is of group
+    /// 0 of full attention, which holds its blocks as described above.
+    pub(crate) groups: Vec<Option<GroupKind>>,
+    /// Blocks of stores that skip blocks, not recorded yet: (model, group,
+    /// engine hash), tried again after each store of the batch.
+    pending: Vec<(Box<str>, u32, u64)>,
 }
 
 impl Engine {
@@ -194,6 +217,8 @@ impl Engine {
             chain: None,
             scratch: Vec::new(),
             run: Run::default(),
+            groups: Vec::new(),
+            pending: Vec::new(),
         })
     }
 

@@ -32,11 +32,7 @@ impl Index {
             .sh
             .pods
             .intern(pod, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)?;
-        if !self.sh.pods.is_precise(id.0) || self.sh.pods.align(id.0) != align {
-            self.sh.pods.set_precise(id, true);
-            self.sh.pods.set_capacity(id, u64::MAX);
-            self.sh.pods.set_align(id, align);
-        }
+        self.mark_precise(id, align, self.is_grouped(pod));
         Ok(id.0)
     }
 
@@ -78,7 +74,8 @@ impl Index {
         released
     }
 
-    /// Takes an engine-fed pod off everything; it stays registered.
+    /// Takes an engine-fed pod off everything (its groups' hidden pods
+    /// too); it stays registered.
     pub(crate) fn clear_engine_pod(&self, pod: &str, align: u32) -> Result<(), PodError> {
         // A new id: the old one's entries vanish at once and the sweep
         // frees them, as for a removed pod.

@@ -12,6 +12,12 @@
 //!
 //! A record whose parent is not recorded (an **orphan**) keeps its parent's
 //! engine hash on the side, and is adopted when that parent is recorded.
+//!
+//! A hybrid model's KV-cache groups (`crate::groups`) share the records:
+//! the same blocks under the same hashes. The first group's copies are
+//! counted in the record; each other group's on the side, by position
+//! (a **lane**), and a record a lane holds counts that as a reference among
+//! its children, so that it stays while any group holds it.
 
 use std::collections::HashMap;
 
@@ -155,7 +161,20 @@ pub(crate) struct Records {
     orphans: HashMap<u32, u64, ahash::RandomState>,
     /// Orphans by the parent engine hash they wait for.
     waiting: HashMap<u64, SmallVec<[u32; 2]>, ahash::RandomState>,
+    /// The copies of groups after the first, lane `l` for group `l + 1`,
+    /// by position: empty for a model of one group.
+    lanes: Vec<HashMap<u32, u32, ahash::RandomState>>,
     hasher: ahash::RandomState,
+}
+
+/// Which group's copies: the first's ([`Lane::FIRST`], in the record) or
+/// another's (on the side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Lane(pub(crate) u32);
+
+impl Lane {
+    /// The first group's copies.
+    pub(crate) const FIRST: Lane = Lane(0);
 }
 
 impl Records {
@@ -198,6 +217,55 @@ impl Records {
             self.slots[at as usize].meta += 1 << COPY_SHIFT;
         }
         copies == 0
+    }
+
+    /// One copy more in `lane`; returns whether the block became held by
+    /// its group.
+    pub(crate) fn add_copy_in(&mut self, lane: Lane, at: u32) -> bool {
+        let l = match lane.0 {
+            0 => return self.add_copy(at),
+            l => l as usize - 1,
+        };
+        if self.lanes.len() <= l {
+            self.lanes.resize_with(l + 1, HashMap::default);
+        }
+        let copies = self.lanes[l].entry(at).or_insert(0);
+        let first = *copies == 0;
+        *copies = (*copies + 1).min(MAX_COPIES);
+        if first {
+            // The lane's reference keeps the record (see the module docs).
+            self.add_child(at);
+        }
+        first
+    }
+
+    /// One copy less in `lane`, as [`Records::take_copy`]; the record
+    /// loses the lane's reference with its last copy there (call
+    /// [`Records::forget`] then).
+    pub(crate) fn take_copy_in(&mut self, lane: Lane, at: u32) -> Option<u32> {
+        let l = match lane.0 {
+            0 => return self.take_copy(at),
+            l => l as usize - 1,
+        };
+        let copies = self.lanes.get_mut(l)?.get_mut(&at)?;
+        if *copies == MAX_COPIES {
+            return Some(MAX_COPIES);
+        }
+        *copies -= 1;
+        let left = *copies;
+        if left == 0 {
+            self.lanes[l].remove(&at);
+            self.drop_child(at);
+        }
+        Some(left)
+    }
+
+    /// Each lane's held records, as (lane, position, copies).
+    pub(crate) fn lane_copies(&self) -> impl Iterator<Item = (Lane, u32, u32)> + '_ {
+        self.lanes.iter().enumerate().flat_map(|(l, m)| {
+            m.iter()
+                .map(move |(&at, &copies)| (Lane(l as u32 + 1), at, copies))
+        })
     }
 
     /// One copy less, if any is left; returns the copies remaining, or

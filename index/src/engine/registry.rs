@@ -52,7 +52,9 @@ impl Index {
         if let Some(old) = engines.insert(pod.into(), handle.clone()) {
             // Registered again with other block sizes: its records mean
             // nothing under the new ones.
-            self.close_engine(&mut old.lock());
+            let mut old = old.lock();
+            self.close_engine(&mut old);
+            self.forget_groups(pod, &mut old);
             self.clear_engine_pod(pod, align)?;
         }
         Ok(handle)
@@ -70,6 +72,7 @@ impl Index {
         let mut engine = old.lock();
         self.close_engine(&mut engine);
         self.remove_pod(pod);
+        self.forget_groups(pod, &mut engine);
         true
     }
 

@@ -5,6 +5,26 @@ use super::chain::{chain_path, chain_popped};
 use super::{Applied, DataRef, Engine, Placed, Ratio, Records};
 use crate::error::EngineError;
 use crate::index::Index;
+use indexmap::IndexMap;
+
+/// Where the block a removal names is recorded: the position of its model
+/// and the record's. Removals name no model (no LoRA adapter): the event's
+/// model first, then whichever holds the hash.
+pub(super) fn removed_block(
+    models: &IndexMap<Box<str>, Records, ahash::RandomState>,
+    model: &str,
+    h: u64,
+) -> Option<(usize, u32)> {
+    models
+        .get_index_of(model)
+        .and_then(|i| Some((i, models[i].find(h)?)))
+        .or_else(|| {
+            models
+                .values()
+                .enumerate()
+                .find_map(|(i, r)| Some((i, r.find(h)?)))
+        })
+}
 
 impl Index {
     pub(super) fn remove(
@@ -26,18 +46,7 @@ impl Index {
             ..
         } = &mut *engine;
         for &h in hashes {
-            // Removals name no model (no LoRA adapter): the event's model
-            // first, then whichever holds the hash.
-            let found = models
-                .get_index_of(model)
-                .and_then(|i| Some((i, models[i].find(h)?)))
-                .or_else(|| {
-                    models
-                        .values()
-                        .enumerate()
-                        .find_map(|(i, r)| Some((i, r.find(h)?)))
-                });
-            let Some((i, at)) = found else {
+            let Some((i, at)) = removed_block(models, model, h) else {
                 done.unknown += 1;
                 continue;
             };
@@ -80,7 +89,11 @@ impl Index {
                     run.key.extend_from_slice(path);
                     run.from = path.len().saturating_sub(1);
                 }
-                (_, path) => match self.release_block(records, ratio, pod, model, at, path) {
+                (_, path) => match self
+                    .precise_id(pod, ratio.align())
+                    .map_err(EngineError::from)
+                    .and_then(|id| self.release_block(records, ratio, id, model, at, path))
+                {
                     Ok(n) => done.released += n,
                     Err(e) => {
                         failed.get_or_insert(e);
@@ -101,13 +114,13 @@ impl Index {
         failed.map_or(Ok(()), Err)
     }
 
-    /// Takes `pod` off the tree's blocks of the engine block at `at` (no
+    /// Takes pod `id` off the tree's blocks of the engine block at `at` (no
     /// copy left), whose path is `path`.
     pub(super) fn release_block(
         &self,
         records: &Records,
         ratio: Ratio,
-        pod: &str,
+        id: u32,
         model: &str,
         at: u32,
         path: Result<&[u64], Placed>,
@@ -116,7 +129,6 @@ impl Index {
         let Ok(path) = path else {
             return Ok(0);
         };
-        let id = self.precise_id(pod, ratio.align())?;
         let released = match (ratio, records.data(at)) {
             // The last of our blocks only: another engine block under the
             // same parent may share the ones before it (the same first

@@ -45,6 +45,7 @@ impl Index {
             return Err(EngineError::Full { max });
         }
         let max_key = self.sh.cfg.max_key_blocks;
+        let ruled = engine.ruled();
         let records = engine.models.entry(model.into()).or_default();
         let (mut unused, mut bytes, mut full) = (blocks.len() as i64, 0, false);
         for (h, r) in blocks {
@@ -61,6 +62,10 @@ impl Index {
         self.budget().count(bytes, -unused);
         if full {
             return Err(EngineError::Full { max });
+        }
+        if ruled {
+            // Each group's blocks one at a time (see `lanes`).
+            return self.place_lane(engine, pod, model, 0);
         }
         let records = &*records;
         // Held blocks with no held child: their paths cover every held one.
@@ -90,7 +95,8 @@ impl Index {
             if records.copies(at) == 0 && records.children(at) > 0 {
                 let path = Engine::path(records, ratio, records.hash(at), max_key);
                 let path = path.as_deref().map_err(|e| *e);
-                self.release_block(records, ratio, pod, model, at, path)?;
+                let id = self.precise_id(pod, align)?;
+                self.release_block(records, ratio, id, model, at, path)?;
             }
         }
         Ok(())

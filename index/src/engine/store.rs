@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use super::chain::{chain_path, extend_chain};
 use super::pages::{group_hash, held_groups};
 use super::{
-    Applied, Data, DataRef, Engine, EngineSpec, Extra, Page, Placed, Ratio, Records, PINNED,
+    Applied, Data, DataRef, Engine, EngineSpec, Extra, Lane, Page, Ratio, Records, PINNED,
 };
 use crate::error::EngineError;
 use crate::index::Index;
@@ -24,11 +24,13 @@ pub(super) struct Store<'a> {
 }
 
 /// What recording a store's blocks leaves for placing them.
-struct Recorded {
+pub(super) struct Recorded {
     /// The position of the model's records in the engine's map.
-    model: usize,
+    pub(super) model: usize,
     /// The positions of the blocks recorded, in the event's order.
-    at: SmallVec<[u32; 32]>,
+    pub(super) at: SmallVec<[u32; 32]>,
+    /// The positions of the blocks that became held, in the event's order.
+    pub(super) held: SmallVec<[u32; 32]>,
     /// The engine hash of the last block recorded, when some block became
     /// held: the event's path is then placed in the tree once, to that
     /// block (held blocks refresh as no-ops).
@@ -36,7 +38,7 @@ struct Recorded {
     /// Why recording stopped partway (the records are full): the blocks
     /// recorded before are held, and are placed like any others before the
     /// error is returned.
-    refused: Option<EngineError>,
+    pub(super) refused: Option<EngineError>,
 }
 
 impl Index {
@@ -55,7 +57,7 @@ impl Index {
             return Ok(());
         }
         let parent = store.parent;
-        let recorded = self.record_blocks(engine, model, store, done)?;
+        let recorded = self.record_blocks(engine, model, store, Lane::FIRST, done)?;
         let placed = match recorded.last {
             Some(last) => self.place_chain(
                 engine,
@@ -74,16 +76,17 @@ impl Index {
         }
     }
 
-    /// Records a copy more of each block of a store, each the child of the
-    /// one before, in `engine`'s records under `model`. Refused before its
-    /// first record (the model then keeps no empty record set, or names an
-    /// engine sends would pile up), it returns the error and nothing is to
-    /// be placed.
-    fn record_blocks(
+    /// Records a copy more of each block of a store in `lane`, each the
+    /// child of the one before, in `engine`'s records under `model`.
+    /// Refused before its first record (the model then keeps no empty
+    /// record set, or names an engine sends would pile up), it returns the
+    /// error and nothing is to be placed.
+    pub(super) fn record_blocks(
         &self,
         engine: &mut Engine,
         model: &str,
         store: Store<'_>,
+        lane: Lane,
         done: &mut Applied,
     ) -> Result<Recorded, EngineError> {
         let Store {
@@ -111,6 +114,7 @@ impl Index {
         let found: SmallVec<[Option<u32>; 32]> = hashes.iter().map(|&h| records.find(h)).collect();
         let new = found.iter().filter(|at| at.is_none()).count() as u64;
         let mut recorded_at: SmallVec<[u32; 32]> = SmallVec::with_capacity(hashes.len());
+        let mut held: SmallVec<[u32; 32]> = SmallVec::new();
         // Room under `max_engine_blocks` for the new records the pod's own
         // bound lets in, taken in one read-modify-write of the shared count
         // (each waits for the stores before it) and no more than can be
@@ -130,7 +134,7 @@ impl Index {
                     at => at,
                 };
                 let (at, became_held) = match at {
-                    Some(at) => (at, records.add_copy(at)),
+                    Some(at) => (at, records.add_copy_in(lane, at)),
                     None => {
                         let full = EngineError::Full { max: max_records };
                         if own.saturating_add(added) >= max_own {
@@ -144,9 +148,13 @@ impl Index {
                             s => &s[k * seeds_per..(k + 1) * seeds_per],
                         };
                         let data = block_data(records, spec, ratio, up, toks, seeds);
-                        let Some(at) = records.insert(h, up, 1, data) else {
+                        let first = u32::from(lane == Lane::FIRST);
+                        let Some(at) = records.insert(h, up, first, data) else {
                             break 'records Err(full);
                         };
+                        if lane != Lane::FIRST {
+                            records.add_copy_in(lane, at);
+                        }
                         added += 1;
                         added_bytes += records.record_bytes(at);
                         (at, true)
@@ -155,6 +163,9 @@ impl Index {
                 recorded_at.push(at);
                 done.stored += 1;
                 newly_held |= became_held;
+                if became_held {
+                    held.push(at);
+                }
                 up = Some(h);
             }
             Ok(())
@@ -169,6 +180,7 @@ impl Index {
             return Ok(Recorded {
                 model: i,
                 at: SmallVec::new(),
+                held: SmallVec::new(),
                 last: None,
                 refused: None,
             });
@@ -176,6 +188,7 @@ impl Index {
         Ok(Recorded {
             model: i,
             at: recorded_at,
+            held,
             last: up.filter(|_| newly_held),
             refused: recorded.err(),
         })
@@ -216,12 +229,8 @@ impl Index {
         };
         let key = match path {
             Ok(key) => key,
-            Err(Placed::Orphan) => {
-                done.orphaned += 1;
-                return Ok(());
-            }
-            Err(Placed::TooDeep) => {
-                done.too_deep += 1;
+            Err(why) => {
+                why.count(done);
                 return Ok(());
             }
         };

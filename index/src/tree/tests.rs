@@ -345,3 +345,60 @@ fn limits_give_typed_errors() {
     }
     index.insert("m", &[1], "c", T0).unwrap();
 }
+
+/// The entries of pod `id` along `key`, per block: which blocks it holds.
+fn holds(index: &Index, key: &[u64], id: u32) -> Vec<bool> {
+    let pin = index.pin();
+    let tree = &index.models(&pin)["m"];
+    let mut out = vec![false; key.len()];
+    let mut from = 0;
+    for (node, depth) in crate::walk::Path::new(tree.root(&pin), key, index.sh.seed) {
+        let held = node.pods.find(id).is_some();
+        out[from..depth].iter_mut().for_each(|b| *b = held);
+        from = depth;
+    }
+    out
+}
+
+#[test]
+fn an_insert_from_a_depth_holds_those_blocks_alone_and_keeps_the_others() {
+    let index = idx();
+    let key: Vec<u64> = (100..110).collect();
+    let pin = index.pin();
+    let tree = index.tree_or_create("m", &pin).unwrap();
+    let a = index
+        .sh
+        .pods
+        .intern("a", 64, &index.sh.epoch, &pin)
+        .unwrap()
+        .0;
+    let b = index
+        .sh
+        .pods
+        .intern("b", 64, &index.sh.epoch, &pin)
+        .unwrap()
+        .0;
+    // Into an empty tree: the blocks above are made without entries.
+    tree.insert_from(&index.sh, &key[..6], 4, a, T0, &pin)
+        .unwrap();
+    let a_at = |k: &[u64]| holds(&index, k, a);
+    assert_eq!(a_at(&key[..6]), [false, false, false, false, true, true]);
+    // Through existing edges: cut where the range starts and where the
+    // key leaves them; the other pod keeps every block it had.
+    tree.insert(&index.sh, &key, b, T0, &pin).unwrap();
+    tree.insert_from(&index.sh, &key, 8, a, T0, &pin).unwrap();
+    let mut branch = key[..3].to_vec();
+    branch.extend([7, 8]);
+    tree.insert_from(&index.sh, &branch, 4, a, T0, &pin)
+        .unwrap();
+    assert_eq!(
+        a_at(&key),
+        [false, false, false, false, true, true, false, false, true, true]
+    );
+    assert_eq!(holds(&index, &key, b), [true; 10]);
+    assert_eq!(a_at(&branch), [false, false, false, false, true]);
+    let s = index.stats();
+    assert_eq!(s.entries, 10 + 2 + 2 + 1);
+    // The pod's entries count as its blocks, no more.
+    assert_eq!(index.sh.pods.blocks(a), 5);
+}

@@ -134,6 +134,16 @@ pub struct Stored {
     /// `lookahead_token_ids` not nil): the engine reuses such a block only
     /// when those tokens follow it.
     pub lookahead: bool,
+    /// The KV-cache group that stored the blocks (vLLM's `group_idx`):
+    /// hybrid models keep one group per attention kind. `None` when nil or
+    /// absent (SGLang, older vLLM): group 0.
+    pub group: Option<u32>,
+    /// The group's kind (`kv_cache_spec_kind`): `"full_attention"`,
+    /// `"sliding_window"`, `"mamba"`... `None` when nil or absent.
+    pub group_kind: Option<CompactString>,
+    /// A sliding-window group's window in tokens
+    /// (`kv_cache_spec_sliding_window`); `None` when nil or absent.
+    pub sliding_window: Option<u32>,
 }
 
 /// One of a block's extra keys as vLLM publishes it, untagged (its
@@ -169,6 +179,8 @@ pub struct Removed {
     pub hashes: SmallVec<[u64; 1]>,
     /// The storage tier they left, as in [`Stored::medium`].
     pub medium: Option<CompactString>,
+    /// The KV-cache group they left, as in [`Stored::group`].
+    pub group: Option<u32>,
 }
 
 /// Caps on what one payload may declare, so a hostile or broken publisher
@@ -401,6 +413,8 @@ mod tests {
                 block_size: 16,
                 lora_name: None,
                 medium: Some("GPU".into()),
+                group: Some(0),
+                group_kind: Some("full_attention".into()),
                 ..Default::default()
             })]
         );
@@ -418,6 +432,7 @@ mod tests {
             [Event::Removed(Removed {
                 hashes: [0x7034_fe9f_f95a_9d6e].into(),
                 medium: Some("GPU".into()),
+                group: Some(0),
             })]
         );
     }

@@ -17,18 +17,24 @@ pub enum Layout {
     Required,
     /// Every field vLLM 0.33's GPU block pool sets
     /// (`shared/engines/vllm-kv-events.md`, §4 and §7): a `BlockStored`
-    /// also has `extra_keys` (a nil per block), `group_idx` 0 and
-    /// `kv_cache_spec_kind` `"full_attention"`, under msgspec's `map16`
-    /// header; a `BlockRemoved` also has `group_idx` 0.
+    /// also has `extra_keys` (a nil per block), `group_idx` (0 unless the
+    /// store names another) and `kv_cache_spec_kind` (`"full_attention"`
+    /// unless it names another), under msgspec's `map16` header; a
+    /// `BlockRemoved` also has `group_idx`.
     GpuPool,
 }
 
 /// The optional fields a store carries beyond its layout's: `extra_keys`
-/// when some block has keys (in [`Layout::Required`]; the GPU pool's
-/// layout always has them), `cache_salt` (SGLang's) and
+/// when some block has keys, `group_idx` and `kv_cache_spec_kind` when set
+/// (in [`Layout::Required`]; the GPU pool's layout always has them),
+/// `kv_cache_spec_sliding_window`, `cache_salt` (SGLang's) and
 /// `lookahead_token_ids` (an empty list per block).
 fn optional_fields(s: &Stored, layout: Layout) -> u32 {
-    u32::from(layout == Layout::Required && !s.extra_keys.is_empty())
+    let required = layout == Layout::Required;
+    u32::from(required && !s.extra_keys.is_empty())
+        + u32::from(required && s.group.is_some())
+        + u32::from(required && s.group_kind.is_some())
+        + u32::from(s.sliding_window.is_some())
         + u32::from(s.cache_salt.is_some())
         + u32::from(s.lookahead)
 }
@@ -129,9 +135,24 @@ fn stored(out: &mut Vec<u8>, s: &Stored, layout: Layout) {
     if layout == Layout::GpuPool || !s.extra_keys.is_empty() {
         extra_keys(out, s);
     }
-    if layout == Layout::GpuPool {
-        group_idx(out);
-        kv(out, "kv_cache_spec_kind", "full_attention");
+    match layout {
+        Layout::GpuPool => {
+            group_idx(out, s.group.unwrap_or(0));
+            let kind = s.group_kind.as_deref().unwrap_or("full_attention");
+            kv(out, "kv_cache_spec_kind", kind);
+        }
+        Layout::Required => {
+            if let Some(g) = s.group {
+                group_idx(out, g);
+            }
+            if let Some(kind) = &s.group_kind {
+                kv(out, "kv_cache_spec_kind", kind);
+            }
+        }
+    }
+    if let Some(w) = s.sliding_window {
+        let _ = enc::write_str(out, "kv_cache_spec_sliding_window");
+        let _ = enc::write_uint(out, u64::from(w));
     }
     if let Some(salt) = &s.cache_salt {
         kv(out, "cache_salt", salt);
@@ -186,25 +207,23 @@ fn extra_keys(out: &mut Vec<u8>, s: &Stored) {
 }
 
 fn removed(out: &mut Vec<u8>, r: &Removed, layout: Layout) {
-    let _ = enc::write_map_len(
-        out,
-        match layout {
-            Layout::Required => 3,
-            Layout::GpuPool => 4,
-        },
-    );
+    let group = match layout {
+        Layout::Required => r.group,
+        Layout::GpuPool => Some(r.group.unwrap_or(0)),
+    };
+    let _ = enc::write_map_len(out, 3 + u32::from(group.is_some()));
     kv(out, "type", "BlockRemoved");
     hashes(out, &r.hashes);
     opt_str(out, "medium", r.medium.as_deref());
-    if layout == Layout::GpuPool {
-        group_idx(out);
+    if let Some(g) = group {
+        group_idx(out, g);
     }
 }
 
-/// The GPU pool's one KV-cache group.
-fn group_idx(out: &mut Vec<u8>) {
+/// A KV-cache group's index.
+fn group_idx(out: &mut Vec<u8>, group: u32) {
     let _ = enc::write_str(out, "group_idx");
-    let _ = enc::write_uint(out, 0);
+    let _ = enc::write_uint(out, u64::from(group));
 }
 
 #[cfg(test)]
@@ -229,6 +248,16 @@ mod tests {
                 Event::Removed(Removed {
                     hashes: [7].into(),
                     medium: None,
+                    group: Some(1),
+                }),
+                Event::Stored(Stored {
+                    hashes: vec![9],
+                    tokens: (0..16).collect(),
+                    block_size: 16,
+                    group: Some(1),
+                    group_kind: Some("sliding_window".into()),
+                    sliding_window: Some(128),
+                    ..Default::default()
                 }),
                 Event::Cleared,
             ],

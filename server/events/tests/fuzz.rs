@@ -26,24 +26,12 @@ use rmp::encode as enc;
 #[global_allocator]
 static ALLOC: Counting<System> = Counting::new(System);
 
-/// Tests run on several threads, and the allocator counts them all; the
-/// allocation check needs this one alone. So every test holds this lock for
-/// its whole run, input generation included (which is why the properties
-/// run their own `TestRunner` rather than use the `proptest!` macro, which
-/// generates inputs outside the test body).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `test` on `cases` inputs from `strategy`, holding [`SERIAL`].
+/// Runs `test` on `cases` inputs from `strategy`.
 fn check<S: Strategy>(
     cases: u32,
     strategy: S,
     test: impl Fn(S::Value) -> Result<(), TestCaseError>,
 ) {
-    let _serial = serial();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(cases));
     if let Err(e) = runner.run(&strategy, test) {
         panic!("{e}");
@@ -60,16 +48,15 @@ fn bound(len: usize) -> usize {
 }
 
 /// Decodes `bytes` (and parses it as frames), checks the allocation bound,
-/// and returns the decode result.
-///
-/// Callers hold [`SERIAL`] (see [`serial`]).
+/// and returns the decode result. The bound is checked on this thread's
+/// allocations alone: the test harness's threads allocate meanwhile.
 fn decode_checked(
     bytes: &[u8],
     limits: &DecodeLimits,
 ) -> Result<Result<Batch, DecodeError>, TestCaseError> {
-    ALLOC.reset_largest();
+    ALLOC.reset_largest_here();
     let outcome = decode_batch(bytes, limits);
-    let largest = ALLOC.largest();
+    let largest = ALLOC.largest_here();
     prop_assert!(
         largest <= bound(bytes.len()),
         "{} input bytes made a {largest}-byte allocation (bound {})",
@@ -199,6 +186,14 @@ fn extra_keys() -> impl Strategy<Value = Vec<Option<Box<[RawExtraKey]>>>> {
     })
 }
 
+/// A `u32`, or nil.
+fn write_opt_u32(out: &mut Vec<u8>, v: Option<u32>) {
+    match v {
+        Some(v) => drop(enc::write_uint(out, u64::from(v))),
+        None => drop(enc::write_nil(out)),
+    }
+}
+
 /// Writes `extra_keys` as vLLM does: a list per block, or nil; an unknown
 /// shape as an int.
 fn write_extra_keys(out: &mut Vec<u8>, keys: &[Option<Box<[RawExtraKey]>>]) {
@@ -238,9 +233,23 @@ fn event() -> impl Strategy<Value = Event> {
             label(),
             label(),
             (extra_keys(), label()),
+            (
+                prop::option::of(any::<u32>()),
+                label(),
+                prop::option::of(any::<u32>()),
+            ),
         )
             .prop_map(
-                |(hashes, parent, tokens, block_size, lora_name, medium, (extra_keys, salt))| {
+                |(
+                    hashes,
+                    parent,
+                    tokens,
+                    block_size,
+                    lora_name,
+                    medium,
+                    (extra_keys, salt),
+                    (group, group_kind, sliding_window),
+                )| {
                     Event::Stored(Stored {
                         hashes,
                         parent,
@@ -251,13 +260,19 @@ fn event() -> impl Strategy<Value = Event> {
                         extra_keys,
                         cache_salt: salt,
                         lookahead: false,
+                        group,
+                        group_kind,
+                        sliding_window,
                     })
                 },
             ),
-        (hashes, label()).prop_map(|(hashes, medium)| Event::Removed(Removed {
-            hashes: hashes.into(),
-            medium
-        })),
+        (hashes, label(), prop::option::of(any::<u32>())).prop_map(|(hashes, medium, group)| {
+            Event::Removed(Removed {
+                hashes: hashes.into(),
+                medium,
+                group,
+            })
+        }),
         Just(Event::Cleared),
     ]
 }
@@ -322,7 +337,7 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
     if !l.map_events {
         match e {
             Event::Stored(s) => {
-                let _ = enc::write_array_len(out, 9);
+                let _ = enc::write_array_len(out, 12);
                 let _ = enc::write_str(out, "BlockStored");
                 write_hashes(out, &s.hashes, l.hash);
                 match s.parent {
@@ -346,12 +361,16 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
                     None => write_opt_str(out, &s.lora_name),
                 }
                 write_extra_keys(out, &s.extra_keys);
+                write_opt_u32(out, s.group);
+                write_opt_str(out, &s.group_kind);
+                write_opt_u32(out, s.sliding_window);
             }
             Event::Removed(r) => {
-                let _ = enc::write_array_len(out, 3);
+                let _ = enc::write_array_len(out, 4);
                 let _ = enc::write_str(out, "BlockRemoved");
                 write_hashes(out, &r.hashes, l.hash);
                 write_opt_str(out, &r.medium);
+                write_opt_u32(out, r.group);
             }
             Event::Cleared => {
                 let _ = enc::write_array_len(out, 1);
@@ -361,8 +380,14 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
         return;
     }
     let (tag, fields) = match e {
-        Event::Stored(s) => ("BlockStored", 8 + u16::from(s.cache_salt.is_some())),
-        Event::Removed(_) => ("BlockRemoved", 3),
+        Event::Stored(s) => (
+            "BlockStored",
+            8 + u16::from(s.cache_salt.is_some())
+                + u16::from(s.group.is_some())
+                + u16::from(s.group_kind.is_some())
+                + u16::from(s.sliding_window.is_some()),
+        ),
+        Event::Removed(r) => ("BlockRemoved", 3 + u16::from(r.group.is_some())),
         Event::Cleared => ("AllBlocksCleared", 1),
     };
     // map16 even when small, as msgspec writes BlockStored.
@@ -401,12 +426,28 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
                 let _ = enc::write_str(out, "cache_salt");
                 let _ = enc::write_str(out, salt);
             }
+            if let Some(g) = s.group {
+                let _ = enc::write_str(out, "group_idx");
+                let _ = enc::write_uint(out, u64::from(g));
+            }
+            if let Some(kind) = &s.group_kind {
+                let _ = enc::write_str(out, "kv_cache_spec_kind");
+                let _ = enc::write_str(out, kind);
+            }
+            if let Some(w) = s.sliding_window {
+                let _ = enc::write_str(out, "kv_cache_spec_sliding_window");
+                let _ = enc::write_uint(out, u64::from(w));
+            }
         }
         Event::Removed(r) => {
             let _ = enc::write_str(out, "block_hashes");
             write_hashes(out, &r.hashes, l.hash);
             let _ = enc::write_str(out, "medium");
             write_opt_str(out, &r.medium);
+            if let Some(g) = r.group {
+                let _ = enc::write_str(out, "group_idx");
+                let _ = enc::write_uint(out, u64::from(g));
+            }
         }
         Event::Cleared => {}
     }
@@ -542,7 +583,6 @@ fn golden_vectors_cut_and_mutated_fail_typed() {
 /// one value: a cut one can never decode), and cheaply.
 #[test]
 fn every_prefix_of_a_golden_vector_is_truncated() {
-    let _serial = serial();
     for payload in golden() {
         for len in 0..payload.len() {
             let outcome = decode_checked(&payload[..len], &DecodeLimits::default()).unwrap();
@@ -559,7 +599,6 @@ fn every_prefix_of_a_golden_vector_is_truncated() {
 /// hashes or token ids, with no limits to stop it, only the bytes left.
 #[test]
 fn huge_length_fields_in_tiny_payloads_are_refused_cheaply() {
-    let _serial = serial();
     let head = [0x93, 0xcb, 0x41, 0xda, 0, 0, 0, 0, 0, 0];
     let claim = [0xdd, 0xff, 0xff, 0xff, 0xff];
     // 2^32 - 1 events claimed, eight ["AllBlocksCleared"] there.

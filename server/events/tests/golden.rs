@@ -59,10 +59,18 @@ enum ExpectedEvent {
         cache_salt: Option<String>,
         extra_keys: Vec<Option<Vec<JsonKey>>>,
         lookahead: bool,
+        #[serde(default)]
+        group: Option<u32>,
+        #[serde(default)]
+        group_kind: Option<String>,
+        #[serde(default)]
+        sliding_window: Option<u32>,
     },
     Removed {
         hashes: Vec<u64>,
         medium: Option<String>,
+        #[serde(default)]
+        group: Option<u32>,
     },
     Cleared,
 }
@@ -80,6 +88,9 @@ impl From<ExpectedEvent> for Event {
                 cache_salt,
                 extra_keys,
                 lookahead,
+                group,
+                group_kind,
+                sliding_window,
             } => Event::Stored(Stored {
                 hashes,
                 parent,
@@ -93,10 +104,18 @@ impl From<ExpectedEvent> for Event {
                     .map(|b| b.map(|keys| keys.into_iter().map(RawExtraKey::from).collect()))
                     .collect(),
                 lookahead,
+                group,
+                group_kind: group_kind.map(Into::into),
+                sliding_window,
             }),
-            ExpectedEvent::Removed { hashes, medium } => Event::Removed(Removed {
+            ExpectedEvent::Removed {
+                hashes,
+                medium,
+                group,
+            } => Event::Removed(Removed {
                 hashes: hashes.into(),
                 medium: medium.map(Into::into),
+                group,
             }),
             ExpectedEvent::Cleared => Event::Cleared,
         }

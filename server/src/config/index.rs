@@ -51,6 +51,10 @@ pub struct IndexSettings {
     /// way; engines past it are refused.
     #[arg(long, env = "PREFIX_INDEX_MAX_BLOCK_RATIO")]
     pub max_block_ratio: Option<u32>,
+    /// KV-cache groups one engine may name (group indexes 0 to this less
+    /// one); stores and removals naming a higher one are refused. 1 to 64.
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_GROUPS")]
+    pub max_engine_groups: Option<u32>,
     /// How often the maintenance task sweeps (TTL, capacities).
     #[arg(long, env = "PREFIX_INDEX_SWEEP_INTERVAL")]
     pub sweep_interval: Option<HumanDuration>,
@@ -107,6 +111,7 @@ impl IndexSettings {
                 .max_engine_blocks_per_pod
                 .unwrap_or(d.max_engine_blocks_per_pod),
             max_block_ratio: self.max_block_ratio.unwrap_or(d.max_block_ratio),
+            max_engine_groups: self.max_engine_groups.unwrap_or(d.max_engine_groups),
             ..d
         };
         let upkeep = Upkeep {
@@ -131,6 +136,7 @@ impl IndexSettings {
             max_engine_blocks: Some(index.max_engine_blocks),
             max_engine_blocks_per_pod: Some(index.max_engine_blocks_per_pod),
             max_block_ratio: Some(index.max_block_ratio),
+            max_engine_groups: Some(index.max_engine_groups),
             sweep_interval: Some(HumanDuration(upkeep.sweep_interval)),
             sweep_budget: Some(upkeep.sweep_budget),
             snapshot_interval: written_or_off(upkeep.snapshot_interval),
@@ -157,6 +163,13 @@ pub fn validate(index: &IndexConfig, upkeep: &Upkeep) -> Result<(), ConfigError>
     }
     if index.max_block_ratio == 0 {
         return invalid("max-block-ratio", &0, "must be at least 1");
+    }
+    if index.max_engine_groups == 0 || index.max_engine_groups > 64 {
+        return invalid(
+            "max-engine-groups",
+            &index.max_engine_groups,
+            "must be 1 to 64",
+        );
     }
     if index.ttl.is_zero() {
         return invalid("ttl", &0, "must be at least 1 second");

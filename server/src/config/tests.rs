@@ -133,6 +133,7 @@ fn everything_changed() -> ServerConfig {
             max_engine_blocks: 24,
             max_engine_blocks_per_pod: 23,
             max_block_ratio: 32,
+            max_engine_groups: 5,
             ..d.index
         },
         upkeep: Upkeep {

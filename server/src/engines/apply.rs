@@ -8,11 +8,13 @@
 //! ids that do not fill its blocks, the record bound reached) is counted
 //! and skipped; the rest of the batch still applies. A store's blocks
 //! carry their identity (salt, multimodal items) as seeds
-//! ([`super::identity`]).
+//! ([`super::identity`]), and each event its KV-cache group
+//! ([`super::groups`]).
 
 use prefix_events::{Batch, Event};
-use prefix_index::{Applied, EngineError, EngineOp, Index};
+use prefix_index::{Applied, EngineError, EngineOp, Group, GroupKind, Index};
 
+use super::groups::group_of;
 use super::identity::{store_seeds, Identified};
 use super::Subscription;
 
@@ -56,9 +58,12 @@ pub fn apply_batch(
     let mut applying = index.batch(&mut engine, &sub.pod);
     for event in &batch.events {
         let mut identified = Identified::default();
-        let (medium, model, op) = match event {
+        let (medium, model, group, op) = match event {
             Event::Stored(s) => {
-                if s.block_size != sub.block_size {
+                let group = group_of(s, sub.block_size);
+                // A hybrid model's group of another block size is counted
+                // as not modelled (below); the first group's is refused.
+                if s.block_size != sub.block_size && group.idx == 0 {
                     out.refuse(format!(
                         "stored blocks of {} tokens on a subscription of {}-token blocks",
                         s.block_size, sub.block_size
@@ -75,21 +80,30 @@ pub fn apply_batch(
                 (
                     s.medium.as_deref(),
                     s.lora_name.as_deref().unwrap_or(&sub.model),
+                    group,
                     op,
                 )
             }
-            Event::Removed(r) => (
-                r.medium.as_deref(),
-                &*sub.model,
-                EngineOp::Removed { hashes: &r.hashes },
-            ),
-            Event::Cleared => (None, &*sub.model, EngineOp::Cleared),
+            Event::Removed(r) => {
+                // A removal names its group, not the group's kind.
+                let group = Group {
+                    idx: r.group.unwrap_or(0),
+                    kind: GroupKind::Full,
+                };
+                (
+                    r.medium.as_deref(),
+                    &*sub.model,
+                    group,
+                    EngineOp::Removed { hashes: &r.hashes },
+                )
+            }
+            Event::Cleared => (None, &*sub.model, Group::PLAIN, EngineOp::Cleared),
         };
         if !sub.routes_medium(medium) {
             out.other_medium += 1;
             continue;
         }
-        match applying.apply(model, op) {
+        match applying.apply_group(group, model, op) {
             Ok(done) => {
                 out.applied.add(&done);
                 out.events += 1;
@@ -181,6 +195,7 @@ mod tests {
                 Event::Removed(Removed {
                     hashes: [2].into(),
                     medium: Some("CPU".into()),
+                    group: None,
                 }),
                 stored(vec![7], None, vec![1; 8], None, "GPU"),
             ],
@@ -221,6 +236,7 @@ mod tests {
             events: vec![Event::Removed(Removed {
                 hashes: [9].into(),
                 medium: Some("GPU".into()),
+                group: None,
             })],
             data_parallel_rank: None,
             unknown_events: 0,

@@ -41,7 +41,7 @@ fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 /// (name, help, value) of every per-pod counter.
-const COUNTERS: [(&str, &str, Read); 15] = [
+const COUNTERS: [(&str, &str, Read); 17] = [
     ("engine_batches", "Event batches applied", |s| {
         counter(&s.batches)
     }),
@@ -95,6 +95,16 @@ const COUNTERS: [(&str, &str, Read); 15] = [
         "engine_untold_blocks",
         "Blocks whose identity could not be told (unknown extra keys, lookahead hashing, items in blocks not of the gateways' size): they match no key",
         |s| counter(&s.untold_blocks),
+    ),
+    (
+        "engine_unmodelled_blocks",
+        "Blocks stored in a KV-cache group of a kind the index does not model (Mamba with block-aligned caching, another block size): the pod matches nothing while it has one",
+        |s| counter(&s.unmodelled_blocks),
+    ),
+    (
+        "engine_unresolved_blocks",
+        "Blocks of a store that skips blocks (a sliding window's) whose place in the sequence no other group told: not held",
+        |s| counter(&s.unresolved_blocks),
     ),
     (
         "engine_decode_errors",

@@ -19,6 +19,7 @@
 pub mod apply;
 mod central;
 mod config;
+mod groups;
 mod identity;
 pub mod kept;
 pub mod metrics;

@@ -149,6 +149,7 @@ impl Engine {
                 Some(self.batch(Event::Removed(Removed {
                     hashes: [h].into(),
                     medium: Some("GPU".into()),
+                    group: None,
                 })))
             }
             Op::Clear => {

@@ -42,6 +42,10 @@ pub struct SubStats {
     pub identity_blocks: AtomicU64,
     /// Engine blocks whose identity could not be told (they match no key).
     pub untold_blocks: AtomicU64,
+    /// Engine blocks stored in KV-cache groups the index does not model.
+    pub unmodelled_blocks: AtomicU64,
+    /// Engine blocks of skipping stores whose place could not be told.
+    pub unresolved_blocks: AtomicU64,
     /// Messages that did not decode (framing or payload), and oversized ones.
     pub decode_errors: AtomicU64,
     /// Sequence gaps seen.
@@ -102,6 +106,8 @@ impl SubStats {
         add(&self.unknown_events, out.unknown_events);
         add(&self.identity_blocks, out.identity.blocks);
         add(&self.untold_blocks, out.identity.untold);
+        add(&self.unmodelled_blocks, a.unmodelled);
+        add(&self.unresolved_blocks, a.unresolved);
         // Relaxed: statistics.
         self.last_seq
             .store(seq.saturating_add(1), Ordering::Relaxed);

@@ -86,6 +86,9 @@ struct Fields<'a> {
     extra_keys: Option<Reader<'a>>,
     cache_salt: Option<Reader<'a>>,
     lookahead: Option<Reader<'a>>,
+    group: Option<Reader<'a>>,
+    group_kind: Option<Reader<'a>>,
+    sliding_window: Option<Reader<'a>>,
 }
 
 /// Field names the engines send (but the two read in the first pass), so
@@ -152,6 +155,9 @@ fn map_event<'a>(
             b"extra_keys" => Some(&mut f.extra_keys),
             b"cache_salt" => Some(&mut f.cache_salt),
             b"lookahead_token_ids" => Some(&mut f.lookahead),
+            b"group_idx" => Some(&mut f.group),
+            b"kv_cache_spec_kind" => Some(&mut f.group_kind),
+            b"kv_cache_spec_sliding_window" => Some(&mut f.sliding_window),
             other => {
                 utf8(other).map_err(|e| key_at().err(e))?;
                 None
@@ -177,6 +183,10 @@ fn map_event<'a>(
     let missing = |field| DecodeError::Missing {
         at: Location::event(i, field),
     };
+    let optional_u32 = |slot: Option<Reader<'a>>, field| match slot {
+        Some(mut r) => opt_u32(&mut r, Location::event(i, field)),
+        None => Ok(None),
+    };
     Ok(Some(match kind {
         Kind::Stored => Event::Stored(Stored {
             hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??.into_vec(),
@@ -197,10 +207,14 @@ fn map_event<'a>(
             },
             cache_salt: optional_str(f.cache_salt, "cache_salt")?,
             lookahead: f.lookahead.is_some_and(|mut r| !r.eat_nil()),
+            group: optional_u32(f.group, "group_idx")?,
+            group_kind: optional_str(f.group_kind, "kv_cache_spec_kind")?,
+            sliding_window: optional_u32(f.sliding_window, "kv_cache_spec_sliding_window")?,
         }),
         Kind::Removed => Event::Removed(Removed {
             hashes: f.hashes.ok_or_else(|| missing("block_hashes"))??,
             medium: optional_str(f.medium, "medium")?,
+            group: optional_u32(f.group, "group_idx")?,
         }),
         Kind::Cleared => Event::Cleared,
         Kind::Unknown => return Ok(None),
@@ -305,8 +319,19 @@ fn array_event(
                 stored.extra_keys = extra_keys(r, at("extra_keys"), limits)?;
                 read = 9;
             }
-            // group_idx, kv_cache_spec_kind, its sliding window, locality,
-            // ownership, session_id; then lookahead_token_ids.
+            if n > 9 {
+                stored.group = opt_u32(r, at("group_idx"))?;
+                read = 10;
+            }
+            if n > 10 {
+                stored.group_kind = opt_str(r, at("kv_cache_spec_kind"))?;
+                read = 11;
+            }
+            if n > 11 {
+                stored.sliding_window = opt_u32(r, at("kv_cache_spec_sliding_window"))?;
+                read = 12;
+            }
+            // locality, ownership, session_id; then lookahead_token_ids.
             if n > LOOKAHEAD_POSITION {
                 for _ in read..LOOKAHEAD_POSITION {
                     r.skip().map_err(|e| at("").err(e))?;
@@ -325,12 +350,20 @@ fn array_event(
             }
             let hashes = hashes(r, at("block_hashes"), limits)?;
             read = 2;
-            let mut medium = None;
+            let (mut medium, mut group) = (None, None);
             if n > 2 {
                 medium = opt_str(r, at("medium"))?;
                 read = 3;
             }
-            Some(Event::Removed(Removed { hashes, medium }))
+            if n > 3 {
+                group = opt_u32(r, at("group_idx"))?;
+                read = 4;
+            }
+            Some(Event::Removed(Removed {
+                hashes,
+                medium,
+                group,
+            }))
         }
         Kind::Cleared => Some(Event::Cleared),
         Kind::Unknown => None,
@@ -480,6 +513,14 @@ fn token(r: &mut Reader<'_>, at: Location) -> Result<u32, DecodeError> {
 fn uint32(r: &mut Reader<'_>, at: Location) -> Result<u32, DecodeError> {
     let value = r.int().map_err(|e| at.err(e))?;
     u32::try_from(value).map_err(|_| DecodeError::OutOfRange { at, value })
+}
+
+/// A non-negative int that fits in a `u32`, or `None` for nil.
+fn opt_u32(r: &mut Reader<'_>, at: Location) -> Result<Option<u32>, DecodeError> {
+    if r.eat_nil() {
+        return Ok(None);
+    }
+    uint32(r, at).map(Some)
 }
 
 /// A string, or `None` for nil.

@@ -313,6 +313,9 @@ def expected_event(e: Any) -> Any:
                 or getattr(getattr(e, "metadata", None), "cache_salt", None),
                 "extra_keys": expected_extra_keys(getattr(e, "extra_keys", None)),
                 "lookahead": getattr(e, "lookahead_token_ids", None) is not None,
+                "group": getattr(e, "group_idx", None),
+                "group_kind": getattr(e, "kv_cache_spec_kind", None),
+                "sliding_window": getattr(e, "kv_cache_spec_sliding_window", None),
             }
         }
     if name == "BlockRemoved":
@@ -321,6 +324,7 @@ def expected_event(e: Any) -> Any:
             "Removed": {
                 "hashes": [expected_hash(h) for h in e.block_hashes],
                 "medium": None if medium is None else str(getattr(medium, "value", medium)),
+                "group": getattr(e, "group_idx", None),
             }
         }
     if name == "AllBlocksCleared":

@@ -83,7 +83,8 @@ fn absent_optional_fields_are_none() {
         decode(&[e]).unwrap().events,
         [Event::Removed(Removed {
             hashes: [9].into(),
-            medium: None
+            medium: None,
+            group: None,
         })]
     );
 }
@@ -158,7 +159,8 @@ fn array_events_of_every_length_the_engines_sent() {
         [
             Event::Removed(Removed {
                 hashes: [1].into(),
-                medium: Some("DISK".into())
+                medium: Some("DISK".into()),
+                group: Some(0),
             }),
             Event::Cleared
         ]
@@ -235,7 +237,8 @@ fn hashes_in_every_form() {
         decode(&[e]).unwrap().events,
         [Event::Removed(Removed {
             hashes: want[..].into(),
-            medium: None
+            medium: None,
+            group: None,
         })]
     );
 }
@@ -416,6 +419,7 @@ fn a_malformed_event_is_skipped_alone_while_its_framing_holds() {
     let want = Event::Removed(Removed {
         hashes: [9].into(),
         medium: Some("GPU".into()),
+        group: None,
     });
     assert_eq!(batch.events, [Event::Cleared, want]);
     let bad = batch.bad.unwrap();
@@ -654,6 +658,8 @@ fn identity_fields_in_both_forms() {
             Event::Stored(Stored {
                 medium: Some("GPU".into()),
                 lora_name: Some("sql-lora".into()),
+                group: Some(0),
+                group_kind: Some("full_attention".into()),
                 ..expect
             }),
         ]
