@@ -17,7 +17,7 @@
 use std::future::Future;
 
 use crate::error::ClientError;
-use crate::wire::{EngineState, EngineSub, Op, PodBlocks, Reply, SampledKey, WireStats};
+use crate::wire::{EngineState, EngineSub, Op, PodBlocks, PodDetail, Reply, SampledKey, WireStats};
 
 /// Where an [`Index`]'s operations go: one server, or a cluster's replica
 /// sets. Implement it to put something else under the same calls (a test
@@ -41,6 +41,17 @@ pub struct LookupResult {
     /// Every pod holding at least one leading block, by blocks descending,
     /// then pod name.
     pub matches: Vec<PodBlocks>,
+}
+
+/// The answer to a detailed lookup ([`Index::lookup_detail`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DetailResult {
+    /// Blocks in the key the server looked up (after its `max_key_blocks` cut).
+    pub key_blocks: u32,
+    /// The plain answer's pods in its order, each with the blocks a lower
+    /// cache tier holds after its match and its view, then pods held by a
+    /// lower tier alone.
+    pub matches: Vec<PodDetail>,
 }
 
 /// The index's operations over the route `R`: see the module's docs.
@@ -119,6 +130,34 @@ impl<R: Route> Index<R> {
     ) -> Result<LookupResult, ClientError> {
         let key = crate::key::token_key_with(tokens, block_tokens, identity);
         self.lookup(model, &key, candidates).await
+    }
+
+    /// As [`Index::lookup`], each pod's answer with the run of blocks a
+    /// lower cache tier (CPU memory, storage) holds after its match, and
+    /// how far it can be trusted ([`PodDetail`]): what a gateway weighs
+    /// when it scores offloaded blocks or falls back to load for a pod
+    /// whose view is not exact. About twice a lookup's work on the server.
+    pub async fn lookup_detail(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+    ) -> Result<DetailResult, ClientError> {
+        let op = Op::LookupDetail {
+            model: model.into(),
+            key: key.to_vec(),
+            candidates: candidates.map(|c| c.iter().map(|s| s.to_string()).collect()),
+        };
+        match self.route.one(op).await? {
+            Reply::Detail {
+                key_blocks,
+                matches,
+            } => Ok(DetailResult {
+                key_blocks,
+                matches,
+            }),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Records that `pod` holds every prefix of `key` under `model`.

@@ -151,6 +151,11 @@ pub(crate) struct GroupTable {
 /// from outside may not hold it ([`crate::PodError::Reserved`]).
 pub(crate) const HIDDEN_MARK: char = '\0';
 
+/// The lane and hidden-pod index of a pod's lower cache tiers
+/// (`crate::detail`): past every group index an engine may name
+/// (`max_engine_groups` is at most 64).
+pub(crate) const LOWER: u32 = 64;
+
 /// The name of the hidden pod holding group `idx` of `pod`.
 pub(crate) fn hidden_name(pod: &str, idx: u32) -> String {
     format!("{pod}{HIDDEN_MARK}{idx}")

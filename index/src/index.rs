@@ -279,6 +279,18 @@ impl Index {
     }
 }
 
+impl<'a> Reader<'a> {
+    /// The index read.
+    pub(crate) fn index(&self) -> &'a Index {
+        self.index
+    }
+
+    /// The pin the reader holds.
+    pub(crate) fn pin(&self) -> &Pin {
+        &self.pin
+    }
+}
+
 impl Reader<'_> {
     /// For every live pod (or only `candidates`) holding at least one block of
     /// `key` under `model`, its matched leading blocks. Unknown models and

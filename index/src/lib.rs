@@ -107,6 +107,7 @@
 
 mod children;
 pub mod config;
+mod detail;
 pub mod engine;
 pub mod error;
 mod groups;
@@ -128,6 +129,7 @@ mod walk;
 mod loom_tests;
 
 pub use config::IndexConfig;
+pub use detail::{DetailMatch, Detailed, View};
 pub use engine::{Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED};
 pub use error::{EngineError, InsertError, PodError};
 pub use groups::{Group, GroupKind};

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use crate::config::IndexConfig;
+use crate::detail::StateMap;
 use crate::groups::GroupTable;
 use crate::pods::Pods;
 use crate::reclaim::{Epoch, Published};
@@ -30,6 +31,11 @@ pub(crate) struct Shared {
     /// new group (control-plane rate), read by lookups under a pin.
     pub(crate) groups: Published<GroupMap>,
     pub(crate) groups_writer: Mutex<()>,
+    /// Engine-fed pods' views and lower tiers (`crate::detail`), replaced
+    /// copy-on-write under `states_writer` when one changes, read by
+    /// detailed lookups under a pin.
+    pub(crate) states: Published<StateMap>,
+    pub(crate) states_writer: Mutex<()>,
 }
 
 impl Shared {
@@ -42,6 +48,8 @@ impl Shared {
             epoch: Epoch::default(),
             groups: Published::new(Box::default()),
             groups_writer: Mutex::new(()),
+            states: Published::new(Box::default()),
+            states_writer: Mutex::new(()),
             cfg,
         }
     }

@@ -251,6 +251,19 @@ impl Tree {
             .collect()
     }
 
+    /// The nodes on `key`'s path, each with the depth its edge ends at.
+    pub(crate) fn path<'g>(
+        &'g self,
+        sh: &Shared,
+        key: &[u64],
+        pin: &'g Pin,
+    ) -> SmallVec<[(NodeRef<'g>, u32); 16]> {
+        Path::new(self.root(pin), key, sh.seed)
+            // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
+            .map(|(node, depth)| (node, depth as u32))
+            .collect()
+    }
+
     /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
     /// with its matched length, sorted by length descending then pod name.
     /// One walk; no store to shared memory; no lock; no retry. `candidates`
@@ -265,11 +278,7 @@ impl Tree {
         out: &mut Vec<Match>,
     ) {
         let first_match = out.len();
-        let mut path: SmallVec<[(NodeRef<'_>, u32); 16]> = SmallVec::new();
-        for (node, depth) in Path::new(self.root(pin), key, sh.seed) {
-            // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
-            path.push((node, depth as u32));
-        }
+        let path = self.path(sh, key, pin);
         // Deepest first: a pod's answer is the deepest node where it is visible,
         // so answers come out by blocks descending, one node's pods at a time.
         // Within a node they are ordered by name rank through a bitmap: no

@@ -57,6 +57,7 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::Unsubscribe => (Method::POST, "/v1/unsubscribe"),
         OpKind::ListEngines => (Method::GET, "/v1/engines"),
         OpKind::SampleKeys => (Method::POST, "/v1/sample-keys"),
+        OpKind::LookupDetail => (Method::POST, "/v1/lookup-detail"),
     }
 }
 

@@ -25,11 +25,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
+use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats, View};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, Reply, Request, Response,
-    ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, PodDetail, PodView, Reply,
+    Request, Response, ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -207,6 +207,25 @@ impl<'r> Hits<'r> {
     }
 }
 
+/// A lookup's candidate names, borrowed.
+fn names(candidates: &Option<Vec<String>>) -> Option<SmallVec<[&str; 16]>> {
+    candidates
+        .as_ref()
+        .map(|c| c.iter().map(String::as_str).collect())
+}
+
+/// A view as the protocol carries it.
+fn wire_view(view: View) -> PodView {
+    match view {
+        View::Gateway => PodView::Gateway,
+        View::Exact => PodView::Exact,
+        View::Learning => PodView::Learning,
+        View::Replaying => PodView::Replaying,
+        View::Disconnected => PodView::Disconnected,
+        View::Speculative => PodView::Speculative,
+    }
+}
+
 /// The refusal of an op the client may not do, if it may not.
 fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
     match access {
@@ -278,9 +297,7 @@ impl Handler {
                 key,
                 candidates,
             } => {
-                let names: Option<SmallVec<[&str; 16]>> = candidates
-                    .as_ref()
-                    .map(|c| c.iter().map(String::as_str).collect());
+                let names = names(candidates);
                 scratch.clear();
                 let (key_blocks, known) =
                     reader.lookup_model_into(model, key, names.as_deref(), now, scratch);
@@ -315,6 +332,30 @@ impl Handler {
             Op::Subscribe(sub) => self.with_engines(|e| subscribe(e, sub)),
             Op::Unsubscribe { pod } => self.with_engines(|e| Reply::Removed(e.unsubscribe(pod))),
             Op::ListEngines => self.with_engines(list_engines),
+            Op::LookupDetail {
+                model,
+                key,
+                candidates,
+            } => {
+                let names = names(candidates);
+                let found = reader.lookup_detail(model, key, names.as_deref(), now);
+                let matches = found
+                    .matches
+                    .iter()
+                    .filter_map(|m| {
+                        Some(PodDetail {
+                            pod: reader.pod_name(m.pod)?.into(),
+                            blocks: m.blocks,
+                            lower_blocks: m.lower,
+                            view: wire_view(m.view),
+                        })
+                    })
+                    .collect();
+                Reply::Detail {
+                    key_blocks: found.key_blocks,
+                    matches,
+                }
+            }
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
                 // Keys of up to `max-key-blocks` each: stop within a

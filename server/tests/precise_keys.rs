@@ -23,6 +23,10 @@
 //! Hybrid models: a full-attention group and a sliding-window group (32
 //! tokens) each store the 10 blocks; the window group then evicts blocks 8
 //! and 9. vLLM's coordinator reuses 8.
+//!
+//! Tiers and views: a subscription that follows the CPU tier answers a
+//! detailed lookup with the GPU's match and the CPU's run after it; a gap
+//! with no replay makes the pod's view "learning".
 
 use prefix_testkit::server as common;
 
@@ -31,6 +35,7 @@ use std::path::Path;
 use prefix_client::Client;
 use prefix_events::{encode_batch, Batch, Event, Stored};
 use prefix_proto::key::{Identity, MmItem};
+use prefix_proto::PodView;
 use prefix_server::Subscription;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -124,6 +129,17 @@ fn subscription(pod: &str, publisher: &Publisher) -> Subscription {
         topic: TOPIC.into(),
         media: vec!["GPU".into()],
     }
+}
+
+/// An HTTPS client that trusts the server's certificate at `ca`.
+fn https(ca: &Path) -> reqwest::Client {
+    let root = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(root)
+        .use_rustls_tls()
+        .build()
+        .unwrap()
 }
 
 /// Blocks `pod` matches for `tokens` with `identity` under `model`.
@@ -281,6 +297,126 @@ async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
     server.shutdown().await;
 }
 
+/// One store or removal of `tier`, blocks `range` of the chain.
+fn tier_event(
+    hashes: &[u64],
+    tokens: &[u32],
+    range: std::ops::Range<usize>,
+    medium: &str,
+    store: bool,
+) -> Event {
+    match store {
+        true => Event::Stored(Stored {
+            hashes: hashes[range.clone()].to_vec(),
+            parent: range.start.checked_sub(1).map(|i| hashes[i]),
+            tokens: tokens[range.start * BLOCK..range.end * BLOCK].to_vec(),
+            block_size: BLOCK as u32,
+            medium: Some(medium.into()),
+            ..Stored::default()
+        }),
+        false => Event::Removed(prefix_events::Removed {
+            hashes: hashes[range].iter().rev().copied().collect(),
+            medium: Some(medium.into()),
+            group: None,
+        }),
+    }
+}
+
+fn payload(events: Vec<Event>) -> Vec<u8> {
+    encode_batch(&Batch {
+        ts: 1.8e9,
+        events,
+        data_parallel_rank: Some(0),
+        unknown_events: 0,
+        bad: None,
+    })
+}
+
+/// A pod whose subscription follows the CPU tier: its detailed answer is
+/// the GPU's match and the CPU's run after it, its view exact; a gap with
+/// no replay makes it learn again, and says so, over QUIC, HTTP and in the
+/// metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() {
+    let ctx = zmq::Context::new();
+    let engine = Publisher::bind(&ctx);
+    let sub = Subscription {
+        media: vec!["GPU".into(), "CPU".into()],
+        ..subscription("tiered", &engine)
+    };
+    let server = common::start(|cfg| {
+        cfg.engines.subscriptions = vec![sub];
+        cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let client = server.client().await;
+    let tokens: Vec<u32> = (0..(10 * BLOCK) as u32).map(|i| i * 7 % 50_000).collect();
+    let hashes = engine_sim::chain_hashes(&tokens, BLOCK);
+    let key = prefix_proto::key::token_key(&tokens, BLOCK);
+    let detail = async || {
+        let found = client.lookup_detail("m", &key, None).await.unwrap();
+        found
+            .matches
+            .iter()
+            .map(|m| (m.pod.to_string(), m.blocks, m.lower_blocks, m.view))
+            .collect::<Vec<_>>()
+    };
+    let row = |blocks, lower, view| vec![("tiered".to_string(), blocks, lower, view)];
+    engine.publish_when_subscribed(&payload(vec![
+        tier_event(&hashes, &tokens, 0..10, "GPU", true),
+        tier_event(&hashes, &tokens, 0..10, "CPU", true),
+    ]));
+    common::eventually("both tiers are held", async || {
+        detail().await == row(10, 0, PodView::Exact)
+    })
+    .await;
+    engine.publish(
+        1,
+        &payload(vec![tier_event(&hashes, &tokens, 6..10, "GPU", false)]),
+    );
+    common::eventually("the GPU's eviction is seen", async || {
+        detail().await == row(6, 4, PodView::Exact)
+    })
+    .await;
+    // The plain lookup answers the GPU alone.
+    let plain = client.lookup("m", &key, None).await.unwrap();
+    assert_eq!(plain.matches[0].blocks, 6);
+    // Batch 2 is lost, and there is no replay: the pod is cleared and
+    // learns again from batch 3.
+    engine.publish(
+        3,
+        &payload(vec![tier_event(&hashes, &tokens, 0..4, "GPU", true)]),
+    );
+    common::eventually("the pod learns again", async || {
+        detail().await == row(4, 0, PodView::Learning)
+    })
+    .await;
+    let api = server.api_addr.expect("the API is on");
+    let http = https(&server.ca);
+    let body = json!({"model": "m", "tokens": tokens});
+    let text = http
+        .post(format!("https://localhost:{}/v1/lookup-detail", api.port()))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        answer["matches"],
+        json!([{"pod": "tiered", "blocks": 4, "lower_blocks": 0, "view": "learning"}]),
+        "{answer}"
+    );
+    let metrics = server.metrics_addr.unwrap();
+    let view = |v: &str| format!("prefix_index_engine_view{{pod=\"tiered\",view=\"{v}\"}}");
+    assert_eq!(common::metric(metrics, &view("learning")).await, 1.0);
+    assert_eq!(common::metric(metrics, &view("exact")).await, 0.0);
+    client.close().await;
+    server.shutdown().await;
+}
+
 /// An engine holds a 128,000-token prompt, stored as vLLM stores a long
 /// prefill: 512 blocks an event, each under the last. A gateway's lookup of
 /// it answers 8,000 blocks with the default key limit, over QUIC and over
@@ -325,13 +461,7 @@ async fn a_long_prompt_an_engine_holds_is_answered_whole() {
     })
     .await;
     let api = server.api_addr.expect("the API is on");
-    let root = reqwest::Certificate::from_pem(&std::fs::read(&server.ca).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(root)
-        .use_rustls_tls()
-        .build()
-        .unwrap();
+    let http = https(&server.ca);
     let body = json!({"model": "m", "tokens": tokens, "candidates": ["long"]});
     let text = http
         .post(format!("https://localhost:{}/v1/lookup", api.port()))

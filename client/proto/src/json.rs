@@ -33,7 +33,7 @@ use thiserror::Error;
 
 use crate::error::ErrorCode;
 use crate::key;
-use crate::message::{EngineState, EngineSub, Op, OpKind, Reply, Request, WireStats};
+use crate::message::{EngineState, EngineSub, Op, OpKind, PodDetail, Reply, Request, WireStats};
 
 /// How text and token ids become block hashes; every gateway of a model
 /// must agree on these.
@@ -270,6 +270,21 @@ pub enum JsonOp {
         #[cfg_attr(feature = "clap", arg(long, default_value_t = 0))]
         seed: u64,
     },
+    /// As lookup, each pod with the blocks a lower cache tier holds after
+    /// its match and how far its answer can be trusted.
+    LookupDetail {
+        /// Model name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        key: KeySource,
+        /// Only these pods (comma-separated on the command line).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+        candidates: Option<Vec<String>>,
+    },
 }
 
 /// Why a JSON body or line is not an operation. Answered with
@@ -293,7 +308,7 @@ impl JsonError {
 /// refuses others, which serde cannot do for objects with flattened parts.
 pub fn fields(kind: OpKind) -> &'static [&'static str] {
     match kind {
-        OpKind::Lookup => &[
+        OpKind::Lookup | OpKind::LookupDetail => &[
             "model",
             "text",
             "tokens",
@@ -348,6 +363,7 @@ impl JsonOp {
             JsonOp::Unsubscribe { .. } => OpKind::Unsubscribe,
             JsonOp::ListEngines => OpKind::ListEngines,
             JsonOp::SampleKeys { .. } => OpKind::SampleKeys,
+            JsonOp::LookupDetail { .. } => OpKind::LookupDetail,
         }
     }
 
@@ -416,6 +432,15 @@ impl JsonOp {
                 key: key.into_key(opts)?,
                 candidates,
             },
+            JsonOp::LookupDetail {
+                model,
+                key,
+                candidates,
+            } => Op::LookupDetail {
+                model,
+                key: key.into_key(opts)?,
+                candidates,
+            },
             other => other.to_op(opts)?,
         })
     }
@@ -450,6 +475,15 @@ impl JsonOp {
             JsonOp::SampleKeys { count, seed } => Op::SampleKeys {
                 count: *count,
                 seed: *seed,
+            },
+            JsonOp::LookupDetail {
+                model,
+                key,
+                candidates,
+            } => Op::LookupDetail {
+                model: model.clone(),
+                key: key.key(opts)?,
+                candidates: candidates.clone(),
             },
         })
     }
@@ -609,6 +643,11 @@ impl Fields {
                     .ok_or_else(|| JsonError::new("sample_keys: missing field `count`"))?,
                 seed: self.seed.unwrap_or_default(),
             },
+            OpKind::LookupDetail => JsonOp::LookupDetail {
+                model: need(self.model, "model")?,
+                key,
+                candidates: self.candidates,
+            },
         })
     }
 }
@@ -628,6 +667,8 @@ fn op_names() -> String {
 /// - stats: the index's counts; list_engines: `"engines"`, one object per
 ///   subscription, its fields then its state;
 /// - sample_keys: `"keys"`, `[{"model":M,"hashes":[...]},...]`;
+/// - lookup_detail: as lookup, each match
+///   `{"pod":P,"blocks":K,"lower_blocks":L,"view":V}` ([`crate::PodView::name`]);
 /// - insert, set_pod_capacity, subscribe, ping: nothing more.
 pub fn reply_json(reply: &Reply) -> Value {
     match reply {
@@ -655,8 +696,25 @@ pub fn reply_json(reply: &Reply) -> Value {
                 .collect();
             json!({ "ok": true, "keys": keys })
         }
+        Reply::Detail {
+            key_blocks,
+            matches,
+        } => {
+            let matches: Vec<Value> = matches.iter().map(detail_json).collect();
+            json!({ "ok": true, "key_blocks": key_blocks, "matches": matches })
+        }
         Reply::Error { code, message } => error_json(Some(*code), message),
     }
+}
+
+/// One pod of a detailed lookup's answer as JSON.
+pub fn detail_json(m: &PodDetail) -> Value {
+    json!({
+        "pod": m.pod.as_str(),
+        "blocks": m.blocks,
+        "lower_blocks": m.lower_blocks,
+        "view": m.view.name(),
+    })
 }
 
 /// Writes a JSON answer piece by piece, from borrowed data, as

@@ -54,7 +54,7 @@ pub use frame::{
 };
 pub use limits::{Limits, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, Reply, Request, Response,
-    SampledKey, SubscriptionError, WireStats, MAX_SAMPLE,
+    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodView, Reply,
+    Request, Response, SampledKey, SubscriptionError, Tier, WireStats, MAX_SAMPLE,
 };
 pub use pod_name::PodName;

@@ -111,6 +111,11 @@ impl Limits {
                 model,
                 key,
                 candidates,
+            }
+            | Op::LookupDetail {
+                model,
+                key,
+                candidates,
             } => {
                 self.check_name(model)?;
                 self.check_key(key)?;

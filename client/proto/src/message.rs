@@ -73,6 +73,17 @@ pub enum Op {
         /// Decides the picks.
         seed: u64,
     },
+    /// As [`Op::Lookup`], each pod's answer with the blocks a lower cache
+    /// tier holds after its match and how far it can be trusted
+    /// ([`PodDetail`]).
+    LookupDetail {
+        /// Model namespace.
+        model: String,
+        /// Block hashes.
+        key: Vec<u64>,
+        /// Only these pods, if given (a filter: unknown names are dropped).
+        candidates: Option<Vec<String>>,
+    },
 }
 
 /// Most keys one `SampleKeys` answers (more are not an error: the answer
@@ -210,11 +221,35 @@ impl EngineSub {
     /// Whether events of this medium are routed on (`None`: the engine did
     /// not say, as older vLLM versions do, which means the GPU).
     pub fn routes_medium(&self, medium: Option<&str>) -> bool {
+        self.tier(medium).is_some()
+    }
+
+    /// The tier events of this medium feed, if they are routed on: the
+    /// GPU's when the subscription lists it (else its first medium's) is
+    /// the pod's match; any other listed medium is a lower tier, counted
+    /// after it. `None` (the engine did not say) is the GPU.
+    pub fn tier(&self, medium: Option<&str>) -> Option<Tier> {
+        let primary = match self.media.iter().any(|m| m.eq_ignore_ascii_case("GPU")) {
+            true => "GPU",
+            false => self.media.first().map_or("GPU", String::as_str),
+        };
         match medium {
-            None => true,
-            Some(m) => self.media.iter().any(|x| x.eq_ignore_ascii_case(m)),
+            None => Some(Tier::Primary),
+            Some(m) if m.eq_ignore_ascii_case(primary) => Some(Tier::Primary),
+            Some(m) if self.media.iter().any(|x| x.eq_ignore_ascii_case(m)) => Some(Tier::Lower),
+            Some(_) => None,
         }
     }
+}
+
+/// Which of a pod's tiers an engine event of a routed medium feeds (see
+/// [`EngineSub::tier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The tier the pod's match is of (the GPU).
+    Primary,
+    /// A lower tier (CPU memory, storage): counted after the match.
+    Lower,
 }
 
 /// Why a subscription is refused as written: its text form does not parse,
@@ -364,6 +399,8 @@ pub enum OpKind {
     ListEngines,
     /// [`Op::SampleKeys`].
     SampleKeys,
+    /// [`Op::LookupDetail`].
+    LookupDetail,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -377,7 +414,7 @@ pub const SAMPLE_WEIGHT: usize = 256;
 
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 10] = [
+    pub const ALL: [OpKind; 11] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -388,6 +425,7 @@ impl OpKind {
         OpKind::Unsubscribe,
         OpKind::ListEngines,
         OpKind::SampleKeys,
+        OpKind::LookupDetail,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -404,6 +442,7 @@ impl OpKind {
             OpKind::Unsubscribe => "unsubscribe",
             OpKind::ListEngines => "list_engines",
             OpKind::SampleKeys => "sample_keys",
+            OpKind::LookupDetail => "lookup_detail",
         }
     }
 
@@ -420,7 +459,8 @@ impl OpKind {
             | OpKind::Stats
             | OpKind::Ping
             | OpKind::ListEngines
-            | OpKind::SampleKeys => false,
+            | OpKind::SampleKeys
+            | OpKind::LookupDetail => false,
         }
     }
 
@@ -444,17 +484,22 @@ impl Op {
             Op::Unsubscribe { .. } => OpKind::Unsubscribe,
             Op::ListEngines => OpKind::ListEngines,
             Op::SampleKeys { .. } => OpKind::SampleKeys,
+            Op::LookupDetail { .. } => OpKind::LookupDetail,
         }
     }
 
     /// How heavy it is to serve, in key blocks or their equivalent: a lookup
     /// walks its key and hashes each candidate name, an insert walks its key,
     /// a pod-table change (engine subscriptions included: they name or
-    /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`], a sample
+    /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`] (a detailed
+    /// lookup is weighed as a lookup), a sample
     /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), the rest 1.
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
+                key, candidates, ..
+            }
+            | Op::LookupDetail {
                 key, candidates, ..
             } => key.len() + candidates.as_ref().map_or(0, Vec::len),
             Op::Insert { key, .. } => key.len(),
@@ -499,6 +544,72 @@ pub struct PodBlocks {
     pub pod: PodName,
     /// Leading blocks of the key it holds (at least 1).
     pub blocks: u32,
+}
+
+/// One pod's answer to a detailed lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct PodDetail {
+    /// The pod (on the wire, a string).
+    pub pod: PodName,
+    /// Leading blocks of the key it holds, as a plain lookup answers (a
+    /// tiered pod's on the GPU); 0 when only a lower tier holds any.
+    pub blocks: u32,
+    /// The run of blocks right after those that a lower cache tier (CPU
+    /// memory, storage) holds: the engine reloads them rather than
+    /// computing them. 0 unless the pod's subscription follows lower tiers.
+    pub lower_blocks: u32,
+    /// How far the answer can be trusted.
+    pub view: PodView,
+}
+
+/// How far a pod's answer can be trusted right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum PodView {
+    /// Fed by gateways' inserts: what was routed there.
+    Gateway,
+    /// Engine-fed and followed event by event: the engine's cache.
+    Exact,
+    /// Engine-fed and learning again after events were lost with no replay
+    /// to fill them: the engine may hold blocks the answer lacks.
+    Learning,
+    /// A replay of missed events is running: the answer is behind.
+    Replaying,
+    /// The engine's event socket is not connected: its recent events are
+    /// not known.
+    Disconnected,
+    /// The match's last blocks rest on a gateway's insert the engine has
+    /// not confirmed yet.
+    Speculative,
+}
+
+impl PodView {
+    /// Every view, in wire order.
+    pub const ALL: [PodView; 6] = [
+        PodView::Gateway,
+        PodView::Exact,
+        PodView::Learning,
+        PodView::Replaying,
+        PodView::Disconnected,
+        PodView::Speculative,
+    ];
+
+    /// Its name in `snake_case` (JSON, the CLI, metrics).
+    pub const fn name(self) -> &'static str {
+        match self {
+            PodView::Gateway => "gateway",
+            PodView::Exact => "exact",
+            PodView::Learning => "learning",
+            PodView::Replaying => "replaying",
+            PodView::Disconnected => "disconnected",
+            PodView::Speculative => "speculative",
+        }
+    }
+
+    /// Whether the answer is the engine's cache as it is: only an exact
+    /// view is.
+    pub const fn is_exact(self) -> bool {
+        matches!(self, PodView::Exact)
+    }
 }
 
 /// Index statistics, as a `Stats` reply carries them.
@@ -561,6 +672,15 @@ pub enum Reply {
     Engines(Vec<EngineState>),
     /// Answer to `SampleKeys`.
     Keys(Vec<SampledKey>),
+    /// Answer to `LookupDetail`: the key's block count and every pod with
+    /// blocks on its GPU or a lower tier.
+    Detail {
+        /// Blocks in the key (the query's length).
+        key_blocks: u32,
+        /// As [`Reply::Lookup`]'s matches, in their order, then pods held
+        /// by a lower tier alone, by `lower_blocks` descending.
+        matches: Vec<PodDetail>,
+    },
 }
 
 /// A response payload: one reply per op of the request, in order.
@@ -603,7 +723,13 @@ mod tests {
                 count: 1000,
                 seed: 1,
             },
+            Op::LookupDetail {
+                model: "m".into(),
+                key: vec![1, 2, 3],
+                candidates: None,
+            },
         ];
+        assert_eq!(ops.len(), OpKind::ALL.len());
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(op.kind(), OpKind::ALL[i]);
             assert_eq!(op.kind().index(), i);
@@ -625,18 +751,30 @@ mod tests {
         let weights: Vec<_> = ops.iter().map(Op::weight).collect();
         // A sample is charged for at most MAX_SAMPLE keys.
         let sample = MAX_SAMPLE as usize * SAMPLE_WEIGHT;
-        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample]);
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4104 + sample);
+        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3]);
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4107 + sample);
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(
             names[6..],
-            ["subscribe", "unsubscribe", "list_engines", "sample_keys"]
+            [
+                "subscribe",
+                "unsubscribe",
+                "list_engines",
+                "sample_keys",
+                "lookup_detail"
+            ]
         );
         // New replies come after the old ones too.
         let engines = bincode::encode_to_vec(Reply::Engines(vec![]), bincode::config::standard());
         assert_eq!(engines.unwrap(), [6, 0]);
         let keys = bincode::encode_to_vec(Reply::Keys(vec![]), bincode::config::standard());
         assert_eq!(keys.unwrap(), [7, 0]);
+        let detail = Reply::Detail {
+            key_blocks: 0,
+            matches: vec![],
+        };
+        let detail = bincode::encode_to_vec(detail, bincode::config::standard());
+        assert_eq!(detail.unwrap(), [8, 0, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 
@@ -673,6 +811,20 @@ mod tests {
         assert!(sub.routes_medium(Some("gpu")));
         assert!(sub.routes_medium(None));
         assert!(!sub.routes_medium(Some("CPU")));
+        assert_eq!(sub.tier(Some("gpu")), Some(Tier::Primary));
+        let tiered = EngineSub {
+            media: vec!["CPU".into(), "GPU".into()],
+            ..sub.clone()
+        };
+        assert_eq!(tiered.tier(Some("GPU")), Some(Tier::Primary));
+        assert_eq!(tiered.tier(Some("cpu")), Some(Tier::Lower));
+        assert_eq!(tiered.tier(Some("DISK")), None);
+        let cpu_only = EngineSub {
+            media: vec!["CPU".into()],
+            ..sub.clone()
+        };
+        assert_eq!(cpu_only.tier(Some("CPU")), Some(Tier::Primary));
+        assert_eq!(cpu_only.tier(None), Some(Tier::Primary));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use counting_alloc::Counting;
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
     split_frame, EngineState, EngineStatus, EngineSub, FrameReader, Incoming, Kind, Limits, Op,
-    PodBlocks, Reply, Request, Response, WireError, HEADER_LEN,
+    PodBlocks, PodDetail, PodView, Reply, Request, Response, WireError, HEADER_LEN,
 };
 use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use proptest::prelude::*;
@@ -80,6 +80,16 @@ fn op() -> impl Strategy<Value = Op> {
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
         (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
+        (
+            name(),
+            prop::collection::vec(any::<u64>(), 0..40),
+            prop::option::of(prop::collection::vec(name(), 0..4))
+        )
+            .prop_map(|(model, key, candidates)| Op::LookupDetail {
+                model,
+                key,
+                candidates
+            }),
     ]
 }
 
@@ -169,6 +179,24 @@ fn reply() -> impl Strategy<Value = Reply> {
             0..3
         )
         .prop_map(Reply::Keys),
+        (
+            any::<u32>(),
+            prop::collection::vec((name(), any::<u32>(), any::<u32>(), 0..6usize), 0..5)
+        )
+            .prop_map(|(k, m)| {
+                Reply::Detail {
+                    key_blocks: k,
+                    matches: m
+                        .into_iter()
+                        .map(|(pod, blocks, lower_blocks, v)| PodDetail {
+                            pod: pod.into(),
+                            blocks,
+                            lower_blocks,
+                            view: PodView::ALL[v],
+                        })
+                        .collect(),
+                }
+            }),
     ]
 }
 

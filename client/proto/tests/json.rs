@@ -58,6 +58,16 @@ fn op() -> impl Strategy<Value = Op> {
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
         (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
+        (
+            name(),
+            prop::collection::vec(any::<u64>(), 0..40),
+            prop::option::of(prop::collection::vec(name(), 0..4))
+        )
+            .prop_map(|(model, key, candidates)| Op::LookupDetail {
+                model,
+                key,
+                candidates
+            }),
     ]
 }
 
@@ -65,6 +75,11 @@ fn op() -> impl Strategy<Value = Op> {
 fn to_json(op: &Op) -> Value {
     let mut v = match op {
         Op::Lookup {
+            model,
+            key,
+            candidates,
+        }
+        | Op::LookupDetail {
             model,
             key,
             candidates,

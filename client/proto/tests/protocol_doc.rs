@@ -90,7 +90,8 @@ fn the_documented_vectors_are_the_codecs_bytes() {
 #[test]
 fn the_documented_vectors_are_the_messages_they_describe() {
     use prefix_proto::{
-        EngineState, EngineStatus, EngineSub, Op, PodBlocks, Reply, Request, WireStats,
+        EngineState, EngineStatus, EngineSub, Op, PodBlocks, PodDetail, PodView, Reply, Request,
+        WireStats,
     };
     let req = |id, r: Request| {
         let mut b = Vec::new();
@@ -147,6 +148,26 @@ fn the_documented_vectors_are_the_messages_they_describe() {
                         blocks: 1,
                     },
                 ],
+            }),
+        ),
+        req(
+            9,
+            Request::One(Op::LookupDetail {
+                model: "m".into(),
+                key: vec![1, 300],
+                candidates: None,
+            }),
+        ),
+        resp(
+            9,
+            Response::One(Reply::Detail {
+                key_blocks: 2,
+                matches: vec![PodDetail {
+                    pod: "cpu".into(),
+                    blocks: 1,
+                    lower_blocks: 1,
+                    view: PodView::Exact,
+                }],
             }),
         ),
         req(

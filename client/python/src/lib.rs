@@ -25,7 +25,7 @@ use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::prelude::*;
 
 use route::{AnyIndex, AnyRoute};
-use types::{EngineState, LookupResult, Stats};
+use types::{DetailResult, EngineState, LookupResult, Stats};
 
 pyo3::create_exception!(
     prefix_index,
@@ -201,6 +201,19 @@ async fn lookup(
     found.map(LookupResult::from)
 }
 
+/// A detailed lookup: each pod with its lower-tier run and view.
+async fn lookup_detail(
+    ix: AnyIndex,
+    model: String,
+    key: Vec<u64>,
+    candidates: Option<Vec<String>>,
+) -> Result<DetailResult, ClientError> {
+    let found = ix
+        .lookup_detail(&model, &key, names(&candidates).as_deref())
+        .await;
+    found.map(DetailResult::from)
+}
+
 /// Lookups of several keys in one request (per server), answered in
 /// order; the first refused one fails the call.
 async fn lookup_many(
@@ -340,6 +353,31 @@ impl Index {
         let id = identity(cache_salt, mm_items, prompt_embeds);
         let key = key::token_key_with(&tokens, block_tokens, &id);
         awaitable(py, lookup(self.index()?, model, key, candidates))
+    }
+
+    /// As `lookup`, each pod with the run of blocks a lower cache tier
+    /// holds after its match and how far its answer can be trusted.
+    #[pyo3(signature = (model, key, candidates=None))]
+    fn lookup_detail(
+        &self,
+        py: Python<'_>,
+        model: String,
+        key: Vec<u64>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<DetailResult> {
+        block(py, lookup_detail(self.index()?, model, key, candidates))
+    }
+
+    /// Awaitable [`Index::lookup_detail`].
+    #[pyo3(signature = (model, key, candidates=None))]
+    fn lookup_detail_async<'py>(
+        &self,
+        py: Python<'py>,
+        model: String,
+        key: Vec<u64>,
+        candidates: Option<Vec<String>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        awaitable(py, lookup_detail(self.index()?, model, key, candidates))
     }
 
     /// Records that `pod` holds every prefix of `key`.
@@ -662,6 +700,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Client>()?;
     m.add_class::<Cluster>()?;
     m.add_class::<LookupResult>()?;
+    m.add_class::<DetailResult>()?;
     m.add_class::<Stats>()?;
     m.add_class::<EngineState>()?;
     m.add_function(wrap_pyfunction!(text_key, m)?)?;

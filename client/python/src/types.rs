@@ -1,8 +1,8 @@
 //! The answers a Python caller gets: a lookup's matches, statistics and an
 //! engine's state, each a frozen class over the client's own type.
 
-use prefix_client::wire::{self, PodBlocks, WireStats};
-use prefix_client::LookupResult as WireLookup;
+use prefix_client::wire::{self, PodBlocks, PodDetail, WireStats};
+use prefix_client::{DetailResult as WireDetail, LookupResult as WireLookup};
 use pyo3::prelude::*;
 
 /// The answer to a lookup.
@@ -34,6 +34,49 @@ impl From<WireLookup> for LookupResult {
                 .matches
                 .into_iter()
                 .map(|PodBlocks { pod, blocks }| (pod.as_str().to_owned(), blocks))
+                .collect(),
+        }
+    }
+}
+
+/// The answer to a detailed lookup.
+#[pyclass(frozen, get_all, module = "prefix_index")]
+#[derive(Debug, Clone)]
+pub struct DetailResult {
+    /// Blocks in the key the server looked up.
+    key_blocks: u32,
+    /// `(pod, blocks, lower_blocks, view)` for the lookup's pods in its
+    /// order, then pods held by a lower tier alone.
+    matches: Vec<(String, u32, u32, &'static str)>,
+}
+
+#[pymethods]
+impl DetailResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "DetailResult(key_blocks={}, matches={:?})",
+            self.key_blocks, self.matches
+        )
+    }
+}
+
+impl From<WireDetail> for DetailResult {
+    fn from(r: WireDetail) -> Self {
+        DetailResult {
+            key_blocks: r.key_blocks,
+            matches: r
+                .matches
+                .into_iter()
+                .map(
+                    |PodDetail {
+                         pod,
+                         blocks,
+                         lower_blocks,
+                         view,
+                     }| {
+                        (pod.as_str().to_owned(), blocks, lower_blocks, view.name())
+                    },
+                )
                 .collect(),
         }
     }

@@ -65,6 +65,12 @@ def test_blocking_calls(server):
     assert c.lookup("m", key, candidates=["pod-b", "nobody"]).matches == [("pod-b", 2)]
     assert c.lookup_tokens("m", list(range(70))).matches == [("pod-a", 4), ("pod-b", 2)]
     assert c.lookup("other", key).matches == []
+    # Pods fed by gateways' inserts: no lower tier, a gateway's view.
+    detail = c.lookup_detail("m", key)
+    assert (detail.key_blocks, detail.matches) == (
+        4,
+        [("pod-a", 4, 0, "gateway"), ("pod-b", 2, 0, "gateway")],
+    )
     many = c.lookup_many("m", [key, key[:1], [99]])
     assert [(r.key_blocks, r.matches) for r in many] == [
         (4, [("pod-a", 4), ("pod-b", 2)]),

@@ -75,7 +75,7 @@ func score(c *Client, model string, tokens []uint32, id Identity, candidates []s
 	if err != nil {
 		return nil, err
 	}
-	return Scores(l.KeyBlocks, l.Matches, candidates), nil
+	return Scores(l.KeyBlocks, l.Matches, candidates, LowerWeight), nil
 }
 
 // runDemo: pod-a holds the prompt's first 4 blocks (recorded as token ids,
@@ -115,7 +115,7 @@ func runDemo(c *Client, model string, candidates []string, block int) error {
 	if err != nil {
 		return err
 	}
-	if fmt.Sprint(Scores(byServer.KeyBlocks, byServer.Matches, candidates)) != fmt.Sprint(scores) {
+	if fmt.Sprint(Scores(byServer.KeyBlocks, byServer.Matches, candidates, LowerWeight)) != fmt.Sprint(scores) {
 		return fmt.Errorf("lookups by token ids and by this example's hashes differ")
 	}
 	tenant := Identity{CacheSalt: "tenant-a", MmItems: []MmItem{{"img-1", uint32(block + 3), uint32(2 * block)}}}
@@ -130,7 +130,7 @@ func runDemo(c *Client, model string, candidates []string, block int) error {
 	if err != nil {
 		return err
 	}
-	got := Scores(byServer.KeyBlocks, byServer.Matches, candidates)
+	got := Scores(byServer.KeyBlocks, byServer.Matches, candidates, LowerWeight)
 	if got[candidates[2]] != 1 || got[candidates[0]] != 0 || got[candidates[1]] != 0 {
 		return fmt.Errorf("a salted request with an image scored %v: this example's identity rule and the server's disagree", got)
 	}

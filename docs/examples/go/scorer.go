@@ -21,16 +21,29 @@ func TokenKey(tokens []uint32, blockTokens int) ([]uint64, error) {
 	return TokenKeyWith(tokens, blockTokens, Identity{})
 }
 
-// Match is one pod's answer to a lookup: its matched leading blocks.
+// Match is one pod's answer to a detailed lookup: its matched leading
+// blocks, the run after them that a lower cache tier (CPU memory, storage)
+// holds, and how far the answer can be trusted.
 type Match struct {
-	Pod    string `json:"pod"`
-	Blocks uint32 `json:"blocks"`
+	Pod         string `json:"pod"`
+	Blocks      uint32 `json:"blocks"`
+	LowerBlocks uint32 `json:"lower_blocks"`
+	View        string `json:"view"`
 }
+
+// LowerWeight is what a block a lower tier holds is worth beside one on
+// the GPU: the engine reloads it rather than computing it, which costs a
+// copy. 0.8 is llm-d's default for CPU memory (Dynamo weighs host memory
+// 0.75 and disk 0.25).
+const LowerWeight = 0.8
 
 // Scores turns a lookup's matches into scores in [0, 1], as the endpoint
 // pickers' prefix scorers do: the share of the prompt's blocks a pod
-// already holds. Candidates with no match score 0.
-func Scores(keyBlocks uint32, matches []Match, candidates []string) map[string]float64 {
+// already holds, a lower tier's blocks weighed by lowerWeight. A pod whose
+// view is not to be trusted right now (its engine's events are being
+// learnt again, replayed or not received) scores 0, so that the picker's
+// other scorers (load) decide for it. Candidates with no match score 0.
+func Scores(keyBlocks uint32, matches []Match, candidates []string, lowerWeight float64) map[string]float64 {
 	scores := make(map[string]float64, len(candidates))
 	for _, pod := range candidates {
 		scores[pod] = 0
@@ -39,9 +52,15 @@ func Scores(keyBlocks uint32, matches []Match, candidates []string) map[string]f
 		return scores
 	}
 	for _, m := range matches {
-		if _, ok := scores[m.Pod]; ok {
-			scores[m.Pod] = float64(m.Blocks) / float64(keyBlocks)
+		if _, ok := scores[m.Pod]; !ok {
+			continue
 		}
+		switch m.View {
+		case "learning", "replaying", "disconnected":
+			continue
+		}
+		held := float64(m.Blocks) + lowerWeight*float64(m.LowerBlocks)
+		scores[m.Pod] = held / float64(keyBlocks)
 	}
 	return scores
 }
@@ -135,10 +154,11 @@ type Lookup struct {
 	Matches   []Match `json:"matches"`
 }
 
-// LookupHashes asks which candidates hold leading blocks of key.
+// LookupHashes asks which candidates hold leading blocks of key, with
+// their lower tiers and views (a detailed lookup).
 func (c *Client) LookupHashes(model string, key []uint64, candidates []string) (Lookup, error) {
 	var l Lookup
-	err := c.call("/v1/lookup", map[string]any{"model": model, "hashes": key, "candidates": candidates}, &l)
+	err := c.call("/v1/lookup-detail", map[string]any{"model": model, "hashes": key, "candidates": candidates}, &l)
 	return l, err
 }
 
@@ -159,7 +179,7 @@ func (c *Client) LookupTokens(model string, tokens []uint32, id Identity, candid
 		body["prompt_embeds"] = digests
 	}
 	var l Lookup
-	err := c.call("/v1/lookup", body, &l)
+	err := c.call("/v1/lookup-detail", body, &l)
 	return l, err
 }
 

@@ -55,14 +55,21 @@ func TestTheProtocolDocsVectors(t *testing.T) {
 }
 
 func TestScoresArePrefixShares(t *testing.T) {
-	scores := Scores(4, []Match{{"a", 4}, {"b", 1}}, []string{"a", "b", "c"})
-	want := map[string]float64{"a": 1, "b": 0.25, "c": 0}
+	matches := []Match{
+		{"a", 4, 0, "gateway"},
+		{"b", 1, 0, "exact"},
+		{"c", 2, 2, "exact"},
+		{"d", 4, 0, "learning"},
+		{"e", 0, 4, "speculative"},
+	}
+	scores := Scores(4, matches, []string{"a", "b", "c", "d", "e", "f"}, 0.5)
+	want := map[string]float64{"a": 1, "b": 0.25, "c": 0.75, "d": 0, "e": 0.5, "f": 0}
 	for pod, s := range want {
 		if scores[pod] != s {
 			t.Errorf("%s: %v, want %v", pod, scores[pod], s)
 		}
 	}
-	if s := Scores(0, nil, []string{"a"}); s["a"] != 0 {
+	if s := Scores(0, nil, []string{"a"}, LowerWeight); s["a"] != 0 {
 		t.Errorf("an empty key scores 0, got %v", s["a"])
 	}
 }

@@ -4,7 +4,7 @@
 use super::store::Store;
 use super::{Applied, Engine, EngineOp, Ratio, Run};
 use crate::error::EngineError;
-use crate::groups::{Group, Rule};
+use crate::groups::{Group, Rule, LOWER};
 use crate::index::Index;
 
 /// Engine events of one pod being applied, as [`Index::batch`] starts it.
@@ -84,27 +84,12 @@ impl EngineBatch<'_> {
                 seeds,
             } => {
                 let per = engine.spec.engine_block as usize;
-                let whole = tokens.len() == hashes.len().saturating_mul(per);
                 // A ruled engine's group may skip blocks: fewer hashes
                 // than its tokens fill, never more.
                 let skipping = engine.ruled()
                     && tokens.len() % per.max(1) == 0
                     && tokens.len() > hashes.len().saturating_mul(per);
-                if !whole && !skipping {
-                    return Err(EngineError::TokenCount {
-                        tokens: tokens.len(),
-                        blocks: hashes.len(),
-                        block: engine.spec.engine_block,
-                    });
-                }
-                let expected = hashes.len().saturating_mul(engine.ratio.seeds_per_block());
-                if !seeds.is_empty() && seeds.len() != expected {
-                    return Err(EngineError::SeedCount {
-                        seeds: seeds.len(),
-                        blocks: hashes.len(),
-                        expected,
-                    });
-                }
+                engine.check_store(hashes, tokens, seeds, skipping)?;
                 // A store may hold again what the run removed, so the run
                 // goes first; the store's records change even if it fails.
                 let settled = index.settle(engine, pod);
@@ -134,6 +119,62 @@ impl EngineBatch<'_> {
         Ok(done)
     }
 
+    /// Applies one event of a lower cache tier that the subscription
+    /// follows (CPU memory, storage): its blocks' copies are held apart from
+    /// the GPU's, each block alone, and a detailed lookup counts the run of
+    /// them after a pod's match (`crate::detail`). A store may name blocks
+    /// without their token ids (vLLM's placeholders for blocks it offloaded
+    /// before it saw their metadata): they are found among the records by
+    /// hash, as a sliding window's skipped blocks are. A hybrid pod's lower
+    /// tiers are not modelled: their blocks are counted in
+    /// [`Applied::unmodelled`]. "Cleared" is the GPU's, as in
+    /// [`EngineBatch::apply`].
+    pub fn apply_lower(&mut self, model: &str, op: EngineOp<'_>) -> Result<Applied, EngineError> {
+        if let EngineOp::Cleared = op {
+            return self.apply(model, op);
+        }
+        let mut done = Applied::default();
+        let (index, engine, pod) = (self.index, &mut *self.engine, self.pod);
+        if engine.closed {
+            return Ok(done);
+        }
+        match op {
+            EngineOp::Cleared => {}
+            EngineOp::Stored { hashes, .. } if engine.ruled() => {
+                done.unmodelled += hashes.len() as u64;
+            }
+            EngineOp::Stored {
+                parent,
+                hashes,
+                tokens,
+                seeds,
+            } => {
+                // Placeholders name hashes alone.
+                engine.check_store(hashes, tokens, seeds, tokens.is_empty())?;
+                let settled = index.settle(engine, pod);
+                index.set_tiered(pod);
+                let store = Store {
+                    parent,
+                    hashes,
+                    tokens,
+                    seeds,
+                };
+                let stored = index.group_store(engine, pod, model, LOWER, store, &mut done);
+                done.released += settled?;
+                stored?;
+            }
+            EngineOp::Removed { hashes } if engine.ruled() => {
+                // Never held (see above).
+                done.unknown += hashes.len() as u64;
+            }
+            EngineOp::Removed { hashes } => {
+                done.released += index.settle(engine, pod)?;
+                index.group_remove(engine, pod, model, LOWER, hashes, &mut done)?;
+            }
+        }
+        Ok(done)
+    }
+
     /// Ends the batch: held removals go to the tree. Returns what that
     /// released.
     pub fn finish(mut self) -> Result<Applied, EngineError> {
@@ -155,6 +196,37 @@ impl Drop for EngineBatch<'_> {
         // Only naming the pod can fail (its id table is full), and the
         // pod's next event meets the same error and reports it.
         let _ = self.end();
+    }
+}
+
+impl Engine {
+    /// Checks a store's counts: token ids filling its blocks (or, where
+    /// `by_hash`, blocks to be found by hash), and a seed per block of ours
+    /// or none.
+    fn check_store(
+        &self,
+        hashes: &[u64],
+        tokens: &[u32],
+        seeds: &[u64],
+        by_hash: bool,
+    ) -> Result<(), EngineError> {
+        let per = self.spec.engine_block as usize;
+        if tokens.len() != hashes.len().saturating_mul(per) && !by_hash {
+            return Err(EngineError::TokenCount {
+                tokens: tokens.len(),
+                blocks: hashes.len(),
+                block: self.spec.engine_block,
+            });
+        }
+        let expected = hashes.len().saturating_mul(self.ratio.seeds_per_block());
+        if !seeds.is_empty() && seeds.len() != expected {
+            return Err(EngineError::SeedCount {
+                seeds: seeds.len(),
+                blocks: hashes.len(),
+                expected,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -26,7 +26,7 @@ use super::remove::removed_block;
 use super::store::Store;
 use super::{Applied, Engine, Lane, Ratio, PINNED};
 use crate::error::{EngineError, InsertError, PodError};
-use crate::groups::{hidden_name, Group, GroupKind, GroupTable, Rule};
+use crate::groups::{hidden_name, Group, GroupKind, GroupTable, Rule, LOWER};
 use crate::index::Index;
 use crate::pods::PodId;
 
@@ -156,9 +156,11 @@ impl Index {
         !map.is_empty() && map.contains_key(pod)
     }
 
-    /// Removes the hidden pods of `pod`'s groups (their entries go, as a
-    /// removed pod's do); the groups' next stores name them again.
+    /// Removes the hidden pods of `pod`'s groups and lower tiers (their
+    /// entries go, as a removed pod's do); their next stores name them
+    /// again.
     pub(crate) fn remove_hidden(&self, pod: &str) {
+        self.remove_lower(pod);
         let pin = self.pin();
         let Some(table) = self.sh.groups.get(&pin).get(pod) else {
             return;
@@ -432,8 +434,8 @@ impl Index {
         Ok(())
     }
 
-    /// Loads the copies of `pod`'s groups after the first under `model`
-    /// from a snapshot (its records restored first) and places them.
+    /// Loads the copies of `pod`'s groups after the first (and its lower
+    /// tiers') under `model` from a snapshot (its records restored first) and places them.
     pub(crate) fn restore_lanes(
         &self,
         engine: &mut Engine,
@@ -443,11 +445,16 @@ impl Index {
     ) -> Result<(), EngineError> {
         let max = self.sh.cfg.max_engine_groups.min(64);
         for (idx, blocks) in lanes {
-            if idx == 0
-                || idx >= max
-                || engine.groups.get(idx as usize).copied().flatten().is_none()
-            {
+            let known = match idx {
+                LOWER => true,
+                0 => false,
+                _ => idx < max && engine.groups.get(idx as usize).copied().flatten().is_some(),
+            };
+            if !known {
                 return Err(EngineError::Group { idx, max });
+            }
+            if idx == LOWER {
+                self.set_tiered(pod);
             }
             let Some(records) = engine.models.get_mut(model) else {
                 return match blocks.first() {

@@ -73,6 +73,7 @@ impl Index {
         self.close_engine(&mut engine);
         self.remove_pod(pod);
         self.forget_groups(pod, &mut engine);
+        self.forget_state(pod);
         true
     }
 

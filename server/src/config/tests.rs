@@ -176,6 +176,7 @@ fn everything_changed() -> ServerConfig {
             central_block_size: 64,
             token_block: 8,
             replay_timeout: Duration::from_secs(25),
+            learning_period: Duration::from_secs(77),
             max_held_batches: 26,
             max_held_bytes: 1 << 22,
             decode: prefix_events::DecodeLimits {

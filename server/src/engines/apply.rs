@@ -4,7 +4,9 @@
 //! (adapters are models of their own for routing), else the
 //! subscription's. Events about another tier than the GPU (`medium` of
 //! CPU or storage offloading) stay out of the routing view unless the
-//! subscription accepts that medium. A bad event (wrong block size, token
+//! subscription accepts that medium; an accepted lower tier's blocks are
+//! held apart from the GPU's, and detailed lookups count them after the
+//! match ([`prefix_index::EngineBatch::apply_lower`]). A bad event (wrong block size, token
 //! ids that do not fill its blocks, the record bound reached) is counted
 //! and skipped; the rest of the batch still applies. A store's blocks
 //! carry their identity (salt, multimodal items) as seeds
@@ -17,6 +19,7 @@ use prefix_index::{Applied, EngineError, EngineOp, Group, GroupKind, Index};
 use super::groups::group_of;
 use super::identity::{store_seeds, Identified};
 use super::Subscription;
+use prefix_proto::Tier;
 
 /// What applying one batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,9 +64,14 @@ pub fn apply_batch(
         let (medium, model, group, op) = match event {
             Event::Stored(s) => {
                 let group = group_of(s, sub.block_size);
+                // vLLM's lower-tier placeholders carry hashes alone (no
+                // tokens, block size 0): found among the records by hash.
+                let placeholder = s.tokens.is_empty()
+                    && s.block_size == 0
+                    && sub.tier(s.medium.as_deref()) == Some(Tier::Lower);
                 // A hybrid model's group of another block size is counted
                 // as not modelled (below); the first group's is refused.
-                if s.block_size != sub.block_size && group.idx == 0 {
+                if s.block_size != sub.block_size && group.idx == 0 && !placeholder {
                     out.refuse(format!(
                         "stored blocks of {} tokens on a subscription of {}-token blocks",
                         s.block_size, sub.block_size
@@ -99,11 +107,23 @@ pub fn apply_batch(
             }
             Event::Cleared => (None, &*sub.model, Group::PLAIN, EngineOp::Cleared),
         };
-        if !sub.routes_medium(medium) {
-            out.other_medium += 1;
-            continue;
-        }
-        match applying.apply_group(group, model, op) {
+        let applied = match sub.tier(medium) {
+            None => {
+                out.other_medium += 1;
+                continue;
+            }
+            Some(Tier::Primary) => applying.apply_group(group, model, op),
+            // Lower tiers are modelled for group 0 (see `docs/events.md`).
+            Some(Tier::Lower) if group.idx == 0 => applying.apply_lower(model, op),
+            Some(Tier::Lower) => {
+                if let EngineOp::Stored { hashes, .. } = op {
+                    out.applied.unmodelled += hashes.len() as u64;
+                }
+                out.events += 1;
+                continue;
+            }
+        };
+        match applied {
             Ok(done) => {
                 out.applied.add(&done);
                 out.events += 1;
@@ -244,5 +264,58 @@ mod tests {
         };
         assert_eq!(apply_batch(&index, &s, &engine, &batch).applied.removed, 1);
         assert!(index.lookup("sql-lora", &key, None, 0).is_empty());
+    }
+
+    #[test]
+    fn a_followed_lower_tier_is_counted_after_the_gpus_match() {
+        let index = Index::new(IndexConfig::default());
+        let s = Subscription {
+            media: vec!["GPU".into(), "CPU".into()],
+            ..sub()
+        };
+        let spec = EngineSpec {
+            engine_block: 16,
+            our_block: 16,
+            hash: hash_token_block_seeded,
+        };
+        let engine = index.engine(&s.pod, spec).unwrap();
+        let tokens: Vec<u32> = (0..64).collect();
+        let removed = |h: u64, medium: &str| {
+            Event::Removed(Removed {
+                hashes: [h].into(),
+                medium: Some(medium.into()),
+                group: None,
+            })
+        };
+        // vLLM's placeholder: hashes alone.
+        let placeholder = Event::Stored(Stored {
+            hashes: vec![4],
+            medium: Some("CPU".into()),
+            ..Default::default()
+        });
+        let batch = Batch {
+            ts: 0.0,
+            events: vec![
+                stored(vec![1, 2, 3, 4], None, tokens.clone(), None, "GPU"),
+                stored(vec![1, 2, 3], None, tokens[..48].to_vec(), None, "CPU"),
+                placeholder,
+                removed(4, "GPU"),
+                removed(3, "GPU"),
+                stored(vec![9], None, (100..116).collect(), None, "DISK"),
+            ],
+            data_parallel_rank: Some(0),
+            unknown_events: 0,
+            bad: None,
+        };
+        let out = apply_batch(&index, &s, &engine, &batch);
+        assert_eq!((out.events, out.other_medium, out.refused), (5, 1, 0));
+        let key = token_key(&tokens, 16);
+        assert_eq!(
+            index.lookup("base", &key, None, 0),
+            [("pod-0".to_string(), 2)]
+        );
+        let detail = index.reader().lookup_detail("base", &key, None, 0);
+        let m = detail.matches[0];
+        assert_eq!((m.blocks, m.lower), (2, 2));
     }
 }

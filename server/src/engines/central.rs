@@ -68,7 +68,15 @@ impl Collector {
         let mut actions = Vec::new();
         while !stop.is_cancelled() {
             match self.socket.poll(zmq::POLLIN, self.engines.cfg.poll_ms()) {
-                Ok(0) => continue,
+                Ok(0) => {
+                    // Views change with time too (a learning period ends).
+                    let period = self.engines.cfg.learning_period;
+                    for p in self.pods.values() {
+                        p.stats
+                            .publish_view(&self.engines.index, &p.sub.pod, period);
+                    }
+                    continue;
+                }
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!("engine collector: {e}");
@@ -163,10 +171,15 @@ impl Collector {
                 Action::Replay { .. } => {}
             }
         }
+        let period = self.engines.cfg.learning_period;
+        p.stats
+            .publish_view(&self.engines.index, &p.sub.pod, period);
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
         let (stats, sub, engine, gone) = self.engines.central_pod(pod, model)?;
+        // Its follower does not resume from a snapshot's last batch.
+        stats.following(false);
         Some(Pod {
             sub,
             engine,

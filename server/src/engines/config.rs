@@ -69,6 +69,12 @@ pub struct EngineSettings {
     /// the shutdown and a replay's deadline.
     #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
     pub engine_poll: Option<HumanDuration>,
+    /// How long an engine-fed pod reports its view as "learning" after a
+    /// resync (or after joining a running engine) when nothing proves it
+    /// exact sooner: an estimate of how long the engine's cache takes to
+    /// turn over.
+    #[arg(long, env = "PREFIX_INDEX_LEARNING_PERIOD")]
+    pub learning_period: Option<HumanDuration>,
 }
 
 /// Precise mode's configuration (see `ServerConfig::engines`).
@@ -108,6 +114,9 @@ pub struct EngineConfig {
     /// How long an engine's thread waits for a message before it looks at
     /// the shutdown and its replay's deadline again.
     pub poll: Duration,
+    /// How long a pod's view stays "learning" when nothing proves it exact
+    /// sooner (`super::view`).
+    pub learning_period: Duration,
 }
 
 impl Default for EngineConfig {
@@ -141,6 +150,10 @@ impl Default for EngineConfig {
             // and a replay's deadline is kept to within it; more often costs
             // wake-ups on every idle engine.
             poll: Duration::from_millis(100),
+            // A busy engine's GPU cache (tens of thousands of blocks)
+            // turns over within minutes; an idle one's may not, and its
+            // pods then answer short of what it holds, never more.
+            learning_period: Duration::from_secs(300),
         }
     }
 }
@@ -254,6 +267,7 @@ impl EngineSettings {
             max_message_bytes: self.max_event_bytes.unwrap_or(d.max_message_bytes),
             max_queued_messages: self.max_queued_events.unwrap_or(d.max_queued_messages),
             poll: duration(self.engine_poll, d.poll),
+            learning_period: duration(self.learning_period, d.learning_period),
         })
     }
 }
@@ -276,6 +290,7 @@ impl From<&EngineConfig> for EngineSettings {
             max_event_bytes: Some(c.max_message_bytes),
             max_queued_events: Some(c.max_queued_messages),
             engine_poll: Some(HumanDuration(c.poll)),
+            learning_period: Some(HumanDuration(c.learning_period)),
         }
     }
 }

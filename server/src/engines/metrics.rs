@@ -13,6 +13,7 @@ use prometheus_client::registry::Unit;
 
 use super::{Engines, SubStats};
 use prefix_events::follow::Resync;
+use prefix_index::View;
 
 /// The server's engine subscriptions, once they exist (metrics are made
 /// before them).
@@ -31,6 +32,12 @@ struct Pod {
 struct PodReason {
     pod: String,
     reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct PodView {
+    pod: String,
+    view: &'static str,
 }
 
 type Read = fn(&SubStats) -> u64;
@@ -181,6 +188,29 @@ impl Collector for EngineCollector {
             // Relaxed: a statistic.
             let lag = stats.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0;
             ConstGauge::new(lag).encode(family.encode_family(&Pod { pod: pod.clone() })?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "engine_view",
+            "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected), 0 for the others",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        const VIEWS: [View; 4] = [
+            View::Exact,
+            View::Learning,
+            View::Replaying,
+            View::Disconnected,
+        ];
+        for (pod, stats) in &all {
+            let now = stats.view();
+            for view in VIEWS {
+                let labels = PodView {
+                    pod: pod.clone(),
+                    view: view.label(),
+                };
+                let on = i64::from(now == Some(view));
+                ConstGauge::new(on).encode(family.encode_family(&labels)?)?;
+            }
         }
         Ok(())
     }

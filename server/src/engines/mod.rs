@@ -27,6 +27,7 @@ pub mod metrics;
 mod model_tests;
 mod stats;
 mod task;
+mod view;
 pub(crate) mod wire;
 
 use std::collections::BTreeMap;

@@ -5,15 +5,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prefix_index::Applied;
+use prefix_index::{Applied, Index, View};
 use prefix_proto::EngineStatus;
 
 use super::apply::Outcome;
+use super::view::ViewTracker;
 use prefix_events::follow::Resync;
 
 /// One subscription's counters. Every access is `Relaxed`: they are
 /// statistics, read independently, never used to order other memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SubStats {
     /// Whether the PUB socket is connected (the central collector: whether
     /// the pod's last message came within the idle period).
@@ -60,8 +61,41 @@ pub struct SubStats {
     pub lag_ms: AtomicI64,
     /// The latest problem, in words.
     last_error: Mutex<Option<String>>,
+    /// How far the pod's answers can be trusted (`super::view`).
+    view: Mutex<ViewTracker>,
     /// When each kind of problem was last logged.
     logged: Mutex<[Option<Instant>; 4]>,
+}
+
+impl Default for SubStats {
+    fn default() -> Self {
+        SubStats {
+            connected: AtomicBool::default(),
+            batches: AtomicU64::default(),
+            events: AtomicU64::default(),
+            blocks_stored: AtomicU64::default(),
+            blocks_removed: AtomicU64::default(),
+            unknown_removed: AtomicU64::default(),
+            orphaned: AtomicU64::default(),
+            too_deep: AtomicU64::default(),
+            refused: AtomicU64::default(),
+            other_medium: AtomicU64::default(),
+            unknown_events: AtomicU64::default(),
+            identity_blocks: AtomicU64::default(),
+            untold_blocks: AtomicU64::default(),
+            unmodelled_blocks: AtomicU64::default(),
+            unresolved_blocks: AtomicU64::default(),
+            decode_errors: AtomicU64::default(),
+            gaps: AtomicU64::default(),
+            replays: AtomicU64::default(),
+            resyncs: Default::default(),
+            last_seq: AtomicU64::default(),
+            lag_ms: AtomicI64::default(),
+            last_error: Mutex::default(),
+            view: Mutex::new(ViewTracker::new(Instant::now(), false)),
+            logged: Mutex::default(),
+        }
+    }
 }
 
 /// Kinds of problems whose logs are rate-limited apart.
@@ -108,6 +142,7 @@ impl SubStats {
         add(&self.untold_blocks, out.identity.untold);
         add(&self.unmodelled_blocks, a.unmodelled);
         add(&self.unresolved_blocks, a.unresolved);
+        self.view.lock().applied(seq, a.cleared > 0, Instant::now());
         // Relaxed: statistics.
         self.last_seq
             .store(seq.saturating_add(1), Ordering::Relaxed);
@@ -116,6 +151,7 @@ impl SubStats {
 
     /// Counts a resync.
     pub fn resynced(&self, why: Resync) {
+        self.view.lock().resynced(Instant::now());
         if let Some(i) = Resync::LABELS.iter().position(|l| *l == why.label()) {
             add(&self.resyncs[i], 1);
         }
@@ -168,6 +204,32 @@ impl SubStats {
     pub fn set_connected(&self, up: bool) {
         // Relaxed: a statistic.
         self.connected.store(up, Ordering::Relaxed);
+        self.view.lock().set_connected(up);
+    }
+
+    /// Starts following: whether the pod's blocks were restored from a
+    /// snapshot that holds its last batch.
+    pub fn following(&self, restored: bool) {
+        *self.view.lock() = ViewTracker::new(Instant::now(), restored);
+    }
+
+    /// Sets whether a replay runs.
+    pub fn set_replaying(&self, on: bool) {
+        self.view.lock().set_replaying(on);
+    }
+
+    /// Gives `pod`'s view to `index` if it changed (learning lasting at
+    /// most `period`).
+    pub fn publish_view(&self, index: &Index, pod: &str, period: Duration) {
+        let changed = self.view.lock().changed(Instant::now(), period);
+        if let Some(view) = changed {
+            index.set_view(pod, view);
+        }
+    }
+
+    /// The view last given to the index.
+    pub fn view(&self) -> Option<View> {
+        self.view.lock().published()
     }
 
     /// What the follower has seen, for listing.

@@ -48,6 +48,11 @@ impl Task {
     /// Runs until `stop` is cancelled; socket errors restart the session
     /// after a pause.
     pub(super) fn run(self, stop: CancellationToken) {
+        // A pod restored from a snapshot resumes from its last batch.
+        let restored = self.engine.lock().last_batch().is_some();
+        self.stats.following(restored);
+        self.stats
+            .publish_view(&self.index, &self.sub.pod, self.cfg.learning_period);
         while !stop.is_cancelled() {
             if let Err(e) = self.session(&stop) {
                 let what = format!("engine socket error: {e}");
@@ -211,6 +216,9 @@ impl Task {
                 dealer = self.dealer()?;
                 self.act(&mut follower, &mut actions, dealer.as_ref(), &mut deadline);
             }
+            self.stats.set_replaying(follower.replaying());
+            self.stats
+                .publish_view(&self.index, &self.sub.pod, self.cfg.learning_period);
         }
         Ok(())
     }

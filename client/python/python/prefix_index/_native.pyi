@@ -33,6 +33,17 @@ class LookupResult:
     """``(pod, blocks)`` for every pod holding at least one leading block,
     by blocks descending, then pod name."""
 
+class DetailResult:
+    key_blocks: int
+    """Blocks in the key the server looked up."""
+    matches: list[Tuple[str, int, int, str]]
+    """``(pod, blocks, lower_blocks, view)`` for the lookup's pods in its
+    order, then pods held by a lower cache tier alone: ``lower_blocks`` is
+    the run after ``blocks`` that a lower tier (CPU memory, storage) holds,
+    ``view`` how far the answer can be trusted (``"gateway"``,
+    ``"exact"``, ``"learning"``, ``"replaying"``, ``"disconnected"``,
+    ``"speculative"``)."""
+
 class Stats:
     models: int
     pods: int
@@ -70,6 +81,12 @@ class Index:
     def lookup_async(
         self, model: str, key: Sequence[int], candidates: Optional[Sequence[str]] = None
     ) -> Awaitable[LookupResult]: ...
+    def lookup_detail(
+        self, model: str, key: Sequence[int], candidates: Optional[Sequence[str]] = None
+    ) -> DetailResult: ...
+    def lookup_detail_async(
+        self, model: str, key: Sequence[int], candidates: Optional[Sequence[str]] = None
+    ) -> Awaitable[DetailResult]: ...
     def lookup_many(
         self,
         model: str,

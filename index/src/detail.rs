@@ -1,0 +1,312 @@
+//! Detailed answers: for each pod, besides its match, the blocks a lower
+//! cache tier holds right after it, and how far the answer can be trusted.
+//!
+//! The plain lookup answers what a gateway routes on most of the time and
+//! stays as lean as it is; a detailed lookup runs it, then walks the key's
+//! path once more for what only engine-fed pods have:
+//! - **lower tiers**: an engine that offloads blocks to CPU memory or
+//!   storage (vLLM's offloading connector, `medium` `CPU`) reloads, after
+//!   the blocks its GPU holds, the run of following blocks a lower tier
+//!   holds. A subscription that follows lower tiers holds their blocks
+//!   apart, as a hidden pod of each tiered pod (`{pod}\0` and
+//!   [`LOWER`]), each block alone; the answer counts that run.
+//! - **views**: the follower of each engine says whether the pod's blocks
+//!   are the engine's cache event by event, or not right now (learning
+//!   again after a resync, replaying, disconnected); a match that rests on
+//!   a gateway's insert the engine has not confirmed says so too.
+
+use std::collections::HashMap;
+
+use crate::engine::PINNED;
+use crate::groups::{hidden_name, LOWER};
+use crate::index::{Index, Reader};
+use crate::node_ref::NodeRef;
+use crate::pods::PodId;
+use crate::reclaim::Pin;
+use crate::shared::Shared;
+use crate::tree::Match;
+
+/// How far a pod's answer can be trusted right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum View {
+    /// Fed by gateways' inserts: what was routed there, not what the
+    /// engine says it holds.
+    Gateway,
+    /// Engine-fed and followed event by event: the engine's cache.
+    Exact,
+    /// Engine-fed and learning again from the live stream after events
+    /// were lost with no replay to fill them (a gap, an engine restart seen
+    /// late, a replay that failed): the engine may hold blocks the index
+    /// does not know, so the match may be short.
+    Learning,
+    /// A replay of missed events is running: the index is behind the
+    /// engine.
+    Replaying,
+    /// The engine's event socket is not connected: its events since are
+    /// not known.
+    Disconnected,
+    /// The match's last blocks rest on a gateway's insert the engine has not
+    /// confirmed (the speculative TTL): the engine may not be computing them.
+    Speculative,
+}
+
+impl View {
+    /// Every view, in the order of their codes.
+    pub const ALL: [View; 6] = [
+        View::Gateway,
+        View::Exact,
+        View::Learning,
+        View::Replaying,
+        View::Disconnected,
+        View::Speculative,
+    ];
+
+    /// A short label (metrics, JSON).
+    pub fn label(self) -> &'static str {
+        match self {
+            View::Gateway => "gateway",
+            View::Exact => "exact",
+            View::Learning => "learning",
+            View::Replaying => "replaying",
+            View::Disconnected => "disconnected",
+            View::Speculative => "speculative",
+        }
+    }
+}
+
+/// What an engine-fed pod's follower and its lower tiers tell lookups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct PodState {
+    /// The follower's view; `None` until it says (taken as exact).
+    view: Option<View>,
+    /// Whether a lower tier holds blocks of the pod (its hidden pod).
+    tiered: bool,
+}
+
+/// Engine-fed pods' states by name.
+pub(crate) type StateMap = HashMap<Box<str>, PodState, ahash::RandomState>;
+
+/// One pod's detailed answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DetailMatch {
+    /// The pod.
+    pub pod: PodId,
+    /// Leading blocks of the key it holds, as [`Reader::lookup`] answers
+    /// (for a tiered pod: on the GPU). May be 0 when `lower` is not.
+    pub blocks: u32,
+    /// The run of blocks after those that a lower tier holds.
+    pub lower: u32,
+    /// How far the answer can be trusted.
+    pub view: View,
+}
+
+/// A detailed lookup's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detailed {
+    /// The key's length in blocks (after the key limit).
+    pub key_blocks: u32,
+    /// Pods with `blocks` or `lower` above 0: those of the plain answer in
+    /// its order, then pods held only by a lower tier, by `lower`
+    /// descending.
+    pub matches: Vec<DetailMatch>,
+}
+
+impl Index {
+    /// Says how far `pod`'s answers can be trusted: what its engine's
+    /// follower knows ([`View::Exact`], [`View::Learning`],
+    /// [`View::Replaying`], [`View::Disconnected`]). Detailed lookups
+    /// report it; a pod never set is exact.
+    pub fn set_view(&self, pod: &str, view: View) {
+        self.update_state(pod, |s| s.view = Some(view));
+    }
+
+    /// Records that a lower tier holds blocks of `pod`.
+    pub(crate) fn set_tiered(&self, pod: &str) {
+        self.update_state(pod, |s| s.tiered = true);
+    }
+
+    /// Forgets `pod`'s state and its lower tier's blocks (its engine is
+    /// dropped).
+    pub(crate) fn forget_state(&self, pod: &str) {
+        self.remove_lower(pod);
+        let pin = self.pin();
+        let _w = self.sh.states_writer.lock();
+        let current = self.sh.states.get(&pin);
+        if current.contains_key(pod) {
+            let mut next = current.clone();
+            next.remove(pod);
+            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
+        }
+    }
+
+    /// Removes the hidden pod of `pod`'s lower tiers (its entries go, as a
+    /// removed pod's do); the next lower-tier store names it again.
+    pub(crate) fn remove_lower(&self, pod: &str) {
+        let pin = self.pin();
+        self.sh
+            .pods
+            .remove(&hidden_name(pod, LOWER), &self.sh.epoch, &pin);
+    }
+
+    /// Changes `pod`'s state by `change`, copying the map only when it
+    /// changes (control-plane rate: a follower's transitions, a pod's first
+    /// lower-tier store).
+    fn update_state(&self, pod: &str, change: impl Fn(&mut PodState)) {
+        let pin = self.pin();
+        let wanted = |map: &StateMap| {
+            let mut state = map.get(pod).copied().unwrap_or_default();
+            change(&mut state);
+            (map.get(pod) != Some(&state)).then_some(state)
+        };
+        if wanted(self.sh.states.get(&pin)).is_none() {
+            return;
+        }
+        let _w = self.sh.states_writer.lock();
+        let current = self.sh.states.get(&pin);
+        if let Some(state) = wanted(current) {
+            let mut next = current.clone();
+            next.insert(pod.into(), state);
+            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
+        }
+    }
+}
+
+impl Reader<'_> {
+    /// As [`Reader::lookup`], with each pod's lower-tier run and view
+    /// ([`Detailed`]). Costs a plain lookup, one more walk of the key's
+    /// path, and a look at each tiered pod.
+    pub fn lookup_detail(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+        now: u64,
+    ) -> Detailed {
+        let mut found = Vec::new();
+        let key_blocks = self.lookup_into(model, key, candidates, now, &mut found);
+        let index = self.index();
+        let (sh, pin) = (&index.sh, self.pin());
+        if !sh.pods.any_precise() {
+            let matches = found
+                .iter()
+                .map(|m| DetailMatch {
+                    pod: m.pod,
+                    blocks: m.blocks,
+                    lower: 0,
+                    view: View::Gateway,
+                })
+                .collect();
+            return Detailed {
+                key_blocks,
+                matches,
+            };
+        }
+        let path = index
+            .models(pin)
+            .get(model)
+            .map(|tree| tree.path(sh, index.cut(key), pin))
+            .unwrap_or_default();
+        let states = sh.states.get(pin);
+        let on = OnPath {
+            sh,
+            pin,
+            path: &path,
+            states,
+            now,
+        };
+        let mut matches: Vec<DetailMatch> = found.iter().map(|m| on.detail(*m)).collect();
+        // Pods held by a lower tier alone.
+        let plain = matches.len();
+        for (name, _) in states.iter().filter(|(_, s)| s.tiered) {
+            if candidates.is_some_and(|c| !c.contains(&&**name)) {
+                continue;
+            }
+            let Some(id) = sh.pods.id(name, pin) else {
+                continue;
+            };
+            if !sh.pods.is_match(id.0) || found.iter().any(|m| m.pod == id) {
+                continue;
+            }
+            let d = on.detail(Match { pod: id, blocks: 0 });
+            if d.lower > 0 {
+                matches.push(d);
+            }
+        }
+        matches[plain..].sort_by_key(|d| std::cmp::Reverse(d.lower));
+        Detailed {
+            key_blocks,
+            matches,
+        }
+    }
+}
+
+/// A detailed lookup's key path and what it reads beside it, under the
+/// reader's pin (`'g`).
+struct OnPath<'p, 'g> {
+    sh: &'g Shared,
+    pin: &'g Pin,
+    path: &'p [(NodeRef<'g>, u32)],
+    states: &'g StateMap,
+    now: u64,
+}
+
+impl OnPath<'_, '_> {
+    /// The time of `pod`'s visible entry on the node holding block `block`
+    /// of the key, if any.
+    fn entry(&self, pod: u32, block: u32) -> Option<u64> {
+        let sh = self.sh;
+        let k = self.path.partition_point(|&(_, d)| d <= block);
+        let (node, _) = self.path.get(k)?;
+        node.pods
+            .find(pod)
+            .filter(|&t| self.now.saturating_sub(t) <= sh.ttl_ms)
+    }
+
+    fn detail(&self, m: Match) -> DetailMatch {
+        let (sh, pin) = (self.sh, self.pin);
+        let (pod, blocks) = (m.pod, m.blocks);
+        if !sh.pods.is_precise(pod.0) {
+            return DetailMatch {
+                pod,
+                blocks,
+                lower: 0,
+                view: View::Gateway,
+            };
+        }
+        let name = sh.pods.name(pod, pin);
+        let state = name
+            .and_then(|n| self.states.get(n))
+            .copied()
+            .unwrap_or_default();
+        let mut view = state.view.unwrap_or(View::Exact);
+        if matches!(view, View::Exact | View::Learning)
+            && blocks > 0
+            && self.entry(pod.0, blocks - 1).is_some_and(|t| t != PINNED)
+        {
+            view = View::Speculative;
+        }
+        // A hybrid pod's lower tiers are not modelled (see `docs`).
+        let lower_id = match (state.tiered && !sh.pods.is_hybrid(pod.0), name) {
+            (true, Some(name)) => sh.pods.id(&hidden_name(name, LOWER), pin),
+            _ => None,
+        };
+        let lower = lower_id.map_or(0, |lower| {
+            // Whole engine blocks, as the engine reloads them.
+            let align = sh.pods.align(pod.0).max(1);
+            let mut end = blocks;
+            while self.entry(lower.0, end + align - 1).is_some() {
+                end += align;
+            }
+            end - blocks
+        });
+        DetailMatch {
+            pod,
+            blocks,
+            lower,
+            view,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
