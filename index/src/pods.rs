@@ -474,11 +474,15 @@ impl Pods {
             .fetch_or(GAPPY, Ordering::SeqCst);
     }
 
-    /// Whether lookups must check a pod's path for gaps.
+    /// Whether a pod is hybrid and whether lookups must check its path
+    /// for gaps, from one load of its flags (a lookup's pass over
+    /// engine-fed pods asks both).
     #[inline]
-    pub(crate) fn is_gappy(&self, id: u32) -> bool {
-        // Relaxed: the pin's SeqCst fence orders it (see `mark_gappy`).
-        self.slots[id as usize].flags.load(Ordering::Relaxed) & GAPPY != 0
+    pub(crate) fn hybrid_gappy(&self, id: u32) -> (bool, bool) {
+        // Relaxed: the pin's SeqCst fence orders them (see `mark_gappy`
+        // and `set_hybrid`).
+        let flags = self.slots[id as usize].flags.load(Ordering::Relaxed);
+        (flags & HYBRID != 0, flags & GAPPY != 0)
     }
 
     /// Marks a pod hybrid (see [`HYBRID`]), or not.
@@ -505,7 +509,7 @@ impl Pods {
     #[inline]
     pub(crate) fn needs_pass(&self, id: u32) -> bool {
         let slot = &self.slots[id as usize];
-        // Relaxed: as in `is_gappy` and `align`.
+        // Relaxed: as in `hybrid_gappy` and `align`.
         slot.flags.load(Ordering::Relaxed) & (GAPPY | HYBRID) != 0
             || slot.align.load(Ordering::Relaxed) > 1
     }

@@ -258,10 +258,25 @@ impl Tree {
         key: &[u64],
         pin: &'g Pin,
     ) -> SmallVec<[(NodeRef<'g>, u32); 16]> {
-        Path::new(self.root(pin), key, sh.seed)
+        let mut path = SmallVec::new();
+        self.path_into(sh, key, pin, &mut path);
+        path
+    }
+
+    /// [`Tree::path`] into `path` (a lookup's own: a path returned by
+    /// value is copied, about 3% of a lookup).
+    #[inline]
+    fn path_into<'g>(
+        &'g self,
+        sh: &Shared,
+        key: &[u64],
+        pin: &'g Pin,
+        path: &mut SmallVec<[(NodeRef<'g>, u32); 16]>,
+    ) {
+        for (node, depth) in Path::new(self.root(pin), key, sh.seed) {
             // Keys are cut to `max_key_blocks` (< 2^32) before they get here.
-            .map(|(node, depth)| (node, depth as u32))
-            .collect()
+            path.push((node, depth as u32));
+        }
     }
 
     /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
@@ -278,7 +293,8 @@ impl Tree {
         out: &mut Vec<Match>,
     ) {
         let first_match = out.len();
-        let path = self.path(sh, key, pin);
+        let mut path = SmallVec::new();
+        self.path_into(sh, key, pin, &mut path);
         // Deepest first: a pod's answer is the deepest node where it is visible,
         // so answers come out by blocks descending, one node's pods at a time.
         // Within a node they are ordered by name rank through a bitmap: no
@@ -379,12 +395,13 @@ fn close_gaps(
 ) {
     for m in found.iter_mut() {
         let align = sh.pods.align(m.pod.0);
-        if sh.pods.is_hybrid(m.pod.0) {
+        let (hybrid, gappy) = sh.pods.hybrid_gappy(m.pod.0);
+        if hybrid {
             m.blocks = group_hit(sh, path, now, m.pod.0, m.blocks, pin);
             continue;
         }
         m.blocks -= m.blocks % align;
-        if !sh.pods.is_gappy(m.pod.0) {
+        if !gappy {
             continue;
         }
         let mut above = 0;
@@ -412,6 +429,9 @@ fn close_gaps(
 /// (the first group's) or a hidden pod's. A speculative entry of the pod (a
 /// gateway's insert, not pinned) stands for every group: the engine is
 /// computing that prefix.
+///
+/// Kept out of line: plain pods' lookups (the hot path) never call it.
+#[inline(never)]
 fn group_hit(
     sh: &Shared,
     path: &[(NodeRef<'_>, u32)],

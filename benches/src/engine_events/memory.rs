@@ -40,6 +40,25 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
         );
     }
     drop(ours);
+    // A hybrid model's engines: each pair held by two KV-cache groups.
+    if let Some((_, payloads)) = w.identity_payloads.iter().find(|(n, _)| *n == "hybrid") {
+        let (hybrid, heap) = heap_of(live, || {
+            let o = Ours::new(&w.names);
+            o.decode_apply(&super::subscriptions(&w.names), payloads);
+            o.index.sweep(NOW, usize::MAX);
+            o.index.reclaim();
+            o
+        });
+        let s = hybrid.index.stats();
+        eprintln!(
+            "memory/ours-hybrid, two groups (full attention, a 128-token window) each holding every pair, after the sweep: {heap} B = {:.1} B per (pod, block) pair; the index's accounting: tree {:.1} B ({} entries), engine records {:.1} B",
+            heap as f64 / pairs,
+            s.bytes as f64 / pairs,
+            s.entries,
+            s.engine_bytes as f64 / pairs,
+        );
+        drop(hybrid);
+    }
     // The same pairs as gateways insert them: the tree alone.
     let (plain, heap) = heap_of(live, || gateway_copy(w));
     let s = plain.stats();

@@ -45,7 +45,7 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion};
 use engine_sim::{request_tokens, Pods, Release, Step, BLOCK_TOKENS as ENGINE_BLOCK};
 use prefix_events::encode::Layout;
-use prefix_events::{decode_batch, DecodeLimits, Event, RawExtraKey, Stored};
+use prefix_events::{decode_batch, DecodeLimits, Event, RawExtraKey, Removed, Stored};
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
 use prefix_proto::key::{hash_token_block_seeded, token_key};
 use prefix_server::apply_batch;
@@ -107,7 +107,10 @@ pub struct Workload {
     /// The same batches with identities, as (name, batches): `salted`,
     /// every request's first block salted with one of 64 tenants' salts;
     /// `mm`, every block holding a multimodal item too (an image of the
-    /// request's own, at its first token), so every block's hash is seeded.
+    /// request's own, at its first token), so every block's hash is seeded;
+    /// `hybrid`, a hybrid model's engine: every store and removal once for
+    /// a full-attention group and once for a sliding-window group of 128
+    /// tokens (twice the events, each group's blocks held apart).
     pub identity_payloads: Vec<(&'static str, Payloads)>,
     /// The pods' names, `pod-0` to `pod-7`.
     pub names: Vec<String>,
@@ -140,14 +143,17 @@ impl Workload {
                 (s.pod, bytes)
             })
             .collect();
-        let identity_payloads = ["salted", "mm"]
+        let identity_payloads = ["salted", "mm", "hybrid"]
             .into_iter()
             .map(|name| {
                 let batches = steps
                     .iter()
                     .enumerate()
                     .map(|(i, s)| {
-                        let step = with_identity(s, i, name == "mm");
+                        let step = match name {
+                            "hybrid" => as_hybrid(s),
+                            _ => with_identity(s, i, name == "mm"),
+                        };
                         let mut bytes = Vec::new();
                         step.encode(
                             1_796_049_997.0 + i as f64 * 1e-3,
@@ -209,6 +215,41 @@ fn with_identity(step: &Step, i: usize, mm: bool) -> Step {
                 })
             }
             other => other.clone(),
+        })
+        .collect();
+    Step {
+        pod: step.pod,
+        events,
+    }
+}
+
+/// Step `step`'s events as a hybrid model's engine publishes them: each
+/// store and removal for group 0 (full attention), then for group 1 (a
+/// sliding window of 128 tokens).
+fn as_hybrid(step: &Step) -> Step {
+    let events = step
+        .events
+        .iter()
+        .flat_map(|e| match e {
+            Event::Stored(s) => [0, 1]
+                .map(|g| {
+                    Event::Stored(Stored {
+                        group: Some(g),
+                        group_kind: Some(["full_attention", "sliding_window"][g as usize].into()),
+                        sliding_window: (g == 1).then_some(128),
+                        ..s.clone()
+                    })
+                })
+                .to_vec(),
+            Event::Removed(r) => [0, 1]
+                .map(|g| {
+                    Event::Removed(Removed {
+                        group: Some(g),
+                        ..r.clone()
+                    })
+                })
+                .to_vec(),
+            other => vec![other.clone()],
         })
         .collect();
     Step {
@@ -438,8 +479,25 @@ pub fn run<P: Peer>(peer: impl FnOnce(&Workload) -> P, live: fn() -> isize) {
     ingest::ingest(&mut c, &w, peer);
     let unswept = Ours::new(&w.names);
     unswept.apply(&w.names, &w.steps);
-    lookup::lookups(&mut c, &w, [&ours.index, &unswept.index, &plain], peer);
-    drop((unswept, plain));
+    let hybrid = Ours::new(&w.names);
+    let (_, payloads) = w
+        .identity_payloads
+        .iter()
+        .find(|(name, _)| *name == "hybrid")
+        .expect("the hybrid payloads");
+    hybrid.decode_apply(&subscriptions(&w.names), payloads);
+    hybrid.index.sweep(NOW, usize::MAX);
+    hybrid.index.reclaim();
+    // Both groups hold the same blocks: the hybrid rules find the same hits.
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    assert_eq!(
+        ours.lookups(&w.our_keys, &mut a),
+        hybrid.lookups(&w.our_keys, &mut b),
+        "a hybrid engine whose groups hold the same blocks answers as a plain one"
+    );
+    let indexes = [&ours.index, &unswept.index, &plain, &hybrid.index];
+    lookup::lookups(&mut c, &w, indexes, peer);
+    drop((unswept, plain, hybrid));
     streaming::lookups_while_streaming(&mut c, &w, &ours, peer);
     c.final_summary();
 }

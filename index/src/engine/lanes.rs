@@ -336,14 +336,26 @@ impl Index {
             return Ok(());
         }
         let align = align as usize;
-        // One block each, found on the last one's chain (a store's blocks
-        // are one sequence).
-        for &at in held {
+        // The blocks' places on the last one's chain (a store's blocks are
+        // one sequence, in its order: each is found before the next), held
+        // as runs: one insert per run of consecutive blocks, so the group's
+        // entries cut the tree only where its runs end.
+        let mut places = Vec::with_capacity(held.len());
+        let mut before = chain.len();
+        for &at in held.iter().rev() {
             let h = records.hash(at);
-            if let Some(i) = chain.iter().rposition(|&c| c == h) {
-                let end = (i + 1) * align;
-                insert(&ours[..end], end - align)?;
+            if let Some(i) = chain[..before].iter().rposition(|&c| c == h) {
+                places.push(i);
+                before = i;
             }
+        }
+        places.reverse();
+        let mut rest = &places[..];
+        while let Some(&start) = rest.first() {
+            let run = rest.windows(2).take_while(|w| w[1] == w[0] + 1).count() + 1;
+            let end = (rest[run - 1] + 1) * align;
+            insert(&ours[..end], start * align)?;
+            rest = &rest[run..];
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use indexmap::IndexMap;
 /// Where the block a removal names is recorded: the position of its model
 /// and the record's. Removals name no model (no LoRA adapter): the event's
 /// model first, then whichever holds the hash.
+#[inline]
 pub(super) fn removed_block(
     models: &IndexMap<Box<str>, Records, ahash::RandomState>,
     model: &str,

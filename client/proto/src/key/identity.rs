@@ -97,6 +97,7 @@ pub fn unmatched_seed() -> u64 {
 /// The hash of one block of token ids with identity seed `seed`: xxh3-64 of
 /// the ids as 4 little-endian bytes each, seeded (seed 0: the plain hash,
 /// [`hash_token_block`](super::hash_token_block)).
+#[inline]
 pub fn hash_token_block_seeded(block: &[u32], seed: u64) -> u64 {
     if seed == 0 {
         return super::hash_token_block(block);
