@@ -280,7 +280,28 @@ mod tests {
             let batch = decode_batch(&bytes, &DecodeLimits::default()).expect("decodes");
             assert_eq!(batch.ts, 1.5);
             assert_eq!(batch.data_parallel_rank, Some(0));
-            assert_eq!(batch.events, s.events);
+            // The GPU pool names each event's KV-cache group: the first,
+            // of full attention.
+            let expected: Vec<Event> = match layout {
+                Layout::Required => s.events.clone(),
+                Layout::GpuPool => s
+                    .events
+                    .iter()
+                    .map(|e| match e.clone() {
+                        Event::Stored(st) => Event::Stored(Stored {
+                            group: Some(0),
+                            group_kind: Some("full_attention".into()),
+                            ..st
+                        }),
+                        Event::Removed(r) => Event::Removed(Removed {
+                            group: Some(0),
+                            ..r
+                        }),
+                        other => other,
+                    })
+                    .collect(),
+            };
+            assert_eq!(batch.events, expected);
         }
     }
 }
