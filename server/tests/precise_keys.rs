@@ -131,15 +131,26 @@ fn subscription(pod: &str, publisher: &Publisher) -> Subscription {
     }
 }
 
-/// An HTTPS client that trusts the server's certificate at `ca`.
-fn https(ca: &Path) -> reqwest::Client {
+/// The JSON answer to `body` posted to the HTTP API's `path` on `port`,
+/// trusting the server's certificate at `ca`.
+async fn post(ca: &Path, port: u16, path: &str, body: &Value) -> Value {
     let root = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
-    reqwest::Client::builder()
+    let http = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
         .add_root_certificate(root)
         .use_rustls_tls()
         .build()
+        .unwrap();
+    let text = http
+        .post(format!("https://localhost:{port}{path}"))
+        .body(body.to_string())
+        .send()
+        .await
         .unwrap()
+        .text()
+        .await
+        .unwrap();
+    serde_json::from_str(&text).unwrap()
 }
 
 /// Blocks `pod` matches for `tokens` with `identity` under `model`.
@@ -392,18 +403,8 @@ async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() 
     })
     .await;
     let api = server.api_addr.expect("the API is on");
-    let http = https(&server.ca);
     let body = json!({"model": "m", "tokens": tokens});
-    let text = http
-        .post(format!("https://localhost:{}/v1/lookup-detail", api.port()))
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let answer: Value = serde_json::from_str(&text).unwrap();
+    let answer = post(&server.ca, api.port(), "/v1/lookup-detail", &body).await;
     assert_eq!(
         answer["matches"],
         json!([{"pod": "tiered", "blocks": 4, "lower_blocks": 0, "view": "learning"}]),
@@ -461,18 +462,8 @@ async fn a_long_prompt_an_engine_holds_is_answered_whole() {
     })
     .await;
     let api = server.api_addr.expect("the API is on");
-    let http = https(&server.ca);
     let body = json!({"model": "m", "tokens": tokens, "candidates": ["long"]});
-    let text = http
-        .post(format!("https://localhost:{}/v1/lookup", api.port()))
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let answer: Value = serde_json::from_str(&text).unwrap();
+    let answer = post(&server.ca, api.port(), "/v1/lookup", &body).await;
     assert_eq!(answer["key_blocks"], json!(BLOCKS), "{answer}");
     assert_eq!(
         answer["matches"],

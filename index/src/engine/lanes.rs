@@ -22,7 +22,7 @@
 //!
 //! [`Tree::insert_from`]: crate::tree::Tree::insert_from
 
-use super::remove::removed_block;
+use super::remove::{released, removed_block};
 use super::store::Store;
 use super::{Applied, Engine, Lane, Ratio, PINNED};
 use crate::error::{EngineError, InsertError, PodError};
@@ -391,17 +391,8 @@ impl Index {
             let Some((name, records)) = models.get_index_mut(i) else {
                 continue;
             };
-            match records.take_copy_in(lane, at) {
-                None => {
-                    done.unknown += 1;
-                    continue;
-                }
-                Some(left) => {
-                    done.removed += 1;
-                    if left > 0 {
-                        continue;
-                    }
-                }
+            if !released(records.take_copy_in(lane, at), done) {
+                continue;
             }
             let path = Engine::path(records, ratio, h, max_key);
             let released = self

@@ -27,6 +27,22 @@ pub(super) fn removed_block(
         })
 }
 
+/// Counts a removal by the copies it left (`None`: the block held none);
+/// returns whether it took the last copy, so the block leaves the tree.
+#[inline]
+pub(super) fn released(left: Option<u32>, done: &mut Applied) -> bool {
+    match left {
+        None => {
+            done.unknown += 1;
+            false
+        }
+        Some(left) => {
+            done.removed += 1;
+            left == 0
+        }
+    }
+}
+
 impl Index {
     pub(super) fn remove(
         &self,
@@ -55,17 +71,8 @@ impl Index {
                 continue;
             };
             let model: &str = name;
-            match records.take_copy(at) {
-                None => {
-                    done.unknown += 1;
-                    continue;
-                }
-                Some(left) => {
-                    done.removed += 1;
-                    if left > 0 {
-                        continue;
-                    }
-                }
+            if !released(records.take_copy(at), done) {
+                continue;
             }
             let path = chain_path(chain, scratch, records, ratio, model, h, max_key);
             match (ratio, path) {
