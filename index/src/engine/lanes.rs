@@ -195,7 +195,7 @@ impl Index {
         let lane = Lane(idx);
         let per = engine.spec.engine_block as usize;
         let result = if store.tokens.len() == store.hashes.len().saturating_mul(per) {
-            let recorded = self.record_blocks(engine, model, store, lane, done)?;
+            let recorded = self.record_blocks(engine, model, store, lane, true, done)?;
             let placed = self.place_in_group(
                 engine,
                 pod,

@@ -29,7 +29,9 @@ pub(super) struct Recorded {
     pub(super) model: usize,
     /// The positions of the blocks recorded, in the event's order.
     pub(super) at: SmallVec<[u32; 32]>,
-    /// The positions of the blocks that became held, in the event's order.
+    /// The positions of the blocks that became held, in the event's order,
+    /// when asked for (a group's placing needs them; a plain store places
+    /// its path to the last block).
     pub(super) held: SmallVec<[u32; 32]>,
     /// The engine hash of the last block recorded, when some block became
     /// held: the event's path is then placed in the tree once, to that
@@ -57,7 +59,7 @@ impl Index {
             return Ok(());
         }
         let parent = store.parent;
-        let recorded = self.record_blocks(engine, model, store, Lane::FIRST, done)?;
+        let recorded = self.record_blocks(engine, model, store, Lane::FIRST, false, done)?;
         let placed = match recorded.last {
             Some(last) => self.place_chain(
                 engine,
@@ -77,7 +79,8 @@ impl Index {
     }
 
     /// Records a copy more of each block of a store in `lane`, each the
-    /// child of the one before, in `engine`'s records under `model`.
+    /// child of the one before, in `engine`'s records under `model`, and
+    /// lists the blocks that became held when `list_held`.
     /// Refused before its first record (the model then keeps no empty
     /// record set, or names an engine sends would pile up), it returns the
     /// error and nothing is to be placed.
@@ -87,6 +90,7 @@ impl Index {
         model: &str,
         store: Store<'_>,
         lane: Lane,
+        list_held: bool,
         done: &mut Applied,
     ) -> Result<Recorded, EngineError> {
         let Store {
@@ -163,7 +167,7 @@ impl Index {
                 recorded_at.push(at);
                 done.stored += 1;
                 newly_held |= became_held;
-                if became_held {
+                if became_held && list_held {
                     held.push(at);
                 }
                 up = Some(h);

@@ -27,7 +27,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3Default};
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed, Xxh3Default};
 
 /// One extra key of a block, as the identity rule encodes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,10 +99,12 @@ pub fn unmatched_seed() -> u64 {
 /// [`hash_token_block`](super::hash_token_block)).
 #[inline]
 pub fn hash_token_block_seeded(block: &[u32], seed: u64) -> u64 {
-    if seed == 0 {
-        return super::hash_token_block(block);
-    }
-    super::with_token_bytes(block, |bytes| xxh3_64_with_seed(bytes, seed))
+    // One body for both, called through engines' function pointers: the
+    // plain hash is not a call deeper.
+    super::with_token_bytes(block, |bytes| match seed {
+        0 => xxh3_64(bytes),
+        s => xxh3_64_with_seed(bytes, s),
+    })
 }
 
 /// A multimodal item of a request, in token positions: the placeholder

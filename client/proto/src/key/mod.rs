@@ -89,6 +89,7 @@ pub fn hash_token_block(block: &[u32]) -> u64 {
 }
 
 /// `hash` of the block's ids as 4 little-endian bytes each.
+#[inline]
 fn with_token_bytes(block: &[u32], hash: impl FnOnce(&[u8]) -> u64) -> u64 {
     // 64 ids (256 bytes) on the stack covers every common block size.
     let mut stack = [0u8; 256];
