@@ -458,7 +458,7 @@ pub fn http_status(code: ErrorCode) -> u16 {
         ErrorCode::FrameTooLarge => 413,
         ErrorCode::KeyTooLong | ErrorCode::BatchTooLarge | ErrorCode::TooManyCandidates => 422,
         ErrorCode::TooManyPods | ErrorCode::TooManyModels => 507,
-        ErrorCode::IndexFull | ErrorCode::Unavailable => 503,
+        ErrorCode::IndexFull | ErrorCode::Unavailable | ErrorCode::Cold => 503,
         ErrorCode::Internal => 500,
         ErrorCode::Unsupported => 501,
     }
@@ -481,6 +481,7 @@ mod tests {
                         | ErrorCode::TooManyModels
                         | ErrorCode::IndexFull
                         | ErrorCode::Unavailable
+                        | ErrorCode::Cold
                         | ErrorCode::Internal
                         | ErrorCode::Unsupported
                 )

@@ -12,6 +12,14 @@
 //! its own snapshot, however old, or empty: replicas that all start at once
 //! must not wait on each other forever.
 //!
+//! A filling peer that holds nothing of its own (no snapshot, however old)
+//! refuses with `Cold`. A round in which every peer says `Cold` ends the
+//! asking at once: the whole set is new (a StatefulSet's pods started in
+//! parallel), no peer will ever have more than this server, and waiting for
+//! `--bootstrap-timeout` would only delay the set. A cold server among warm
+//! ones still fills from them; a peer that falls back on its own old
+//! snapshot says `Unavailable`, so the set waits for it to serve.
+//!
 //! While it fills, the server serves, through its [`Replica`](crate::replica::Replica) gate: pings,
 //! stats and engine listings answer; lookups are refused `Unavailable`, which
 //! a gateway's replica set takes as "ask another replica"; writes are held
@@ -62,6 +70,14 @@ pub enum FillError {
     OutOfTime,
 }
 
+impl FillError {
+    /// Whether the peer said it is cold: filling itself, with nothing of
+    /// its own to give.
+    fn is_cold(&self) -> bool {
+        matches!(self, FillError::Transfer(e) if e.code() == Some(prefix_proto::ErrorCode::Cold))
+    }
+}
+
 /// What a cold start has to fill itself.
 pub struct Filling {
     /// The peers and limits.
@@ -94,6 +110,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
     let Filling { cfg, tls, fallback } = filling;
     let mut refused = Vec::new();
     let mut restored = None;
+    let mut all_cold = false;
     'rounds: for round in 0.. {
         if round > 0 && tokio::time::Instant::now() + cfg.retry >= deadline {
             break;
@@ -104,6 +121,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
                 _ = tokio::time::sleep(cfg.retry) => {}
             }
         }
+        let mut cold = 0;
         for peer in &cfg.peers {
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -115,6 +133,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
                     break 'rounds;
                 }
                 Err(why) => {
+                    cold += usize::from(why.is_cold());
                     target.metrics.bootstrap_failures.inc();
                     tracing::warn!(%peer, %why, "no snapshot from this peer; asking the next");
                     refused.push(Refusal {
@@ -126,6 +145,11 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
             if tokio::time::Instant::now() >= deadline {
                 break 'rounds;
             }
+        }
+        if cold == cfg.peers.len() {
+            // Every peer is as new as this server: nothing to wait for.
+            all_cold = true;
+            break;
         }
     }
     let (from, inserts, bytes) = match restored {
@@ -142,12 +166,21 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
                 }
                 None => 0,
             };
-            tracing::error!(
-                peers = cfg.peers.len(),
-                timeout = ?cfg.timeout,
-                restored_own = inserts,
-                "no peer gave a snapshot in time: serving from this server's own snapshot, or empty"
-            );
+            match all_cold {
+                true => tracing::info!(
+                    peers = cfg.peers.len(),
+                    restored_own = inserts,
+                    "every peer is filling itself and holds nothing: the set is new; serving \
+                     from this server's own snapshot, or empty"
+                ),
+                false => tracing::error!(
+                    peers = cfg.peers.len(),
+                    timeout = ?cfg.timeout,
+                    restored_own = inserts,
+                    "no peer gave a snapshot in time: serving from this server's own snapshot, \
+                     or empty"
+                ),
+            }
             (None, inserts, 0)
         }
     };

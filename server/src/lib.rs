@@ -206,7 +206,7 @@ impl Server {
         }
         metrics.watch_engines(&engines);
         let replica = match filling {
-            Some(_) => Replica::filling(cfg.replicas.queue),
+            Some(ref f) => Replica::filling(cfg.replicas.queue, f.fallback.is_some()),
             None => Replica::serving(),
         };
         Ok(Server {

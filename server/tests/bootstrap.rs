@@ -448,3 +448,82 @@ async fn a_snapshot_request_is_answered_after_the_frames_before_it() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_set_started_at_once_serves_without_waiting_out_the_timeout() {
+    let certs = Certs::new();
+    let ports: Vec<SocketAddr> = (0..3).map(|_| common::free_ports().0).collect();
+    let timeout = Duration::from_secs(60);
+    let start = |me: SocketAddr| {
+        let (cert, key) = (certs.cert.clone(), certs.key.clone());
+        let peers: Vec<String> = ports
+            .iter()
+            .filter(|&&p| p != me)
+            .map(ToString::to_string)
+            .collect();
+        common::start(move |cfg| {
+            cfg.transport.listen = me;
+            cfg.transport.tls = CertSource::Files { cert, key };
+            cfg.replicas.peers = peers;
+            cfg.replicas.timeout = timeout;
+        })
+    };
+    let started = std::time::Instant::now();
+    let (a, b, c) = tokio::join!(start(ports[0]), start(ports[1]), start(ports[2]));
+    let mut servers = [a, b, c];
+    for s in &mut servers {
+        s.ca = certs.cert.clone();
+    }
+    for s in &servers {
+        let http = s.metrics_addr.unwrap();
+        common::eventually("ready", async || {
+            common::http_get(http, "/readyz").await.contains("200")
+        })
+        .await;
+    }
+    let took = started.elapsed();
+    eprintln!("three cold servers ready in {took:?}");
+    let mut agreed = 0;
+    for s in &servers {
+        let report = s.replica_report().expect("a fill report");
+        assert!(report.took < timeout, "{report:?}");
+        match report.from {
+            // Ended by every peer saying it is cold, not by the timeout.
+            None => {
+                assert!(
+                    report
+                        .refused
+                        .iter()
+                        .any(|r| r.why.contains("holds nothing of its own")),
+                    "{report:?}"
+                );
+                agreed += 1;
+            }
+            // Or filled from one that agreed first: empty.
+            Some(_) => assert_eq!(report.inserts, 0, "{report:?}"),
+        }
+    }
+    assert!(agreed > 0, "some server must have started on its own");
+    // A cold server among warm ones still fills from them.
+    let c = servers[0].client().await;
+    c.insert("m", &[1, 2, 3], "p").await.unwrap();
+    let late = cold(&certs, &[ports[0]]).await;
+    let http = late.metrics_addr.unwrap();
+    common::eventually("ready", async || {
+        common::http_get(http, "/readyz").await.contains("200")
+    })
+    .await;
+    let report = late.replica_report().expect("a fill report");
+    assert!(report.from.is_some(), "{report:?}");
+    let found = late
+        .client()
+        .await
+        .lookup("m", &[1, 2, 3], None)
+        .await
+        .unwrap();
+    assert_eq!(found.matches.len(), 1, "{found:?}");
+    late.shutdown().await;
+    for s in servers {
+        s.shutdown().await;
+    }
+}

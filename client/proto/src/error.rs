@@ -47,11 +47,15 @@ pub enum ErrorCode {
     /// This server does not do that op (the engine ops, on a server that
     /// does not follow engines).
     Unsupported = 16,
+    /// A snapshot asked of a replica that is filling itself from its peers
+    /// and holds nothing of its own to give: a replica that hears this from
+    /// every peer knows the whole set is new, and starts empty at once.
+    Cold = 17,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::Malformed,
         ErrorCode::BadVersion,
         ErrorCode::UnknownKind,
@@ -68,6 +72,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::BadSubscription,
         ErrorCode::Unsupported,
+        ErrorCode::Cold,
     ];
 
     /// The code for a number, if known (newer peers may send codes we lack).
@@ -94,6 +99,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::BadSubscription => "bad_subscription",
             ErrorCode::Unsupported => "unsupported",
+            ErrorCode::Cold => "cold",
         }
     }
 

@@ -54,6 +54,9 @@ pub struct Replica {
     gate: Gate,
     sender: Sender,
     report: Mutex<Option<FillReport>>,
+    /// While filling: whether it keeps a snapshot of its own (too old to
+    /// start from), which it serves if no peer gives a fresher one.
+    holds_own: bool,
 }
 
 impl Replica {
@@ -63,10 +66,12 @@ impl Replica {
     }
 
     /// A replica that fills itself first, holding writes up to a weight of
-    /// `max_held` (`--bootstrap-queue`).
-    pub fn filling(max_held: usize) -> Arc<Replica> {
+    /// `max_held` (`--bootstrap-queue`), with a snapshot of its own to fall
+    /// back on or not (`holds_own`).
+    pub fn filling(max_held: usize, holds_own: bool) -> Arc<Replica> {
         Arc::new(Replica {
             gate: Gate::closed(max_held),
+            holds_own,
             ..Replica::default()
         })
     }
@@ -100,12 +105,18 @@ impl Replica {
     }
 
     /// Starts sending a snapshot, unless one is being sent or the server is
-    /// still filling (it has none to give yet): the refusal then.
+    /// still filling (it has none to give yet): the refusal then, `Cold`
+    /// when it holds nothing at all (see `bootstrap.rs`).
     pub fn send(self: &Arc<Self>) -> Result<Sending, Reply> {
         if self.is_filling() {
-            return Err(prefix_proto::ErrorCode::Unavailable.reply(
-                "this replica is filling itself from a peer: it has no snapshot to give yet",
-            ));
+            return Err(match self.holds_own {
+                true => prefix_proto::ErrorCode::Unavailable.reply(
+                    "this replica is filling itself from a peer: it has no snapshot to give yet",
+                ),
+                false => prefix_proto::ErrorCode::Cold.reply(
+                    "this replica is filling itself from its peers and holds nothing of its own",
+                ),
+            });
         }
         self.sender.start(self.clone())
     }
@@ -132,7 +143,7 @@ mod tests {
         let m = Metrics::default();
         let n = LAST_ROUND as u64 + 100;
         // Room for `n` one-block inserts and one pod-table change.
-        let gate = Replica::filling(n as usize + POD_TABLE_WEIGHT);
+        let gate = Replica::filling(n as usize + POD_TABLE_WEIGHT, true);
         let lookup = Op::Lookup {
             model: "m".into(),
             key: vec![1],
@@ -166,6 +177,19 @@ mod tests {
         assert!(!gate.is_filling());
         assert_eq!(gate.admit(&insert(5), &m), None);
         assert_eq!(gate.admit(&lookup, &m), None);
+    }
+
+    #[test]
+    fn a_filling_replica_with_nothing_of_its_own_says_it_is_cold() {
+        let code = |r: &Arc<Replica>| match r.send() {
+            Err(Reply::Error { code, .. }) => ErrorCode::from_u16(code),
+            _ => None,
+        };
+        assert_eq!(code(&Replica::filling(1, false)), Some(ErrorCode::Cold));
+        assert_eq!(
+            code(&Replica::filling(1, true)),
+            Some(ErrorCode::Unavailable)
+        );
     }
 
     #[test]
