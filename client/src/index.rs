@@ -54,6 +54,19 @@ pub struct DetailResult {
     pub matches: Vec<PodDetail>,
 }
 
+/// Writes a server applied, as [`Index::tail`] answers them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writes {
+    /// The position of the first write here: past the one asked when the
+    /// server no longer kept those between (they are lost to the asker).
+    pub from: u64,
+    /// The position to ask from next.
+    pub next: u64,
+    /// The writes (inserts, pod removals, capacities), in the order the
+    /// server applied them.
+    pub ops: Vec<Op>,
+}
+
 /// The index's operations over the route `R`: see the module's docs.
 /// Clones share the route's connections.
 #[derive(Clone)]
@@ -214,6 +227,18 @@ impl<R: Route> Index<R> {
     pub async fn sample_keys(&self, count: u32, seed: u64) -> Result<Vec<SampledKey>, ClientError> {
         match self.route.one(Op::SampleKeys { count, seed }).await? {
             Reply::Keys(keys) => Ok(keys),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The writes the server applied from position `from` on, at most
+    /// `max` (and at most [`wire::MAX_TAIL`](crate::wire::MAX_TAIL)) of
+    /// them; with no `from`, the server starts keeping its writes and
+    /// answers none, only where the next one will be. See
+    /// [`Op::Tail`](crate::wire::Op::Tail).
+    pub async fn tail(&self, from: Option<u64>, max: u32) -> Result<Writes, ClientError> {
+        match self.route.one(Op::Tail { from, max }).await? {
+            Reply::Writes { from, next, ops } => Ok(Writes { from, next, ops }),
             other => Err(unexpected(other)),
         }
     }

@@ -98,6 +98,10 @@ pub struct DetailMatch {
     pub lower: u32,
     /// How far the answer can be trusted.
     pub view: View,
+    /// For a gateway-fed pod ([`View::Gateway`]), milliseconds since its
+    /// entry on the last block it matches was last written (how near it is
+    /// to its TTL); 0 for every other view.
+    pub age: u64,
 }
 
 /// A detailed lookup's answer.
@@ -186,21 +190,6 @@ impl Reader<'_> {
         let key_blocks = self.lookup_into(model, key, candidates, now, &mut found);
         let index = self.index();
         let (sh, pin) = (&index.sh, self.pin());
-        if !sh.pods.any_precise() {
-            let matches = found
-                .iter()
-                .map(|m| DetailMatch {
-                    pod: m.pod,
-                    blocks: m.blocks,
-                    lower: 0,
-                    view: View::Gateway,
-                })
-                .collect();
-            return Detailed {
-                key_blocks,
-                matches,
-            };
-        }
         let path = index
             .models(pin)
             .get(model)
@@ -215,6 +204,12 @@ impl Reader<'_> {
             now,
         };
         let mut matches: Vec<DetailMatch> = found.iter().map(|m| on.detail(*m)).collect();
+        if !sh.pods.any_precise() {
+            return Detailed {
+                key_blocks,
+                matches,
+            };
+        }
         // Pods held by a lower tier alone.
         let plain = matches.len();
         for (name, _) in states.iter().filter(|(_, s)| s.tiered) {
@@ -266,11 +261,13 @@ impl OnPath<'_, '_> {
         let (sh, pin) = (self.sh, self.pin);
         let (pod, blocks) = (m.pod, m.blocks);
         if !sh.pods.is_precise(pod.0) {
+            let written = blocks.checked_sub(1).and_then(|b| self.entry(pod.0, b));
             return DetailMatch {
                 pod,
                 blocks,
                 lower: 0,
                 view: View::Gateway,
+                age: written.map_or(0, |t| self.now.saturating_sub(t)),
             };
         }
         let name = sh.pods.name(pod, pin);
@@ -304,6 +301,7 @@ impl OnPath<'_, '_> {
             blocks,
             lower,
             view,
+            age: 0,
         }
     }
 }

@@ -35,10 +35,11 @@ pub(crate) fn step<'g>(node: NodeRef<'g>, rest: &[u64], seed: u64) -> Option<(No
 }
 
 /// The blocks from `node` down to a leaf (a node without children), at most
-/// `max` of them: at each level (0 below `node`), the child in the first
-/// occupied slot at or after `pick(level)` modulo the table's size, wrapping.
-/// A random `pick` makes it a random descent (sampling the keys a tree
-/// holds).
+/// `max` of them: at each level (0 below `node`), child number
+/// `pick(level)` modulo the children's count, in slot order. A random
+/// `pick` makes it a random descent (sampling the keys a tree holds), each
+/// child equally likely: replicas comparing or repairing each other reach
+/// every key, not mostly those after runs of empty slots.
 pub(crate) fn descend(
     mut node: NodeRef<'_>,
     max: usize,
@@ -52,8 +53,12 @@ pub(crate) fn descend(
         if slots == 0 {
             break;
         }
-        let start = pick(level) % slots;
-        let Some(child) = (0..slots).find_map(|i| table.slot((start + i) % slots)) else {
+        let children = (0..slots).filter(|&i| table.slot(i).is_some()).count();
+        if children == 0 {
+            break;
+        }
+        let nth = pick(level) % children;
+        let Some(child) = (0..slots).filter_map(|i| table.slot(i)).nth(nth) else {
             break;
         };
         let take = child.edge.len().min(max - key.len());

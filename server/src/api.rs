@@ -58,6 +58,7 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::ListEngines => (Method::GET, "/v1/engines"),
         OpKind::SampleKeys => (Method::POST, "/v1/sample-keys"),
         OpKind::LookupDetail => (Method::POST, "/v1/lookup-detail"),
+        OpKind::Tail => (Method::POST, "/v1/tail"),
     }
 }
 

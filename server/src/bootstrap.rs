@@ -33,10 +33,11 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_index::Snapshot;
+use prefix_proto::MAX_TAIL;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
@@ -125,7 +126,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
         for peer in &cfg.peers {
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                a = take(peer, &cfg, &tls, &target.handler, deadline) => a,
+                a = take(peer, &cfg, &tls, &target.handler, deadline, &shutdown) => a,
             };
             match attempt {
                 Ok(done) => {
@@ -224,34 +225,51 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
 /// restored and the bytes taken, or why not (nothing is restored then). The
 /// restore, once begun, runs to its end whatever the time: half of one would
 /// leave the index neither empty nor the peer's.
+///
+/// Before the snapshot, it asks where the peer's tail is, and follows it
+/// from there (`follow`) while the snapshot comes and for `--tail-window`
+/// after this server turns ready; a peer that does not keep a tail (an
+/// older version) is filled from all the same.
 async fn take(
     peer: &str,
     cfg: &ReplicaConfig,
     tls: &TlsConfig,
     handler: &Arc<Handler>,
     deadline: tokio::time::Instant,
+    shutdown: &CancellationToken,
 ) -> Result<(u64, u64), FillError> {
     let fetch = async {
-        let (host, port) =
-            split_peer(peer).ok_or_else(|| FillError::Resolve("not host:port".into()))?;
-        let addr: SocketAddr = tokio::net::lookup_host((host, port))
-            .await
-            .map_err(|e| FillError::Resolve(e.to_string()))?
-            .next()
-            .ok_or_else(|| FillError::Resolve("no address".into()))?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let client_cfg = ClientConfig {
-            tls: tls.clone(),
-            server_name: cfg.peer_server_name.as_deref().unwrap_or(host).into(),
-            connect_timeout: left.min(cfg.connect_timeout),
-            ..ClientConfig::default()
+        let client = connect(peer, cfg, tls, left).await?;
+        let follower = match client.tail(None, 0).await {
+            Ok(w) => Some(tokio::spawn(follow(
+                client.clone(),
+                w.next,
+                handler.clone(),
+                cfg.tail_window,
+                shutdown.clone(),
+            ))),
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "the peer keeps no tail: filling from its snapshot alone");
+                None
+            }
         };
-        let client = Client::connect(addr, client_cfg).await?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let taken = client.snapshot(cfg.max_snapshot_bytes, left).await;
-        // Closing waits for the peer to acknowledge (a few round trips): not
-        // on the way to ready.
-        tokio::spawn(async move { client.close().await });
+        match (&taken, follower) {
+            (Ok(_), Some(_)) => {}
+            // Closing waits for the peer to acknowledge (a few round
+            // trips): not on the way to ready.
+            (Ok(_), None) => {
+                tokio::spawn(async move { client.close().await });
+            }
+            (Err(_), follower) => {
+                if let Some(f) = follower {
+                    f.abort();
+                }
+                tokio::spawn(async move { client.close().await });
+            }
+        }
         Ok::<_, FillError>(taken?)
     };
     let bytes = tokio::time::timeout_at(deadline, fetch)
@@ -270,4 +288,81 @@ async fn take(
         .await
         .map_err(|e| FillError::Restore(e.to_string()))??;
     Ok((inserts, size))
+}
+
+/// A client of `peer`, connected within `within` (and `--peer-connect-timeout`),
+/// whose calls wait at most `--peer-connect-timeout` (a read of a tail or a
+/// batch of lookups may carry thousands of entries).
+pub(crate) async fn connect(
+    peer: &str,
+    cfg: &ReplicaConfig,
+    tls: &TlsConfig,
+    within: Duration,
+) -> Result<Client, FillError> {
+    let (host, port) =
+        split_peer(peer).ok_or_else(|| FillError::Resolve("not host:port".into()))?;
+    let addr: SocketAddr = tokio::net::lookup_host((host, port))
+        .await
+        .map_err(|e| FillError::Resolve(e.to_string()))?
+        .next()
+        .ok_or_else(|| FillError::Resolve("no address".into()))?;
+    let client_cfg = ClientConfig {
+        tls: tls.clone(),
+        server_name: cfg.peer_server_name.as_deref().unwrap_or(host).into(),
+        connect_timeout: within.min(cfg.connect_timeout),
+        deadline: cfg.connect_timeout,
+        ..ClientConfig::default()
+    };
+    Ok(Client::connect(addr, client_cfg).await?)
+}
+
+/// Pause between reads of a peer's tail that found it read to its end.
+const TAIL_POLL: Duration = Duration::from_millis(100);
+
+/// Follows a peer's tail from position `from`: each read's writes applied
+/// through `handler` (held with the gateways' while this server fills),
+/// until `window` after the server turns ready, or shutdown.
+async fn follow(
+    client: Client,
+    mut from: u64,
+    handler: Arc<Handler>,
+    window: Duration,
+    shutdown: CancellationToken,
+) {
+    let metrics = handler.metrics.clone();
+    let mut opened = None;
+    loop {
+        let now = tokio::time::Instant::now();
+        if opened.is_none() && !handler.replica.is_filling() {
+            opened = Some(now);
+        }
+        if opened.is_some_and(|t| now >= t + window) {
+            break;
+        }
+        let mut full = false;
+        match client.tail(Some(from), MAX_TAIL).await {
+            Ok(w) => {
+                metrics.tail_lost.inc_by(w.from.saturating_sub(from));
+                from = w.next;
+                let n = w.ops.len() as u64;
+                full = n == u64::from(MAX_TAIL);
+                if n > 0 {
+                    let h = handler.clone();
+                    let refused = tokio::task::spawn_blocking(move || h.apply_tail(&w.ops))
+                        .await
+                        .unwrap_or(n);
+                    metrics.tail_writes.inc_by(n - refused);
+                    metrics.tail_lost.inc_by(refused);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "a read of the peer's tail failed; asking again"),
+        }
+        if !full {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tokio::time::sleep(TAIL_POLL) => {}
+            }
+        }
+    }
+    client.close().await;
 }

@@ -28,8 +28,8 @@ use std::time::Instant;
 use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats, View};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, PodDetail, PodView, Reply,
-    Request, Response, ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, OpKind, PodDetail, PodView,
+    Reply, Request, Response, ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -230,6 +230,10 @@ fn wire_view(view: View) -> PodView {
 fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
     match access {
         Access::Write => None,
+        // Every write the server applies, for the replicas of its set.
+        Access::Read if op.kind() == OpKind::Tail => Some(ErrorCode::Forbidden.reply(
+            "this client's certificate is a reader: a server's tail is for its peers and writers",
+        )),
         Access::Read | Access::Peer if !op.kind().writes() => None,
         Access::Read => Some(ErrorCode::Forbidden.reply(
             "this client's certificate is a reader: it may look up but not change the index",
@@ -348,6 +352,7 @@ impl Handler {
                             blocks: m.blocks,
                             lower_blocks: m.lower,
                             view: wire_view(m.view),
+                            age_ms: m.age,
                         })
                     })
                     .collect();
@@ -356,6 +361,7 @@ impl Handler {
                     matches,
                 }
             }
+            Op::Tail { from, max } => self.replica.tail(*from, *max, now),
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
                 // Keys of up to `max-key-blocks` each: stop within a
@@ -377,8 +383,17 @@ impl Handler {
                 )
             }
         };
+        let failed = matches!(reply, Reply::Error { .. });
+        if !failed
+            && matches!(
+                op,
+                Op::Insert { .. } | Op::RemovePod { .. } | Op::SetPodCapacity { .. }
+            )
+        {
+            self.replica.record(op, now);
+        }
         w.reply(&reply);
-        matches!(reply, Reply::Error { .. })
+        failed
     }
 }
 
@@ -393,6 +408,29 @@ impl Handler {
         for op in &ops {
             self.execute(op, now, &reader, &mut scratch, &mut hits, &mut Discard);
         }
+    }
+
+    /// Applies writes read from a peer's tail, in order, as a writer's:
+    /// checked against this server's limits, held while it fills (as the
+    /// gateways' writes are), else applied. Returns how many were refused.
+    pub fn apply_tail(&self, ops: &[Op]) -> u64 {
+        let now = now_ms();
+        let reader = self.index.reader();
+        let (mut scratch, mut hits) = (Vec::new(), Hits::default());
+        let mut refused = 0;
+        for op in ops {
+            let failed = self.apply(
+                op,
+                &Access::Write,
+                now,
+                &reader,
+                &mut scratch,
+                &mut hits,
+                &mut Discard,
+            );
+            refused += u64::from(failed);
+        }
+        refused
     }
 
     /// Applies `request`'s ops in order for a client allowed `access`,

@@ -26,8 +26,10 @@
 //!   waking a thread is slow.
 //! - `snapshot`: the index saved to the data directory and restored;
 //!   `files`: files of the data directory set aside.
-//! - `replica`: the gate of a replica filling itself, and the snapshot it
-//!   sends; `bootstrap`: a cold replica filled from a live peer's snapshot.
+//! - `replica`: the gate of a replica filling itself, the snapshot it
+//!   sends and the writes it keeps for peers; `bootstrap`: a cold replica
+//!   filled from a live peer's snapshot and tail; `repair`: replicas
+//!   copying from each other what one lacks.
 //! - `engines`: precise mode, following engines' KV-cache events over
 //!   ZeroMQ (their codec is the `prefix-events` crate).
 //!
@@ -70,6 +72,7 @@ mod handler;
 mod http;
 mod maintenance;
 mod metrics;
+mod repair;
 mod replica;
 mod service;
 mod snapshot;
@@ -205,10 +208,8 @@ impl Server {
             }
         }
         metrics.watch_engines(&engines);
-        let replica = match filling {
-            Some(ref f) => Replica::filling(cfg.replicas.queue, f.fallback.is_some()),
-            None => Replica::serving(),
-        };
+        let own = filling.as_ref().map(|f| f.fallback.is_some());
+        let replica = Replica::new(&cfg.replicas, own);
         Ok(Server {
             index,
             metrics,
@@ -314,6 +315,7 @@ impl Server {
         };
         let ready = Arc::new(AtomicBool::new(self.filling.is_none()));
         self.start_fill(&tasks, &ready, api.clone());
+        self.start_repair(&tasks, api.clone());
         let busy = self.start_busy_poll(&tasks);
         self.start_maintenance(&tasks);
         self.start_snapshots(&tasks);
@@ -407,6 +409,29 @@ impl Server {
         tasks
             .tracker
             .spawn(bootstrap::fill(filling, target, tasks.stop.clone()));
+    }
+
+    /// Starts repairing from the peers, if there are any and repair is on.
+    fn start_repair(&self, tasks: &Tasks, api: Option<Arc<Handler>>) {
+        let cfg = &self.cfg.replicas;
+        if cfg.peers.is_empty() || cfg.repair_keys == 0 {
+            return;
+        }
+        let tls = match tls::peer_tls(&self.cfg) {
+            Ok(tls) => tls,
+            Err(e) => {
+                tracing::error!(error = %e, "repair is off: no TLS configuration for the peers");
+                return;
+            }
+        };
+        let ttl_ms = self.cfg.index.ttl.as_millis() as u64;
+        tasks.tracker.spawn(repair::run(
+            cfg.clone(),
+            tls,
+            api.unwrap_or_else(|| self.handler()),
+            ttl_ms,
+            tasks.stop.clone(),
+        ));
     }
 
     /// Starts the busy-polling spinners, if they are on.

@@ -92,6 +92,19 @@ pub struct Metrics {
     pub bootstrap_held: Counter,
     /// Whether the server is filling itself from a peer right now (1) or not.
     pub bootstrapping: Gauge,
+    /// Writes read from a peer's tail after its snapshot, and applied (or
+    /// held with the gateways' writes while filling).
+    pub tail_writes: Counter,
+    /// Writes of a peer's tail this server never got: the peer no longer
+    /// kept them, or they were refused here (limits, a full hold queue).
+    pub tail_lost: Counter,
+    /// Keys sampled from peers and looked up on both by repair.
+    pub repair_keys: Counter,
+    /// Entries repair copied from a peer: (key, pod) pairs the peer held
+    /// longer than this server.
+    pub repair_copied: Counter,
+    /// Rounds of repair with a peer that failed (unreachable, refused).
+    pub repair_failures: Counter,
     snapshot_seconds: Histogram,
     /// Resident memory of the process, read at scrape time (Linux).
     resident_bytes: Gauge,
@@ -175,6 +188,11 @@ impl Default for Metrics {
             snapshots_sent: Counter::default(),
             bootstrap_failures: Counter::default(),
             bootstrap_held: Counter::default(),
+            tail_writes: Counter::default(),
+            tail_lost: Counter::default(),
+            repair_keys: Counter::default(),
+            repair_copied: Counter::default(),
+            repair_failures: Counter::default(),
             bootstrapping: Gauge::default(),
             snapshot_bytes: Gauge::default(),
             snapshot_entries: Gauge::default(),
@@ -277,6 +295,31 @@ impl Metrics {
             "bootstrap_held_writes",
             "Writes held while filling from a peer, applied after the restore",
             self.bootstrap_held.clone(),
+        );
+        r.register(
+            "tail_writes",
+            "Writes read from a peer's tail after its snapshot and applied",
+            self.tail_writes.clone(),
+        );
+        r.register(
+            "tail_lost_writes",
+            "Writes of a peer's tail never applied here (not kept there, or refused here)",
+            self.tail_lost.clone(),
+        );
+        r.register(
+            "repair_keys",
+            "Keys sampled from peers and compared by repair",
+            self.repair_keys.clone(),
+        );
+        r.register(
+            "repair_copied_entries",
+            "Entries (key, pod) repair copied from a peer that held them longer",
+            self.repair_copied.clone(),
+        );
+        r.register(
+            "repair_failures",
+            "Rounds of repair with a peer that failed",
+            self.repair_failures.clone(),
         );
         r.register(
             "bootstrapping",

@@ -556,6 +556,7 @@ async fn every_documented_route_answers_and_others_do_not() {
         }
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => None,
         OpKind::SampleKeys => Some(json!({"count": 2})),
+        OpKind::Tail => Some(json!({"max": 2})),
     };
     let doc = openapi();
     for (method, path) in routes() {

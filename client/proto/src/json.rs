@@ -285,6 +285,18 @@ pub enum JsonOp {
         #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
         candidates: Option<Vec<String>>,
     },
+    /// The writes the server applied from a position on (what a replica
+    /// filled from its snapshot applies after it); without `from`, start
+    /// keeping them and say where the next one will be.
+    Tail {
+        /// The position of the first write wanted (an answer's `next`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long))]
+        from: Option<u64>,
+        /// Most writes wanted (at most 4,096 are answered).
+        #[cfg_attr(feature = "clap", arg(long, default_value_t = 256))]
+        max: u32,
+    },
 }
 
 /// Why a JSON body or line is not an operation. Answered with
@@ -332,6 +344,7 @@ pub fn fields(kind: OpKind) -> &'static [&'static str] {
         OpKind::SetPodCapacity => &["pod", "blocks"],
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => &[],
         OpKind::SampleKeys => &["count", "seed"],
+        OpKind::Tail => &["from", "max"],
         OpKind::Subscribe => &[
             "pod",
             "model",
@@ -364,6 +377,7 @@ impl JsonOp {
             JsonOp::ListEngines => OpKind::ListEngines,
             JsonOp::SampleKeys { .. } => OpKind::SampleKeys,
             JsonOp::LookupDetail { .. } => OpKind::LookupDetail,
+            JsonOp::Tail { .. } => OpKind::Tail,
         }
     }
 
@@ -476,6 +490,10 @@ impl JsonOp {
                 count: *count,
                 seed: *seed,
             },
+            JsonOp::Tail { from, max } => Op::Tail {
+                from: *from,
+                max: *max,
+            },
             JsonOp::LookupDetail {
                 model,
                 key,
@@ -544,6 +562,8 @@ struct Fields {
     media: Option<Vec<String>>,
     count: Option<u32>,
     seed: Option<u64>,
+    from: Option<u64>,
+    max: Option<u32>,
 }
 
 impl Fields {
@@ -567,6 +587,8 @@ impl Fields {
             ("media", self.media.is_some()),
             ("count", self.count.is_some()),
             ("seed", self.seed.is_some()),
+            ("from", self.from.is_some()),
+            ("max", self.max.is_some()),
         ]
         .into_iter()
         .filter_map(|(name, given)| given.then_some(name))
@@ -648,6 +670,12 @@ impl Fields {
                 key,
                 candidates: self.candidates,
             },
+            OpKind::Tail => JsonOp::Tail {
+                from: self.from,
+                max: self
+                    .max
+                    .ok_or_else(|| JsonError::new("tail: missing field `max`"))?,
+            },
         })
     }
 }
@@ -668,7 +696,10 @@ fn op_names() -> String {
 ///   subscription, its fields then its state;
 /// - sample_keys: `"keys"`, `[{"model":M,"hashes":[...]},...]`;
 /// - lookup_detail: as lookup, each match
-///   `{"pod":P,"blocks":K,"lower_blocks":L,"view":V}` ([`crate::PodView::name`]);
+///   `{"pod":P,"blocks":K,"lower_blocks":L,"view":V,"age_ms":A}`
+///   ([`crate::PodView::name`]);
+/// - tail: `"from"`, `"next"` and `"ops"`, each write as a replay line's
+///   object ([`write_json`]);
 /// - insert, set_pod_capacity, subscribe, ping: nothing more.
 pub fn reply_json(reply: &Reply) -> Value {
     match reply {
@@ -703,7 +734,27 @@ pub fn reply_json(reply: &Reply) -> Value {
             let matches: Vec<Value> = matches.iter().map(detail_json).collect();
             json!({ "ok": true, "key_blocks": key_blocks, "matches": matches })
         }
+        Reply::Writes { from, next, ops } => {
+            let ops: Vec<Value> = ops.iter().map(write_json).collect();
+            json!({ "ok": true, "from": from, "next": next, "ops": ops })
+        }
         Reply::Error { code, message } => error_json(Some(*code), message),
+    }
+}
+
+/// A write a tail answers, as a replay line's object: `insert` with its key
+/// as `"hashes"`, `remove_pod`, `set_pod_capacity` (a tail carries no
+/// other op; one would be named alone).
+pub fn write_json(op: &Op) -> Value {
+    match op {
+        Op::Insert { model, key, pod } => {
+            json!({ "op": "insert", "model": model, "hashes": key, "pod": pod })
+        }
+        Op::RemovePod { pod } => json!({ "op": "remove_pod", "pod": pod }),
+        Op::SetPodCapacity { pod, blocks } => {
+            json!({ "op": "set_pod_capacity", "pod": pod, "blocks": blocks })
+        }
+        other => json!({ "op": other.kind().name() }),
     }
 }
 
@@ -714,6 +765,7 @@ pub fn detail_json(m: &PodDetail) -> Value {
         "blocks": m.blocks,
         "lower_blocks": m.lower_blocks,
         "view": m.view.name(),
+        "age_ms": m.age_ms,
     })
 }
 

@@ -55,6 +55,6 @@ pub use frame::{
 pub use limits::{Limits, MAX_FRAME_CEILING};
 pub use message::{
     EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodView, Reply,
-    Request, Response, SampledKey, SubscriptionError, Tier, WireStats, MAX_SAMPLE,
+    Request, Response, SampledKey, SubscriptionError, Tier, WireStats, MAX_SAMPLE, MAX_TAIL,
 };
 pub use pod_name::PodName;

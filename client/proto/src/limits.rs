@@ -139,7 +139,9 @@ impl Limits {
                 self.check_name(pod)
             }
             Op::Subscribe(sub) => self.check_engine(sub),
-            Op::Stats | Op::Ping | Op::ListEngines | Op::SampleKeys { .. } => Ok(()),
+            Op::Stats | Op::Ping | Op::ListEngines | Op::SampleKeys { .. } | Op::Tail { .. } => {
+                Ok(())
+            }
         }
     }
 }

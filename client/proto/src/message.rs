@@ -84,7 +84,23 @@ pub enum Op {
         /// Only these pods, if given (a filter: unknown names are dropped).
         candidates: Option<Vec<String>>,
     },
+    /// The writes this server applied (inserts, pod removals, capacities),
+    /// in order, from position `from` on: what a replica that filled
+    /// itself from this one's snapshot applies after it. With no `from`,
+    /// the server starts keeping its writes (if it was not) and answers
+    /// where the next one will be, before the snapshot is asked.
+    Tail {
+        /// The position of the first write wanted (a `Writes` reply's
+        /// `next`), or none to start.
+        from: Option<u64>,
+        /// Most writes wanted (at most [`MAX_TAIL`]).
+        max: u32,
+    },
 }
+
+/// Most writes one `Tail` answers (more are not an error: the answer stops
+/// there, or where it would pass a quarter of the largest frame).
+pub const MAX_TAIL: u32 = 4096;
 
 /// Most keys one `SampleKeys` answers (more are not an error: the answer
 /// stops there). 256 keys of the longest length fit well in a frame.
@@ -401,6 +417,8 @@ pub enum OpKind {
     SampleKeys,
     /// [`Op::LookupDetail`].
     LookupDetail,
+    /// [`Op::Tail`].
+    Tail,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -414,7 +432,7 @@ pub const SAMPLE_WEIGHT: usize = 256;
 
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 11] = [
+    pub const ALL: [OpKind; 12] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -426,6 +444,7 @@ impl OpKind {
         OpKind::ListEngines,
         OpKind::SampleKeys,
         OpKind::LookupDetail,
+        OpKind::Tail,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -443,6 +462,7 @@ impl OpKind {
             OpKind::ListEngines => "list_engines",
             OpKind::SampleKeys => "sample_keys",
             OpKind::LookupDetail => "lookup_detail",
+            OpKind::Tail => "tail",
         }
     }
 
@@ -460,7 +480,8 @@ impl OpKind {
             | OpKind::Ping
             | OpKind::ListEngines
             | OpKind::SampleKeys
-            | OpKind::LookupDetail => false,
+            | OpKind::LookupDetail
+            | OpKind::Tail => false,
         }
     }
 
@@ -485,6 +506,7 @@ impl Op {
             Op::ListEngines => OpKind::ListEngines,
             Op::SampleKeys { .. } => OpKind::SampleKeys,
             Op::LookupDetail { .. } => OpKind::LookupDetail,
+            Op::Tail { .. } => OpKind::Tail,
         }
     }
 
@@ -493,7 +515,9 @@ impl Op {
     /// a pod-table change (engine subscriptions included: they name or
     /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`] (a detailed
     /// lookup is weighed as a lookup), a sample
-    /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), the rest 1.
+    /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), a tail
+    /// one per write asked (at most [`MAX_TAIL`]: copies of them), the
+    /// rest 1.
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
@@ -509,6 +533,7 @@ impl Op {
             | Op::Unsubscribe { .. } => POD_TABLE_WEIGHT,
             Op::Stats | Op::Ping | Op::ListEngines => 1,
             Op::SampleKeys { count, .. } => (*count).min(MAX_SAMPLE) as usize * SAMPLE_WEIGHT,
+            Op::Tail { max, .. } => (*max).clamp(1, MAX_TAIL) as usize,
         }
     }
 }
@@ -560,6 +585,10 @@ pub struct PodDetail {
     pub lower_blocks: u32,
     /// How far the answer can be trusted.
     pub view: PodView,
+    /// For a gateway-fed pod (view `Gateway`), milliseconds since its entry
+    /// on the last block it matches was last written: how near it is to
+    /// its TTL. 0 for every other view.
+    pub age_ms: u64,
 }
 
 /// How far a pod's answer can be trusted right now.
@@ -681,6 +710,18 @@ pub enum Reply {
         /// by a lower tier alone, by `lower_blocks` descending.
         matches: Vec<PodDetail>,
     },
+    /// Answer to `Tail`: writes at positions `from .. next`, in order.
+    /// `from` is past the position asked when the server no longer kept
+    /// the writes between (more came than it keeps, or it had stopped
+    /// keeping them): those are lost to the asker.
+    Writes {
+        /// The position of the first write here.
+        from: u64,
+        /// The position to ask from next.
+        next: u64,
+        /// The writes.
+        ops: Vec<Op>,
+    },
 }
 
 /// A response payload: one reply per op of the request, in order.
@@ -728,6 +769,10 @@ mod tests {
                 key: vec![1, 2, 3],
                 candidates: None,
             },
+            Op::Tail {
+                from: None,
+                max: 1 << 20,
+            },
         ];
         assert_eq!(ops.len(), OpKind::ALL.len());
         for (i, op) in ops.iter().enumerate() {
@@ -751,8 +796,13 @@ mod tests {
         let weights: Vec<_> = ops.iter().map(Op::weight).collect();
         // A sample is charged for at most MAX_SAMPLE keys.
         let sample = MAX_SAMPLE as usize * SAMPLE_WEIGHT;
-        assert_eq!(weights, [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3]);
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4107 + sample);
+        // A tail is charged for at most MAX_TAIL writes.
+        let tail = MAX_TAIL as usize;
+        assert_eq!(
+            weights,
+            [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3, tail]
+        );
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4107 + sample + tail);
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(
             names[6..],
@@ -761,7 +811,8 @@ mod tests {
                 "unsubscribe",
                 "list_engines",
                 "sample_keys",
-                "lookup_detail"
+                "lookup_detail",
+                "tail"
             ]
         );
         // New replies come after the old ones too.
@@ -775,6 +826,13 @@ mod tests {
         };
         let detail = bincode::encode_to_vec(detail, bincode::config::standard());
         assert_eq!(detail.unwrap(), [8, 0, 0]);
+        let writes = Reply::Writes {
+            from: 1,
+            next: 1,
+            ops: vec![],
+        };
+        let writes = bincode::encode_to_vec(writes, bincode::config::standard());
+        assert_eq!(writes.unwrap(), [9, 1, 1, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 

@@ -181,22 +181,32 @@ fn reply() -> impl Strategy<Value = Reply> {
         .prop_map(Reply::Keys),
         (
             any::<u32>(),
-            prop::collection::vec((name(), any::<u32>(), any::<u32>(), 0..6usize), 0..5)
+            prop::collection::vec(
+                (name(), any::<u32>(), any::<u32>(), 0..6usize, any::<u64>()),
+                0..5
+            )
         )
             .prop_map(|(k, m)| {
                 Reply::Detail {
                     key_blocks: k,
                     matches: m
                         .into_iter()
-                        .map(|(pod, blocks, lower_blocks, v)| PodDetail {
+                        .map(|(pod, blocks, lower_blocks, v, age_ms)| PodDetail {
                             pod: pod.into(),
                             blocks,
                             lower_blocks,
                             view: PodView::ALL[v],
+                            age_ms,
                         })
                         .collect(),
                 }
             }),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec(name().prop_map(|pod| Op::RemovePod { pod }), 0..4)
+        )
+            .prop_map(|(from, next, ops)| Reply::Writes { from, next, ops }),
     ]
 }
 

@@ -68,6 +68,8 @@ fn op() -> impl Strategy<Value = Op> {
                 key,
                 candidates
             }),
+        (prop::option::of(any::<u64>()), any::<u32>())
+            .prop_map(|(from, max)| Op::Tail { from, max }),
     ]
 }
 
@@ -95,6 +97,10 @@ fn to_json(op: &Op) -> Value {
         Op::SetPodCapacity { pod, blocks } => json!({"pod": pod, "blocks": blocks}),
         Op::Stats | Op::Ping | Op::ListEngines => json!({}),
         Op::SampleKeys { count, seed } => json!({"count": count, "seed": seed}),
+        Op::Tail { from, max } => match from {
+            Some(f) => json!({"from": f, "max": max}),
+            None => json!({ "max": max }),
+        },
         Op::Subscribe(s) => {
             let mut v = json!({
                 "pod": s.pod, "model": s.model, "endpoint": s.endpoint,

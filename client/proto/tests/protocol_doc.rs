@@ -167,6 +167,7 @@ fn the_documented_vectors_are_the_messages_they_describe() {
                     blocks: 1,
                     lower_blocks: 1,
                     view: PodView::Exact,
+                    age_ms: 0,
                 }],
             }),
         ),

@@ -661,6 +661,9 @@ impl Route for ReplicaSets {
                     count.min(MAX_SAMPLE) as usize,
                 )?))
             }
+            // Positions in one server's writes: nothing to merge.
+            OpKind::Tail => Ok(crate::wire::ErrorCode::Unsupported
+                .reply("a tail's positions are one server's: ask that server's own client")),
             OpKind::RemovePod
             | OpKind::SetPodCapacity
             | OpKind::Unsubscribe

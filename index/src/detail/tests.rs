@@ -107,6 +107,7 @@ fn detail(index: &Index) -> Vec<(String, u32, u32, View)> {
                  blocks,
                  lower,
                  view,
+                 ..
              }| { (r.pod_name(pod).unwrap().to_string(), blocks, lower, view) },
         )
         .collect()
@@ -213,4 +214,25 @@ fn views_say_how_far_each_answer_holds() {
     assert_eq!(detail(&index)[1], row("pod", 10, 0, View::Speculative));
     store(&index, &e, Tier::Gpu, 6, N, true);
     assert_eq!(detail(&index)[1], row("pod", 10, 0, View::Exact));
+}
+
+#[test]
+fn a_gateway_pods_answer_says_how_long_ago_its_last_block_was_written() {
+    let (index, e) = setup();
+    store(&index, &e, Tier::Gpu, 0, N, true);
+    let k = key();
+    index.insert("m", &k[..4], "gw", T0 - 5_000).unwrap();
+    index.insert("m", &k[..2], "gw", T0 - 1_000).unwrap();
+    let r = index.reader();
+    let found = r.lookup_detail("m", &k, None, T0).matches;
+    let age = |name: &str| {
+        let m = found
+            .iter()
+            .find(|m| r.pod_name(m.pod) == Some(name))
+            .unwrap();
+        (m.view, m.blocks, m.age)
+    };
+    // The fourth block was last written 5 s ago (the second, 1 s ago).
+    assert_eq!(age("gw"), (View::Gateway, 4, 5_000));
+    assert_eq!(age("pod"), (View::Exact, 10, 0));
 }

@@ -162,6 +162,10 @@ fn everything_changed() -> ServerConfig {
             send_timeout: Duration::from_secs(31),
             send_piece_bytes: 1 << 16,
             send_pieces: 2,
+            tail_window: Duration::from_secs(32),
+            tail_queue: 33,
+            repair_interval: Duration::from_millis(340),
+            repair_keys: 35,
         },
         engines: EngineConfig {
             subscriptions: vec![

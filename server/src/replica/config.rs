@@ -60,6 +60,24 @@ pub struct ReplicaSettings {
     /// transfer holds this many plus two.
     #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECES")]
     pub snapshot_pieces: Option<usize>,
+    /// How long a replica filled from a peer's snapshot keeps applying the
+    /// writes the peer applied after it (its tail), and how long a server
+    /// keeps its writes for a peer that stopped asking for them.
+    #[arg(long, env = "PREFIX_INDEX_TAIL_WINDOW")]
+    pub tail_window: Option<HumanDuration>,
+    /// Writes a server keeps for peers following its tail, in key blocks
+    /// (1,024 for a pod-table change); past it the oldest are dropped and
+    /// a peer behind them is told it lost them.
+    #[arg(long, env = "PREFIX_INDEX_TAIL_QUEUE")]
+    pub tail_queue: Option<usize>,
+    /// Pause between rounds of repair: keys sampled from each peer, looked
+    /// up on both, and what the peer holds and this server lacks copied.
+    #[arg(long, env = "PREFIX_INDEX_REPAIR_INTERVAL")]
+    pub repair_interval: Option<HumanDuration>,
+    /// Keys sampled from each peer per round of repair (at most 256); 0
+    /// turns repair off.
+    #[arg(long, env = "PREFIX_INDEX_REPAIR_KEYS")]
+    pub repair_keys: Option<u32>,
 }
 
 /// The other replicas, and how a cold start fills itself from them.
@@ -113,6 +131,23 @@ pub struct ReplicaConfig {
     /// being filled and one being written, a transfer holds this many plus
     /// two. Default 4: 6 MiB a transfer, and the writer rarely waits.
     pub send_pieces: usize,
+    /// How long a filled replica follows its peer's tail, and how long a
+    /// server keeps writes for a tail nobody asks for. Default 30 s: a
+    /// gateway's client reconnects within its backoff (2 s at most) and a
+    /// `Cluster` marks a replica healthy again within a few seconds, so
+    /// its own writes reach the replica long before.
+    pub tail_window: Duration,
+    /// Writes kept for tails, counted by weight as `queue`. Default
+    /// 4,194,304: 32 MiB of hashes, about ten seconds of a busy fleet's
+    /// inserts (a tail is read every 100 ms).
+    pub tail_queue: usize,
+    /// Pause between rounds of repair. Default 1 s.
+    pub repair_interval: Duration,
+    /// Keys sampled from each peer per round of repair (at most
+    /// `MAX_SAMPLE`, 256); 0: no repair. Default 256: per peer and round,
+    /// one sample, one batch of 256 lookups there and here, and an insert
+    /// per key this server lacks.
+    pub repair_keys: u32,
 }
 
 impl Default for ReplicaConfig {
@@ -130,6 +165,10 @@ impl Default for ReplicaConfig {
             send_timeout: Duration::from_secs(120),
             send_piece_bytes: 1 << 20,
             send_pieces: 4,
+            tail_window: Duration::from_secs(30),
+            tail_queue: 4 << 20,
+            repair_interval: Duration::from_secs(1),
+            repair_keys: 256,
         }
     }
 }
@@ -152,6 +191,10 @@ impl ReplicaSettings {
             send_timeout: duration(self.snapshot_send_timeout, d.send_timeout),
             send_piece_bytes: self.snapshot_piece_bytes.unwrap_or(d.send_piece_bytes),
             send_pieces: self.snapshot_pieces.unwrap_or(d.send_pieces),
+            tail_window: duration(self.tail_window, d.tail_window),
+            tail_queue: self.tail_queue.unwrap_or(d.tail_queue),
+            repair_interval: duration(self.repair_interval, d.repair_interval),
+            repair_keys: self.repair_keys.unwrap_or(d.repair_keys),
         }
     }
 }
@@ -171,6 +214,10 @@ impl From<&ReplicaConfig> for ReplicaSettings {
             snapshot_send_timeout: Some(HumanDuration(c.send_timeout)),
             snapshot_piece_bytes: Some(c.send_piece_bytes),
             snapshot_pieces: Some(c.send_pieces),
+            tail_window: Some(HumanDuration(c.tail_window)),
+            tail_queue: Some(c.tail_queue),
+            repair_interval: Some(HumanDuration(c.repair_interval)),
+            repair_keys: Some(c.repair_keys),
         }
     }
 }
@@ -204,6 +251,16 @@ impl ReplicaConfig {
         }
         if self.send_pieces == 0 || self.send_pieces > 1024 {
             return invalid("snapshot-pieces", &self.send_pieces, "must be 1 to 1024");
+        }
+        if self.tail_queue == 0 || self.tail_window.is_zero() || self.repair_interval.is_zero() {
+            return invalid(
+                "tail-queue/tail-window/repair-interval",
+                &0,
+                "must be positive",
+            );
+        }
+        if self.repair_keys > prefix_proto::MAX_SAMPLE {
+            return invalid("repair-keys", &self.repair_keys, "must be 0 to 256");
         }
         if self.max_snapshot_bytes < 1 << 20 {
             return invalid(

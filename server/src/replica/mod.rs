@@ -1,7 +1,8 @@
 //! This server as a replica of a model's set: the gate that holds writes
 //! and refuses lookups while it fills itself from a peer (`gate`), the one
-//! snapshot it may be sending to a peer (`sender`), and how the last fill
-//! went. Filling itself is `bootstrap.rs`.
+//! snapshot it may be sending to a peer (`sender`), the writes it keeps for
+//! peers that filled from it (`tail`), and how the last fill went. Filling
+//! itself is `bootstrap.rs`; repair, `repair.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,11 +14,15 @@ use crate::metrics::Metrics;
 
 pub mod config;
 mod gate;
+pub mod removals;
 mod sender;
+pub mod tail;
 
 use gate::Gate;
+use removals::Removals;
 use sender::Sender;
 pub use sender::Sending;
+use tail::Tail;
 
 /// A peer whose snapshot was not restored, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,12 +62,49 @@ pub struct Replica {
     /// While filling: whether it keeps a snapshot of its own (too old to
     /// start from), which it serves if no peer gives a fresher one.
     holds_own: bool,
+    /// The writes kept for peers that filled from this one.
+    tail: Tail,
+    /// The pods removed lately (what repair must not copy back).
+    pub removals: Removals,
 }
 
 impl Replica {
     /// A replica that serves at once.
     pub fn serving() -> Arc<Replica> {
         Arc::default()
+    }
+
+    /// A replica as `cfg` says: filling itself first if `filling` (with a
+    /// snapshot of its own to fall back on or not), keeping its writes for
+    /// peers as `cfg`'s tail settings say.
+    pub fn new(cfg: &config::ReplicaConfig, filling: Option<bool>) -> Arc<Replica> {
+        let tail = Tail::new(cfg.tail_queue, cfg.tail_window.as_millis() as u64);
+        Arc::new(match filling {
+            Some(holds_own) => Replica {
+                gate: Gate::closed(cfg.queue),
+                holds_own,
+                tail,
+                ..Replica::default()
+            },
+            None => Replica {
+                tail,
+                ..Replica::default()
+            },
+        })
+    }
+
+    /// Keeps an applied write for the peers following the tail, and a pod
+    /// removal for repair.
+    pub fn record(&self, op: &Op, now: u64) {
+        self.tail.record(op, now);
+        if let Op::RemovePod { pod } = op {
+            self.removals.record(pod, now);
+        }
+    }
+
+    /// Answers `Op::Tail`.
+    pub fn tail(&self, from: Option<u64>, max: u32, now: u64) -> Reply {
+        self.tail.answer(from, max, now)
     }
 
     /// A replica that fills itself first, holding writes up to a weight of

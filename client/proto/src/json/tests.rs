@@ -45,6 +45,10 @@ fn full(kind: OpKind) -> JsonOp {
         OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: "p".into() },
         OpKind::ListEngines => JsonOp::ListEngines,
         OpKind::SampleKeys => JsonOp::SampleKeys { count: 3, seed: 9 },
+        OpKind::Tail => JsonOp::Tail {
+            from: Some(4),
+            max: 5,
+        },
         OpKind::LookupDetail => JsonOp::LookupDetail {
             model: "m".into(),
             key,

@@ -1,0 +1,289 @@
+//! Replicas that converge: a replica killed under a steady stream of writes
+//! and restarted empty fills from a peer's snapshot and tail, repair copies
+//! what it still lacks, and soon after the writes stop every replica
+//! answers every sampled key alike.
+//!
+//! The write rate is `CONVERGE_WRITES_PER_SEC` (default 1,000); the test
+//! prints how long the replicas took to agree after the writes stopped, and
+//! what the tail and repair carried (`docs/benchmarks.md`, "Replicas that
+//! converge").
+
+use prefix_testkit::server as common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::Proc;
+use prefix_client::compare::compare;
+use prefix_client::wire::Op;
+use prefix_client::{Client, ClientConfig, Cluster, Replication};
+use prefix_testkit::server_bin;
+
+/// The servers' counters of the tail and repair, summed.
+async fn carried(ports: &[(SocketAddr, SocketAddr)]) -> [f64; 4] {
+    let mut sum = [0.0; 4];
+    for (_, http) in ports {
+        for (i, name) in [
+            "prefix_index_tail_writes_total",
+            "prefix_index_tail_lost_writes_total",
+            "prefix_index_repair_keys_total",
+            "prefix_index_repair_copied_entries_total",
+        ]
+        .iter()
+        .enumerate()
+        {
+            sum[i] += common::metric(*http, name).await;
+        }
+    }
+    sum
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_under_writes_converges_with_its_peers() {
+    let rate: u64 = std::env::var("CONVERGE_WRITES_PER_SEC")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1000);
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let ports: Vec<(SocketAddr, SocketAddr)> = (0..3).map(|_| common::free_ports()).collect();
+    let peers = |me: usize| -> Vec<String> {
+        (0..3)
+            .filter(|&i| i != me)
+            .flat_map(|i| ["--peer".to_string(), ports[i].0.to_string()])
+            .collect()
+    };
+    // Room for every write: answers then depend on the writes alone.
+    let flags = |me: usize, certs: Option<(&std::path::Path, &std::path::Path)>| {
+        let mut f: Vec<String> = ["--snapshot-interval", "0s", "--pod-capacity", "10000000"]
+            .map(String::from)
+            .into();
+        f.extend(peers(me));
+        if let Some((cert, key)) = certs {
+            f.extend(["--cert".into(), cert.to_string_lossy().into_owned()]);
+            f.extend(["--key".into(), key.to_string_lossy().into_owned()]);
+        }
+        f
+    };
+    let start = |me: usize, dir: &std::path::Path, certs| {
+        let f = flags(me, certs);
+        let f: Vec<&str> = f.iter().map(String::as_str).collect();
+        Proc::start_with(server_bin!(), dir, ports[me].0, ports[me].1, &f)
+    };
+    // The first server makes the certificate the others share; a new set
+    // (every peer cold) starts at once.
+    let mut procs = vec![start(0, dirs[0].path(), None)];
+    procs[0].client().await;
+    let cert = dirs[0].path().join("cert.pem");
+    let key = dirs[0].path().join("key.pem");
+    for (i, dir) in dirs.iter().enumerate().skip(1) {
+        procs.push(start(i, dir.path(), Some((&cert, &key))));
+    }
+    let ready = |http: SocketAddr| async move {
+        std::net::TcpStream::connect(http).is_ok()
+            && common::http_get(http, "/readyz").await.contains("200")
+    };
+    for (_, http) in &ports {
+        common::eventually("ready", async || ready(*http).await).await;
+    }
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(10),
+        ..common::trusting(&cert)
+    };
+    let list: Vec<(String, SocketAddr)> =
+        (0..3).map(|i| (format!("index-{i}"), ports[i].0)).collect();
+    let replication = Replication {
+        replicas: 3,
+        write_deadline: Duration::from_secs(10),
+        ..Replication::default()
+    };
+    let writer = Cluster::connect_replicated(&list, replication, cfg.clone())
+        .await
+        .unwrap();
+
+    // Writes at `rate`, in batches every 10 ms, until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let task = {
+        let (stop, written, writer) = (stop.clone(), written.clone(), writer.clone());
+        tokio::spawn(async move {
+            let per_tick = (rate / 100).max(1);
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut i: u64 = 0;
+            while !stop.load(Ordering::Relaxed) {
+                tick.tick().await;
+                let ops: Vec<Op> = (0..per_tick)
+                    .map(|_| {
+                        i += 1;
+                        Op::Insert {
+                            model: format!("model-{}", i % 6),
+                            key: (0..4).map(|b| i << 8 | b).collect(),
+                            pod: format!("pod-{}", i % 8),
+                        }
+                    })
+                    .collect();
+                let _ = writer.batch(ops).await;
+                written.store(i, Ordering::Relaxed);
+            }
+        })
+    };
+    let wait_writes = |n: u64| {
+        let written = written.clone();
+        async move {
+            common::eventually("writes", async || written.load(Ordering::Relaxed) >= n).await;
+        }
+    };
+    wait_writes(rate).await;
+    procs[1].signal("-KILL");
+    procs[1].wait().await;
+    let at_kill = written.load(Ordering::Relaxed);
+    // Down for a while under writes, then back with an empty data
+    // directory: it fills from a peer while the writes go on.
+    wait_writes(at_kill + rate / 2).await;
+    let empty = tempfile::tempdir().unwrap();
+    procs[1] = start(1, empty.path(), Some((&cert, &key)));
+    common::eventually("the restarted replica is ready", async || {
+        ready(ports[1].1).await
+    })
+    .await;
+    let at_ready = written.load(Ordering::Relaxed);
+    wait_writes(at_ready + rate).await;
+    stop.store(true, Ordering::Relaxed);
+    task.await.unwrap();
+    let stopped = Instant::now();
+    let total = written.load(Ordering::Relaxed);
+
+    let mut servers = Vec::new();
+    for (i, (addr, _)) in ports.iter().enumerate() {
+        let c = Client::connect(*addr, cfg.clone()).await.unwrap();
+        servers.push((format!("index-{i}"), c));
+    }
+    let mut last = None;
+    let mut seed = 0;
+    common::eventually("the replicas agree on every sampled key", async || {
+        seed += 1;
+        let c = compare(&servers, 3000, seed, 3).await.unwrap();
+        let agree = c.differing == 0 && c.sampled > 0;
+        last = Some(c);
+        agree
+    })
+    .await;
+    let took = stopped.elapsed();
+    let [tail, lost, keys, copied] = carried(&ports).await;
+    let c = last.unwrap();
+    eprintln!(
+        "{rate} writes/s, {total} written ({at_kill} at the kill, {at_ready} when the filled \
+         replica was ready): {} sampled keys alike {took:?} after the writes stopped; tail \
+         {tail} writes applied, {lost} lost; repair compared {keys} keys and copied {copied} \
+         entries; {:?}",
+        c.sampled,
+        writer.replica_stats()
+    );
+    let log = procs[1].log();
+    assert!(log.contains("restored a peer's snapshot"), "{log}");
+    assert!(tail > 0.0, "the filled replica followed its peer's tail");
+    for mut p in procs {
+        let _ = p.child.kill();
+        let _ = p.wait().await;
+    }
+}
+
+/// Two replicas of each other, started together: a new set, so both serve
+/// at once.
+async fn pair(
+    tweak: impl Fn(&mut prefix_server::ServerConfig) + Clone + Send + 'static,
+) -> Vec<common::TestServer> {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = prefix_testkit::tls::server_cert(dir.path());
+    let ports: Vec<SocketAddr> = (0..2).map(|_| common::free_ports().0).collect();
+    let start = |me: usize| {
+        let (cert, key, tweak) = (cert.clone(), key.clone(), tweak.clone());
+        let peer = ports[1 - me].to_string();
+        let listen = ports[me];
+        common::start(move |cfg| {
+            cfg.transport.listen = listen;
+            cfg.transport.tls = prefix_server::config::CertSource::Files { cert, key };
+            cfg.replicas.peers = vec![peer];
+            tweak(cfg);
+        })
+    };
+    let (a, b) = tokio::join!(start(0), start(1));
+    let mut servers = vec![a, b];
+    for s in &mut servers {
+        s.ca = cert.clone();
+        let http = s.metrics_addr.unwrap();
+        common::eventually("ready", async || {
+            common::http_get(http, "/readyz").await.contains("200")
+        })
+        .await;
+    }
+    // The certificate's directory lives as long as the servers' own.
+    std::mem::forget(dir);
+    servers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_one_replica_missed_is_repaired_from_its_peer() {
+    let burst: u64 = std::env::var("REPAIR_BURST_KEYS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(1000);
+    // Rounds five times as often as the default, so that a loaded machine
+    // still repairs within the test's patience; `docs/benchmarks.md` gives
+    // the default's figure (REPAIR_INTERVAL_MS=1000).
+    let interval: u64 = std::env::var("REPAIR_INTERVAL_MS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200);
+    let servers = pair(move |cfg| {
+        cfg.replicas.repair_interval = Duration::from_millis(interval);
+        // Of a new set started together, one may fill from the other (if
+        // the other was ready first) and follow its tail: not for long
+        // here, so that the burst reaches the other by repair alone.
+        cfg.replicas.tail_window = Duration::from_millis(1);
+    })
+    .await;
+    let (a, b) = (servers[0].client().await, servers[1].client().await);
+    // Written to one replica alone, as when a gateway's queue for the
+    // other overflowed.
+    for chunk in (0..burst).collect::<Vec<_>>().chunks(256) {
+        let ops = chunk
+            .iter()
+            .map(|&i| Op::Insert {
+                model: format!("model-{}", i % 3),
+                key: (0..4).map(|b| i << 8 | b).collect(),
+                pod: format!("pod-{}", i % 5),
+            })
+            .collect();
+        for r in a.batch(ops).await.unwrap() {
+            assert_eq!(r, prefix_client::wire::Reply::Done);
+        }
+    }
+    let written = Instant::now();
+    let pair = [("a".to_string(), a), ("b".to_string(), b)];
+    // Each key of the burst is a leaf of its own: copied once, whole.
+    let http = servers[1].metrics_addr.unwrap();
+    let copied = || common::metric(http, "prefix_index_repair_copied_entries_total");
+    common::eventually("repaired", async || copied().await >= burst as f64).await;
+    let took = written.elapsed();
+    let keys = common::metric(http, "prefix_index_repair_keys_total").await;
+    let after = compare(&pair, 3000, 2, 3).await.unwrap();
+    eprintln!(
+        "a burst of {burst} keys on one replica, repair every {interval} ms: copied to the \
+         other {took:?} later, which \
+         compared {keys} keys and copied {} entries; {} sampled keys compared after",
+        copied().await,
+        after.sampled
+    );
+    assert_eq!(after.differing, 0, "{after:?}");
+    assert_eq!(
+        copied().await,
+        burst as f64,
+        "each missing entry copied once"
+    );
+    for s in servers {
+        s.shutdown().await;
+    }
+}
