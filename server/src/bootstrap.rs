@@ -20,6 +20,11 @@
 //! ones still fills from them; a peer that falls back on its own old
 //! snapshot says `Unavailable`, so the set waits for it to serve.
 //!
+//! Before the snapshot, the server asks the peer where its tail is, and
+//! reads the tail from there (`follow`) while the snapshot comes and for
+//! `--tail-window` after it turns ready: every write the peer applied after
+//! that point is in the snapshot, in the tail, or both.
+//!
 //! While it fills, the server serves, through its [`Replica`](crate::replica::Replica) gate: pings,
 //! stats and engine listings answer; lookups are refused `Unavailable`, which
 //! a gateway's replica set takes as "ask another replica"; writes are held

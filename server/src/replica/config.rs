@@ -137,9 +137,10 @@ pub struct ReplicaConfig {
     /// `Cluster` marks a replica healthy again within a few seconds, so
     /// its own writes reach the replica long before.
     pub tail_window: Duration,
-    /// Writes kept for tails, counted by weight as `queue`. Default
-    /// 4,194,304: 32 MiB of hashes, about ten seconds of a busy fleet's
-    /// inserts (a tail is read every 100 ms).
+    /// Writes kept for tails, counted by weight as `queue` plus 16 per
+    /// write (`tail::OP_OVERHEAD`). Default 4,194,304: about 32 MiB, some
+    /// 200,000 four-block inserts, seconds of a busy fleet's writes (a
+    /// tail is read every 100 ms).
     pub tail_queue: usize,
     /// Pause between rounds of repair. Default 1 s.
     pub repair_interval: Duration,

@@ -9,7 +9,8 @@
 //!
 //! Nothing is kept while nobody asks: a write costs one atomic load then.
 //! Each ask keeps writes for `--tail-window` more; at most `--tail-queue`
-//! of weight is kept, the oldest dropped first, and an asker behind them is
+//! of weight is kept (each write's key blocks and [`OP_OVERHEAD`]), the
+//! oldest dropped first, and an asker behind them is
 //! answered from the oldest kept (its `from` past the one asked: those are
 //! lost to it).
 
@@ -31,12 +32,22 @@ pub struct Tail {
     window_ms: u64,
 }
 
+/// What a kept write costs beside its own weight, in key blocks (8 bytes
+/// each): its names and the list around it, about 128 bytes. A queue of
+/// one-block inserts is bounded by its memory, not by its hashes alone.
+pub const OP_OVERHEAD: usize = 16;
+
+/// The weight a kept write counts for.
+fn kept(op: &Op) -> usize {
+    op.weight() + OP_OVERHEAD
+}
+
 #[derive(Debug, Default)]
 struct Log {
     /// The position of `ops[0]`.
     first: u64,
     ops: VecDeque<Op>,
-    /// Their weight (`Op::weight`), what `max_weight` bounds.
+    /// Their weight ([`kept`]), what `max_weight` bounds.
     weight: usize,
 }
 
@@ -74,13 +85,13 @@ impl Tail {
             return;
         }
         let mut log = self.log.lock();
-        log.weight += op.weight();
+        log.weight += kept(op);
         log.ops.push_back(op.clone());
         while log.weight > self.max_weight {
             let Some(old) = log.ops.pop_front() else {
                 break;
             };
-            log.weight -= old.weight();
+            log.weight -= kept(&old);
             log.first += 1;
         }
     }
@@ -171,7 +182,7 @@ mod tests {
 
     #[test]
     fn past_its_bound_the_oldest_are_dropped_and_reported_lost() {
-        let t = Tail::new(3, 1000);
+        let t = Tail::new(3 * (1 + OP_OVERHEAD), 1000);
         t.answer(None, 1, 0);
         for k in 0..5 {
             t.record(&insert(k), 1);
