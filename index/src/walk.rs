@@ -38,8 +38,8 @@ pub(crate) fn step<'g>(node: NodeRef<'g>, rest: &[u64], seed: u64) -> Option<(No
 /// `max` of them: at each level (0 below `node`), child number
 /// `pick(level)` modulo the children's count, in slot order. A random
 /// `pick` makes it a random descent (sampling the keys a tree holds), each
-/// child equally likely: replicas comparing or repairing each other reach
-/// every key, not mostly those after runs of empty slots.
+/// child equally likely, wherever it sits in its table: replicas comparing
+/// or repairing each other reach every key.
 pub(crate) fn descend(
     mut node: NodeRef<'_>,
     max: usize,
@@ -53,14 +53,13 @@ pub(crate) fn descend(
         if slots == 0 {
             break;
         }
-        let children = (0..slots).filter(|&i| table.slot(i).is_some()).count();
-        if children == 0 {
+        // One pass: a child removed meanwhile is not picked from a count
+        // that still held it.
+        let children: Vec<NodeRef<'_>> = (0..slots).filter_map(|i| table.slot(i)).collect();
+        if children.is_empty() {
             break;
         }
-        let nth = pick(level) % children;
-        let Some(child) = (0..slots).filter_map(|i| table.slot(i)).nth(nth) else {
-            break;
-        };
+        let child = children[pick(level) % children.len()];
         let take = child.edge.len().min(max - key.len());
         key.extend_from_slice(&child.edge[..take]);
         node = child;

@@ -44,6 +44,7 @@ use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_index::Snapshot;
 use prefix_proto::MAX_TAIL;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::now_ms;
 use crate::engines::Engines;
@@ -105,6 +106,9 @@ pub struct Target {
     pub metrics: Arc<Metrics>,
     /// Set once the gate is open (and the server not shutting down).
     pub ready: Arc<AtomicBool>,
+    /// Where the tail's follower runs: the server's tasks, which shutdown
+    /// waits for.
+    pub tasks: TaskTracker,
 }
 
 /// Fills the index from a peer (or, failing that, from the fallback), starts
@@ -131,7 +135,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
         for peer in &cfg.peers {
             let attempt = tokio::select! {
                 _ = shutdown.cancelled() => return,
-                a = take(peer, &cfg, &tls, &target.handler, deadline, &shutdown) => a,
+                a = take(peer, &cfg, &tls, &target, deadline, &shutdown) => a,
             };
             match attempt {
                 Ok(done) => {
@@ -207,6 +211,7 @@ pub async fn fill(filling: Filling, target: Target, shutdown: CancellationToken)
         took: started.elapsed(),
         refused,
         held,
+        new_set: all_cold,
     };
     target.metrics.bootstrapping.set(0);
     match engines {
@@ -239,42 +244,37 @@ async fn take(
     peer: &str,
     cfg: &ReplicaConfig,
     tls: &TlsConfig,
-    handler: &Arc<Handler>,
+    target: &Target,
     deadline: tokio::time::Instant,
     shutdown: &CancellationToken,
 ) -> Result<(u64, u64), FillError> {
+    let handler = &target.handler;
+    // Stopped whenever this attempt fails, wherever it fails: the next
+    // peer's tail replaces it.
+    let mut follower = Follower(None);
     let fetch = async {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         let client = connect(peer, cfg, tls, left).await?;
-        let follower = match client.tail(None, 0).await {
-            Ok(w) => Some(tokio::spawn(follow(
-                client.clone(),
-                w.next,
-                handler.clone(),
-                cfg.tail_window,
-                shutdown.clone(),
-            ))),
+        match client.tail(None, 0).await {
+            Ok(w) => {
+                let run = follow(
+                    client.clone(),
+                    w.next,
+                    handler.clone(),
+                    cfg.tail_window,
+                    shutdown.clone(),
+                );
+                follower.0 = Some(target.tasks.spawn(run));
+            }
             Err(e) => {
                 tracing::warn!(%peer, error = %e, "the peer keeps no tail: filling from its snapshot alone");
-                None
-            }
-        };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let taken = client.snapshot(cfg.max_snapshot_bytes, left).await;
-        match (&taken, follower) {
-            (Ok(_), Some(_)) => {}
-            // Closing waits for the peer to acknowledge (a few round
-            // trips): not on the way to ready.
-            (Ok(_), None) => {
-                tokio::spawn(async move { client.close().await });
-            }
-            (Err(_), follower) => {
-                if let Some(f) = follower {
-                    f.abort();
-                }
-                tokio::spawn(async move { client.close().await });
             }
         }
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let taken = client.snapshot(cfg.max_snapshot_bytes, left).await;
+        // Closing waits for the peer to acknowledge (a few round trips):
+        // not on the way to ready. The follower holds its own clone.
+        tokio::spawn(async move { client.close().await });
         Ok::<_, FillError>(taken?)
     };
     let bytes = tokio::time::timeout_at(deadline, fetch)
@@ -292,7 +292,21 @@ async fn take(
     let inserts = tokio::task::spawn_blocking(restore)
         .await
         .map_err(|e| FillError::Restore(e.to_string()))??;
+    // Restored: the follower goes on.
+    follower.0 = None;
     Ok((inserts, size))
+}
+
+/// The task following a peer's tail for one attempt to fill from it:
+/// aborted when dropped still holding it (the attempt failed).
+struct Follower(Option<tokio::task::JoinHandle<()>>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 /// A client of `peer`, connected within `within` (and `--peer-connect-timeout`),

@@ -29,7 +29,8 @@ use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Sta
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
     encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, OpKind, PodDetail, PodView,
-    Reply, Request, Response, ResponseWriter, SampledKey, WireStats, MAX_FRAME_CEILING, MAX_SAMPLE,
+    Reply, Request, Response, ResponseWriter, SampledKey, WireStats, ANSWER_ROOM,
+    MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -364,10 +365,9 @@ impl Handler {
             Op::Tail { from, max } => self.replica.tail(*from, *max, now),
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
-                // Keys of up to `max-key-blocks` each: stop within a
-                // quarter of the largest answer (a hash takes at most 10
-                // bytes), so that the answer always fits.
-                let mut room = MAX_FRAME_CEILING as usize / 4;
+                // Keys of up to `max-key-blocks` each: stop within the
+                // answer's room (a hash takes at most 10 bytes).
+                let mut room = ANSWER_ROOM;
                 let keys = reader.sample_keys(count, *seed).into_iter();
                 Reply::Keys(
                     keys.take_while(|(model, key)| {
@@ -384,13 +384,8 @@ impl Handler {
             }
         };
         let failed = matches!(reply, Reply::Error { .. });
-        if !failed
-            && matches!(
-                op,
-                Op::Insert { .. } | Op::RemovePod { .. } | Op::SetPodCapacity { .. }
-            )
-        {
-            self.replica.record(op, now);
+        if !failed && op.kind().tailed() {
+            self.replica.record(op, &reply, now);
         }
         w.reply(&reply);
         failed
@@ -412,13 +407,19 @@ impl Handler {
 
     /// Applies writes read from a peer's tail, in order, as a writer's:
     /// checked against this server's limits, held while it fills (as the
-    /// gateways' writes are), else applied. Returns how many were refused.
+    /// gateways' writes are), else applied. Only the writes a tail carries
+    /// ([`OpKind::tailed`]) are taken: a peer's answer subscribes nothing
+    /// here. Returns how many were refused.
     pub fn apply_tail(&self, ops: &[Op]) -> u64 {
         let now = now_ms();
         let reader = self.index.reader();
         let (mut scratch, mut hits) = (Vec::new(), Hits::default());
         let mut refused = 0;
         for op in ops {
+            if !op.kind().tailed() {
+                refused += 1;
+                continue;
+            }
             let failed = self.apply(
                 op,
                 &Access::Write,

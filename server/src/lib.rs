@@ -209,7 +209,7 @@ impl Server {
         }
         metrics.watch_engines(&engines);
         let own = filling.as_ref().map(|f| f.fallback.is_some());
-        let replica = Replica::new(&cfg.replicas, own);
+        let replica = Replica::new(&cfg.replicas, &cfg.index, own);
         Ok(Server {
             index,
             metrics,
@@ -405,6 +405,7 @@ impl Server {
             engines: self.engines.clone(),
             metrics: self.metrics.clone(),
             ready: ready.clone(),
+            tasks: tasks.tracker.clone(),
         };
         tasks
             .tracker
@@ -424,12 +425,10 @@ impl Server {
                 return;
             }
         };
-        let ttl_ms = self.cfg.index.ttl.as_millis() as u64;
         tasks.tracker.spawn(repair::run(
             cfg.clone(),
             tls,
             api.unwrap_or_else(|| self.handler()),
-            ttl_ms,
             tasks.stop.clone(),
         ));
     }

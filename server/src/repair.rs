@@ -53,15 +53,18 @@ pub struct Compared {
     pub copied: u64,
 }
 
-/// Copies into `index`, at `now`, what the peer's answers (`replies`, one
-/// `Detail` per key of `keys`) hold and `index` lacks (see the module's
-/// docs).
+/// Copies into `index` what the peer's answers (`replies`, one `Detail`
+/// per key of `keys`, asked at `asked`) hold and `index` lacks (see the
+/// module's docs). An entry's age is counted from `asked`, before the
+/// answer came: a copy never outlives its original. An age of 0 is not
+/// known (an entry written this very millisecond, or one the peer could
+/// not time): such an entry is left for a later round.
 pub fn copy_missing(
     index: &Index,
     removals: &Removals,
     keys: &[SampledKey],
     replies: &[Reply],
-    now: u64,
+    asked: u64,
 ) -> Compared {
     let mut done = Compared::default();
     let reader = index.reader();
@@ -70,9 +73,9 @@ pub fn copy_missing(
             continue;
         };
         done.keys += 1;
-        let here = reader.lookup_detail(&k.model, &k.key, None, now).matches;
+        let here = reader.lookup_detail(&k.model, &k.key, None, asked).matches;
         for theirs in matches {
-            if theirs.view != PodView::Gateway || theirs.blocks == 0 {
+            if theirs.view != PodView::Gateway || theirs.blocks == 0 || theirs.age_ms == 0 {
                 continue;
             }
             let pod = theirs.pod.as_str();
@@ -80,7 +83,7 @@ pub fn copy_missing(
             if mine.is_some_and(|m| m.view != View::Gateway || m.blocks >= theirs.blocks) {
                 continue;
             }
-            let written = now.saturating_sub(theirs.age_ms);
+            let written = asked.saturating_sub(theirs.age_ms);
             if removals.after(pod, written) {
                 continue;
             }
@@ -101,7 +104,6 @@ pub async fn run(
     cfg: ReplicaConfig,
     tls: TlsConfig,
     handler: Arc<Handler>,
-    ttl_ms: u64,
     shutdown: CancellationToken,
 ) {
     let mut clients: Vec<Option<Client>> = cfg.peers.iter().map(|_| None).collect();
@@ -118,7 +120,7 @@ pub async fn run(
             continue;
         }
         round += 1;
-        handler.replica.removals.prune(now_ms(), ttl_ms);
+        handler.replica.removals.prune(now_ms());
         for (i, peer) in cfg.peers.iter().enumerate() {
             let seed = round.rotate_left(17) ^ i as u64 ^ now_ms();
             let client = match &clients[i] {
@@ -166,6 +168,7 @@ async fn with_peer(
     count: u32,
     seed: u64,
 ) -> Result<Compared, prefix_client::ClientError> {
+    let asked = now_ms();
     let keys = client.sample_keys(count, seed).await?;
     if keys.is_empty() {
         return Ok(Compared::default());
@@ -180,7 +183,7 @@ async fn with_peer(
         .collect();
     let replies = client.batch(ops).await?;
     let h = handler.clone();
-    let copy = move || copy_missing(&h.index, &h.replica.removals, &keys, &replies, now_ms());
+    let copy = move || copy_missing(&h.index, &h.replica.removals, &keys, &replies, asked);
     Ok(tokio::task::spawn_blocking(copy).await.unwrap_or_default())
 }
 
@@ -227,8 +230,10 @@ mod tests {
             key_blocks: 4,
             matches: vec![
                 detail("a", 4, 10_000, PodView::Gateway),
-                detail("b", 1, 0, PodView::Gateway),
+                detail("b", 1, 1, PodView::Gateway),
                 detail("engine", 4, 0, PodView::Exact),
+                // Of an age not known: left for a later round.
+                detail("unknown", 4, 0, PodView::Gateway),
             ],
         };
         let done = copy_missing(&index, &Removals::default(), &[key()], &[reply], NOW);

@@ -52,7 +52,7 @@ pub use frame::{
     decode_header, split_frame, Frame, FrameError, FrameReader, Header, Incoming, Kind, ALPN,
     HEADER_LEN, VERSION,
 };
-pub use limits::{Limits, MAX_FRAME_CEILING};
+pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
     EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodView, Reply,
     Request, Response, SampledKey, SubscriptionError, Tier, WireStats, MAX_SAMPLE, MAX_TAIL,

@@ -7,6 +7,12 @@ use crate::message::{EngineSub, Op};
 /// frame a client accepts: 16 MiB.
 pub const MAX_FRAME_CEILING: u32 = 16 << 20;
 
+/// Room an answer of many entries (sampled keys, a tail's writes) stops
+/// within, by the entries' estimated encoded size: a quarter of
+/// [`MAX_FRAME_CEILING`], so that an answer fits in a frame whatever the
+/// estimate misses.
+pub const ANSWER_ROOM: usize = MAX_FRAME_CEILING as usize / 4;
+
 /// Protocol limits. Both ends check them; the server's are authoritative.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {

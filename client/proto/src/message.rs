@@ -485,6 +485,17 @@ impl OpKind {
         }
     }
 
+    /// Whether a server's tail carries it ([`Op::Tail`]): the writes to
+    /// the index that gateways send every replica (inserts, pod removals,
+    /// capacities), not engine subscriptions, which each replica of a
+    /// model is sent itself.
+    pub const fn tailed(self) -> bool {
+        matches!(
+            self,
+            OpKind::Insert | OpKind::RemovePod | OpKind::SetPodCapacity
+        )
+    }
+
     /// Its position in [`OpKind::ALL`], for tables indexed by operation.
     pub const fn index(self) -> usize {
         self as usize

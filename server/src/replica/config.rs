@@ -253,11 +253,15 @@ impl ReplicaConfig {
         if self.send_pieces == 0 || self.send_pieces > 1024 {
             return invalid("snapshot-pieces", &self.send_pieces, "must be 1 to 1024");
         }
-        if self.tail_queue == 0 || self.tail_window.is_zero() || self.repair_interval.is_zero() {
+        if self.tail_queue == 0 || self.repair_interval.is_zero() {
+            return invalid("tail-queue/repair-interval", &0, "must be positive");
+        }
+        // Shorter, and a tail read every 100 ms lapses between reads.
+        if self.tail_window < Duration::from_secs(1) {
             return invalid(
-                "tail-queue/tail-window/repair-interval",
-                &0,
-                "must be positive",
+                "tail-window",
+                &format!("{:?}", self.tail_window),
+                "must be at least 1s",
             );
         }
         if self.repair_keys > prefix_proto::MAX_SAMPLE {

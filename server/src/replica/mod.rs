@@ -49,6 +49,9 @@ pub struct FillReport {
     pub refused: Vec<Refusal>,
     /// Writes held meanwhile, then applied.
     pub held: u64,
+    /// Whether asking ended because every peer said it was cold (a new
+    /// set), rather than with a snapshot or at `--bootstrap-timeout`.
+    pub new_set: bool,
 }
 
 /// This server as a replica: whether it is still filling from a peer (then
@@ -74,30 +77,38 @@ impl Replica {
         Arc::default()
     }
 
-    /// A replica as `cfg` says: filling itself first if `filling` (with a
-    /// snapshot of its own to fall back on or not), keeping its writes for
-    /// peers as `cfg`'s tail settings say.
-    pub fn new(cfg: &config::ReplicaConfig, filling: Option<bool>) -> Arc<Replica> {
+    /// A replica as `cfg` says, of an index configured as `index`: filling
+    /// itself first if `filling` (with a snapshot of its own to fall back
+    /// on or not), keeping its writes for peers as `cfg`'s tail settings
+    /// say.
+    pub fn new(
+        cfg: &config::ReplicaConfig,
+        index: &prefix_index::IndexConfig,
+        filling: Option<bool>,
+    ) -> Arc<Replica> {
         let tail = Tail::new(cfg.tail_queue, cfg.tail_window.as_millis() as u64);
+        let removals = Removals::for_index(index);
         Arc::new(match filling {
             Some(holds_own) => Replica {
                 gate: Gate::closed(cfg.queue),
                 holds_own,
                 tail,
+                removals,
                 ..Replica::default()
             },
             None => Replica {
                 tail,
+                removals,
                 ..Replica::default()
             },
         })
     }
 
-    /// Keeps an applied write for the peers following the tail, and a pod
-    /// removal for repair.
-    pub fn record(&self, op: &Op, now: u64) {
+    /// Keeps an applied write (answered `reply`) for the peers following
+    /// the tail, and the removal of a pod that was there for repair.
+    pub fn record(&self, op: &Op, reply: &Reply, now: u64) {
         self.tail.record(op, now);
-        if let Op::RemovePod { pod } = op {
+        if let (Op::RemovePod { pod }, Reply::Removed(true)) = (op, reply) {
             self.removals.record(pod, now);
         }
     }

@@ -16,9 +16,10 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
-use prefix_proto::{Op, Reply, MAX_FRAME_CEILING, MAX_TAIL};
+use prefix_proto::{Op, Reply, ANSWER_ROOM, MAX_TAIL};
 
 /// A server's kept writes.
 #[derive(Debug)]
@@ -32,21 +33,29 @@ pub struct Tail {
     window_ms: u64,
 }
 
-/// What a kept write costs beside its own weight, in key blocks (8 bytes
-/// each): its names and the list around it, about 128 bytes. A queue of
-/// one-block inserts is bounded by its memory, not by its hashes alone.
+/// What a kept write costs beside its key and names, in key blocks (8
+/// bytes each): the op, its allocations' headers and its place in the
+/// list, about 128 bytes.
 pub const OP_OVERHEAD: usize = 16;
 
-/// The weight a kept write counts for.
+/// The weight a kept write counts for, in key blocks: its key, its names
+/// (8 bytes a block) and [`OP_OVERHEAD`], so that `--tail-queue` bounds
+/// the memory of a queue of one-block inserts with long names too.
 fn kept(op: &Op) -> usize {
-    op.weight() + OP_OVERHEAD
+    let names = match op {
+        Op::Insert { model, pod, .. } => model.len() + pod.len(),
+        Op::RemovePod { pod } | Op::SetPodCapacity { pod, .. } => pod.len(),
+        _ => 0,
+    };
+    op.weight() + names.div_ceil(8) + OP_OVERHEAD
 }
 
 #[derive(Debug, Default)]
 struct Log {
     /// The position of `ops[0]`.
     first: u64,
-    ops: VecDeque<Op>,
+    /// Shared with the answers that copy them out (outside the lock).
+    ops: VecDeque<Arc<Op>>,
     /// Their weight ([`kept`]), what `max_weight` bounds.
     weight: usize,
 }
@@ -84,9 +93,10 @@ impl Tail {
         if now >= self.keep_until.load(Ordering::Relaxed) {
             return;
         }
+        let (op, weight) = (Arc::new(op.clone()), kept(op));
         let mut log = self.log.lock();
-        log.weight += kept(op);
-        log.ops.push_back(op.clone());
+        log.weight += weight;
+        log.ops.push_back(op);
         while log.weight > self.max_weight {
             let Some(old) = log.ops.pop_front() else {
                 break;
@@ -105,9 +115,11 @@ impl Tail {
         // this call is about to clear. Relaxed: the lock orders it.
         let was = self.keep_until.swap(until, Ordering::Relaxed);
         if now >= was {
-            // Nobody asked for a whole window: what was kept is stale, and
-            // positions go on from where they were.
-            let next = log.next();
+            // Nobody asked for a whole window: what was kept is dropped,
+            // and writes went unkept since. Positions go on one past where
+            // they were, so that an asker from before sees a gap (at least
+            // one write lost) rather than nothing.
+            let next = log.next() + 1;
             *log = Log {
                 first: next,
                 ..Log::default()
@@ -121,26 +133,28 @@ impl Tail {
                 ops: Vec::new(),
             };
         };
-        let start = asked.max(log.first);
+        let start = asked.max(log.first).min(log.next());
         let skip = (start - log.first) as usize;
-        // Within a quarter of the largest answer, as `SampleKeys`: a write
-        // of the longest key takes about 10 bytes a block.
-        let mut room = MAX_FRAME_CEILING as usize / 4;
-        let ops: Vec<Op> = log
+        // Within the answer's room: a write takes about 10 bytes a block of
+        // its key, and its names.
+        let mut room = ANSWER_ROOM;
+        let shared: Vec<Arc<Op>> = log
             .ops
             .iter()
             .skip(skip)
             .take(max.clamp(1, MAX_TAIL) as usize)
             .take_while(|op| {
-                room = room.saturating_sub(op.weight() * 10 + 64);
+                room = room.saturating_sub(kept(op) * 10);
                 room > 0
             })
             .cloned()
             .collect();
+        drop(log);
+        let next = start + shared.len() as u64;
         Reply::Writes {
-            from: start.min(log.next()),
-            next: start.min(log.next()) + ops.len() as u64,
-            ops,
+            from: start,
+            next,
+            ops: shared.iter().map(|op| Op::clone(op)).collect(),
         }
     }
 }
@@ -169,38 +183,39 @@ mod tests {
         let t = Tail::new(100, 1000);
         t.record(&insert(0), 5);
         let (from, next, ops) = writes(t.answer(None, 10, 10));
-        assert_eq!((from, next, ops.len()), (0, 0, 0), "nothing kept before");
+        assert_eq!((from, next, ops.len()), (1, 1, 0), "nothing kept before");
         for k in 1..=3 {
             t.record(&insert(k), 20);
         }
-        let (from, next, ops) = writes(t.answer(Some(0), 2, 30));
-        assert_eq!((from, next), (0, 2));
+        let (from, next, ops) = writes(t.answer(Some(1), 2, 30));
+        assert_eq!((from, next), (1, 3));
         assert_eq!(ops, vec![insert(1), insert(2)]);
         let (from, next, ops) = writes(t.answer(Some(next), 10, 40));
-        assert_eq!((from, next, ops), (2, 3, vec![insert(3)]));
+        assert_eq!((from, next, ops), (3, 4, vec![insert(3)]));
     }
 
     #[test]
     fn past_its_bound_the_oldest_are_dropped_and_reported_lost() {
-        let t = Tail::new(3 * (1 + OP_OVERHEAD), 1000);
-        t.answer(None, 1, 0);
+        let t = Tail::new(3 * kept(&insert(0)), 1000);
+        let (_, start, _) = writes(t.answer(None, 1, 0));
         for k in 0..5 {
             t.record(&insert(k), 1);
         }
-        let (from, next, ops) = writes(t.answer(Some(0), 10, 2));
-        assert_eq!((from, next), (2, 5), "positions 0 and 1 lost");
+        let (from, next, ops) = writes(t.answer(Some(start), 10, 2));
+        assert_eq!((from, next), (start + 2, start + 5), "two lost");
         assert_eq!(ops, vec![insert(2), insert(3), insert(4)]);
     }
 
     #[test]
     fn writes_stop_being_kept_a_window_after_the_last_ask() {
         let t = Tail::new(100, 1000);
-        t.answer(None, 1, 0);
+        let (_, start, _) = writes(t.answer(None, 1, 0));
         t.record(&insert(1), 500);
         t.record(&insert(2), 1500);
-        let (from, next, ops) = writes(t.answer(Some(0), 10, 1600));
-        // The window lapsed: what was kept is dropped, and the asker is
-        // told it starts past it.
-        assert_eq!((from, next, ops.len()), (1, 1, 0));
+        let (from, next, ops) = writes(t.answer(Some(start), 10, 1600));
+        // The window lapsed: what was kept is dropped (insert 1), insert 2
+        // went unkept, and the asker is told it lost writes.
+        assert!(from > start + 1, "{from} {start}");
+        assert_eq!((next, ops.len()), (from, 0));
     }
 }
