@@ -73,6 +73,7 @@ impl From<WireDetail> for DetailResult {
                          blocks,
                          lower_blocks,
                          view,
+                         ..
                      }| {
                         (pod.as_str().to_owned(), blocks, lower_blocks, view.name())
                     },
