@@ -40,12 +40,17 @@ async fn carried(metrics: &[SocketAddr]) -> [f64; 4] {
     sum
 }
 
+/// The number in environment variable `name`, else `default`.
+fn setting(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_under_writes_converges_with_its_peers() {
-    let rate: u64 = std::env::var("CONVERGE_WRITES_PER_SEC")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1000);
+    let rate: u64 = setting("CONVERGE_WRITES_PER_SEC", 1000);
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let ports: Vec<(SocketAddr, SocketAddr)> = (0..3).map(|_| common::free_ports()).collect();
     let peers = |me: usize| -> Vec<String> {
@@ -194,10 +199,10 @@ async fn a_replica_killed_under_writes_converges_with_its_peers() {
 }
 
 /// Two replicas of each other, started together: a new set, so both serve
-/// at once.
+/// at once; with the directory of the certificate they share.
 async fn pair(
     tweak: impl Fn(&mut prefix_server::ServerConfig) + Clone + Send + 'static,
-) -> Vec<common::TestServer> {
+) -> (Vec<common::TestServer>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = prefix_testkit::tls::server_cert(dir.path());
     let ports: Vec<SocketAddr> = (0..2).map(|_| common::free_ports().0).collect();
@@ -222,25 +227,17 @@ async fn pair(
         })
         .await;
     }
-    // The certificate's directory lives as long as the servers' own.
-    std::mem::forget(dir);
-    servers
+    (servers, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_one_replica_missed_is_repaired_from_its_peer() {
-    let burst: u64 = std::env::var("REPAIR_BURST_KEYS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(1000);
+    let burst: u64 = setting("REPAIR_BURST_KEYS", 1000);
     // Rounds five times as often as the default, so that a loaded machine
     // still repairs within the test's patience; `docs/benchmarks.md` gives
     // the default's figure (REPAIR_INTERVAL_MS=1000).
-    let interval: u64 = std::env::var("REPAIR_INTERVAL_MS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(200);
-    let servers = pair(move |cfg| {
+    let interval: u64 = setting("REPAIR_INTERVAL_MS", 200);
+    let (servers, _certs) = pair(move |cfg| {
         cfg.replicas.repair_interval = Duration::from_millis(interval);
         // Of a new set started together, one may fill from the other (if
         // the other was ready first) and follow its tail: not for long

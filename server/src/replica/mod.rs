@@ -86,21 +86,15 @@ impl Replica {
         index: &prefix_index::IndexConfig,
         filling: Option<bool>,
     ) -> Arc<Replica> {
-        let tail = Tail::new(cfg.tail_queue, cfg.tail_window.as_millis() as u64);
-        let removals = Removals::for_index(index);
-        Arc::new(match filling {
-            Some(holds_own) => Replica {
-                gate: Gate::closed(cfg.queue),
-                holds_own,
-                tail,
-                removals,
-                ..Replica::default()
+        Arc::new(Replica {
+            gate: match filling {
+                Some(_) => Gate::closed(cfg.queue),
+                None => Gate::default(),
             },
-            None => Replica {
-                tail,
-                removals,
-                ..Replica::default()
-            },
+            holds_own: filling == Some(true),
+            tail: Tail::new(cfg.tail_queue, cfg.tail_window.as_millis() as u64),
+            removals: Removals::for_index(index),
+            ..Replica::default()
         })
     }
 
