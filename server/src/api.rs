@@ -16,16 +16,21 @@
 //! reaches the index.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, Method, StatusCode};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Version};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Router};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use prefix_proto::json::{error_json, parse_batch, JsonOp, KeyOptions};
@@ -71,6 +76,9 @@ pub struct Api {
     pub keys: KeyOptions,
     /// Largest body read (`--http-max-body-bytes`).
     pub max_body: usize,
+    /// How long a body may take to arrive after its headers
+    /// (`--read-timeout`).
+    pub read_timeout: Duration,
 }
 
 /// One connection's client, as its TLS handshake named it, its share of
@@ -82,7 +90,7 @@ struct Conn {
     /// as long as its blocking job, even if the client gives up on it.
     heavy: Arc<Semaphore>,
     /// Requests being answered.
-    busy: std::sync::atomic::AtomicUsize,
+    busy: AtomicUsize,
     /// When the last request ended or began.
     last: parking_lot::Mutex<std::time::Instant>,
 }
@@ -93,39 +101,44 @@ const INLINE_BODY: usize = 64 << 10;
 
 /// The routes.
 pub fn router(api: Arc<Api>) -> Router {
-    let max_body = api.max_body;
     let mut app = Router::new();
     for kind in OpKind::ALL {
         let (method, path) = route(kind);
+        let takes_body = method != Method::GET;
         let handler = move |State(api): State<Arc<Api>>,
                             Extension(conn): Extension<Arc<Conn>>,
-                            body: Result<Bytes, BytesRejection>| async move {
+                            headers: HeaderMap,
+                            body: Body| async move {
             let keys = api.keys;
             let parse = move |body: Bytes| {
-                let body: &[u8] = if method == Method::GET && body.is_empty() {
-                    b"{}"
-                } else {
-                    &body
-                };
-                JsonOp::parse_as(kind, body)
+                JsonOp::parse_as(kind, &body)
                     .and_then(|op| op.into_op(&keys))
                     .map(Request::One)
                     .map_err(|e| e.to_reply())
             };
+            // A GET takes no body: one sent anyway is not read (and closes
+            // an HTTP/1.1 connection after the answer, see `serve_one`).
+            let body = if takes_body {
+                read_body(&api, &headers, body).await
+            } else {
+                Ok(Bytes::from_static(b"{}"))
+            };
             answer(&api, &conn, body, parse).await
         };
-        let on: MethodRouter<Arc<Api>> = if route(kind).0 == Method::GET {
-            get(handler)
-        } else {
+        let on: MethodRouter<Arc<Api>> = if takes_body {
             post(handler)
+        } else {
+            get(handler)
         };
         app = app.route(path, on);
     }
     let batch = |State(api): State<Arc<Api>>,
                  Extension(conn): Extension<Arc<Conn>>,
-                 body: Result<Bytes, BytesRejection>| async move {
+                 headers: HeaderMap,
+                 body: Body| async move {
         let (max, keys) = (api.handler.limits.max_batch, api.keys);
         let parse = move |body: Bytes| parse_batch(&body, &keys, max);
+        let body = read_body(&api, &headers, body).await;
         answer(&api, &conn, body, parse).await
     };
     app.route(BATCH_PATH, post(batch))
@@ -136,16 +149,43 @@ pub fn router(api: Arc<Api>) -> Router {
                 "this path takes another method",
             )
         })
-        .layer(DefaultBodyLimit::max(max_body))
         .with_state(api)
 }
 
-/// A body that could not be read: too large, or cut.
-fn refusal(r: BytesRejection, max_body: usize) -> Reply {
-    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ErrorCode::FrameTooLarge.reply(format!("the body exceeds http-max-body-bytes = {max_body}"))
-    } else {
-        ErrorCode::Malformed.reply(r.body_text())
+/// A body that was not taken.
+enum Unread {
+    /// Refused with this protocol error (too large, or cut).
+    Refused(Reply),
+    /// It did not arrive within `--read-timeout` of the headers.
+    Late,
+}
+
+/// Reads a request's body: refused before any of it is read when its
+/// declared length is over the limit (so an `Expect: 100-continue` client
+/// is answered 413, never `100 Continue`), and cut off when it grows past
+/// the limit or stops arriving.
+async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, Unread> {
+    let too_large = || {
+        Unread::Refused(ErrorCode::FrameTooLarge.reply(format!(
+            "the body exceeds http-max-body-bytes = {}",
+            api.max_body
+        )))
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > api.max_body as u64) {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(body, api.max_body);
+    match tokio::time::timeout(api.read_timeout, limited.collect()).await {
+        Err(_) => Err(Unread::Late),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(Unread::Refused(
+            ErrorCode::Malformed.reply(format!("the body could not be read: {e}")),
+        )),
     }
 }
 
@@ -183,12 +223,23 @@ fn json_response(status: StatusCode, body: serde_json::Result<Vec<u8>>) -> Respo
 async fn answer(
     api: &Arc<Api>,
     conn: &Arc<Conn>,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, Unread>,
     parse: impl FnOnce(Bytes) -> Result<Request, Reply> + Send + 'static,
 ) -> Response {
     let body = match body {
         Ok(b) => b,
-        Err(r) => return refused(api, refusal(r, api.max_body)),
+        Err(Unread::Refused(reply)) => return refused(api, reply),
+        Err(Unread::Late) => {
+            api.handler.refused();
+            let message = format!(
+                "the body did not arrive within read-timeout = {:?}",
+                api.read_timeout
+            );
+            return json_response(
+                StatusCode::REQUEST_TIMEOUT,
+                serde_json::to_vec(&error_json(None, &message)),
+            );
+        }
     };
     // Light: parsed here, and applied here unless the request is heavy.
     let parsed = if body.len() <= INLINE_BODY {
@@ -262,9 +313,12 @@ pub struct Listener {
     pub max_streams: u32,
     /// Heavy requests one connection may have running.
     pub max_in_flight: usize,
-    /// Bounds a TLS handshake, the wait for a request's headers, and how
-    /// long a connection may sit with no request before it is closed.
+    /// Bounds the wait for a request's headers, and how long a connection
+    /// may sit with no request before it is closed.
     pub idle_timeout: Duration,
+    /// Bounds a TLS handshake (a request's body is bounded by
+    /// [`Api::read_timeout`], the same value).
+    pub read_timeout: Duration,
     /// Counts connections.
     pub metrics: Arc<Metrics>,
 }
@@ -331,7 +385,7 @@ async fn serve_one(
     token: CancellationToken,
     hard: CancellationToken,
 ) {
-    let handshake = tokio::time::timeout(l.idle_timeout, acceptor.accept(tcp));
+    let handshake = tokio::time::timeout(l.read_timeout, acceptor.accept(tcp));
     let tls = tokio::select! {
         _ = token.cancelled() => return,
         h = handshake => match h {
@@ -366,16 +420,30 @@ async fn serve_one(
     l.metrics.connections_accepted.inc();
     l.metrics.connections.inc();
     let for_requests = conn.clone();
-    let service =
-        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            let conn = for_requests.clone();
-            req.extensions_mut().insert(conn.clone());
-            let call = app.clone().call(req);
-            async move {
-                let _busy = Busy::new(&conn);
-                call.await
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let conn = for_requests.clone();
+        let http1 = req.version() < Version::HTTP_2;
+        let (mut parts, body) = req.into_parts();
+        let body = Followed::new(body);
+        let ended = body.ended.clone();
+        parts.extensions.insert(conn.clone());
+        let call = app.clone().call(hyper::Request::from_parts(parts, body));
+        async move {
+            let _busy = Busy::new(&conn);
+            let mut response = call.await?;
+            // A body left unread (refused, late, or not wanted) is still
+            // on the wire: the connection cannot carry another request, so
+            // the answer says it closes rather than leaving the client's
+            // next request to fail. HTTP/2 ends such a stream on its own.
+            // Relaxed: set by this request's own future, which is done.
+            if http1 && !ended.load(Ordering::Relaxed) {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-        });
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
     // The protocol is the one ALPN chose: no sniffing of a preface that a
     // silent client would never send.
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -409,7 +477,7 @@ async fn serve_one(
             _ = tick.tick(), if !closing => {
                 // Relaxed: a request that starts meanwhile is answered
                 // before the graceful shutdown closes the connection.
-                let idle = conn.busy.load(std::sync::atomic::Ordering::Relaxed) == 0
+                let idle = conn.busy.load(Ordering::Relaxed) == 0
                     && conn.last.lock().elapsed() >= l.idle_timeout;
                 if idle {
                     closing = true;
@@ -424,13 +492,51 @@ async fn serve_one(
     l.metrics.connections.dec();
 }
 
+/// A request's body that notes whether it was read to its end.
+struct Followed {
+    inner: Incoming,
+    ended: Arc<AtomicBool>,
+}
+
+impl Followed {
+    fn new(inner: Incoming) -> Self {
+        let ended = Arc::new(AtomicBool::new(inner.is_end_stream()));
+        Followed { inner, ended }
+    }
+}
+
+impl http_body::Body for Followed {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            // Relaxed: read by the same request's future (`serve_one`).
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Counts a request as being answered while it lives.
 struct Busy<'a>(&'a Conn);
 
 impl<'a> Busy<'a> {
     fn new(conn: &'a Conn) -> Self {
         // Relaxed: read only by the idle timer, which tolerates a late view.
-        conn.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        conn.busy.fetch_add(1, Ordering::Relaxed);
         *conn.last.lock() = std::time::Instant::now();
         Busy(conn)
     }
@@ -440,9 +546,7 @@ impl Drop for Busy<'_> {
     fn drop(&mut self) {
         *self.0.last.lock() = std::time::Instant::now();
         // Relaxed: see `Busy::new`.
-        self.0
-            .busy
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.busy.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

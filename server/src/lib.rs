@@ -336,6 +336,7 @@ impl Server {
                 piece_bytes: self.cfg.replicas.send_piece_bytes,
                 pieces: self.cfg.replicas.send_pieces,
             },
+            read_timeout: self.cfg.transport.read_timeout,
         });
         let accept = accept_loop(
             &self.endpoint,
@@ -510,6 +511,7 @@ impl Server {
             handler,
             keys,
             max_body: self.cfg.limits.http_max_body_bytes,
+            read_timeout: self.cfg.transport.read_timeout,
         }));
         tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
         let listener = api::Listener {
@@ -519,6 +521,7 @@ impl Server {
             max_streams: self.cfg.transport.max_streams,
             max_in_flight: self.cfg.limits.max_in_flight,
             idle_timeout: self.cfg.transport.idle_timeout,
+            read_timeout: self.cfg.transport.read_timeout,
             metrics: self.metrics.clone(),
         };
         tasks.tracker.spawn(api::serve(

@@ -32,6 +32,8 @@ struct Shared<S> {
     busy: Option<Arc<BusyPoll>>,
     /// How snapshots are sent.
     snapshots: SnapshotSending,
+    /// How long a frame may take to arrive once begun.
+    read_timeout: Duration,
 }
 
 impl<S> Drop for Shared<S> {
@@ -59,6 +61,10 @@ pub struct ConnSetup<S> {
     pub busy: Option<Arc<BusyPoll>>,
     /// How a snapshot is sent to a peer that asks for it.
     pub snapshots: SnapshotSending,
+    /// How long a request frame may take to arrive once its first byte has
+    /// (`--read-timeout`): a stream whose frame stalls past it is answered
+    /// `Malformed` and closed, and what it buffered is dropped.
+    pub read_timeout: Duration,
 }
 
 /// How a snapshot is sent to a peer that asks for it (see
@@ -101,6 +107,7 @@ pub async fn serve_connection<S: Service>(
         busy: setup.busy.clone(),
         shutdown: shutdown.clone(),
         snapshots: setup.snapshots,
+        read_timeout: setup.read_timeout,
     });
     loop {
         let accepted = tokio::select! {
@@ -132,6 +139,14 @@ pub async fn serve_connection<S: Service>(
                 return;
             }
         }
+    }
+}
+
+/// Sleeps until `due`, or forever without one.
+async fn sleep_until(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -170,6 +185,8 @@ enum Event {
     Heavy(Result<(tokio::task::Id, (u64, Vec<u8>)), tokio::task::JoinError>),
     /// A heavy-request permit for the frame waiting for one.
     Permit(OwnedSemaphorePermit),
+    /// The frame being received did not arrive within `read_timeout`.
+    Stalled,
 }
 
 /// Serves one stream: read what has arrived, answer every whole frame in it,
@@ -193,6 +210,9 @@ async fn serve_stream<S: Service>(
     let mut input = Input::Open;
     // A snapshot request's id: answered once every earlier request is.
     let mut snapshot = None;
+    // The frame being received: where it begins on the stream, and when
+    // it is due whole.
+    let mut partial: Option<(u64, tokio::time::Instant)> = None;
     loop {
         if !out.is_empty() {
             if send.write_all(&out).await.is_err() {
@@ -236,17 +256,35 @@ async fn serve_stream<S: Service>(
                         }
                     }
                 }
-                Input::Open => tokio::select! {
-                    biased;
-                    _ = shared.shutdown.cancelled() => continue,
-                    Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
-                    r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
-                },
+                Input::Open => {
+                    let due = partial.map(|(_, due)| due);
+                    tokio::select! {
+                        biased;
+                        _ = shared.shutdown.cancelled() => continue,
+                        Some(done) = heavy.tasks.join_next_with_id(), if !heavy.tasks.is_empty() => Event::Heavy(done),
+                        r = recv.read_chunk(READ_CHUNK, true) => Event::Read(r),
+                        _ = sleep_until(due), if due.is_some() => Event::Stalled,
+                    }
+                }
             }
         };
         match event {
             Event::Heavy(done) => heavy.finished(done, service, &mut out),
-            Event::Permit(permit) => heavy.resume(permit),
+            Event::Permit(permit) => {
+                // The stream read nothing while it waited: the frame behind
+                // the one that waited is timed from now.
+                partial = None;
+                heavy.resume(permit);
+            }
+            Event::Stalled => {
+                service.refused();
+                let stalled = reader.stalled(shared.read_timeout);
+                tracing::debug!(error = %stalled, "closing a stream");
+                stalled.encode(&mut out);
+                let _ = recv.stop(u32::from(ErrorCode::Malformed as u16).into());
+                input = Input::Closed;
+                continue;
+            }
             Event::Read(Ok(Some(chunk))) => {
                 if let Some(busy) = &shared.busy {
                     busy.touch();
@@ -279,6 +317,14 @@ async fn serve_stream<S: Service>(
             }
             None => {}
         }
+        partial = match partial {
+            _ if reader.pending() == 0 => None,
+            Some((at, due)) if at == reader.taken() => Some((at, due)),
+            _ => Some((
+                reader.taken(),
+                tokio::time::Instant::now() + shared.read_timeout,
+            )),
+        };
         if input == Input::Ended && heavy.waiting.is_none() {
             // The client finished its side; answer a frame it cut short.
             if let Err(cut) = reader.finish() {
@@ -617,6 +663,7 @@ mod tests {
                 piece_bytes: 1 << 20,
                 pieces: 4,
             },
+            read_timeout: Duration::from_secs(10),
         };
         serve_connection(conn, &setup, shutdown, tracker.clone()).await;
         tracker.close();

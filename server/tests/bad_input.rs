@@ -14,7 +14,11 @@ async fn exchange(conn: &quinn::Connection, bytes: &[u8]) -> Vec<(u64, Response)
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     send.write_all(bytes).await.unwrap();
     let _ = send.finish();
-    let all = recv.read_to_end(64 << 20).await.unwrap();
+    frames(&recv.read_to_end(64 << 20).await.unwrap())
+}
+
+/// The answer frames in `all`, which holds nothing else.
+fn frames(all: &[u8]) -> Vec<(u64, Response)> {
     let mut at = 0;
     let mut out = Vec::new();
     while let Some(f) = wire::split_frame(&all[at..], MAX_FRAME_CEILING).unwrap() {
@@ -203,5 +207,57 @@ async fn nothing_behind_a_fatal_frame_is_served_even_after_heavy_work_finishes()
         "a frame behind the fatal one was served: {ids:?}"
     );
     assert_eq!(server.index.stats().entries, 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_that_stall_are_refused_while_a_client_is_served() {
+    let read_timeout = std::time::Duration::from_secs(1);
+    let server = common::start(|cfg| cfg.transport.read_timeout = read_timeout).await;
+    // Whole frames further apart than the timeout are no stall.
+    let conn = common::raw(&server).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&request(1, &Request::One(Op::Ping)))
+        .await
+        .unwrap();
+    tokio::time::sleep(read_timeout * 3 / 2).await;
+    send.write_all(&request(2, &Request::One(Op::Ping)))
+        .await
+        .unwrap();
+    send.finish().unwrap();
+    let all = frames(&recv.read_to_end(1 << 20).await.unwrap());
+    let pong = Response::One(Reply::Pong);
+    assert_eq!(all, [(1, pong.clone()), (2, pong)]);
+    // Streams that stop inside a frame: inside its header, and inside its
+    // payload, on connections of their own.
+    let ping = request(3, &Request::One(Op::Ping));
+    let mut stalled = Vec::new();
+    for i in 0..20 {
+        let conn = common::raw(&server).await;
+        let (mut send, recv) = conn.open_bi().await.unwrap();
+        let cut = if i % 2 == 0 { 5 } else { ping.len() - 1 };
+        send.write_all(&ping[..cut]).await.unwrap();
+        stalled.push((conn, send, recv));
+    }
+    // A client is served meanwhile.
+    let good = server.client().await;
+    good.insert("m", &[1, 2], "p").await.unwrap();
+    for (_conn, _send, mut recv) in stalled {
+        let all = tokio::time::timeout(read_timeout * 20, recv.read_to_end(1 << 20))
+            .await
+            .expect("a stalled frame is answered")
+            .unwrap();
+        let answer = frames(&all);
+        assert_eq!(answer.len(), 1, "{answer:?}");
+        assert_eq!(
+            code_of(&answer[0].1),
+            Some(ErrorCode::Malformed),
+            "{answer:?}"
+        );
+    }
+    assert_eq!(
+        good.lookup("m", &[1, 2], None).await.unwrap().matches.len(),
+        1
+    );
     server.shutdown().await;
 }

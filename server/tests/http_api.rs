@@ -448,6 +448,231 @@ async fn silent_and_idle_connections_are_closed() {
     server.shutdown().await;
 }
 
+/// Everything the server sends on `conn` until it closes it, and how long
+/// that took; panics if it is still open after `limit`.
+async fn until_closed(
+    conn: &mut (impl tokio::io::AsyncRead + Unpin),
+    limit: std::time::Duration,
+) -> (String, std::time::Duration) {
+    use tokio::io::AsyncReadExt;
+    let began = std::time::Instant::now();
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(limit, async {
+        let mut chunk = [0u8; 4096];
+        // A reset or a TLS close without notify ends it as EOF does.
+        while let Ok(n @ 1..) = conn.read(&mut chunk).await {
+            got.extend_from_slice(&chunk[..n]);
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got).into_owned();
+    assert!(
+        read.is_ok(),
+        "still open after {limit:?}, having sent {text:?}"
+    );
+    (text, began.elapsed())
+}
+
+/// The resident memory of this process, in bytes.
+fn resident() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_requests_are_closed_while_a_gateway_is_served() {
+    use tokio::io::AsyncWriteExt;
+    // Each kind of stall: a body cut short, headers cut short, and a TCP
+    // connection that never starts TLS. `STALLED_CONNECTIONS` sets how many
+    // of each (the figures in docs/http.md come from 1,000).
+    let each: usize = std::env::var("STALLED_CONNECTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    // Long enough for every connection to be open before the first is due.
+    let read_timeout = std::time::Duration::from_millis(1000 + 5 * each as u64);
+    let idle_timeout = 2 * read_timeout;
+    let (server, addr) = start(|cfg| {
+        cfg.transport.read_timeout = read_timeout;
+        cfg.transport.idle_timeout = idle_timeout;
+    })
+    .await;
+    let before = resident();
+    let mut bodies = Vec::new();
+    let mut heads = Vec::new();
+    let mut silent = Vec::new();
+    for _ in 0..each {
+        let mut c = tls_http1(&server.ca, addr).await;
+        let head = "POST /v1/lookup HTTP/1.1\r\nHost: localhost\r\nContent-Length: 500\r\n\r\n{";
+        c.write_all(head.as_bytes()).await.unwrap();
+        c.flush().await.unwrap();
+        bodies.push((std::time::Instant::now(), c));
+        let mut c = tls_http1(&server.ca, addr).await;
+        c.write_all(b"POST /v1/lookup HTTP/1.1\r\nHost: local")
+            .await
+            .unwrap();
+        c.flush().await.unwrap();
+        heads.push((std::time::Instant::now(), c));
+        let c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        silent.push((std::time::Instant::now(), c));
+    }
+    let held = server.metrics.connections.get();
+    let per_connection = resident().saturating_sub(before) / (2 * each as u64);
+    println!(
+        "{held} stalled TLS connections held; this process grew {per_connection} bytes per TLS connection (client and server sides)"
+    );
+    // A gateway keeps working meanwhile.
+    let http = client(&server.ca, None, true);
+    let (s, _, _) = call(
+        &http,
+        addr,
+        "/v1/insert",
+        Some(json!({"model": "m", "hashes": [1, 2], "pod": "p"})),
+    )
+    .await;
+    assert_eq!(s, 200);
+    // Each is closed: a body after the read timeout, headers after the
+    // idle timeout, a handshake after the read timeout. The bound only
+    // keeps a server that never closes them from hanging the test.
+    let limit = 20 * idle_timeout;
+    let mut closing = tokio::task::JoinSet::new();
+    for (opened, mut c) in bodies {
+        closing.spawn(async move {
+            let (answer, _) = until_closed(&mut c, limit).await;
+            assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+            assert!(
+                answer.to_lowercase().contains("connection: close"),
+                "{answer}"
+            );
+            assert!(answer.contains("read-timeout"), "{answer}");
+            (0, opened.elapsed())
+        });
+    }
+    for (opened, mut c) in heads {
+        closing.spawn(async move {
+            until_closed(&mut c, limit).await;
+            (1, opened.elapsed())
+        });
+    }
+    for (opened, mut c) in silent {
+        closing.spawn(async move {
+            until_closed(&mut c, limit).await;
+            (2, opened.elapsed())
+        });
+    }
+    // The gateway looks up all along, each answer right.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let gateway = tokio::spawn({
+        let (stop, http) = (stop.clone(), http.clone());
+        async move {
+            let mut served = 0;
+            while !stop.is_cancelled() {
+                let body = json!({"model": "m", "hashes": [1, 2]});
+                let (s, _, a) = call(&http, addr, "/v1/lookup", Some(body)).await;
+                assert_eq!((s, &a["matches"][0]["blocks"]), (200, &json!(2)), "{a}");
+                served += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            served
+        }
+    });
+    let mut lived = [std::time::Duration::ZERO; 3];
+    while let Some(closed) = closing.join_next().await {
+        let (kind, after) = closed.unwrap();
+        lived[kind] = lived[kind].max(after);
+    }
+    stop.cancel();
+    assert!(gateway.await.unwrap() > 0);
+    println!(
+        "every stalled connection closed; longest lived (body, headers, handshake): {lived:?} against read-timeout {read_timeout:?}, idle-timeout {idle_timeout:?}"
+    );
+    assert_eq!(server.index.stats().entries, 2);
+    server.shutdown().await;
+}
+
+/// Sends `request` on a fresh HTTP/1.1 connection and returns what the
+/// server sent until it closed the connection.
+async fn one_shot(server: &TestServer, addr: SocketAddr, request: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut c = tls_http1(&server.ca, addr).await;
+    c.write_all(request.as_bytes()).await.unwrap();
+    c.flush().await.unwrap();
+    until_closed(&mut c, std::time::Duration::from_secs(30))
+        .await
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_length_over_the_limit_is_refused_before_the_body() {
+    let (server, addr) = start(|cfg| cfg.limits.http_max_body_bytes = 4096).await;
+    for expect in ["", "Expect: 100-continue\r\n"] {
+        let request = format!(
+            "POST /v1/insert HTTP/1.1\r\nHost: localhost\r\nContent-Length: 10000000000\r\n{expect}\r\n"
+        );
+        // No body follows: the answer must not wait for one.
+        let answer = one_shot(&server, addr, &request).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(!answer.contains("100 Continue"), "{answer}");
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+        assert!(answer.contains("frame_too_large"), "{answer}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_leaves_a_body_unread_says_the_connection_closes() {
+    let (server, addr) = start(|_| {}).await;
+    // A 404, a 405 and a GET, each with a body the server does not read.
+    for (request, status) in [
+        ("POST /v1/nothing-here", "404"),
+        ("PUT /v1/lookup", "405"),
+        ("GET /v1/ping", "200"),
+    ] {
+        let raw =
+            format!("{request} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 9\r\n\r\nnot json!");
+        let answer = one_shot(&server, addr, &raw).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+        assert!(
+            answer.to_lowercase().contains("connection: close"),
+            "{answer}"
+        );
+    }
+    // A client reusing connections follows that: every next request works.
+    let http = client(&server.ca, None, true);
+    for _ in 0..10 {
+        let r = http
+            .post(url(addr, "/v1/nothing-here"))
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        let (s, _, a) = call(&http, addr, "/v1/ping", None).await;
+        assert_eq!((s, a), (200, json!({"ok": true})));
+    }
+    // A body that was read keeps the connection open.
+    let r = http
+        .post(url(addr, "/v1/lookup"))
+        .body("{\"model\": 5}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.headers().get("connection").is_none());
+    server.shutdown().await;
+}
+
 /// `docs/openapi.json`, parsed.
 fn openapi() -> Value {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/openapi.json");

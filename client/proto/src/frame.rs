@@ -196,6 +196,8 @@ pub struct FrameReader {
     max_frame_bytes: u32,
     /// Set by the first framing error: nothing more is read.
     failed: bool,
+    /// Bytes of whole frames taken since the start of the stream.
+    taken: u64,
 }
 
 /// Taken bytes past which the buffer is compacted (when they are also more
@@ -212,6 +214,7 @@ impl FrameReader {
             expect,
             max_frame_bytes,
             failed: false,
+            taken: 0,
         }
     }
 
@@ -233,6 +236,12 @@ impl FrameReader {
     /// Bytes received but not yet part of a whole frame.
     pub fn pending(&self) -> usize {
         self.buf.len() - self.at
+    }
+
+    /// Bytes of whole frames taken so far: where on the stream the frame
+    /// being received (if [`FrameReader::pending`]) begins.
+    pub fn taken(&self) -> u64 {
+        self.taken
     }
 
     /// Whether a framing error has stopped the reader.
@@ -262,6 +271,7 @@ impl FrameReader {
             Ok((header, used)) => {
                 let start = self.at;
                 self.at += used;
+                self.taken += used as u64;
                 Ok(Some(Frame {
                     header,
                     payload: &self.buf[start + HEADER_LEN..start + used],
@@ -307,6 +317,16 @@ impl FrameReader {
             self.pending()
         ));
         Err(self.fail(error))
+    }
+
+    /// The frame being received stopped arriving for `waited`: the error
+    /// that answers it; the reader then drops what it holds.
+    pub fn stalled(&mut self, waited: std::time::Duration) -> FrameError {
+        let error = WireError::Malformed(format!(
+            "a frame stopped arriving: {} bytes of it came, then nothing for {waited:?}",
+            self.pending()
+        ));
+        self.fail(error)
     }
 
     fn fail(&mut self, error: WireError) -> FrameError {
@@ -456,6 +476,21 @@ mod tests {
         assert_eq!(r.next_frame(), Ok(None));
         assert_eq!(r.finish().unwrap_err().id, 0);
         assert_eq!(reader().finish(), Ok(()));
+    }
+
+    #[test]
+    fn taken_marks_where_the_frame_being_received_begins() {
+        let f = ping(5);
+        let mut r = reader();
+        r.push(&f);
+        r.push(&f[..3]);
+        assert_eq!(r.taken(), 0);
+        assert!(r.next_frame().unwrap().is_some());
+        assert_eq!(r.next_frame(), Ok(None));
+        assert_eq!((r.taken(), r.pending()), (f.len() as u64, 3));
+        let e = r.stalled(std::time::Duration::from_secs(1));
+        assert_eq!((e.id, e.error.code()), (0, ErrorCode::Malformed));
+        assert!(r.has_failed());
     }
 
     #[test]

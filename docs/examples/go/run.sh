@@ -9,19 +9,9 @@ go vet ./...
 go test ./...
 go build -o "${TMPDIR:-/tmp}/prefixscorer" .
 
+. "$here/../../http-server.sh"
 data="$(mktemp -d)"
-log="$data/server.log"
-"$server_bin" --data-dir "$data" --listen 127.0.0.1:0 --metrics-listen off \
-  --http-listen 127.0.0.1:0 --snapshot-interval 0s >"$log" 2>&1 &
-pid=$!
-trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$data"' EXIT
-# The server logs the API's bound address once it listens.
-addr=""
-for _ in $(seq 1 200); do
-  addr="$(sed -n 's/.*serving the HTTP\/JSON API http=\([0-9.:]*\).*/\1/p' "$log" | head -n 1)"
-  [ -n "$addr" ] && break
-  kill -0 "$pid" 2>/dev/null || { cat "$log"; exit 1; }
-  sleep 0.05
-done
-[ -n "$addr" ] || { echo "the server never listened"; cat "$log"; exit 1; }
-"${TMPDIR:-/tmp}/prefixscorer" -demo -server "https://localhost:${addr##*:}" -ca "$data/cert.pem"
+server_pid=""
+trap '[ -z "$server_pid" ] || { kill "$server_pid" 2>/dev/null; wait "$server_pid" 2>/dev/null; }; rm -rf "$data"' EXIT
+start_http_server "$server_bin" "$data"
+"${TMPDIR:-/tmp}/prefixscorer" -demo -server "$server_url" -ca "$data/cert.pem"

@@ -47,6 +47,12 @@ pub struct TransportSettings {
     /// Close connections silent for this long.
     #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
     pub idle_timeout: Option<HumanDuration>,
+    /// How long a request may take to arrive once it has begun: an HTTP
+    /// request's body after its headers, a QUIC frame after its first byte,
+    /// and a TLS handshake on the HTTP listener. Past it the request is
+    /// refused and its connection (HTTP) or stream (QUIC) closed.
+    #[arg(long, env = "PREFIX_INDEX_READ_TIMEOUT")]
+    pub read_timeout: Option<HumanDuration>,
     /// Bytes a connection may send ahead of what the server has read (its
     /// QUIC receive window): the memory one connection can make the server
     /// buffer.
@@ -108,6 +114,12 @@ pub struct TransportConfig {
     /// Idle connections close after this. Default 30 s; clients that are
     /// merely quiet keep the connection alive with QUIC pings.
     pub idle_timeout: Duration,
+    /// How long a request may take to arrive once begun (see
+    /// [`TransportSettings::read_timeout`]). Default 10 s: a whole frame or
+    /// body of the largest size allowed crosses a slow datacenter link in a
+    /// fraction of that, and a client that stalls mid-request holds its
+    /// connection (and the buffered part) no longer.
+    pub read_timeout: Duration,
     /// QUIC receive window per connection, in bytes. Default 4 MiB: ample
     /// for loopback and datacenter round trips, and 4,096 connections can
     /// then buffer at most 16 GiB only if every one of them is stalled with a
@@ -137,6 +149,7 @@ impl Default for TransportConfig {
             max_connections: 4096,
             max_streams: 64,
             idle_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(10),
             connection_window: 4 << 20,
             busy_poll: None,
             drain_timeout: Duration::from_secs(5),
@@ -165,6 +178,7 @@ impl TransportSettings {
             max_connections: self.max_connections.unwrap_or(d.max_connections),
             max_streams: self.max_streams.unwrap_or(d.max_streams),
             idle_timeout: duration(self.idle_timeout, d.idle_timeout),
+            read_timeout: duration(self.read_timeout, d.read_timeout),
             connection_window: self.connection_window.unwrap_or(d.connection_window),
             busy_poll: duration_or_off(self.busy_poll, d.busy_poll),
             drain_timeout: duration(self.drain_timeout, d.drain_timeout),
@@ -189,6 +203,7 @@ impl From<&TransportConfig> for TransportSettings {
             max_connections: Some(c.max_connections),
             max_streams: Some(c.max_streams),
             idle_timeout: Some(HumanDuration(c.idle_timeout)),
+            read_timeout: Some(HumanDuration(c.read_timeout)),
             connection_window: Some(c.connection_window),
             busy_poll: written_or_off(c.busy_poll),
             drain_timeout: Some(HumanDuration(c.drain_timeout)),
@@ -208,6 +223,13 @@ impl TransportConfig {
                 "idle-timeout",
                 &format!("{:?}", self.idle_timeout),
                 "must be at least 1s",
+            );
+        }
+        if self.read_timeout < Duration::from_millis(100) {
+            return invalid(
+                "read-timeout",
+                &format!("{:?}", self.read_timeout),
+                "must be at least 100ms",
             );
         }
         if self.connection_window < 65_536 {

@@ -78,7 +78,7 @@ impl Gate {
                 OpKind::RemovePod | OpKind::Unsubscribe => Reply::Removed(true),
                 _ => Reply::Done,
             })
-        } else if kind == OpKind::Lookup {
+        } else if matches!(kind, OpKind::Lookup | OpKind::LookupDetail) {
             Some(
                 ErrorCode::Unavailable
                     .reply("this replica is filling itself from a peer: ask another replica"),

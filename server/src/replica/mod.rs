@@ -197,7 +197,13 @@ mod tests {
             candidates: None,
         };
         let refused = |r: Option<Reply>| matches!(r, Some(Reply::Error { code, .. }) if code == ErrorCode::Unavailable as u16);
+        let detail = Op::LookupDetail {
+            model: "m".into(),
+            key: vec![1],
+            candidates: None,
+        };
         assert!(refused(gate.admit(&lookup, &m)));
+        assert!(refused(gate.admit(&detail, &m)));
         assert_eq!(gate.admit(&Op::Ping, &m), None);
         for k in 0..n {
             assert_eq!(gate.admit(&insert(k), &m), Some(Reply::Done));
