@@ -85,7 +85,9 @@ pub use busy_poll::BusyPoll;
 pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
 pub use engines::apply::apply_batch;
-pub use engines::{Engines, State as EngineStatus, Subscription};
+pub use engines::{
+    Allow as EngineAllow, Engines, Refusal as EngineRefusal, State as EngineStatus, Subscription,
+};
 pub use handler::Handler;
 pub use metrics::Metrics;
 pub use replica::{FillReport, Refusal, Replica};

@@ -74,30 +74,35 @@ struct Engine {
     endpoints: (String, String),
 }
 
+/// A socket of `kind` bound to `endpoint`. libzmq closes a socket in its
+/// I/O thread: a port a socket before had may be free only a moment after
+/// it is dropped.
+fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &str) -> zmq::Socket {
+    let socket = ctx.socket(kind).unwrap();
+    socket.set_linger(0).unwrap();
+    for _ in 0..250 {
+        match socket.bind(endpoint) {
+            Ok(()) => return socket,
+            Err(zmq::Error::EADDRINUSE) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(e) => panic!("bind {endpoint}: {e}"),
+        }
+    }
+    panic!("{endpoint} stays in use");
+}
+
+/// An engine's publisher: XPUB, a PUB that also tells when a subscriber's
+/// subscription has arrived (verbose: every one, repeats included).
+fn publisher(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
+    let socket = bind(ctx, zmq::XPUB, endpoint);
+    socket.set_xpub_verbose(true).unwrap();
+    socket
+}
+
 impl Engine {
     /// Binds on `endpoints` (`tcp://127.0.0.1:*` twice for new ports).
     fn start(ctx: &zmq::Context, endpoints: (&str, &str)) -> Engine {
-        // libzmq closes a socket in its I/O thread: a port the engine
-        // before had may be free only a moment after it is dropped.
-        let bind = |kind, endpoint| {
-            let socket = ctx.socket(kind).unwrap();
-            socket.set_linger(0).unwrap();
-            for _ in 0..250 {
-                match socket.bind(endpoint) {
-                    Ok(()) => return socket,
-                    Err(zmq::Error::EADDRINUSE) => {
-                        std::thread::sleep(std::time::Duration::from_millis(20))
-                    }
-                    Err(e) => panic!("bind {endpoint}: {e}"),
-                }
-            }
-            panic!("{endpoint} stays in use");
-        };
-        // XPUB: a PUB that also tells when a subscriber's subscription has
-        // arrived (verbose: every one, repeats included).
-        let publisher = bind(zmq::XPUB, endpoints.0);
-        publisher.set_xpub_verbose(true).unwrap();
-        let router = bind(zmq::ROUTER, endpoints.1);
+        let publisher = publisher(ctx, endpoints.0);
+        let router = bind(ctx, zmq::ROUTER, endpoints.1);
         let bound = (
             publisher.get_last_endpoint().unwrap().unwrap(),
             router.get_last_endpoint().unwrap().unwrap(),
@@ -170,6 +175,24 @@ impl Engine {
                 return;
             }
         }
+    }
+
+    /// Closes the publisher and binds a new one on its port: to the
+    /// subscribers, a network blip (the same engine, its numbers and its
+    /// buffer as they were).
+    fn reconnect(&mut self, ctx: &zmq::Context) {
+        // The old socket goes first: the new one needs its port.
+        let closed = ctx.socket(zmq::PUB).unwrap();
+        drop(std::mem::replace(&mut self.publisher, closed));
+        self.publisher = publisher(ctx, &self.endpoints.0);
+    }
+
+    /// Keeps only the newest `keep` batches in the replay buffer, as vLLM's
+    /// bounded one (`buffer_steps` batches) does once more were published.
+    fn roll(&self, keep: usize) {
+        let mut buffer = self.buffer.lock().unwrap();
+        let gone = buffer.len().saturating_sub(keep);
+        buffer.drain(..gone);
     }
 
     /// Publishes a batch (or, with `lost`, only buffers it: the PUB socket
@@ -246,6 +269,15 @@ async fn agrees(client: &Client, engine: &Engine, prompts: &[Vec<u32>]) -> bool 
     true
 }
 
+/// A server that follows `sub`, with its data (and snapshot, written only
+/// at shutdown) in `data`, so that a restart keeps what it learnt.
+fn following(data: &tempfile::TempDir, sub: &Subscription) -> prefix_server::ServerConfig {
+    let mut cfg = common::config(data);
+    cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+    cfg.engines.subscriptions = vec![sub.clone()];
+    cfg
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let ctx = zmq::Context::new();
@@ -253,12 +285,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let mut engine = Engine::start(&ctx, (any, any));
     let sub = engine.subscription();
     let data = tempfile::tempdir().unwrap();
-    let config = |sub: &Subscription| {
-        let mut cfg = common::config(&data);
-        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
-        cfg.engines.subscriptions = vec![sub.clone()];
-        cfg
-    };
+    let config = |sub: &Subscription| following(&data, sub);
     let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
     let client = server.client().await;
     let prompts: Vec<Vec<u32>> = (1..=4).map(|p| prompt(p, 6)).collect();
@@ -274,7 +301,13 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     assert_eq!(engine.cached_blocks(&prompts[1]), 5);
 
     // A lost batch: the next one reveals the gap, the replay fills it (the
-    // next one must reach the server: its subscription is in place).
+    // next one must reach the server: its subscription is in place). The
+    // counters are read as deltas: the start may have seen a gap of its
+    // own (batch 0 gone by before the subscription was in place).
+    let http = server.metrics_addr.unwrap();
+    let pod = |name: &str| format!("prefix_index_{name}{{pod=\"{POD}\"}}");
+    let gaps = common::metric(http, &pod("engine_sequence_gaps_total")).await;
+    let lost = common::metric(http, &pod("engine_lost_batches_total")).await;
     engine.subscribed();
     engine.evict(&prompts[0], 3, true);
     engine.store(&prompts[2], 2, 6, false);
@@ -283,12 +316,40 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     })
     .await;
     assert_eq!(engine.cached_blocks(&prompts[0]), 3);
+    let gaps = gaps + 1.0;
+    assert_eq!(
+        common::metric(http, &pod("engine_sequence_gaps_total")).await,
+        gaps
+    );
+    assert_eq!(
+        common::metric(http, &pod("engine_lost_batches_total")).await,
+        lost + 1.0
+    );
+
+    // The engine's publisher goes and comes back: the reconnection's check
+    // asks a replay, and is no gap.
+    let replays = common::metric(http, &pod("engine_replays_total")).await;
+    engine.reconnect(&ctx);
+    engine.subscribed();
+    common::eventually("the reconnection is checked", async || {
+        common::metric(http, &pod("engine_replays_total")).await > replays
+    })
+    .await;
+    assert_eq!(
+        common::metric(http, &pod("engine_sequence_gaps_total")).await,
+        gaps
+    );
 
     // The server restarts; what the engine does meanwhile is in its buffer.
     client.close().await;
     server.shutdown().await;
     engine.store(&prompts[1], 5, 6, false);
     let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
+    // It resumes from the snapshot's last batch, and lists it.
+    common::eventually("the batch it resumes from is listed", async || {
+        server.engines_list()[0].1.last_seq.is_some()
+    })
+    .await;
     let client = server.client().await;
     engine.subscribed();
     engine.store(&prompts[3], 2, 3, false);
@@ -320,11 +381,95 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let states = server.engines_list();
     assert!(states[0].1.resyncs >= 1, "{states:?}");
     let http = server.metrics_addr.unwrap();
-    let pod = |name: &str| format!("prefix_index_{name}{{pod=\"{POD}\"}}");
     assert!(common::metric(http, &pod("engine_blocks_stored_total")).await > 0.0);
     assert_eq!(common::metric(http, &pod("engine_connected")).await, 1.0);
     let restarts = format!("prefix_index_engine_resyncs_total{{pod=\"{POD}\",reason=\"restart\"}}");
     assert!(common::metric(http, &restarts).await >= 1.0);
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// After a restart of the server, an engine whose replay buffer rolled
+/// past the last batch the snapshot holds (vLLM keeps `buffer_steps`
+/// batches) is not taken for a restarted one: the pod is resynced as
+/// `replay_too_short` and learns the engine's buffer. A new engine whose
+/// batch under that number is another one is a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
+    let ctx = zmq::Context::new();
+    let any = "tcp://127.0.0.1:*";
+    let mut engine = Engine::start(&ctx, (any, any));
+    let sub = engine.subscription();
+    let data = tempfile::tempdir().unwrap();
+    let config = || following(&data, &sub);
+    let resyncs = |reason: &str| {
+        format!("prefix_index_engine_resyncs_total{{pod=\"{POD}\",reason=\"{reason}\"}}")
+    };
+    let prompts: Vec<Vec<u32>> = (1..=4).map(|p| prompt(p, 4)).collect();
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let client = server.client().await;
+    engine.subscribed();
+    engine.store(&prompts[0], 0, 4, false);
+    common::eventually("the engine is followed", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
+    client.close().await;
+    // The snapshot holds batch 0 as the last one applied.
+    server.shutdown().await;
+
+    // Meanwhile the engine goes on and its buffer keeps only its newest
+    // batch (3): batches 1 and 2 are lost to the server.
+    for p in &prompts[1..] {
+        engine.store(p, 0, 4, false);
+    }
+    engine.roll(1);
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let http = server.metrics_addr.unwrap();
+    common::eventually("the short replay is told", async || {
+        common::metric(http, &resyncs("replay_too_short")).await == 1.0
+    })
+    .await;
+    assert_eq!(common::metric(http, &resyncs("restart")).await, 0.0);
+    let client = server.client().await;
+    common::eventually("the engine's buffer is learnt", async || {
+        agrees(&client, &engine, &prompts[3..]).await
+    })
+    .await;
+    let states = server.engines_list();
+    let said = states[0].1.last_error.as_deref().unwrap_or_default();
+    assert!(
+        said.contains("replay buffer starts at batch 3, past batch 0 applied"),
+        "{states:?}"
+    );
+    client.close().await;
+    // The snapshot holds batch 3 as the last one applied.
+    server.shutdown().await;
+
+    // A new engine on the same ports got past that number while the
+    // server was away: its batch 3 is not the one applied.
+    let endpoints = engine.endpoints.clone();
+    drop(engine);
+    let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
+    for i in 0..4 {
+        engine.store(&prompts[0], i, i + 1, false);
+    }
+    engine.store(&prompts[1], 2, 3, false);
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let http = server.metrics_addr.unwrap();
+    common::eventually("the new engine is told", async || {
+        common::metric(http, &resyncs("restart")).await == 1.0
+    })
+    .await;
+    assert_eq!(
+        common::metric(http, &resyncs("replay_too_short")).await,
+        0.0
+    );
+    let client = server.client().await;
+    common::eventually("the new engine is learnt", async || {
+        agrees(&client, &engine, &prompts).await
+    })
+    .await;
     client.close().await;
     server.shutdown().await;
 }
@@ -439,6 +584,18 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     server.shutdown().await;
 }
 
+/// Whether `pod` holds exactly `blocks` leading blocks of `tokens` under
+/// model `m`.
+async fn holds(client: &Client, tokens: &[u32], pod: &str, blocks: u32) -> bool {
+    let got = client
+        .lookup("m", &token_key(tokens, BLOCK), None)
+        .await
+        .unwrap();
+    got.matches
+        .iter()
+        .any(|m| m.pod.as_str() == pod && m.blocks == blocks)
+}
+
 /// Central mode: engines connect to the server's SUB socket and name
 /// themselves in the topic. A malformed payload and stray topics (a
 /// malformed `kv@…` one, and another altogether) are counted and skipped;
@@ -467,13 +624,7 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
         let good: [&[u8]; 3] = [topic, &(seq + 1).to_be_bytes(), &good];
         publisher.send_multipart(good, 0).unwrap();
         seq += 2;
-        let got = client
-            .lookup("m", &token_key(&tokens, BLOCK), None)
-            .await
-            .unwrap();
-        got.matches
-            .iter()
-            .any(|m| m.pod.as_str() == "pod-c" && m.blocks == 3)
+        holds(&client, &tokens, "pod-c", 3).await
     })
     .await;
     // A message under a topic that is no `kv@<pod>@<model>` at all (vLLM's
@@ -544,6 +695,90 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
         .await
         .unwrap();
     assert!(got.matches.is_empty(), "{:?}", got.matches);
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// Central mode's doors: a connection from outside `--engine-allow` is
+/// refused before any of its messages is read, and a pod's topic stays
+/// with the address it first came from; each refusal is counted, and the
+/// index keeps what the real engine said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
+    let server = common::start(|cfg| {
+        cfg.engines.listen = Some("tcp://127.0.0.1:*".into());
+        cfg.engines.allow =
+            prefix_server::EngineAllow::parse(&["127.0.0.1".into(), "127.0.0.2/32".into()])
+                .unwrap();
+    })
+    .await;
+    let endpoint = server.engines.central_endpoint().expect("bound");
+    let port = endpoint.rsplit(':').next().unwrap();
+    let ctx = zmq::Context::new();
+    // A PUB socket connecting from `source` (Linux routes all of 127/8 to
+    // loopback, so each source is a host of its own to the server).
+    let from = |source: &str| {
+        let s = ctx.socket(zmq::PUB).unwrap();
+        s.set_linger(0).unwrap();
+        s.connect(&format!("tcp://{source}:0;127.0.0.1:{port}"))
+            .unwrap();
+        s
+    };
+    let (engine, outsider, neighbour) = (from("127.0.0.1"), from("127.0.0.3"), from("127.0.0.2"));
+    let send = |s: &zmq::Socket, topic: &str, seq: u64, event: Event| {
+        let body = payload(event);
+        let frames: [&[u8]; 3] = [topic.as_bytes(), &seq.to_be_bytes(), &body];
+        s.send_multipart(frames, 0).unwrap();
+    };
+    let client = server.client().await;
+    let tokens = prompt(1, 4);
+    let hs = hashes(&tokens);
+    let held = async || {
+        let got = client
+            .lookup("m", &token_key(&tokens, BLOCK), None)
+            .await
+            .unwrap();
+        got.matches
+            .iter()
+            .map(|m| (m.pod.to_string(), m.blocks))
+            .collect::<Vec<_>>()
+    };
+    let mut seq = 0;
+    common::eventually("the engine is followed", async || {
+        send(&engine, "kv@p1@m", seq, stored(None, &hs, &tokens));
+        seq += 1;
+        held().await == [("p1".to_string(), 4)]
+    })
+    .await;
+    use prefix_server::EngineRefusal::{Address, Moved};
+    common::eventually("a host outside the list is refused", async || {
+        send(&outsider, "kv@intruder@m", 0, stored(None, &hs, &tokens));
+        send(&outsider, "kv@p1@m", seq, Event::Cleared);
+        server.engines.refused(Address) > 0
+    })
+    .await;
+    common::eventually("another host under p1's topic is refused", async || {
+        send(&neighbour, "kv@p1@m", seq, Event::Cleared);
+        server.engines.refused(Moved) > 0
+    })
+    .await;
+    // Whatever is still in flight from either is refused too.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(held().await, [("p1".to_string(), 4)]);
+    assert_eq!(server.engines_list().len(), 1);
+    let metrics = server.metrics_addr.unwrap();
+    for reason in ["address", "moved"] {
+        let name = format!("prefix_index_engine_refused_total{{reason=\"{reason}\"}}");
+        assert!(common::metric(metrics, &name).await >= 1.0, "{name}");
+    }
+    // The real engine goes on.
+    let more = prompt(2, 3);
+    let more_hs = hashes(&more);
+    send(&engine, "kv@p1@m", seq, stored(None, &more_hs, &more));
+    common::eventually("the engine's next batch is applied", async || {
+        holds(&client, &more, "p1", 3).await
+    })
+    .await;
     client.close().await;
     server.shutdown().await;
 }

@@ -10,7 +10,9 @@
 //!   the missing batches and hold live ones back until the replay ends
 //!   (applying replayed and held batches in order, each once); without one,
 //!   or when the replay cannot fill the gap, **resync**: clear the pod and
-//!   learn it again from the stream;
+//!   learn it again from the stream. Every skip ahead is also reported as
+//!   [`Action::Gap`], for counting: the follower is the one place that
+//!   knows what a number means, so a replay asked is never taken for a gap;
 //! - the last batch applied again (same number, same bytes): a duplicate,
 //!   dropped;
 //! - a number at or below the last one (the engine restarted): clear the
@@ -20,6 +22,13 @@
 //!   (the engine's buffer holds its recent past); after a restart of this
 //!   server the follower starts from the last number its snapshot holds,
 //!   so only what it missed is replayed;
+//! - after a (re)connection, with a replay endpoint: replay from the last
+//!   number applied. The answer's first batch tells what the engine is: the
+//!   very batch applied, the same engine; another batch under that number,
+//!   or none at all, a new engine (resync, then its whole buffer); a newer
+//!   number, a buffer that no longer reaches back, so the batches between
+//!   are lost (resync, then its whole buffer, named apart from a restart:
+//!   the remedy is a larger buffer);
 //! - a store under an unknown parent (reported by the applier) while a
 //!   replay endpoint exists and no full replay ran since the last resync:
 //!   resync and replay the engine's whole buffer, which holds the recent
@@ -34,7 +43,8 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resync {
     /// The engine restarted: the sequence went back, or after a
-    /// reconnection its replay buffer lacks the last batch applied.
+    /// reconnection its replay buffer holds another batch under the last
+    /// number applied, or nothing from that number on.
     Restart {
         /// The last number applied before.
         last: u64,
@@ -62,6 +72,16 @@ pub enum Resync {
     ReplayOverflow,
     /// A store's parent was unknown; the whole replay buffer follows.
     Orphan,
+    /// After a reconnection, the engine's replay buffer no longer reaches
+    /// back to the last batch applied: its oldest batch is newer, so the
+    /// batches between are lost (or the engine is a new one that got past
+    /// our numbers; nothing tells them apart).
+    ReplayTooShort {
+        /// The last number applied.
+        last: u64,
+        /// The oldest number the buffer holds.
+        first: u64,
+    },
 }
 
 impl Resync {
@@ -74,17 +94,20 @@ impl Resync {
             Resync::ReplayTimeout => "replay_timeout",
             Resync::ReplayOverflow => "replay_overflow",
             Resync::Orphan => "orphan",
+            Resync::ReplayTooShort { .. } => "replay_too_short",
         }
     }
 
-    /// Every label, for metrics registered up front.
-    pub const LABELS: [&'static str; 6] = [
+    /// Every label, for metrics registered up front (a new one goes last,
+    /// so the series keep their order).
+    pub const LABELS: [&'static str; 7] = [
         "restart",
         "gap",
         "replay_hole",
         "replay_timeout",
         "replay_overflow",
         "orphan",
+        "replay_too_short",
     ];
 }
 
@@ -116,6 +139,11 @@ impl std::fmt::Display for Resync {
                 f,
                 "a stored block's parent is unknown; replaying the engine's whole buffer"
             ),
+            Resync::ReplayTooShort { last, first } => write!(
+                f,
+                "after a reconnection the engine's replay buffer starts at batch {first}, past batch {last} applied: batches {}..{first} are lost (raise the engine's buffer_steps)",
+                last.saturating_add(1)
+            ),
         }
     }
 }
@@ -137,6 +165,15 @@ pub enum Action<T> {
     Replay {
         /// The first number wanted.
         from: u64,
+    },
+    /// The live stream skipped numbers `from..seq` (`seq` came): batches a
+    /// PUB socket dropped, or an engine's first batches missed. Only
+    /// counted: the `Replay` or `Clear` that deals with it follows.
+    Gap {
+        /// The first number missing.
+        from: u64,
+        /// The number that came.
+        seq: u64,
     },
 }
 
@@ -161,9 +198,10 @@ enum Mode<T> {
     /// After a (re)connection: the replay asked from the last batch applied
     /// must start with that very batch, or the engine is a new one.
     Verifying(Held<T>),
-    /// The engine turned out to be a new one: the rest of the answer is
-    /// dropped, then its whole buffer is asked for.
-    Discarding(Held<T>),
+    /// The check failed (a new engine, or a buffer that no longer reaches
+    /// back): the rest of the answer is dropped, then the whole buffer is
+    /// asked for; the pod is cleared for this reason.
+    Discarding(Held<T>, Resync),
 }
 
 /// How much a replay may hold back of the live stream: past either bound,
@@ -259,14 +297,14 @@ impl<T: AsRef<[u8]>> Follower<T> {
     fn held(&mut self) -> Option<&mut Held<T>> {
         match &mut self.mode {
             Mode::Live => None,
-            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => Some(h),
+            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h, _) => Some(h),
         }
     }
 
     fn take_held(&mut self) -> Held<T> {
         match std::mem::replace(&mut self.mode, Mode::Live) {
             Mode::Live => Held::new(),
-            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h) => h,
+            Mode::Replaying(h) | Mode::Verifying(h) | Mode::Discarding(h, _) => h,
         }
     }
 
@@ -316,9 +354,11 @@ impl<T: AsRef<[u8]>> Follower<T> {
             // The engine's first batches were lost. Asked once: a batch
             // its buffer does not reach is applied as it comes.
             None if self.at_start && seq > 0 && self.can_replay => {
+                out.push(Action::Gap { from: 0, seq });
                 self.replay(0, false, seq, payload, out)
             }
             None if self.at_start && seq > 0 => {
+                out.push(Action::Gap { from: 0, seq });
                 self.resync(Resync::Gap { from: 0, seq }, seq, payload, out)
             }
             // Joining a stream under way: what came before is in the
@@ -351,16 +391,29 @@ impl<T: AsRef<[u8]>> Follower<T> {
                 payload,
                 out,
             ),
-            Some(last) if self.can_replay => self.replay(last + 1, false, seq, payload, out),
-            Some(last) => self.resync(
-                Resync::Gap {
+            // A gap (`last + 1` cannot overflow: `seq <= last` went above).
+            Some(last) if self.can_replay => {
+                out.push(Action::Gap {
                     from: last + 1,
                     seq,
-                },
-                seq,
-                payload,
-                out,
-            ),
+                });
+                self.replay(last + 1, false, seq, payload, out)
+            }
+            Some(last) => {
+                out.push(Action::Gap {
+                    from: last + 1,
+                    seq,
+                });
+                self.resync(
+                    Resync::Gap {
+                        from: last + 1,
+                        seq,
+                    },
+                    seq,
+                    payload,
+                    out,
+                )
+            }
         }
     }
 
@@ -368,15 +421,31 @@ impl<T: AsRef<[u8]>> Follower<T> {
     /// applied are dropped: the replay repeats what came live).
     pub fn replayed(&mut self, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
         match &self.mode {
-            Mode::Live | Mode::Discarding(_) => {}
+            Mode::Live | Mode::Discarding(..) => {}
             Mode::Verifying(_) => {
-                let same = self
-                    .last
-                    .is_some_and(|l| l.seq == seq && l.digest == digest(&payload));
+                // vLLM answers from its oldest batch when it holds none as
+                // old as the number asked: a newer first batch means the
+                // buffer rolled past the last one applied. A lower one
+                // (vLLM sends none) or another batch under that number is
+                // a new engine's. `connected` verifies only with a batch
+                // applied; without one nothing tells the engine, so it is
+                // taken for a new one.
+                let why = match self.last {
+                    Some(last) if last.seq == seq && last.digest == digest(&payload) => None,
+                    Some(last) if seq > last.seq => Some(Resync::ReplayTooShort {
+                        last: last.seq,
+                        first: seq,
+                    }),
+                    Some(last) => Some(Resync::Restart {
+                        last: last.seq,
+                        seq: None,
+                    }),
+                    None => Some(Resync::Restart { last: 0, seq: None }),
+                };
                 let held = self.take_held();
-                self.mode = match same {
-                    true => Mode::Replaying(held),
-                    false => Mode::Discarding(held),
+                self.mode = match why {
+                    None => Mode::Replaying(held),
+                    Some(why) => Mode::Discarding(held, why),
                 };
             }
             Mode::Replaying(_) => match self.last.map(|l| l.seq) {
@@ -424,12 +493,20 @@ impl<T: AsRef<[u8]>> Follower<T> {
                     }
                 }
             }
-            // The engine's buffer lacks the last batch applied (its newest
-            // number is lower), or holds another batch under its number:
-            // a new engine. Its whole buffer is what it holds.
-            Mode::Verifying(held) | Mode::Discarding(held) => {
+            // An answer with no batch: the engine's numbers are all below
+            // the last one applied, a new engine. Its whole buffer is what
+            // it holds.
+            Mode::Verifying(held) => {
                 let last = self.last.map_or(0, |l| l.seq);
                 self.restart(Resync::Restart { last, seq: None }, out);
+                self.full = true;
+                out.push(Action::Replay { from: 0 });
+                self.mode = Mode::Replaying(held);
+            }
+            // The answer's first batch failed the check (`replayed` says
+            // why): cleared for that reason, then the whole buffer.
+            Mode::Discarding(held, why) => {
+                self.restart(why, out);
                 self.full = true;
                 out.push(Action::Replay { from: 0 });
                 self.mode = Mode::Replaying(held);
@@ -541,6 +618,7 @@ mod tests {
                 }
                 Action::Clear(why) => format!("clear {}", why.label()),
                 Action::Replay { from } => format!("replay {from}"),
+                Action::Gap { from, seq } => format!("gap {from}..{seq}"),
             })
             .collect()
     }
@@ -601,7 +679,7 @@ mod tests {
         let mut resumed = F::new(true, held(8), at(6));
         assert_eq!(live(&mut resumed, &[7]), ["apply 7"]);
         let mut behind = F::new(true, held(8), at(6));
-        assert_eq!(live(&mut behind, &[9]), ["replay 7"]);
+        assert_eq!(live(&mut behind, &[9]), ["gap 7..9", "replay 7"]);
         // From the very first batch, nothing is missing.
         let mut first = F::new(true, held(8), None);
         assert_eq!(live(&mut first, &[0, 1]), ["apply 0", "apply 1"]);
@@ -653,13 +731,19 @@ mod tests {
     #[test]
     fn a_gap_without_replay_clears() {
         let mut f = F::new(false, held(8), None);
-        assert_eq!(live(&mut f, &[1, 4]), ["apply 1", "clear gap", "apply 4"]);
+        assert_eq!(
+            live(&mut f, &[1, 4]),
+            ["apply 1", "gap 2..4", "clear gap", "apply 4"]
+        );
     }
 
     #[test]
     fn a_replay_fills_the_gap_and_held_batches_follow_once() {
         let mut f = F::new(true, held(8), at(0));
-        assert_eq!(live(&mut f, &[1, 4, 5]), ["apply 1", "replay 2"]);
+        assert_eq!(
+            live(&mut f, &[1, 4, 5]),
+            ["apply 1", "gap 2..4", "replay 2"]
+        );
         assert!(f.replaying());
         // The engine's buffer holds everything from 2, the live 4 and 5 too.
         assert_eq!(
@@ -676,7 +760,7 @@ mod tests {
         live(&mut f, &[1, 9]);
         assert_eq!(replay(&mut f, 0, &[5]), ["clear replay_hole", "apply 5"]);
         // The held batch was dropped with the replay; the next one is a gap.
-        assert_eq!(live(&mut f, &[10]), ["replay 6"]);
+        assert_eq!(live(&mut f, &[10]), ["gap 6..10", "replay 6"]);
     }
 
     #[test]
@@ -707,7 +791,13 @@ mod tests {
         let mut f = F::new(true, limit, at(0));
         assert_eq!(
             live(&mut f, &[1, 5, 6, 7]),
-            ["apply 1", "replay 2", "clear replay_overflow", "apply 7"]
+            [
+                "apply 1",
+                "gap 2..5",
+                "replay 2",
+                "clear replay_overflow",
+                "apply 7"
+            ]
         );
         assert!(!f.replaying());
     }
@@ -717,7 +807,13 @@ mod tests {
         let mut f = F::new(true, held(2), at(0));
         assert_eq!(
             live(&mut f, &[1, 5, 6, 7]),
-            ["apply 1", "replay 2", "clear replay_overflow", "apply 7"]
+            [
+                "apply 1",
+                "gap 2..5",
+                "replay 2",
+                "clear replay_overflow",
+                "apply 7"
+            ]
         );
         assert!(!f.replaying());
     }
@@ -740,5 +836,56 @@ mod tests {
         let mut g = F::new(false, held(8), None);
         g.orphaned(&mut out);
         assert!(out.is_empty());
+    }
+
+    /// A gap is reported once, replayed or not; a reconnection's check, a
+    /// join, a restart and a replay hole are no gaps.
+    #[test]
+    fn gaps_are_the_live_streams_skips_only() {
+        let mut f = F::new(true, held(8), at(4));
+        let mut out = Vec::new();
+        f.connected(&mut out);
+        assert_eq!(seqs(&out), ["replay 4"]);
+        assert_eq!(replay(&mut f, 0, &[4, 5]), ["apply 5"]);
+        assert_eq!(live(&mut f, &[8]), ["gap 6..8", "replay 6"]);
+        // The replay comes short of the gap: a resync, no second gap (the
+        // held 8 goes with the failed replay, and so does the replayed one).
+        assert_eq!(replay(&mut f, 0, &[7, 8]), ["clear replay_hole", "apply 7"]);
+        // The engine's first batches, missed after its empty buffer.
+        let mut g = F::new(true, held(8), None);
+        g.connected(&mut Vec::new());
+        assert_eq!(replay(&mut g, 0, &[]), Vec::<String>::new());
+        assert_eq!(live(&mut g, &[3]), ["gap 0..3", "replay 0"]);
+        // Joining late and restarts are no gaps.
+        let mut h = F::new(true, held(8), None);
+        assert_eq!(live(&mut h, &[4]), ["replay 0"]);
+        let mut r = F::new(true, held(8), at(9));
+        assert_eq!(live(&mut r, &[2]), ["clear restart", "replay 0"]);
+    }
+
+    /// After a reconnection, an answer that starts past the last batch
+    /// applied is a buffer that rolled past it, not a restart: the pod is
+    /// cleared for that reason and the whole buffer applied.
+    #[test]
+    fn a_reconnection_past_the_engines_buffer_is_not_a_restart() {
+        let mut f = F::new(true, held(8), at(4));
+        f.connected(&mut Vec::new());
+        assert_eq!(
+            replay(&mut f, 0, &[7, 8]),
+            ["clear replay_too_short", "replay 0"]
+        );
+        assert_eq!(replay(&mut f, 0, &[7, 8]), ["apply 7", "apply 8"]);
+        assert!(!f.replaying());
+        let why = Resync::ReplayTooShort { last: 4, first: 7 };
+        assert_eq!(
+            why.to_string(),
+            "after a reconnection the engine's replay buffer starts at batch 7, past batch 4 applied: batches 5..7 are lost (raise the engine's buffer_steps)"
+        );
+        // Every reason has its label, once (the metric's series).
+        assert!(Resync::LABELS.contains(&why.label()));
+        let mut labels = Resync::LABELS.to_vec();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), Resync::LABELS.len());
     }
 }

@@ -178,6 +178,8 @@ fn everything_changed() -> ServerConfig {
                     .unwrap(),
             ],
             listen: Some("tcp://0.0.0.0:5557".into()),
+            allow: crate::engines::Allow::parse(&["10.0.0.0/8".into(), "fd00::1".into()]).unwrap(),
+            allow_moves: true,
             central_block_size: 64,
             token_block: 8,
             replay_timeout: Duration::from_secs(25),
@@ -221,6 +223,13 @@ fn engine_settings_are_checked() {
     let mut listen = Settings::default();
     listen.engines.engine_listen = Some("udp://x".into());
     assert!(listen.resolve().is_err());
+    let mut allow = Settings::default();
+    allow.engines.engine_allow = Some(vec!["10.0.0.0/8".into(), "engines.local".into()]);
+    let err = allow.resolve().unwrap_err().to_string();
+    assert!(
+        err.contains("engine-allow") && err.contains("engines.local"),
+        "{err}"
+    );
 }
 
 #[test]

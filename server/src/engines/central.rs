@@ -12,6 +12,7 @@ use prefix_events::{decode_batch, parse_live, parse_topic};
 use prefix_index::{EngineHandle, EngineOp};
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{self, Binding, Check, Refusal, Verdict};
 use super::apply::apply_batch;
 use super::stats::{Problem, SubStats};
 use super::{Engines, StartError, Subscription};
@@ -26,12 +27,17 @@ struct Pod {
     /// Cancelled when the pod is unsubscribed: its engine state is gone,
     /// and its next message meets it again, as new.
     gone: CancellationToken,
+    /// Where its messages may come from.
+    origin: Binding,
 }
 
 /// The bound socket and what it has met.
 pub(super) struct Collector {
     engines: Arc<Engines>,
     socket: zmq::Socket,
+    /// Answers libzmq's questions about each connection to `socket`
+    /// (`admission`): served by the collector's own thread, between bursts.
+    zap: zmq::Socket,
     pods: HashMap<String, Pod>,
 }
 
@@ -39,21 +45,31 @@ impl Collector {
     /// Binds the SUB socket to `endpoint` and subscribes to every topic:
     /// a message under another topic than `kv@<pod>@<model>` (vLLM's
     /// default empty topic, say) reaches the collector, which counts and
-    /// logs it, instead of being dropped unseen by libzmq.
+    /// logs it, instead of being dropped unseen by libzmq. Its connections
+    /// are admitted by the ZAP handler, bound first so that none comes
+    /// before it.
     pub(super) fn bind(engines: Arc<Engines>, endpoint: &str) -> Result<Collector, StartError> {
-        let bind = || -> Result<zmq::Socket, zmq::Error> {
+        let bind = || -> Result<(zmq::Socket, zmq::Socket), zmq::Error> {
+            let zap = engines.ctx.socket(zmq::REP)?;
+            zap.set_linger(0)?;
+            zap.bind(admission::ENDPOINT)?;
             let socket = super::task::bounded(&engines.ctx, zmq::SUB, &engines.cfg)?;
+            socket.set_zap_domain(admission::DOMAIN)?;
             socket.set_subscribe(b"")?;
             socket.bind(endpoint)?;
-            Ok(socket)
+            Ok((socket, zap))
         };
-        let socket = bind().map_err(|e| StartError::Bind {
+        let (socket, zap) = bind().map_err(|e| StartError::Bind {
             endpoint: endpoint.into(),
             why: e.to_string(),
         })?;
+        if engines.cfg.allow.is_open() && !is_loopback(endpoint) {
+            tracing::warn!(%endpoint, "--engine-listen takes events from any host that reaches it: set --engine-allow to the engines' networks (docs/operations.md, \"Security\")");
+        }
         Ok(Collector {
             engines,
             socket,
+            zap,
             pods: HashMap::new(),
         })
     }
@@ -67,8 +83,17 @@ impl Collector {
     pub(super) fn run(mut self, stop: CancellationToken) {
         let mut actions = Vec::new();
         while !stop.is_cancelled() {
-            match self.socket.poll(zmq::POLLIN, self.engines.cfg.poll_ms()) {
-                Ok(0) => {
+            let mut items = [
+                self.socket.as_poll_item(zmq::POLLIN),
+                self.zap.as_poll_item(zmq::POLLIN),
+            ];
+            let polled = zmq::poll(&mut items, self.engines.cfg.poll_ms());
+            let (messages, asked) = (items[0].is_readable(), items[1].is_readable());
+            if asked {
+                self.admit();
+            }
+            match polled {
+                Ok(_) if !messages => {
                     // Views change with time too (a learning period ends).
                     let period = self.engines.cfg.learning_period;
                     for p in self.pods.values() {
@@ -84,12 +109,13 @@ impl Collector {
                     continue;
                 }
             }
-            // A burst at a time: the stop signal is looked at between bursts.
+            // A burst at a time: the stop signal and the ZAP handler are
+            // looked at between bursts.
             for _ in 0..super::task::BURST {
-                let Ok(frames) = self.socket.recv_multipart(zmq::DONTWAIT) else {
+                let Some((frames, origin)) = self.receive() else {
                     break;
                 };
-                self.message(&frames, &mut actions);
+                self.message(&frames, origin.as_deref(), &mut actions);
             }
         }
         for pod in self.pods.values() {
@@ -97,7 +123,44 @@ impl Collector {
         }
     }
 
-    fn message(&mut self, frames: &[Vec<u8>], actions: &mut Vec<Action<Vec<u8>>>) {
+    /// Answers the ZAP requests waiting.
+    fn admit(&self) {
+        while let Ok(request) = self.zap.recv_multipart(zmq::DONTWAIT) {
+            let (reply, verdict) = admission::answer(&request, &self.engines.cfg.allow);
+            match verdict {
+                Verdict::Admitted(_) => {}
+                Verdict::Refused(address) => self.engines.refusals.refuse(Refusal::Address, || {
+                    format!("a connection from {address}, outside --engine-allow")
+                }),
+                Verdict::Malformed => {
+                    tracing::warn!("engine collector: a ZAP request it does not understand")
+                }
+            }
+            if let Err(e) = self.zap.send_multipart(reply, 0) {
+                tracing::warn!("engine collector: cannot answer a ZAP request: {e}");
+            }
+        }
+    }
+
+    /// The next message waiting, whole, with the origin its connection was
+    /// admitted as (its `User-Id`).
+    fn receive(&self) -> Option<(Vec<Vec<u8>>, Option<String>)> {
+        let mut first = self.socket.recv_msg(zmq::DONTWAIT).ok()?;
+        let mut frames = vec![first.to_vec()];
+        let origin = first.gets("User-Id").map(str::to_owned);
+        while first.get_more() {
+            first = self.socket.recv_msg(0).ok()?;
+            frames.push(first.to_vec());
+        }
+        Some((frames, origin))
+    }
+
+    fn message(
+        &mut self,
+        frames: &[Vec<u8>],
+        origin: Option<&str>,
+        actions: &mut Vec<Action<Vec<u8>>>,
+    ) {
         let live = match parse_live(frames) {
             Ok(live) => live,
             Err(e) => {
@@ -130,6 +193,19 @@ impl Collector {
         let Some(p) = self.pods.get_mut(pod) else {
             return;
         };
+        match p.origin.check(origin, self.engines.cfg.allow_moves) {
+            Check::Same => {}
+            Check::Moved { from } => {
+                tracing::info!(%pod, %from, to = origin.unwrap_or_default(), "an engine-fed pod moved to another address");
+            }
+            Check::Foreign { bound } => {
+                let from = origin.unwrap_or_default();
+                self.engines.refusals.refuse(Refusal::Moved, || {
+                    format!("a message under pod {pod:?}'s topic from {from}: the pod is bound to {bound} (--engine-allow-moves lets it move)")
+                });
+                return;
+            }
+        }
         p.stats.set_connected(true);
         p.follower.live(live.seq, live.payload.to_vec(), actions);
         for action in actions.drain(..) {
@@ -167,6 +243,8 @@ impl Collector {
                         EngineOp::Cleared,
                     );
                 }
+                // Counted; the `Clear` that deals with it follows.
+                Action::Gap { from, seq } => p.stats.gap(from, seq),
                 // No replay endpoint: the follower never asks.
                 Action::Replay { .. } => {}
             }
@@ -179,12 +257,13 @@ impl Collector {
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
         let (stats, sub, engine, gone) = self.engines.central_pod(pod, model)?;
         // Its follower does not resume from a snapshot's last batch.
-        stats.following(false);
+        stats.following(None);
         Some(Pod {
             sub,
             engine,
             stats,
             gone,
+            origin: Binding::new(),
             follower: Follower::new(
                 false,
                 prefix_events::HeldLimit {
@@ -195,4 +274,17 @@ impl Collector {
             ),
         })
     }
+}
+
+/// Whether a `tcp://host:port` endpoint binds loopback only.
+fn is_loopback(endpoint: &str) -> bool {
+    let host = endpoint
+        .trim_start_matches("tcp://")
+        .rsplit_once(':')
+        .map_or("", |(host, _)| host)
+        .trim_matches(|c| c == '[' || c == ']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

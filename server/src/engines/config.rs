@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::admission::Allow;
 use super::{Ratio, Subscription};
 use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
 
@@ -22,6 +23,22 @@ pub struct EngineSettings {
     /// the server and publish with topics kv@<pod>@<model>; "off" for none.
     #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
     pub engine_listen: Option<String>,
+    /// A network (10.0.0.0/16) or address engines may connect to
+    /// --engine-listen from; connections from elsewhere are refused before
+    /// any message is read. Repeat the flag; in the environment separate
+    /// them with ';'. None given: any host that reaches the port.
+    #[arg(
+        long = "engine-allow",
+        env = "PREFIX_INDEX_ENGINE_ALLOW",
+        value_delimiter = ';'
+    )]
+    pub engine_allow: Option<Vec<String>>,
+    /// Let a pod met through --engine-listen move to another address:
+    /// without it, a pod's topic is bound to the address of its first
+    /// message until the pod is unsubscribed, and messages under it from
+    /// elsewhere are refused.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_ALLOW_MOVES", num_args = 0..=1, default_missing_value = "true")]
+    pub engine_allow_moves: Option<bool>,
     /// Block size in tokens of the engines that connect to --engine-listen.
     #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
     pub engine_block_size: Option<u32>,
@@ -85,6 +102,12 @@ pub struct EngineConfig {
     /// Where the central collector binds its SUB socket (engines connect
     /// to it with topics `kv@<pod>@<model>`), or none.
     pub listen: Option<String>,
+    /// Where engines may connect to the central collector from (empty:
+    /// anywhere).
+    pub allow: Allow,
+    /// Whether a pod met through the central collector may move to
+    /// another address (else it is bound to its first one).
+    pub allow_moves: bool,
     /// Block size of engines met through the central collector.
     pub central_block_size: u32,
     /// Tokens per block of the gateways' token keys: what engine blocks are
@@ -124,6 +147,11 @@ impl Default for EngineConfig {
         EngineConfig {
             subscriptions: Vec::new(),
             listen: None,
+            // Open, as the port is off by default: an operator who opens
+            // it is warned at start when the list is empty and the address
+            // is not loopback.
+            allow: Allow::default(),
+            allow_moves: false,
             // vLLM's default block size.
             central_block_size: 16,
             token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
@@ -253,6 +281,17 @@ impl EngineSettings {
                 Some(l) if l.starts_with("tcp://") => Some(l.into()),
                 Some(l) => return invalid("engine-listen", &l, "not tcp://host:port or \"off\""),
             },
+            allow: match self.engine_allow {
+                None => d.allow,
+                Some(list) => Allow::parse(&list).or_else(|bad| {
+                    invalid(
+                        "engine-allow",
+                        &bad,
+                        "not a network (10.0.0.0/16) or an address",
+                    )
+                })?,
+            },
+            allow_moves: self.engine_allow_moves.unwrap_or(d.allow_moves),
             central_block_size: self.engine_block_size.unwrap_or(d.central_block_size),
             token_block: self.token_block.unwrap_or(d.token_block),
             replay_timeout: duration(self.replay_timeout, d.replay_timeout),
@@ -278,6 +317,8 @@ impl From<&EngineConfig> for EngineSettings {
             engines: (!c.subscriptions.is_empty())
                 .then(|| c.subscriptions.iter().map(ToString::to_string).collect()),
             engine_listen: Some(c.listen.clone().unwrap_or_else(|| "off".into())),
+            engine_allow: (!c.allow.is_open()).then(|| c.allow.entries()),
+            engine_allow_moves: Some(c.allow_moves),
             engine_block_size: Some(c.central_block_size),
             token_block: Some(c.token_block),
             max_engines: Some(c.max_engines),

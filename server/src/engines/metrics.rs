@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
-use super::{Engines, SubStats};
+use super::{Engines, Refusal, SubStats};
 use prefix_events::follow::Resync;
 use prefix_index::View;
 
@@ -26,6 +26,11 @@ pub struct EngineCollector(pub EnginesCell);
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct Pod {
     pod: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct Reason {
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -48,7 +53,7 @@ fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 /// (name, help, value) of every per-pod counter.
-const COUNTERS: [(&str, &str, Read); 17] = [
+const COUNTERS: [(&str, &str, Read); 18] = [
     ("engine_batches", "Event batches applied", |s| {
         counter(&s.batches)
     }),
@@ -118,12 +123,21 @@ const COUNTERS: [(&str, &str, Read); 17] = [
         "Messages that did not decode, skipped",
         |s| counter(&s.decode_errors),
     ),
-    ("engine_sequence_gaps", "Sequence gaps seen", |s| {
-        counter(&s.gaps)
-    }),
-    ("engine_replays", "Replays asked of the engine", |s| {
-        counter(&s.replays)
-    }),
+    (
+        "engine_sequence_gaps",
+        "Gaps in the live stream's sequence numbers (each a run of lost batches, replayed or not)",
+        |s| counter(&s.gaps),
+    ),
+    (
+        "engine_lost_batches",
+        "Batches the live stream skipped; those a replay brought back are applied and counted in engine_batches too",
+        |s| counter(&s.lost),
+    ),
+    (
+        "engine_replays",
+        "Replays asked of the engine: to fill a gap, to check the engine after a (re)connection, or for its whole buffer",
+        |s| counter(&s.replays),
+    ),
 ];
 
 impl Collector for EngineCollector {
@@ -139,6 +153,18 @@ impl Collector for EngineCollector {
             strays.metric_type(),
         )?;
         strays.encode(family)?;
+        let mut family = encoder.encode_descriptor(
+            "engine_refused",
+            "Publishing to --engine-listen refused, by reason: address (a connection from outside --engine-allow), moved (a message under a pod's topic from another address than the pod's)",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for why in Refusal::ALL {
+            let labels = Reason {
+                reason: why.label(),
+            };
+            ConstCounter::new(engines.refused(why)).encode(family.encode_family(&labels)?)?;
+        }
         let all = engines.stats();
         for (name, help, read) in COUNTERS {
             let mut family = encoder.encode_descriptor(

@@ -16,6 +16,7 @@
 //! stored block's identity into its seeds; only `task` and `central` touch
 //! sockets.
 
+mod admission;
 pub mod apply;
 mod central;
 mod config;
@@ -41,6 +42,7 @@ use prefix_proto::key::hash_token_block_seeded;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
+pub use admission::{Allow, Refusal};
 pub use config::{EngineConfig, EngineSettings};
 pub use stats::SubStats;
 
@@ -99,6 +101,8 @@ pub struct Engines {
     strays: std::sync::atomic::AtomicU64,
     /// When a stray was last logged (at most once per `LOG_EVERY`).
     stray_logged: Mutex<Option<std::time::Instant>>,
+    /// Connections and messages the central collector refused.
+    refusals: admission::Refusals,
     /// The run-time subscriptions, kept in a file when snapshots are on.
     /// Its lock is held through each run-time op (`subscribe`,
     /// `unsubscribe`), taken before `running`: ops on one pod are applied
@@ -154,6 +158,7 @@ impl Engines {
             central: Mutex::new(None),
             strays: Default::default(),
             stray_logged: Mutex::new(None),
+            refusals: Default::default(),
             keeper: Mutex::new(kept::Keeper::new(kept, configured)),
         })
     }
@@ -401,6 +406,11 @@ impl Engines {
         self.strays.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Connections and messages the central collector refused for `why`.
+    pub fn refused(&self, why: Refusal) -> u64 {
+        self.refusals.count(why)
+    }
+
     /// Where the central collector is bound (`tcp://host:port`), if it is.
     pub fn central_endpoint(&self) -> Option<String> {
         self.central.lock().clone()
@@ -520,6 +530,40 @@ mod tests {
                 (followed, followed)
             );
         }
+        stop.cancel();
+        engines.join();
+    }
+
+    /// A subscription resuming from a restored last batch lists it as its
+    /// `last_seq` before any batch comes (nothing listens at its endpoint,
+    /// so none ever does).
+    #[test]
+    fn a_resumed_subscription_lists_its_last_batch() {
+        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
+        let stop = CancellationToken::new();
+        let sub: Subscription = "pod=p,model=m,endpoint=tcp://127.0.0.1:1".parse().unwrap();
+        let cfg = EngineConfig {
+            subscriptions: vec![sub.clone()],
+            ..EngineConfig::default()
+        };
+        let engines = Engines::new(index.clone(), cfg, stop.clone(), None);
+        // As a snapshot restores it, before `start`.
+        index
+            .engine("p", engines.spec(sub.block_size))
+            .unwrap()
+            .lock()
+            .set_last_batch(Some((41, 7)));
+        engines.start().unwrap();
+        // The subscription's thread sets it as it starts.
+        let mut last = None;
+        for _ in 0..500 {
+            last = engines.list()[0].1.last_seq;
+            if last.is_some() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(last, Some(41));
         stop.cancel();
         engines.join();
     }

@@ -232,6 +232,8 @@ impl Server {
                         }
                         self.follower.replay_ended(&mut next);
                     }
+                    // Only counted, by the server.
+                    Action::Gap { .. } => {}
                 }
             }
             actions = next;

@@ -49,12 +49,15 @@ pub struct SubStats {
     pub unresolved_blocks: AtomicU64,
     /// Messages that did not decode (framing or payload), and oversized ones.
     pub decode_errors: AtomicU64,
-    /// Sequence gaps seen.
+    /// Gaps in the live stream's sequence numbers (runs of lost batches),
+    /// as the follower reports them.
     pub gaps: AtomicU64,
-    /// Replays asked for.
+    /// Batches those gaps skipped (a replay may have brought them back).
+    pub lost: AtomicU64,
+    /// Replays asked for, whatever for.
     pub replays: AtomicU64,
     /// Resyncs, by [`Resync::LABELS`] order.
-    pub resyncs: [AtomicU64; 6],
+    pub resyncs: [AtomicU64; Resync::LABELS.len()],
     /// The last sequence number applied, plus one (0: none yet).
     pub last_seq: AtomicU64,
     /// Milliseconds between the last batch's `ts` and its arrival.
@@ -87,6 +90,7 @@ impl Default for SubStats {
             unresolved_blocks: AtomicU64::default(),
             decode_errors: AtomicU64::default(),
             gaps: AtomicU64::default(),
+            lost: AtomicU64::default(),
             replays: AtomicU64::default(),
             resyncs: Default::default(),
             last_seq: AtomicU64::default(),
@@ -155,17 +159,20 @@ impl SubStats {
         if let Some(i) = Resync::LABELS.iter().position(|l| *l == why.label()) {
             add(&self.resyncs[i], 1);
         }
-        if matches!(why, Resync::Gap { .. } | Resync::ReplayHole { .. }) {
-            add(&self.gaps, 1);
-        }
     }
 
-    /// Counts a replay request (a gap the replay endpoint may fill).
-    pub fn replay_asked(&self, whole_buffer: bool) {
+    /// Counts a gap in the live stream: batches `from..seq` never came.
+    /// Only the follower tells a gap (`Action::Gap`): a replay may be asked
+    /// for no gap at all, and a resync may follow a gap counted already.
+    pub fn gap(&self, from: u64, seq: u64) {
+        add(&self.gaps, 1);
+        add(&self.lost, seq.saturating_sub(from));
+    }
+
+    /// Counts a replay request, whatever it is for: a gap, the check after
+    /// a (re)connection, or the engine's whole buffer.
+    pub fn replay_asked(&self) {
         add(&self.replays, 1);
-        if !whole_buffer {
-            add(&self.gaps, 1);
-        }
     }
 
     /// Counts a message that did not decode.
@@ -207,10 +214,17 @@ impl SubStats {
         self.view.lock().set_connected(up);
     }
 
-    /// Starts following: whether the pod's blocks were restored from a
-    /// snapshot that holds its last batch.
-    pub fn following(&self, restored: bool) {
-        *self.view.lock() = ViewTracker::new(Instant::now(), restored);
+    /// Starts following from `resume`, the last batch the pod's records
+    /// hold (restored from a snapshot, or left by the subscription this one
+    /// replaces), if any: the follower resumes from it, so `list-engines`
+    /// shows it as `last_seq` until the next batch is applied.
+    pub fn following(&self, resume: Option<u64>) {
+        *self.view.lock() = ViewTracker::new(Instant::now(), resume.is_some());
+        if let Some(seq) = resume {
+            // Relaxed: a statistic.
+            self.last_seq
+                .store(seq.saturating_add(1), Ordering::Relaxed);
+        }
     }
 
     /// Sets whether a replay runs.
@@ -249,5 +263,49 @@ impl SubStats {
             lag_ms: self.lag_ms.load(Ordering::Relaxed),
             last_error: self.last_error.lock().clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gaps and lost batches come from the follower's reports alone:
+    /// replays asked (for a gap, a reconnection's check or the whole
+    /// buffer) and resyncs (a replay hole after a gap counted, say) add
+    /// none.
+    #[test]
+    fn gaps_are_counted_apart_from_replays_and_resyncs() {
+        let s = SubStats::default();
+        s.gap(2, 4);
+        for _ in 0..3 {
+            s.replay_asked();
+        }
+        s.resynced(Resync::ReplayHole { from: 2, seq: 3 });
+        assert_eq!((get(&s.gaps), get(&s.lost), get(&s.replays)), (1, 2, 3));
+        let state = s.state();
+        assert_eq!((state.replays, state.resyncs), (3, 1));
+    }
+
+    /// Each reason is counted in its own series, at its place in
+    /// `Resync::LABELS`.
+    #[test]
+    fn resyncs_are_counted_by_reason() {
+        let s = SubStats::default();
+        s.resynced(Resync::ReplayTooShort { last: 4, first: 7 });
+        let at = |label: &str| Resync::LABELS.iter().position(|l| *l == label).unwrap();
+        assert_eq!(get(&s.resyncs[at("replay_too_short")]), 1);
+        assert_eq!(get(&s.resyncs[at("restart")]), 0);
+    }
+
+    /// A subscription resuming from a last batch lists it before any batch
+    /// comes; one with nothing to resume from lists none.
+    #[test]
+    fn a_resumed_subscription_lists_the_batch_it_resumes_from() {
+        let s = SubStats::default();
+        s.following(None);
+        assert_eq!(s.state().last_seq, None);
+        s.following(Some(41));
+        assert_eq!(s.state().last_seq, Some(41));
     }
 }

@@ -49,8 +49,8 @@ impl Task {
     /// after a pause.
     pub(super) fn run(self, stop: CancellationToken) {
         // A pod restored from a snapshot resumes from its last batch.
-        let restored = self.engine.lock().last_batch().is_some();
-        self.stats.following(restored);
+        let resume = self.engine.lock().last_batch().map(|(seq, _)| seq);
+        self.stats.following(resume);
         self.stats
             .publish_view(&self.index, &self.sub.pod, self.cfg.learning_period);
         while !stop.is_cancelled() {
@@ -248,8 +248,9 @@ impl Task {
                     }
                 }
                 Action::Clear(why) => self.clear(why),
+                Action::Gap { from, seq } => self.stats.gap(from, seq),
                 Action::Replay { from } => {
-                    self.stats.replay_asked(from == 0);
+                    self.stats.replay_asked();
                     if let Some(d) = dealer {
                         if let Err(e) = d.send_multipart(replay_request(from), zmq::DONTWAIT) {
                             self.bad_message(&format!("replay request: {e}"));
