@@ -15,11 +15,13 @@ from openapi_schema_validator import OAS31Validator
 from prefix_index_api import Client
 from prefix_index_api.api.default import (
     batch,
+    healthz,
     insert,
     list_engines,
     lookup,
     lookup_detail,
     ping,
+    readyz,
     remove_pod,
     sample_keys,
     set_pod_capacity,
@@ -227,6 +229,11 @@ refused = call(lookup, 400, Error, body=LookupRequest(model="llama", hashes=[1],
 assert error_name(refused) == (1, ErrorName.MALFORMED), refused
 refused = call(batch, 422, Error, body=BatchRequest(ops=[op("ping")] * (MAX_BATCH + 1)))
 assert error_name(refused) == (6, ErrorName.BATCH_TOO_LARGE), refused
+
+# The probes: plain text, the same as on the metrics listener.
+for probe, text in [(healthz, b"ok\n"), (readyz, b"ready\n")]:
+    answer = probe.sync_detailed(client=CLIENT)
+    assert (answer.status_code, answer.content) == (200, text), answer
 
 # What the generated client never sends: another path, another method. The
 # answers still have the documented shape, without a code; each is checked

@@ -8,6 +8,9 @@
 //! ALPN) over TLS with the QUIC listener's certificate and client CA; a
 //! client certificate's role is read once per connection.
 //!
+//! The listener also answers the probes, `/healthz` and `/readyz`, as the
+//! metrics listener does ([`crate::http::probes`]).
+//!
 //! Statuses: 200 with the answer; an op's error answers its error object
 //! with the status [`http_status`] gives its code (a batch answers 200 with
 //! one object per op, unless the batch itself is refused). A body over
@@ -199,6 +202,7 @@ fn not_found(status: StatusCode, what: &str) -> Response {
         })
         .collect();
     paths.push(format!("POST {BATCH_PATH}"));
+    paths.extend(crate::http::PROBE_PATHS.map(|p| format!("GET {p}")));
     let message = format!("{what}; the API is {}", paths.join(", "));
     json_response(status, serde_json::to_vec(&error_json(None, &message)))
 }

@@ -1,4 +1,5 @@
-//! The small HTTP listener: `/metrics`, `/healthz`, `/readyz`.
+//! The small HTTP listener: `/metrics`, `/healthz`, `/readyz`. The probes
+//! are also answered on the HTTP/JSON API's listener ([`probes`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -26,12 +27,23 @@ pub struct Probe {
     pub stopping: CancellationToken,
 }
 
-/// The router.
+/// The paths of the probes.
+pub const PROBE_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// The router: the metrics and the probes.
 pub fn router(probe: Probe) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .with_state(probe.clone())
+        .merge(probes(probe))
+}
+
+/// The probes alone: `/healthz` (the process answers) and `/readyz`
+/// (serving, not filling, not stopping).
+pub fn probes(probe: Probe) -> Router {
+    Router::new()
+        .route(PROBE_PATHS[0], get(|| async { "ok\n" }))
+        .route(PROBE_PATHS[1], get(readyz))
         .with_state(probe)
 }
 

@@ -89,6 +89,7 @@ pub use engines::{
     Allow as EngineAllow, Engines, Refusal as EngineRefusal, State as EngineStatus, Subscription,
 };
 pub use handler::Handler;
+pub use http::PROBE_PATHS;
 pub use metrics::Metrics;
 pub use replica::{FillReport, Refusal, Replica};
 pub use service::{Service, SnapshotJob};
@@ -322,7 +323,7 @@ impl Server {
         self.start_maintenance(&tasks);
         self.start_snapshots(&tasks);
         self.start_probes(&tasks, &ready);
-        self.start_api(&tasks, api);
+        self.start_api(&tasks, &ready, api);
         tracing::info!(
             listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
             "serving"
@@ -471,6 +472,16 @@ impl Server {
         ));
     }
 
+    /// What the probes read.
+    fn probe(&self, tasks: &Tasks, ready: &Arc<AtomicBool>) -> http::Probe {
+        http::Probe {
+            index: self.index.clone(),
+            metrics: self.metrics.clone(),
+            ready: ready.clone(),
+            stopping: tasks.stop.clone(),
+        }
+    }
+
     /// Serves `/metrics`, `/healthz` and `/readyz`, if they are on: they
     /// stop taking connections at the shutdown and close the ones left
     /// once the drain is over (a peer that sent half a request would keep
@@ -479,12 +490,7 @@ impl Server {
         let Some(listener) = self.http.take() else {
             return;
         };
-        let app = http::router(http::Probe {
-            index: self.index.clone(),
-            metrics: self.metrics.clone(),
-            ready: ready.clone(),
-            stopping: tasks.stop.clone(),
-        });
+        let app = http::router(self.probe(tasks, ready));
         let (stop, hard) = (tasks.stop.clone(), tasks.hard.clone());
         tasks.tracker.spawn(async move {
             let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
@@ -501,7 +507,7 @@ impl Server {
 
     /// Serves the HTTP/JSON API, if it is on and there is an index to
     /// answer it.
-    fn start_api(&mut self, tasks: &Tasks, api: Option<Arc<Handler>>) {
+    fn start_api(&mut self, tasks: &Tasks, ready: &Arc<AtomicBool>, api: Option<Arc<Handler>>) {
         let (Some((socket, tls)), Some(handler)) = (self.api.take(), api) else {
             return;
         };
@@ -514,7 +520,8 @@ impl Server {
             keys,
             max_body: self.cfg.limits.http_max_body_bytes,
             read_timeout: self.cfg.transport.read_timeout,
-        }));
+        }))
+        .merge(http::probes(self.probe(tasks, ready)));
         tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
         let listener = api::Listener {
             tls,

@@ -706,7 +706,9 @@ fn the_openapi_description_names_the_routes_fields_and_codes() {
                 .map(move |m| (m.clone(), p.clone()))
         })
         .collect();
-    assert_eq!(documented, routes());
+    let mut served = routes();
+    served.extend(prefix_server::PROBE_PATHS.map(|p| ("get".to_string(), p.to_string())));
+    assert_eq!(documented, served);
     let schemas = &doc["components"]["schemas"];
     for kind in OpKind::ALL {
         let (m, p) = route(kind);
@@ -805,5 +807,11 @@ async fn every_documented_route_answers_and_others_do_not() {
     }
     let (s, _, v) = call(&http, addr, "/v1/drop-table", Some(json!({}))).await;
     assert_eq!((s, &v["ok"]), (404, &json!(false)));
+    // The probes answer here as on the metrics listener.
+    for (path, body) in [("/healthz", "ok\n"), ("/readyz", "ready\n")] {
+        let r = http.get(url(addr, path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.text().await.unwrap(), body, "{path}");
+    }
     server.shutdown().await;
 }

@@ -257,7 +257,10 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Inserts every request's key for every pod, in batches.
+/// Inserts every request's key for every pod, in batches that each fit a
+/// server with the default limits (the client's own are lifted for the
+/// load): as many ops as `max_batch` allows while the frame stays within
+/// `max_frame_bytes`.
 async fn prefill(
     client: &Client,
     requests: &[workload::Request],
@@ -274,11 +277,33 @@ async fn prefill(
             })
         })
         .collect();
-    for chunk in ops.chunks(1024) {
-        for reply in client.batch(chunk.to_vec()).await? {
-            if let prefix_proto::Reply::Error { message, .. } = reply {
-                anyhow::bail!("prefill failed: {message}");
-            }
+    let limits = prefix_proto::Limits::default();
+    // A batch's frame is its ops' encodings and a few bytes of framing.
+    let room = (limits.max_frame_bytes as usize).saturating_sub(16);
+    let mut encoded = Vec::new();
+    let mut chunk = Vec::new();
+    let mut size = 0;
+    for op in ops {
+        encoded.clear();
+        prefix_proto::encode_request(0, &prefix_proto::Request::One(op.clone()), &mut encoded);
+        let len = encoded.len();
+        if !chunk.is_empty() && (size + len > room || chunk.len() == limits.max_batch) {
+            send_prefill(&client, std::mem::take(&mut chunk)).await?;
+            size = 0;
+        }
+        size += len;
+        chunk.push(op);
+    }
+    if !chunk.is_empty() {
+        send_prefill(&client, chunk).await?;
+    }
+    Ok(())
+}
+
+async fn send_prefill(client: &Client, ops: Vec<prefix_proto::Op>) -> anyhow::Result<()> {
+    for reply in client.batch(ops).await? {
+        if let prefix_proto::Reply::Error { message, .. } = reply {
+            anyhow::bail!("prefill failed: {message}");
         }
     }
     Ok(())

@@ -92,11 +92,13 @@ struct TraceLine {
 }
 
 /// Loads a Mooncake JSON Lines trace: `timestamp` (ms) and `hash_ids` (the
-/// key). Each request is its own session.
+/// key). Each request is its own session. A trace without a request is an
+/// error: every figure of a run over it would be zero or undefined.
 pub fn load_trace(path: &Path) -> anyhow::Result<Vec<Request>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    text.lines()
+    let requests = text
+        .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
@@ -108,7 +110,13 @@ pub fn load_trace(path: &Path) -> anyhow::Result<Vec<Request>> {
                 session: i as u64,
             })
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    anyhow::ensure!(
+        !requests.is_empty(),
+        "{} holds no request: a trace is JSON Lines of {{\"timestamp\", \"hash_ids\", ...}}",
+        path.display()
+    );
+    Ok(requests)
 }
 
 /// The trace shipped beside the project (`../shared/traces/`), if present.

@@ -186,6 +186,66 @@ fn a_remote_servers_cpu_comes_from_its_metrics() {
     assert!(without["load_cpu_cores"].is_number(), "{without}");
 }
 
+/// `--prefill` with its defaults fits a server with its defaults: its
+/// batches stay within the default frame and batch limits, though the
+/// load's own client lifts them.
+#[test]
+fn prefill_fits_a_default_server() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt.block_on(server::start(|cfg| cfg.upkeep.snapshot_interval = None));
+    let (addr, ca) = (
+        server.addr.to_string(),
+        server.ca.to_str().unwrap().to_owned(),
+    );
+    let v = run(&[
+        "--server",
+        &addr,
+        "--ca",
+        &ca,
+        "--prefill",
+        "--duration",
+        "1s",
+        "--warmup",
+        "200ms",
+        "--deadline",
+        "5s",
+        "--json",
+    ]);
+    let entries = server.index.stats().entries;
+    rt.block_on(server.shutdown());
+    assert!(v["ops"].as_u64().unwrap() > 0, "{v}");
+    assert!(entries > 0);
+}
+
+/// Each subcommand that reads a trace refuses an empty one, rather than
+/// print a table of zeros and NaN.
+#[test]
+fn an_empty_trace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    for args in [
+        vec!["simulate", "--trace", empty, "--json"],
+        vec![
+            "--embedded",
+            "--workload",
+            "trace",
+            "--trace",
+            empty,
+            "--json",
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_prefix-load"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {stderr}");
+        assert!(stderr.contains("holds no request"), "{args:?}: {stderr}");
+    }
+}
+
 /// A small Mooncake-format trace: 40 conversations of 5 turns, each turn
 /// two blocks longer than the last, 100 ms apart.
 fn small_trace(dir: &tempfile::TempDir) -> std::path::PathBuf {
