@@ -12,12 +12,13 @@ mod aio;
 mod route;
 mod types;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use prefix_client::key;
-use prefix_client::wire::{EngineSub, ErrorCode, Op, Reply};
+use prefix_client::wire::{EngineSub, ErrorCode, Limits, Op, Reply};
 use prefix_client::{
     ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
 };
@@ -98,7 +99,45 @@ fn seconds(name: &str, s: f64) -> PyResult<Duration> {
         })
 }
 
+/// The limits requests are checked against before they are sent: the
+/// server's defaults, with each entry of `given` (named as the server's
+/// settings, `max_key_blocks` for `--max-key-blocks`) in its place, so a
+/// client can follow a server configured otherwise.
+fn limits(given: Option<HashMap<String, u64>>) -> PyResult<Limits> {
+    let mut limits = Limits::default();
+    for (name, value) in given.unwrap_or_default() {
+        let usize_value = || {
+            usize::try_from(value)
+                .map_err(|_| PyValueError::new_err(format!("{name} is too large")))
+        };
+        match name.as_str() {
+            "max_frame_bytes" => {
+                limits.max_frame_bytes = u32::try_from(value)
+                    .ok()
+                    .filter(|&v| v <= prefix_client::wire::MAX_FRAME_CEILING)
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "max_frame_bytes is at most {}",
+                            prefix_client::wire::MAX_FRAME_CEILING
+                        ))
+                    })?
+            }
+            "max_key_blocks" => limits.max_key_blocks = usize_value()?,
+            "max_batch" => limits.max_batch = usize_value()?,
+            "max_candidates" => limits.max_candidates = usize_value()?,
+            "max_name_len" => limits.max_name_len = usize_value()?,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "no limit {other:?}: the limits are max_frame_bytes, max_key_blocks, max_batch, max_candidates and max_name_len"
+                )))
+            }
+        }
+    }
+    Ok(limits)
+}
+
 /// The client's settings from the constructors' keyword arguments.
+#[allow(clippy::too_many_arguments)]
 fn config(
     ca: Option<PathBuf>,
     cert: Option<PathBuf>,
@@ -107,6 +146,7 @@ fn config(
     deadline: f64,
     connect_timeout: f64,
     idle_timeout: f64,
+    given: Option<HashMap<String, u64>>,
 ) -> PyResult<ClientConfig> {
     let tls = match ca {
         Some(ca) => TlsConfig::from_files(&ca, cert.as_deref(), key.as_deref())
@@ -122,6 +162,7 @@ fn config(
         deadline: seconds("deadline", deadline)?,
         connect_timeout: seconds("connect_timeout", connect_timeout)?,
         idle_timeout: seconds("idle_timeout", idle_timeout)?,
+        limits: limits(given)?,
         ..ClientConfig::default()
     })
 }
@@ -168,6 +209,18 @@ fn block<T: Send>(
     fut: impl Future<Output = Result<T, ClientError>> + Send,
 ) -> PyResult<T> {
     py.detach(|| runtime().block_on(fut)).map_err(call_error)
+}
+
+/// `fut`, which answers nothing, as an asyncio awaitable of the running
+/// loop that resolves to `None`.
+fn awaitable_none<'py>(
+    py: Python<'py>,
+    fut: impl Future<Output = Result<(), ClientError>> + Send + 'static,
+) -> PyResult<Bound<'py, PyAny>> {
+    aio::awaitable(py, runtime(), fut, |py, out| {
+        out.map_err(call_error)?;
+        Ok(py.None())
+    })
 }
 
 /// `fut` as an asyncio awaitable of the running loop.
@@ -395,7 +448,7 @@ impl Index {
         pod: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ix = self.index()?;
-        awaitable(py, async move { ix.insert(&model, &key, &pod).await })
+        awaitable_none(py, async move { ix.insert(&model, &key, &pod).await })
     }
 
     /// Forgets a pod everywhere; whether it was there.
@@ -424,7 +477,7 @@ impl Index {
         blocks: u64,
     ) -> PyResult<Bound<'py, PyAny>> {
         let ix = self.index()?;
-        awaitable(py, async move { ix.set_pod_capacity(&pod, blocks).await })
+        awaitable_none(py, async move { ix.set_pod_capacity(&pod, blocks).await })
     }
 
     /// Index statistics (summed over a cluster's servers).
@@ -448,7 +501,7 @@ impl Index {
     /// Awaitable [`Index::ping`].
     fn ping_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let ix = self.index()?;
-        awaitable(py, async move { ix.ping().await })
+        awaitable_none(py, async move { ix.ping().await })
     }
 }
 
@@ -472,9 +525,12 @@ impl Client {
 impl Client {
     /// Connects to `address` (host:port), trusting the PEM CA `ca` (the
     /// server's `cert.pem`), with a client certificate for mutual TLS if
-    /// given. Each call waits at most `deadline` seconds.
+    /// given. Each call waits at most `deadline` seconds. Requests are
+    /// checked against the server's default limits before they are sent;
+    /// `limits` gives a server's own (`{"max_key_blocks": 4096}` for
+    /// `--max-key-blocks 4096`).
     #[new]
-    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0))]
+    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -486,6 +542,7 @@ impl Client {
         deadline: f64,
         connect_timeout: f64,
         idle_timeout: f64,
+        limits: Option<HashMap<String, u64>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         // A name is resolved again before every reconnection (a restarted
         // pod may come back at another address).
@@ -498,6 +555,7 @@ impl Client {
             deadline,
             connect_timeout,
             idle_timeout,
+            limits,
         )?;
         let client = py
             .detach(|| runtime().block_on(prefix_client::Client::connect(server, cfg)))
@@ -583,7 +641,7 @@ impl Cluster {
     /// reads from one, failing over). The other arguments are [`Client`]'s.
     /// Connects to every server before returning.
     #[new]
-    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0))]
+    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -596,6 +654,7 @@ impl Cluster {
         deadline: f64,
         connect_timeout: f64,
         idle_timeout: f64,
+        limits: Option<HashMap<String, u64>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let servers: Vec<(String, prefix_client::ServerAddr)> = servers
             .into_iter()
@@ -610,6 +669,7 @@ impl Cluster {
             deadline,
             connect_timeout,
             idle_timeout,
+            limits,
         )?;
         let replication = prefix_client::Replication {
             replicas,

@@ -111,7 +111,10 @@ def test_asyncio_calls(server):
         await asyncio.gather(*(c.insert_async("m", k, f"pod-{i % 7}") for i, k in enumerate(keys)))
         found = await asyncio.gather(*(c.lookup_async("m", k) for k in keys))
         assert [r.matches for r in await c.lookup_many_async("m", keys)] == [r.matches for r in found]
-        await c.ping_async()
+        # Calls that answer nothing resolve to None, as the stubs say.
+        assert await c.ping_async() is None
+        assert await c.insert_async("m", keys[0], "pod-0") is None
+        assert await c.set_pod_capacity_async("pod-0", 1000) is None
         stats = await c.stats_async()
         return found, stats
 
@@ -162,6 +165,24 @@ def test_errors_are_exceptions_with_the_protocol_code(start_server):
         pytest.fail("the client never recovered")
     with pytest.raises(ValueError):
         connect(server, deadline=0)
+
+
+def test_limits_follow_a_server_configured_otherwise(start_server):
+    # A server that takes longer keys and larger frames than the defaults.
+    server = start_server("--max-key-blocks", "100000", "--max-frame-bytes", "2097152")
+    key = list(range(70_000))
+    # The defaults refuse the key before sending it.
+    with pytest.raises(InvalidRequest) as e:
+        connect(server).insert("m", key, "p")
+    assert e.value.name == "key_too_long"
+    # Given the server's limits, the client sends it.
+    c = connect(server, limits={"max_key_blocks": 100_000, "max_frame_bytes": 2 << 20})
+    c.insert("m", key, "p")
+    assert c.lookup("m", key).matches == [("p", 70_000)]
+    with pytest.raises(ValueError, match="no limit"):
+        connect(server, limits={"max_keys": 1})
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        connect(server, limits={"max_frame_bytes": 1 << 40})
 
 
 def test_connect_failures_are_exceptions(server):
@@ -301,3 +322,23 @@ def test_a_client_made_before_fork_refuses_in_the_child(server):
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     c.ping()
+
+
+def test_the_readme_example_survives_a_server_that_does_not_answer(server):
+    # The README's blocking example, up to the asyncio lines, run as written
+    # against a server that stops answering: every call misses its 2 ms
+    # deadline, and the example routes without the index instead of raising.
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    imports, connect, calls = example.split("\n\n")[0], *example.split("\n\n")[1].split("\n", 1)
+    assert connect.startswith("client = Client(") and "client.insert(" in calls
+    connect = connect.replace("127.0.0.1:7070", server.address)
+    connect = connect.replace("prefix-index-data/cert.pem", server.ca)
+    scope = {"prompt_token_ids": list(range(64))}
+    exec(imports + "\n" + connect, scope)  # connects while the server answers
+    server.pause()
+    try:
+        exec(calls, scope)
+    finally:
+        server.resume()
+    assert scope["best"] is None

@@ -1,6 +1,6 @@
 """Types of the native module (PyO3 over the Rust client)."""
 
-from typing import Awaitable, Iterable, Optional, Sequence, Tuple
+from typing import Awaitable, Iterable, Mapping, Optional, Sequence, Tuple
 
 class PrefixIndexError(Exception):
     """Every error of this package."""
@@ -148,6 +148,7 @@ class Client(Index):
         deadline: float = 0.002,
         connect_timeout: float = 5.0,
         idle_timeout: float = 5.0,
+        limits: Optional[Mapping[str, int]] = None,
     ) -> None: ...
     def subscribe_engine(
         self,
@@ -184,6 +185,7 @@ class Cluster(Index):
         deadline: float = 0.002,
         connect_timeout: float = 5.0,
         idle_timeout: float = 5.0,
+        limits: Optional[Mapping[str, int]] = None,
     ) -> None: ...
     def server_for(self, model: str) -> str: ...
     def replicas_of(self, model: str) -> list[str]: ...
