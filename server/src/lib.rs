@@ -66,6 +66,7 @@ mod bootstrap;
 mod busy_poll;
 mod clock;
 pub mod config;
+mod descriptors;
 mod engines;
 mod files;
 mod handler;
@@ -679,7 +680,18 @@ async fn accept_loop<S: Service>(
     }
 }
 
-/// Binds and serves until `shutdown` (the entry point of the binary).
+/// Binds and serves until `shutdown` (the entry point of the binary),
+/// first raising the open-file limit to what `cfg` may use.
 pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    match descriptors::raise(descriptors::needed(&cfg)) {
+        Ok(r) if !r.is_enough() => tracing::warn!(
+            limit = r.now,
+            needed = r.needed,
+            "the open-file limit is below what --max-connections (with --http-listen) and --max-engines may use: lower them, or raise the hard limit (ulimit -Hn, LimitNOFILE=)"
+        ),
+        Ok(r) if r.now > r.before => tracing::info!(from = r.before, to = r.now, "raised the open-file limit"),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     Server::bind(cfg).await?.run(shutdown).await
 }
