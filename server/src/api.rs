@@ -15,7 +15,10 @@
 //! with the status [`http_status`] gives its code (a batch answers 200 with
 //! one object per op, unless the batch itself is refused). A body over
 //! `http_max_body_bytes` is refused (413, `frame_too_large`) before it is
-//! parsed; one that does not parse answers 400 `malformed`. Nothing refused
+//! parsed, by its declared length when it has one; one that does not
+//! arrive within `read_timeout` of its headers answers 408; one that does
+//! not parse answers 400 `malformed`. An answer that leaves the body unread
+//! closes an HTTP/1.1 connection (`Connection: close`). Nothing refused
 //! reaches the index.
 
 use std::net::SocketAddr;
@@ -323,6 +326,9 @@ pub struct Listener {
     /// Bounds a TLS handshake (a request's body is bounded by
     /// [`Api::read_timeout`], the same value).
     pub read_timeout: Duration,
+    /// How long a write to the connection may stay blocked on a client
+    /// that does not read: past it the connection is closed.
+    pub write_timeout: Duration,
     /// Counts connections.
     pub metrics: Arc<Metrics>,
 }
@@ -466,7 +472,11 @@ async fn serve_one(
         .max_concurrent_streams(l.max_streams)
         .keep_alive_interval(l.idle_timeout / 2)
         .keep_alive_timeout(l.idle_timeout / 2);
-    let served = builder.serve_connection(TokioIo::new(tls), service);
+    // A client that stops reading its answers would hold the connection
+    // (and the answer) for as long as it likes.
+    let mut io = tokio_io_timeout::TimeoutStream::new(tls);
+    io.set_write_timeout(Some(l.write_timeout));
+    let served = builder.serve_connection(TokioIo::new(Box::pin(io)), service);
     tokio::pin!(served);
     let mut closing = false;
     let mut tick = tokio::time::interval(l.idle_timeout / 4);

@@ -341,6 +341,7 @@ impl Server {
                 pieces: self.cfg.replicas.send_pieces,
             },
             read_timeout: self.cfg.transport.read_timeout,
+            write_timeout: self.cfg.transport.write_timeout,
         });
         let accept = accept_loop(
             &self.endpoint,
@@ -532,6 +533,7 @@ impl Server {
             max_in_flight: self.cfg.limits.max_in_flight,
             idle_timeout: self.cfg.transport.idle_timeout,
             read_timeout: self.cfg.transport.read_timeout,
+            write_timeout: self.cfg.transport.write_timeout,
             metrics: self.metrics.clone(),
         };
         tasks.tracker.spawn(api::serve(

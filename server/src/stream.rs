@@ -34,6 +34,8 @@ struct Shared<S> {
     snapshots: SnapshotSending,
     /// How long a frame may take to arrive once begun.
     read_timeout: Duration,
+    /// How long writing answers may stay blocked.
+    write_timeout: Duration,
 }
 
 impl<S> Drop for Shared<S> {
@@ -65,6 +67,10 @@ pub struct ConnSetup<S> {
     /// (`--read-timeout`): a stream whose frame stalls past it is answered
     /// `Malformed` and closed, and what it buffered is dropped.
     pub read_timeout: Duration,
+    /// How long writing a stream's answers may stay blocked on a client
+    /// that does not take them (`--write-timeout`): past it the stream is
+    /// reset, and what it held is dropped.
+    pub write_timeout: Duration,
 }
 
 /// How a snapshot is sent to a peer that asks for it (see
@@ -108,6 +114,7 @@ pub async fn serve_connection<S: Service>(
         shutdown: shutdown.clone(),
         snapshots: setup.snapshots,
         read_timeout: setup.read_timeout,
+        write_timeout: setup.write_timeout,
     });
     loop {
         let accepted = tokio::select! {
@@ -215,10 +222,25 @@ async fn serve_stream<S: Service>(
     let mut partial: Option<(u64, tokio::time::Instant)> = None;
     loop {
         if !out.is_empty() {
-            if send.write_all(&out).await.is_err() {
-                return;
+            let began = tokio::time::Instant::now();
+            match tokio::time::timeout(shared.write_timeout, send.write_all(&out)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    tracing::debug!(
+                        "a client left its answers unread past write-timeout: resetting the stream"
+                    );
+                    let _ = send.reset(u32::from(ErrorCode::Unavailable as u16).into());
+                    let _ = recv.stop(u32::from(ErrorCode::Unavailable as u16).into());
+                    return;
+                }
             }
             out.clear();
+            // The stream read nothing while it wrote: the frame being
+            // received is not held to the time spent here.
+            if let Some((_, due)) = &mut partial {
+                *due += began.elapsed();
+            }
         }
         if input == Input::Closed && heavy.is_idle() {
             break;
@@ -664,6 +686,7 @@ mod tests {
                 pieces: 4,
             },
             read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
         };
         serve_connection(conn, &setup, shutdown, tracker.clone()).await;
         tracker.close();

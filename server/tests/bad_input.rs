@@ -231,11 +231,8 @@ async fn frames_that_stall_are_refused_while_a_client_is_served() {
     // Streams that stop inside a frame: inside its header, and inside its
     // payload, on connections of their own. `STALLED_CONNECTIONS` sets how
     // many (the figures in docs/protocol.md come from 1,000).
-    let each: usize = std::env::var("STALLED_CONNECTIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20);
-    let before = resident();
+    let each = common::count_from_env("STALLED_CONNECTIONS", 20);
+    let before = common::resident_bytes();
     let ping = request(3, &Request::One(Op::Ping));
     let mut stalled = Vec::new();
     for i in 0..each {
@@ -248,7 +245,7 @@ async fn frames_that_stall_are_refused_while_a_client_is_served() {
     println!(
         "{} stalled QUIC connections held; this process grew {} bytes per connection (client and server sides)",
         server.metrics.connections.get(),
-        resident().saturating_sub(before) / each as u64
+        common::resident_bytes().saturating_sub(before) / each as u64
     );
     // A client is served meanwhile.
     let good = server.client().await;
@@ -278,13 +275,47 @@ async fn frames_that_stall_are_refused_while_a_client_is_served() {
     server.shutdown().await;
 }
 
-/// The resident memory of this process, in bytes.
-fn resident() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap()
-        << 10
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_left_unread_reset_the_stream_while_a_client_is_served() {
+    let write_timeout = std::time::Duration::from_secs(1);
+    let server = common::start(|cfg| cfg.transport.write_timeout = write_timeout).await;
+    // A key 1,000 pods hold: a batch of 1,024 lookups of it answers about
+    // 10 MB, past what the client's windows take unread.
+    let good = server
+        .client()
+        .await
+        .with_deadline(std::time::Duration::from_secs(10));
+    let pods: Vec<Op> = (0..1000)
+        .map(|p| Op::Insert {
+            model: "m".into(),
+            key: vec![1],
+            pod: format!("pod-{p}"),
+        })
+        .collect();
+    good.call(Request::Batch(pods)).await.unwrap();
+    let lookup = Op::Lookup {
+        model: "m".into(),
+        key: vec![1],
+        candidates: None,
+    };
+    let conn = common::raw(&server).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    send.write_all(&request(1, &Request::Batch(vec![lookup; 1024])))
+        .await
+        .unwrap();
+    // Nothing is read for a while: the server's write stays blocked.
+    tokio::time::sleep(write_timeout * 3).await;
+    assert_eq!(
+        good.lookup("m", &[1], None).await.unwrap().matches.len(),
+        1000
+    );
+    let read = tokio::time::timeout(write_timeout * 20, recv.read_to_end(64 << 20))
+        .await
+        .expect("the stream ends");
+    let code = u32::from(ErrorCode::Unavailable as u16).into();
+    assert!(
+        matches!(read, Err(quinn::ReadToEndError::Read(quinn::ReadError::Reset(c))) if c == code),
+        "{read:?}"
+    );
+    server.shutdown().await;
 }

@@ -765,7 +765,17 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
     // Whatever is still in flight from either is refused too.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(held().await, [("p1".to_string(), 4)]);
-    assert_eq!(server.engines_list().len(), 1);
+    let listed = server.engines_list();
+    assert_eq!(listed.len(), 1);
+    // The pod says why, and is not vouched for until its address speaks
+    // (it may be its own engine, moved).
+    let state = &listed[0].1;
+    assert!(!state.connected, "{state:?}");
+    let error = state.last_error.as_deref().unwrap_or_default();
+    assert!(
+        error.contains("from 127.0.0.2") && error.contains("bound to 127.0.0.1"),
+        "{error}"
+    );
     let metrics = server.metrics_addr.unwrap();
     for reason in ["address", "moved"] {
         let name = format!("prefix_index_engine_refused_total{{reason=\"{reason}\"}}");
@@ -779,6 +789,7 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
         holds(&client, &more, "p1", 3).await
     })
     .await;
+    assert!(server.engines_list()[0].1.connected);
     client.close().await;
     server.shutdown().await;
 }

@@ -53,6 +53,14 @@ async fn tls_http1(
     ca: &Path,
     addr: SocketAddr,
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    tls_http1_over(ca, tokio::net::TcpStream::connect(addr).await.unwrap()).await
+}
+
+/// [`tls_http1`] over a TCP connection already made.
+async fn tls_http1_over(
+    ca: &Path,
+    tcp: tokio::net::TcpStream,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
     let mut roots = rustls::RootCertStore::empty();
     for c in prefix_client::load_certs(ca).unwrap() {
         roots.add(c).unwrap();
@@ -64,7 +72,6 @@ async fn tls_http1(
         .with_root_certificates(roots)
         .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
         .connect(name, tcp)
@@ -433,9 +440,12 @@ async fn client_certificates_have_the_same_roles_as_over_quic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_idle_connections_are_closed() {
     use tokio::io::AsyncReadExt;
-    let (server, addr) =
-        start(|cfg| cfg.transport.idle_timeout = std::time::Duration::from_secs(1)).await;
-    // No TLS handshake at all: dropped after the idle timeout.
+    let (server, addr) = start(|cfg| {
+        cfg.transport.idle_timeout = std::time::Duration::from_secs(1);
+        cfg.transport.read_timeout = std::time::Duration::from_secs(1);
+    })
+    .await;
+    // No TLS handshake at all: dropped after the read timeout.
     let mut silent = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut buf = [0u8; 64];
     let n = tokio::time::timeout(std::time::Duration::from_secs(20), silent.read(&mut buf)).await;
@@ -473,27 +483,13 @@ async fn until_closed(
     (text, began.elapsed())
 }
 
-/// The resident memory of this process, in bytes.
-fn resident() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb << 10
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_requests_are_closed_while_a_gateway_is_served() {
     use tokio::io::AsyncWriteExt;
     // Each kind of stall: a body cut short, headers cut short, and a TCP
     // connection that never starts TLS. `STALLED_CONNECTIONS` sets how many
     // of each (the figures in docs/http.md come from 1,000).
-    let each: usize = std::env::var("STALLED_CONNECTIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let each = common::count_from_env("STALLED_CONNECTIONS", 50);
     // Long enough for every connection to be open before the first is due.
     let read_timeout = std::time::Duration::from_millis(1000 + 5 * each as u64);
     let idle_timeout = 2 * read_timeout;
@@ -502,7 +498,7 @@ async fn stalled_requests_are_closed_while_a_gateway_is_served() {
         cfg.transport.idle_timeout = idle_timeout;
     })
     .await;
-    let before = resident();
+    let before = common::resident_bytes();
     let mut bodies = Vec::new();
     let mut heads = Vec::new();
     let mut silent = Vec::new();
@@ -522,7 +518,7 @@ async fn stalled_requests_are_closed_while_a_gateway_is_served() {
         silent.push((std::time::Instant::now(), c));
     }
     let held = server.metrics.connections.get();
-    let per_connection = resident().saturating_sub(before) / (2 * each as u64);
+    let per_connection = common::resident_bytes().saturating_sub(before) / (2 * each as u64);
     println!(
         "{held} stalled TLS connections held; this process grew {per_connection} bytes per TLS connection (client and server sides)"
     );
@@ -592,6 +588,68 @@ async fn stalled_requests_are_closed_while_a_gateway_is_served() {
         "every stalled connection closed; longest lived (body, headers, handshake): {lived:?} against read-timeout {read_timeout:?}, idle-timeout {idle_timeout:?}"
     );
     assert_eq!(server.index.stats().entries, 2);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_its_answer_unread_is_closed_while_a_gateway_is_served() {
+    use tokio::io::AsyncWriteExt;
+    let write_timeout = std::time::Duration::from_secs(1);
+    let (server, addr) = start(|cfg| cfg.transport.write_timeout = write_timeout).await;
+    let http = client(&server.ca, None, true);
+    // 1,000 pods with long names hold one key: a batch of 200 lookups of it
+    // answers about 12 MB, far past what the sockets' buffers take unread.
+    let inserts: Vec<Value> = (0..1000)
+        .map(|p| json!({"op": "insert", "model": "m", "hashes": [1], "pod": format!("pod-{p:0>40}")}))
+        .collect();
+    let (s, _, _) = call(&http, addr, BATCH_PATH, Some(json!({ "ops": inserts }))).await;
+    assert_eq!(s, 200);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut reader = tls_http1_over(&server.ca, socket.connect(addr).await.unwrap()).await;
+    let lookups = vec![json!({"op": "lookup", "model": "m", "hashes": [1]}); 200];
+    let body = json!({ "ops": lookups }).to_string();
+    let head = format!(
+        "POST {BATCH_PATH} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    reader.write_all(head.as_bytes()).await.unwrap();
+    reader.write_all(body.as_bytes()).await.unwrap();
+    reader.flush().await.unwrap();
+    // Nothing is read for a while: the server's write stays blocked, and
+    // a gateway is served meanwhile.
+    tokio::time::sleep(write_timeout * 3).await;
+    let (s, _, a) = call(
+        &http,
+        addr,
+        "/v1/lookup",
+        Some(json!({"model": "m", "hashes": [1]})),
+    )
+    .await;
+    assert_eq!(
+        (s, a["matches"].as_array().map(Vec::len)),
+        (200, Some(1000))
+    );
+    // The connection ends short of the whole answer.
+    let (got, _) = until_closed(&mut reader, 20 * write_timeout).await;
+    assert!(
+        got.starts_with("HTTP/1.1 200"),
+        "{}",
+        &got[..got.len().min(200)]
+    );
+    let head_end = got.find("\r\n\r\n").unwrap() + 4;
+    let declared: usize = got[..head_end]
+        .to_lowercase()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("content-length:")
+                .map(|v| v.trim().parse().unwrap())
+        })
+        .unwrap();
+    assert!(
+        got.len() - head_end < declared,
+        "the whole answer of {declared} bytes arrived"
+    );
     server.shutdown().await;
 }
 

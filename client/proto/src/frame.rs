@@ -319,11 +319,12 @@ impl FrameReader {
         Err(self.fail(error))
     }
 
-    /// The frame being received stopped arriving for `waited`: the error
-    /// that answers it; the reader then drops what it holds.
+    /// The frame being received did not arrive whole within `waited` of its
+    /// first byte: the error that answers it; the reader then drops what it
+    /// holds.
     pub fn stalled(&mut self, waited: std::time::Duration) -> FrameError {
         let error = WireError::Malformed(format!(
-            "a frame stopped arriving: {} bytes of it came, then nothing for {waited:?}",
+            "a frame did not arrive whole within {waited:?} of its first byte ({} bytes of it came)",
             self.pending()
         ));
         self.fail(error)

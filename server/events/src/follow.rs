@@ -139,6 +139,10 @@ impl std::fmt::Display for Resync {
                 f,
                 "a stored block's parent is unknown; replaying the engine's whole buffer"
             ),
+            Resync::ReplayTooShort { last, first } if first == last.saturating_add(1) => write!(
+                f,
+                "after a reconnection the engine's replay buffer starts at batch {first}, right after batch {last} applied, which it no longer holds to tell the same engine from a new one (raise the engine's buffer_steps)"
+            ),
             Resync::ReplayTooShort { last, first } => write!(
                 f,
                 "after a reconnection the engine's replay buffer starts at batch {first}, past batch {last} applied: batches {}..{first} are lost (raise the engine's buffer_steps)",
@@ -880,6 +884,13 @@ mod tests {
         assert_eq!(
             why.to_string(),
             "after a reconnection the engine's replay buffer starts at batch 7, past batch 4 applied: batches 5..7 are lost (raise the engine's buffer_steps)"
+        );
+        // A buffer that starts right after lost nothing, but cannot prove
+        // the engine is the same.
+        let next = Resync::ReplayTooShort { last: 4, first: 5 }.to_string();
+        assert!(
+            !next.contains("lost") && next.contains("right after batch 4"),
+            "{next}"
         );
         // Every reason has its label, once (the metric's series).
         assert!(Resync::LABELS.contains(&why.label()));

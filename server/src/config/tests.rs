@@ -109,6 +109,7 @@ fn everything_changed() -> ServerConfig {
             max_streams: 16,
             idle_timeout: Duration::from_secs(17),
             read_timeout: Duration::from_millis(2500),
+            write_timeout: Duration::from_millis(3500),
             connection_window: 1 << 17,
             busy_poll: Some(Duration::from_micros(230)),
             drain_timeout: Duration::from_secs(21),

@@ -53,6 +53,10 @@ pub struct TransportSettings {
     /// refused and its connection (HTTP) or stream (QUIC) closed.
     #[arg(long, env = "PREFIX_INDEX_READ_TIMEOUT")]
     pub read_timeout: Option<HumanDuration>,
+    /// How long an answer may wait for the client to take it: past it a
+    /// QUIC stream is reset, an HTTP connection closed.
+    #[arg(long, env = "PREFIX_INDEX_WRITE_TIMEOUT")]
+    pub write_timeout: Option<HumanDuration>,
     /// Bytes a connection may send ahead of what the server has read (its
     /// QUIC receive window): the memory one connection can make the server
     /// buffer.
@@ -120,6 +124,12 @@ pub struct TransportConfig {
     /// fraction of that, and a client that stalls mid-request holds its
     /// connection (and the buffered part) no longer.
     pub read_timeout: Duration,
+    /// How long writing an answer may stay blocked on a client that does
+    /// not read it (see [`TransportSettings::write_timeout`]). Default 10 s:
+    /// the largest answer (16 MiB) crosses a slow link in a fraction of
+    /// it, and a client that stops reading holds its answer's memory no
+    /// longer.
+    pub write_timeout: Duration,
     /// QUIC receive window per connection, in bytes. Default 4 MiB: ample
     /// for loopback and datacenter round trips, and 4,096 connections can
     /// then buffer at most 16 GiB only if every one of them is stalled with a
@@ -150,6 +160,7 @@ impl Default for TransportConfig {
             max_streams: 64,
             idle_timeout: Duration::from_secs(30),
             read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
             connection_window: 4 << 20,
             busy_poll: None,
             drain_timeout: Duration::from_secs(5),
@@ -179,6 +190,7 @@ impl TransportSettings {
             max_streams: self.max_streams.unwrap_or(d.max_streams),
             idle_timeout: duration(self.idle_timeout, d.idle_timeout),
             read_timeout: duration(self.read_timeout, d.read_timeout),
+            write_timeout: duration(self.write_timeout, d.write_timeout),
             connection_window: self.connection_window.unwrap_or(d.connection_window),
             busy_poll: duration_or_off(self.busy_poll, d.busy_poll),
             drain_timeout: duration(self.drain_timeout, d.drain_timeout),
@@ -204,6 +216,7 @@ impl From<&TransportConfig> for TransportSettings {
             max_streams: Some(c.max_streams),
             idle_timeout: Some(HumanDuration(c.idle_timeout)),
             read_timeout: Some(HumanDuration(c.read_timeout)),
+            write_timeout: Some(HumanDuration(c.write_timeout)),
             connection_window: Some(c.connection_window),
             busy_poll: written_or_off(c.busy_poll),
             drain_timeout: Some(HumanDuration(c.drain_timeout)),
@@ -225,12 +238,13 @@ impl TransportConfig {
                 "must be at least 1s",
             );
         }
-        if self.read_timeout < Duration::from_millis(100) {
-            return invalid(
-                "read-timeout",
-                &format!("{:?}", self.read_timeout),
-                "must be at least 100ms",
-            );
+        for (name, value) in [
+            ("read-timeout", self.read_timeout),
+            ("write-timeout", self.write_timeout),
+        ] {
+            if value < Duration::from_millis(100) {
+                return invalid(name, &format!("{value:?}"), "must be at least 100ms");
+            }
         }
         if self.connection_window < 65_536 {
             return invalid(

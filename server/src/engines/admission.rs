@@ -109,6 +109,16 @@ pub(super) fn answer(request: &[Vec<u8>], allow: &Allow) -> (Vec<Vec<u8>>, Verdi
             let name = ip.to_canonical().to_string();
             (reply("200", "OK", &name), Verdict::Admitted(name))
         }
+        // An address that is no plain IP (an IPv6 one with its zone,
+        // `fe80::1%eth0`, or none at all) is admitted only by an open
+        // list, named as libzmq gave it.
+        Err(_) if allow.is_open() => {
+            let name = match address {
+                "" => "unknown".to_string(),
+                a => a.to_string(),
+            };
+            (reply("200", "OK", &name), Verdict::Admitted(name))
+        }
         _ => (
             reply("400", "not in --engine-allow", ""),
             Verdict::Refused(address.to_string()),
@@ -140,12 +150,8 @@ impl Binding {
         Binding { origin: None }
     }
 
-    /// Checks a message from `origin` (none when libzmq names no peer,
-    /// which only a connection without ZAP gives: taken, binding nothing).
-    pub(super) fn check(&mut self, origin: Option<&str>, moves: bool) -> Check<'_> {
-        let Some(origin) = origin else {
-            return Check::Same;
-        };
+    /// Checks a message from `origin`.
+    pub(super) fn check(&mut self, origin: &str, moves: bool) -> Check<'_> {
         match self.origin.as_deref().map(|bound| bound == origin) {
             None => {
                 self.origin = Some(origin.into());
@@ -184,20 +190,21 @@ impl Refusal {
     }
 }
 
-/// Refusals counted by reason, logged at most once per `LOG_EVERY`.
+/// Refusals counted by reason, each reason logged at most once per
+/// `LOG_EVERY` (a flood of one does not hide the other).
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
-    counts: [AtomicU64; 2],
-    logged: Mutex<Option<Instant>>,
+    counts: [AtomicU64; Refusal::ALL.len()],
+    logged: [Mutex<Option<Instant>>; Refusal::ALL.len()],
 }
 
 impl Refusals {
-    /// Counts a refusal, and logs `what` unless one was logged lately.
+    /// Counts a refusal, and logs `what` unless one of its reason was
+    /// logged lately.
     pub(super) fn refuse(&self, why: Refusal, what: impl FnOnce() -> String) {
-        // Relaxed: a statistic.
-        let n = 1 + self.counts[why as usize].fetch_add(1, Ordering::Relaxed);
+        let n = self.count_one(why);
         let now = Instant::now();
-        let mut last = self.logged.lock();
+        let mut last = self.logged[why as usize].lock();
         if last.is_some_and(|t| now.duration_since(t) < super::stats::LOG_EVERY) {
             return;
         }
@@ -209,6 +216,13 @@ impl Refusals {
             "engine collector: refused {}",
             what()
         );
+    }
+
+    /// Counts a refusal that is logged elsewhere (by its pod); the count so
+    /// far.
+    pub(super) fn count_one(&self, why: Refusal) -> u64 {
+        // Relaxed: a statistic.
+        1 + self.counts[why as usize].fetch_add(1, Ordering::Relaxed)
     }
 
     /// Refusals so far for `why`.
@@ -281,26 +295,41 @@ mod tests {
             let (reply, verdict) = answer(&bad, &allow);
             assert_eq!((verdict, &reply[2][..]), (Verdict::Malformed, &b"500"[..]));
         }
+        // An address that is no plain IP: refused by a list, admitted as
+        // given by an open one.
+        for odd in ["fe80::1%eth0", ""] {
+            assert_eq!(
+                answer(&request(odd), &allow).1,
+                Verdict::Refused(odd.into())
+            );
+        }
+        let open = Allow::default();
+        let (reply, verdict) = answer(&request("fe80::1%eth0"), &open);
+        assert_eq!(verdict, Verdict::Admitted("fe80::1%eth0".into()));
+        assert_eq!(&reply[4][..], b"fe80::1%eth0");
+        assert_eq!(
+            answer(&request(""), &open).1,
+            Verdict::Admitted("unknown".into())
+        );
     }
 
     #[test]
     fn a_pod_stays_with_its_first_origin_unless_moves_are_allowed() {
         let mut b = Binding::new();
-        assert_eq!(b.check(Some("10.0.0.5"), false), Check::Same);
-        assert_eq!(b.check(Some("10.0.0.5"), false), Check::Same);
+        assert_eq!(b.check("10.0.0.5", false), Check::Same);
+        assert_eq!(b.check("10.0.0.5", false), Check::Same);
         assert_eq!(
-            b.check(Some("10.0.0.9"), false),
+            b.check("10.0.0.9", false),
             Check::Foreign { bound: "10.0.0.5" }
         );
-        assert_eq!(b.check(None, false), Check::Same);
         assert_eq!(
-            b.check(Some("10.0.0.9"), true),
+            b.check("10.0.0.9", true),
             Check::Moved {
                 from: "10.0.0.5".into()
             }
         );
         assert_eq!(
-            b.check(Some("10.0.0.5"), false),
+            b.check("10.0.0.5", false),
             Check::Foreign { bound: "10.0.0.9" }
         );
     }

@@ -93,6 +93,8 @@ impl Collector {
                 self.admit();
             }
             match polled {
+                // Only a ZAP request, answered above.
+                Ok(_) if !messages && asked => continue,
                 Ok(_) if !messages => {
                     // Views change with time too (a learning period ends).
                     let period = self.engines.cfg.learning_period;
@@ -161,6 +163,14 @@ impl Collector {
         origin: Option<&str>,
         actions: &mut Vec<Action<Vec<u8>>>,
     ) {
+        // Every connection the ZAP handler admitted is named; one it did
+        // not is none of the operator's engines.
+        let Some(origin) = origin else {
+            self.engines.refusals.refuse(Refusal::Address, || {
+                "a message from a connection the ZAP handler did not admit".into()
+            });
+            return;
+        };
         let live = match parse_live(frames) {
             Ok(live) => live,
             Err(e) => {
@@ -196,13 +206,22 @@ impl Collector {
         match p.origin.check(origin, self.engines.cfg.allow_moves) {
             Check::Same => {}
             Check::Moved { from } => {
-                tracing::info!(%pod, %from, to = origin.unwrap_or_default(), "an engine-fed pod moved to another address");
+                tracing::info!(%pod, %from, to = origin, "an engine-fed pod moved to another address");
             }
             Check::Foreign { bound } => {
-                let from = origin.unwrap_or_default();
-                self.engines.refusals.refuse(Refusal::Moved, || {
-                    format!("a message under pod {pod:?}'s topic from {from}: the pod is bound to {bound} (--engine-allow-moves lets it move)")
-                });
+                self.engines.refusals.count_one(Refusal::Moved);
+                let what = format!(
+                    "refused a message from {origin}: the pod is bound to {bound} (unsubscribe the pod if its engine moved, or --engine-allow-moves)"
+                );
+                if p.stats.problem(Problem::Refused, &what) {
+                    tracing::warn!(%pod, "{what}");
+                }
+                // It may be the pod's own engine, restarted elsewhere: its
+                // answers cannot be vouched for until its address speaks.
+                p.stats.set_connected(false);
+                let period = self.engines.cfg.learning_period;
+                p.stats
+                    .publish_view(&self.engines.index, &p.sub.pod, period);
                 return;
             }
         }

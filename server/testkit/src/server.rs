@@ -19,7 +19,7 @@ use prefix_server::{Server, ServerConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use probe::{eventually, http_get, metric};
+pub use probe::{count_from_env, eventually, http_get, metric, resident_bytes};
 pub use process::{free_ports, Proc};
 
 /// A server running in this process, on the current tokio runtime.

@@ -35,3 +35,24 @@ pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// This process's resident memory in bytes (Linux), for tests that report
+/// what a number of connections costs.
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS in /proc/self/status")
+        << 10
+}
+
+/// The count the environment variable `name` gives, else `default`: how
+/// tests that print figures are scaled up by hand.
+pub fn count_from_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
