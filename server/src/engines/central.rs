@@ -64,7 +64,7 @@ impl Collector {
             why: e.to_string(),
         })?;
         if engines.cfg.allow.is_open() && !is_loopback(endpoint) {
-            tracing::warn!(%endpoint, "--engine-listen takes events from any host that reaches it: set --engine-allow to the engines' networks (docs/operations.md, \"Security\")");
+            tracing::warn!(%endpoint, "--engine-listen takes events from any host that reaches it: set --engine-allow to the engines' networks (docs/operations.md, \"Security model\")");
         }
         Ok(Collector {
             engines,
