@@ -24,21 +24,20 @@ fn run<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-/// A short run of a small chat workload, with a deadline no loaded CI
-/// machine misses.
-const SHORT: [&str; 11] = [
+/// A short run with a deadline no loaded CI machine misses, its summary
+/// in JSON.
+const QUICK: [&str; 7] = [
     "--duration",
     "1s",
     "--warmup",
     "200ms",
     "--deadline",
     "5s",
-    "--sessions",
-    "50",
-    "--requests",
-    "500",
     "--json",
 ];
+
+/// A small chat workload, for [`QUICK`] runs.
+const SMALL_CHAT: [&str; 4] = ["--sessions", "50", "--requests", "500"];
 
 /// Neither side can have kept more cores busy than the machine has: a unit
 /// slip (ticks, milliseconds) would show here.
@@ -55,7 +54,7 @@ fn within_the_machine(v: &serde_json::Value) {
 #[test]
 fn embedded_and_echo_runs_report_every_field() {
     for target in ["--embedded", "--echo"] {
-        let v = run(&[&[target, "--batch", "4"][..], &SHORT].concat());
+        let v = run(&[&[target, "--batch", "4"][..], &QUICK, &SMALL_CHAT].concat());
         for key in [
             "ops_per_sec",
             "p50_us",
@@ -137,7 +136,12 @@ fn open_loop_keeps_up_with_its_rate() {
 #[test]
 fn busy_polling_runs_answer_everything() {
     for target in ["--embedded", "--echo"] {
-        let v = run(&[&[target, "--busy-poll", "--rate", "500"][..], &SHORT].concat());
+        let v = run(&[
+            &[target, "--busy-poll", "--rate", "500"][..],
+            &QUICK,
+            &SMALL_CHAT,
+        ]
+        .concat());
         assert!(v["ops"].as_u64().unwrap() > 0, "{target}: {v}");
         assert_eq!(v["errors"], 0, "{target}: {v}");
         assert_eq!(v["timeouts"], 0, "{target}: {v}");
@@ -163,7 +167,8 @@ fn a_remote_servers_cpu_comes_from_its_metrics() {
     let args = |metrics: Option<std::net::SocketAddr>| {
         let mut a: Vec<String> = ["--server", &addr.to_string(), "--ca", ca.to_str().unwrap()]
             .into_iter()
-            .chain(SHORT)
+            .chain(QUICK)
+            .chain(SMALL_CHAT)
             .map(str::to_owned)
             .collect();
         if let Some(m) = metrics {
@@ -197,20 +202,7 @@ fn prefill_fits_a_default_server() {
         server.addr.to_string(),
         server.ca.to_str().unwrap().to_owned(),
     );
-    let v = run(&[
-        "--server",
-        &addr,
-        "--ca",
-        &ca,
-        "--prefill",
-        "--duration",
-        "1s",
-        "--warmup",
-        "200ms",
-        "--deadline",
-        "5s",
-        "--json",
-    ]);
+    let v = run(&[&["--server", &addr, "--ca", &ca, "--prefill"][..], &QUICK].concat());
     let entries = server.index.stats().entries;
     rt.block_on(server.shutdown());
     assert!(v["ops"].as_u64().unwrap() > 0, "{v}");

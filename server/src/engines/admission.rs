@@ -203,13 +203,9 @@ impl Refusals {
     /// logged lately.
     pub(super) fn refuse(&self, why: Refusal, what: impl FnOnce() -> String) {
         let n = self.count_one(why);
-        let now = Instant::now();
-        let mut last = self.logged[why as usize].lock();
-        if last.is_some_and(|t| now.duration_since(t) < super::stats::LOG_EVERY) {
+        if !super::stats::log_due(&mut self.logged[why as usize].lock()) {
             return;
         }
-        *last = Some(now);
-        drop(last);
         tracing::warn!(
             reason = why.label(),
             refused = n,

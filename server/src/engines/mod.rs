@@ -390,13 +390,9 @@ impl Engines {
         let n = 1 + self
             .strays
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let now = std::time::Instant::now();
-        let mut last = self.stray_logged.lock();
-        if last.is_some_and(|t| now.duration_since(t) < stats::LOG_EVERY) {
+        if !stats::log_due(&mut self.stray_logged.lock()) {
             return;
         }
-        *last = Some(now);
-        drop(last);
         tracing::warn!(strays = n, "engine collector: skipped a message: {}", why());
     }
 

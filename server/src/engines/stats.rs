@@ -128,6 +128,17 @@ fn get(c: &AtomicU64) -> u64 {
 /// Logs of one kind at most this often per subscription.
 pub(super) const LOG_EVERY: Duration = Duration::from_secs(10);
 
+/// Whether a log whose last one of its kind went out at `last` is due now
+/// (the first always is, then one per [`LOG_EVERY`]); if so, marks it sent.
+pub(super) fn log_due(last: &mut Option<Instant>) -> bool {
+    let now = Instant::now();
+    if last.is_some_and(|t| now.duration_since(t) < LOG_EVERY) {
+        return false;
+    }
+    *last = Some(now);
+    true
+}
+
 impl SubStats {
     /// Counts one applied batch.
     pub fn applied(&self, seq: u64, out: &Outcome, lag_ms: i64) {
@@ -195,16 +206,7 @@ impl SubStats {
     /// kind, then at most once per 10 s, so a bad engine cannot flood logs).
     pub fn problem(&self, kind: Problem, what: &str) -> bool {
         *self.last_error.lock() = Some(what.to_string());
-        let mut logged = self.logged.lock();
-        let slot = &mut logged[kind as usize];
-        let now = Instant::now();
-        match slot {
-            Some(t) if now.duration_since(*t) < LOG_EVERY => false,
-            _ => {
-                *slot = Some(now);
-                true
-            }
-        }
+        log_due(&mut self.logged.lock()[kind as usize])
     }
 
     /// Sets the connection state.
