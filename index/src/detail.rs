@@ -124,6 +124,31 @@ impl Index {
         self.update_state(pod, |s| s.view = Some(view));
     }
 
+    /// Sets the view of each pod of `views`, in one step: pods' states are
+    /// one map that readers load without a lock, copied on each change, so
+    /// thousands of pods changing at once (a fleet's engines connecting)
+    /// copy it once here where [`Index::set_view`] each would copy it each
+    /// time.
+    pub fn set_views<'a>(&self, views: impl IntoIterator<Item = (&'a str, View)>) {
+        let pin = self.pin();
+        let _w = self.sh.states_writer.lock();
+        let current = self.sh.states.get(&pin);
+        let mut next: Option<StateMap> = None;
+        for (pod, view) in views {
+            let map = next.as_ref().unwrap_or(current);
+            let mut state = map.get(pod).copied().unwrap_or_default();
+            if state.view == Some(view) {
+                continue;
+            }
+            state.view = Some(view);
+            next.get_or_insert_with(|| current.clone())
+                .insert(pod.into(), state);
+        }
+        if let Some(next) = next {
+            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
+        }
+    }
+
     /// Records that a lower tier holds blocks of `pod`.
     pub(crate) fn set_tiered(&self, pod: &str) {
         self.update_state(pod, |s| s.tiered = true);

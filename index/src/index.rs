@@ -190,6 +190,24 @@ impl Index {
         Ok(())
     }
 
+    /// Registers `pods` (those not registered yet) in one step: one rank
+    /// table and one copy of the pod-name map for all of them, where
+    /// registering each on its own (an insert, [`Index::engine`]) copies
+    /// every name registered so far, so thousands one at a time cost their
+    /// square in time and in memory awaiting reclamation. A server
+    /// following thousands of engines registers their pods so at start.
+    /// Stops at the first name refused (reserved, too long, no slot left);
+    /// those before it are registered.
+    pub fn register_pods<'a>(
+        &self,
+        pods: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), PodError> {
+        let pin = self.pin();
+        self.sh
+            .pods
+            .intern_many(pods, self.sh.cfg.max_name_len, &self.sh.epoch, &pin)
+    }
+
     /// Blocks currently stored for a pod (0 if unknown).
     pub fn pod_blocks(&self, pod: &str) -> u64 {
         let pin = self.pin();

@@ -105,6 +105,17 @@ pub(crate) struct Pods {
     any_precise: AtomicBool,
 }
 
+/// Refuses an empty name or one longer than `max` bytes.
+fn check_name(name: &str, max: usize) -> Result<(), PodError> {
+    if name.is_empty() || name.len() > max {
+        return Err(PodError::BadName {
+            len: name.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
 impl Pods {
     pub(crate) fn new(max_pods: u32, default_capacity: u64) -> Self {
         let max = max_pods.min(crate::slots::MAX_POD_ID + 1);
@@ -179,16 +190,89 @@ impl Pods {
         if let Some(id) = self.id(name, pin) {
             return Ok(id);
         }
-        if name.is_empty() || name.len() > max_name_len {
-            return Err(PodError::BadName {
-                len: name.len(),
-                max: max_name_len,
-            });
-        }
+        check_name(name, max_name_len)?;
         let mut w = self.writer.lock();
         if let Some(id) = self.id(name, pin) {
             return Ok(id);
         }
+        let id = self.claim(&mut w, name, flags, epoch, pin)?;
+        // Ranked before named: whoever finds the id through the name map
+        // (an insert of the same name on the lock-free path, a lookup's
+        // candidates) can only then write or ask for it, and every rank table
+        // loaded after that ranks it. A lookup may thus treat a pod missing
+        // from its table as added concurrently (see `Tree::lookup`).
+        self.rank(w.next, epoch, pin);
+        self.publish(
+            |m| {
+                m.insert(name.into(), id);
+            },
+            epoch,
+            pin,
+        );
+        Ok(PodId(id))
+    }
+
+    /// Interns every name of `names` not interned yet, in one step: one
+    /// rank table and one copy of the name map for all of them, where
+    /// [`Pods::intern`] makes one of each per name (a copy of every name
+    /// interned so far, so registering thousands one at a time costs their
+    /// square). Stops at the first name refused; the names before it are
+    /// interned.
+    pub(crate) fn intern_many<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        max_name_len: usize,
+        epoch: &Epoch,
+        pin: &Pin,
+    ) -> Result<(), PodError> {
+        let mut w = self.writer.lock();
+        let mut fresh: Vec<(&str, u32)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut refused = Ok(());
+        for name in names {
+            if self.id(name, pin).is_some() || !seen.insert(name) {
+                continue;
+            }
+            if name.contains(HIDDEN_MARK) {
+                refused = Err(PodError::Reserved);
+                break;
+            }
+            let claimed = check_name(name, max_name_len)
+                .and_then(|()| self.claim(&mut w, name, 0, epoch, pin));
+            match claimed {
+                Ok(id) => fresh.push((name, id)),
+                Err(e) => {
+                    refused = Err(e);
+                    break;
+                }
+            }
+        }
+        if !fresh.is_empty() {
+            // Ranked before named, as in `intern_as`.
+            self.rank(w.next, epoch, pin);
+            self.publish(
+                |m| {
+                    for (name, id) in fresh {
+                        m.insert(name.into(), id);
+                    }
+                },
+                epoch,
+                pin,
+            );
+        }
+        refused
+    }
+
+    /// Takes a free id for `name` and makes its slot live (ranked and named
+    /// by the caller). Called under `writer`.
+    fn claim(
+        &self,
+        w: &mut Writer,
+        name: &str,
+        flags: u8,
+        epoch: &Epoch,
+        pin: &Pin,
+    ) -> Result<u32, PodError> {
         let id = match w.free.pop() {
             Some(id) => id,
             None if (w.next as usize) < self.slots.len() => {
@@ -230,20 +314,7 @@ impl Pods {
         slot.align.store(1, Ordering::Relaxed);
         // Release: pairs with the Acquire load in `is_live`.
         slot.state.store(LIVE, Ordering::Release);
-        // Ranked before named: whoever finds the id through the name map
-        // (an insert of the same name on the lock-free path, a lookup's
-        // candidates) can only then write or ask for it, and every rank table
-        // loaded after that ranks it. A lookup may thus treat a pod missing
-        // from its table as added concurrently (see `Tree::lookup`).
-        self.rank(w.next, epoch, pin);
-        self.publish(
-            |m| {
-                m.insert(name.into(), id);
-            },
-            epoch,
-            pin,
-        );
-        Ok(PodId(id))
+        Ok(id)
     }
 
     /// Rebuilds the rank table over ids `0..next`. Called under `writer`.

@@ -1,27 +1,55 @@
 //! The process's open-file limit, raised at start to what the settings may
-//! use: each HTTP connection holds a descriptor, each engine followed a few
-//! (libzmq's sockets and their connections). A soft limit below that (1,024
-//! under many shells and systemd units) would turn the settings' bounds
-//! into `accept` failures and engines that cannot be followed.
+//! use: each HTTP connection holds a descriptor, each engine followed one
+//! or a few (its connection; the sockets of its own an engine named by
+//! host name has; a replay's socket and connection while it runs). A soft
+//! limit below that (1,024 under many shells and systemd units) would turn
+//! the settings' bounds into `accept` failures and engines that cannot be
+//! followed.
 
 use crate::ServerConfig;
 
-/// Descriptors one followed engine may hold: its SUB socket and a replay
-/// DEALER, each a libzmq mailbox and a TCP connection, and slack for a
-/// reconnection that overlaps the old connection.
-const PER_ENGINE: u64 = 6;
+/// Descriptors an engine at an address holds: its connection (its sockets
+/// are its shard's, counted in [`BASE`]; libzmq closes a connection before
+/// it reconnects).
+const PER_ENGINE: u64 = 1;
+
+/// More for an engine named by host name, or sharing its address and topic
+/// with another: its SUB socket's mailbox and its monitor's pair.
+const PER_NAMED_ENGINE: u64 = 3;
+
+/// Descriptors a replay under way holds: its DEALER's mailbox and its
+/// connection.
+const PER_REPLAY: u64 = 2;
 
 /// Descriptors for everything else: the QUIC socket, the listeners,
-/// libzmq's I/O thread, the runtime, files being written.
+/// libzmq's threads, the engine threads' wake-up pipes and shared sockets,
+/// the runtime, files being written.
 const BASE: u64 = 256;
 
-/// Descriptors the settings may use at once.
-pub fn needed(cfg: &ServerConfig) -> u64 {
+/// What the settings need of the open-file limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Needs {
+    /// Without it `--max-engines` engines at an address cannot all be
+    /// followed: the server does not start.
+    pub required: u64,
+    /// Everything the settings may use at once: every engine named by
+    /// host name, every HTTP connection.
+    pub wanted: u64,
+}
+
+/// Descriptors the settings may use.
+pub fn needs(cfg: &ServerConfig) -> Needs {
+    let engines = &cfg.engines;
+    let required =
+        BASE + PER_ENGINE * engines.max_engines as u64 + PER_REPLAY * engines.max_replays as u64;
     let http = match cfg.transport.http_listen {
         Some(_) => cfg.transport.max_connections as u64,
         None => 0,
     };
-    BASE + http + PER_ENGINE * cfg.engines.max_engines as u64
+    Needs {
+        required,
+        wanted: required + http + PER_NAMED_ENGINE * engines.max_engines as u64,
+    }
 }
 
 /// What raising the limit gave.
@@ -31,12 +59,12 @@ pub struct Raised {
     pub before: u64,
     /// The soft limit now.
     pub now: u64,
-    /// Descriptors the settings may use.
+    /// Descriptors asked for.
     pub needed: u64,
 }
 
 impl Raised {
-    /// Whether the limit now covers what the settings may use.
+    /// Whether the limit now covers what was asked for.
     pub fn is_enough(&self) -> bool {
         self.now >= self.needed
     }
@@ -77,13 +105,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_http_listener_and_engines_count() {
+    fn engines_replays_and_the_http_listener_count() {
         let mut cfg = ServerConfig::default();
-        assert_eq!(needed(&cfg), BASE + PER_ENGINE * 1024);
+        let replays = PER_REPLAY * 64;
+        let n = needs(&cfg);
+        assert_eq!(n.required, BASE + PER_ENGINE * 1024 + replays);
+        assert_eq!(n.wanted, n.required + PER_NAMED_ENGINE * 1024);
         cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
         cfg.transport.max_connections = 10_000;
-        cfg.engines.max_engines = 2;
-        assert_eq!(needed(&cfg), BASE + 10_000 + 2 * PER_ENGINE);
+        cfg.engines.max_engines = 10_000;
+        let n = needs(&cfg);
+        assert_eq!(n.required, BASE + PER_ENGINE * 10_000 + replays);
+        assert_eq!(n.wanted, n.required + 10_000 + PER_NAMED_ENGINE * 10_000);
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub struct Probe {
     pub ready: Arc<AtomicBool>,
     /// Cancelled when shutdown begins: not ready from then on.
     pub stopping: CancellationToken,
+    /// Whether `/readyz` names the engines followed and not connected (on
+    /// the metrics listener, whose `/metrics` names every pod anyway; not
+    /// on the API's, whose clients may not be allowed to list engines).
+    pub detail: bool,
 }
 
 /// The paths of the probes.
@@ -57,12 +61,26 @@ async fn metrics(State(p): State<Probe>) -> impl IntoResponse {
     )
 }
 
+/// Engines not connected that `/readyz` names.
+const NAMED: usize = 10;
+
+/// `ready` or `not ready` on its first line; when engines are followed
+/// (and `detail` is on), a line of their counts and one per engine not
+/// connected (up to [`NAMED`]). An engine down leaves the server ready: its other pods and
+/// the gateways' own inserts still route.
 async fn readyz(State(p): State<Probe>) -> impl IntoResponse {
     // Relaxed: a probe may see the change a moment late; nothing else is
     // ordered by this flag.
-    if p.ready.load(Ordering::Relaxed) && !p.stopping.is_cancelled() {
-        (StatusCode::OK, "ready\n")
+    let (status, mut body) = if p.ready.load(Ordering::Relaxed) && !p.stopping.is_cancelled() {
+        (StatusCode::OK, String::from("ready\n"))
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+        (StatusCode::SERVICE_UNAVAILABLE, String::from("not ready\n"))
+    };
+    if let Some(engines) = p.metrics.engines().filter(|_| p.detail) {
+        let standing = engines.standing(NAMED);
+        if standing.followed > 0 {
+            body.push_str(&format!("{standing}\n"));
+        }
     }
+    (status, body)
 }

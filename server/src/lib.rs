@@ -85,7 +85,9 @@ pub use api::{http_status, route, BATCH_PATH};
 pub use busy_poll::BusyPoll;
 pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
+pub use descriptors::{raise as raise_open_files, Raised as OpenFiles};
 pub use engines::apply::apply_batch;
+pub use engines::ZMQ_THREADS as ENGINE_ZMQ_THREADS;
 pub use engines::{
     Allow as EngineAllow, Engines, Refusal as EngineRefusal, State as EngineStatus, Subscription,
 };
@@ -108,6 +110,16 @@ pub enum ServerError {
     /// Precise mode could not start (a subscription, the collector's socket).
     #[error(transparent)]
     Engines(#[from] engines::StartError),
+    /// The open-file limit cannot be raised to what `--max-engines` needs.
+    #[error("the open-file limit is {limit}, and --max-engines {max_engines} needs {required}: raise the hard limit (ulimit -Hn, systemd's LimitNOFILE=, a container's nofile ulimit) or lower --max-engines")]
+    OpenFiles {
+        /// The soft limit, raised as far as the hard limit allows.
+        limit: u64,
+        /// What `--max-engines` and `--max-engine-replays` need.
+        required: u64,
+        /// The setting.
+        max_engines: usize,
+    },
     /// A socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -201,7 +213,7 @@ impl Server {
             .snapshot_interval
             .map(|_| cfg.data_dir.join(engines::kept::FILE));
         let engines =
-            engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone(), kept);
+            engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone(), kept)?;
         // After the restore, so that engine events find their parents in the
         // restored records: now, or once filled from a peer.
         if filling.is_none() {
@@ -474,13 +486,15 @@ impl Server {
         ));
     }
 
-    /// What the probes read.
-    fn probe(&self, tasks: &Tasks, ready: &Arc<AtomicBool>) -> http::Probe {
+    /// What the probes read; `detail`: whether `/readyz` names the
+    /// engines not connected.
+    fn probe(&self, tasks: &Tasks, ready: &Arc<AtomicBool>, detail: bool) -> http::Probe {
         http::Probe {
             index: self.index.clone(),
             metrics: self.metrics.clone(),
             ready: ready.clone(),
             stopping: tasks.stop.clone(),
+            detail,
         }
     }
 
@@ -492,7 +506,8 @@ impl Server {
         let Some(listener) = self.http.take() else {
             return;
         };
-        let app = http::router(self.probe(tasks, ready));
+        // The metrics listener shows every pod already.
+        let app = http::router(self.probe(tasks, ready, true));
         let (stop, hard) = (tasks.stop.clone(), tasks.hard.clone());
         tasks.tracker.spawn(async move {
             let served = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned());
@@ -523,7 +538,8 @@ impl Server {
             max_body: self.cfg.limits.http_max_body_bytes,
             read_timeout: self.cfg.transport.read_timeout,
         }))
-        .merge(http::probes(self.probe(tasks, ready)));
+        // A client of the API may not be one allowed to list engines.
+        .merge(http::probes(self.probe(tasks, ready, false)));
         tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
         let listener = api::Listener {
             tls,
@@ -685,11 +701,19 @@ async fn accept_loop<S: Service>(
 /// Binds and serves until `shutdown` (the entry point of the binary),
 /// first raising the open-file limit to what `cfg` may use.
 pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-    match descriptors::raise(descriptors::needed(&cfg)) {
+    let needs = descriptors::needs(&cfg);
+    match descriptors::raise(needs.wanted) {
+        Ok(r) if r.now < needs.required => {
+            return Err(ServerError::OpenFiles {
+                limit: r.now,
+                required: needs.required,
+                max_engines: cfg.engines.max_engines,
+            })
+        }
         Ok(r) if !r.is_enough() => tracing::warn!(
             limit = r.now,
-            needed = r.needed,
-            "the open-file limit is below what --max-connections (with --http-listen) and --max-engines may use: lower them, or raise the hard limit (ulimit -Hn, LimitNOFILE=)"
+            wanted = r.needed,
+            "the open-file limit covers --max-engines engines at an address, not everything --max-connections (with --http-listen) and engines named by host name may use: lower them, or raise the hard limit (ulimit -Hn, LimitNOFILE=)"
         ),
         Ok(r) if r.now > r.before => tracing::info!(from = r.before, to = r.now, "raised the open-file limit"),
         Ok(_) => {}

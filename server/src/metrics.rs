@@ -396,6 +396,11 @@ impl Metrics {
         }
     }
 
+    /// The engine subscriptions, once watched.
+    pub fn engines(&self) -> Option<Arc<Engines>> {
+        self.engines.get().and_then(std::sync::Weak::upgrade)
+    }
+
     /// Reads the engine subscriptions' counters at each scrape from now on.
     pub fn watch_engines(&self, engines: &Arc<Engines>) {
         let _ = self.engines.set(Arc::downgrade(engines));

@@ -369,3 +369,45 @@ async fn compare_counts_the_sampled_lookups_replicas_answer_differently() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A hard open-file limit below what `--max-engines` needs stops the
+/// server at start with what to do, rather than leaving engines it cannot
+/// follow; the same limit with fewer engines starts.
+#[test]
+fn an_open_file_limit_below_max_engines_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |max_engines: &str| {
+        let script = format!(
+            "ulimit -n 1000 && ulimit -Hn 1000 && exec \"$0\" --listen 127.0.0.1:0 --metrics-listen off --data-dir {} --max-engines {max_engines}",
+            dir.path().display()
+        );
+        let mut child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .arg(prefix_testkit::server_bin!())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A server that starts runs until stopped: give it a moment.
+        for _ in 0..100 {
+            if let Some(status) = child.try_wait().unwrap() {
+                let mut err = String::new();
+                std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+                return Some((status, err));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        None
+    };
+    let (status, err) = run("1000").expect("the server refuses to start");
+    assert!(!status.success());
+    assert!(
+        err.contains("the open-file limit is 1000, and --max-engines 1000 needs")
+            && err.contains("ulimit -Hn"),
+        "{err}"
+    );
+    assert!(run("100").is_none(), "a server within the limit starts");
+}

@@ -875,3 +875,63 @@ async fn replicas_follow_the_engine_each_and_answer_alike() {
         s.shutdown().await;
     }
 }
+
+/// An engine whose socket cannot be opened is listed as not followed, with
+/// the reason, and counted on `/metrics` and named in `/readyz` until its
+/// socket opens; the engines beside it are followed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_cannot_be_followed_says_so() {
+    let ctx = zmq::Context::new();
+    let publisher = ctx.socket(zmq::PUB).unwrap();
+    publisher.bind("tcp://127.0.0.1:*").unwrap();
+    let good = publisher.get_last_endpoint().unwrap().unwrap();
+    let server = common::start(|cfg| {
+        cfg.engines.subscriptions = vec![
+            format!("pod=good,model=m,endpoint={good}").parse().unwrap(),
+            // libzmq refuses an endpoint without a port.
+            "pod=bad,model=m,endpoint=tcp://engine-0.example"
+                .parse()
+                .unwrap(),
+        ];
+    })
+    .await;
+    common::eventually("the good engine is connected", async || {
+        server
+            .engines_list()
+            .iter()
+            .any(|(s, st)| s.pod == "good" && st.connected)
+    })
+    .await;
+    let (_, bad) = server
+        .engines_list()
+        .into_iter()
+        .find(|(s, _)| s.pod == "bad")
+        .unwrap();
+    assert!(!bad.connected);
+    let why = bad.last_error.unwrap_or_default();
+    assert!(
+        why.starts_with("not followed: engine socket error"),
+        "{why}"
+    );
+    let metrics = common::http_get(server.metrics_addr.unwrap(), "/metrics").await;
+    for line in [
+        "engine_subscriptions{state=\"connected\"} 1",
+        "engine_subscriptions{state=\"failing\"} 1",
+        "engine_subscriptions{state=\"disconnected\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in:\n{metrics}");
+    }
+    let ready = common::http_get(server.metrics_addr.unwrap(), "/readyz").await;
+    assert!(ready.contains("ready\n"), "{ready}");
+    assert!(
+        ready.contains(
+            "engines: 2 followed, 1 connected, 1 not (1 of them failing to open their socket)"
+        ),
+        "{ready}"
+    );
+    assert!(
+        ready.contains("\n  bad: not followed: engine socket error"),
+        "{ready}"
+    );
+    server.shutdown().await;
+}

@@ -28,6 +28,9 @@ pub(crate) enum Command {
     /// report the blocks per second it applies end to end and where the
     /// time goes.
     Events(EventsArgs),
+    /// One of `events --publisher-processes`' children (not for people).
+    #[command(hide = true)]
+    PublishEngines(crate::ingest::ChildArgs),
     /// Measure how long the machine itself keeps threads from running (the
     /// floor under any latency measured here), then exit.
     Stalls(StallArgs),
@@ -126,7 +129,8 @@ pub(crate) struct EventsArgs {
     /// Trace file [default: ../shared/traces/mooncake_conversation.jsonl].
     #[arg(long)]
     pub(crate) trace: Option<PathBuf>,
-    /// Engines publishing in parallel, each with its own socket and thread.
+    /// Engines publishing in parallel, each with its own sockets and topic
+    /// (a thread each up to 8, then threads for groups of them).
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) engines: u16,
     /// Each engine's KV cache in blocks (its evictions are the removals).
@@ -143,6 +147,11 @@ pub(crate) struct EventsArgs {
     /// Give up waiting for the server after this long.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: Duration,
+    /// Processes the engines publish from: each engine's sockets hold five
+    /// open files, so a fleet of thousands needs more than one process's
+    /// limit (1 publishes from this process).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) publisher_processes: u16,
     /// Subscribe this server (on this machine: the engines bind on
     /// 127.0.0.1) instead of starting one in this process.
     #[arg(long)]

@@ -217,6 +217,17 @@ pub const CPU_METRIC: &str = "prefix_index_process_cpu_seconds_total";
 /// The server's CPU time, from its metrics page at `url`.
 pub fn scrape(url: &str) -> anyhow::Result<Duration> {
     use anyhow::Context;
+    let seconds = scrape_value(url, CPU_METRIC)?;
+    Duration::try_from_secs_f64(seconds).with_context(|| format!("{CPU_METRIC} = {seconds}"))
+}
+
+/// A server's resident memory in bytes, on its metrics page.
+pub const RESIDENT_METRIC: &str = "prefix_index_process_resident_memory_bytes";
+
+/// The value of `metric` (a counter or gauge without labels) on the
+/// Prometheus page at `url`.
+pub fn scrape_value(url: &str, metric: &str) -> anyhow::Result<f64> {
+    use anyhow::Context;
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(SCRAPE_TIMEOUT))
         // A metrics listener is reached directly, whatever proxy the
@@ -227,16 +238,17 @@ pub fn scrape(url: &str) -> anyhow::Result<Duration> {
     let page = agent
         .get(url)
         .call()
-        .and_then(|mut r| r.body_mut().read_to_string())
+        // A server following thousands of engines has a page of tens of
+        // MB (series per engine); ureq stops at 10 MB by default.
+        .and_then(|mut r| r.body_mut().with_config().limit(1 << 30).read_to_string())
         .with_context(|| format!("reading {url}"))?;
-    let seconds = cpu_seconds(&page).with_context(|| format!("no {CPU_METRIC} in {url}"))?;
-    Duration::try_from_secs_f64(seconds).with_context(|| format!("{CPU_METRIC} = {seconds}"))
+    value(&page, metric).with_context(|| format!("no {metric} in {url}"))
 }
 
-/// The value of [`CPU_METRIC`] in a Prometheus text page.
-fn cpu_seconds(page: &str) -> Option<f64> {
+/// The value of `metric` in a Prometheus text page.
+fn value(page: &str, metric: &str) -> Option<f64> {
     page.lines()
-        .find_map(|l| l.strip_prefix(CPU_METRIC)?.strip_prefix(' '))
+        .find_map(|l| l.strip_prefix(metric)?.strip_prefix(' '))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
@@ -370,10 +382,10 @@ mod tests {
                     prefix_index_process_cpu_seconds_total_other 9.0\n\
                     prefix_index_process_cpu_seconds_total 12.34\n\
                     # EOF\n";
-        assert_eq!(cpu_seconds(page), Some(12.34));
-        assert_eq!(cpu_seconds("# EOF\n"), None);
+        assert_eq!(value(page, CPU_METRIC), Some(12.34));
+        assert_eq!(value("# EOF\n", CPU_METRIC), None);
         assert_eq!(
-            cpu_seconds("prefix_index_process_cpu_seconds_total x\n"),
+            value("prefix_index_process_cpu_seconds_total x\n", CPU_METRIC),
             None
         );
     }

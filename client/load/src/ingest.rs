@@ -11,26 +11,37 @@
 //! time, so every round stores as much as the first. Every batch is encoded
 //! before the clock starts ([`plan`]: vLLM's msgpack, its required fields).
 //!
-//! **Path.** Each engine publishes from a thread of its own on a PUB
-//! socket of its own ([`publish`]); the server (in this process, or a
-//! `--server` told to subscribe) follows each engine as it follows vLLM:
-//! its libzmq I/O thread reads the sockets, and one thread per subscription
-//! decodes and applies. The clock runs from the moment every publisher
+//! **Path.** Each engine publishes on a PUB socket of its own under a
+//! topic of its own, from a thread of its own up to 8 engines, and from a
+//! thread per group of engines in a larger fleet ([`publish`]); the server
+//! (in this process, or a `--server` told to subscribe) follows each
+//! engine as it follows vLLM: its libzmq I/O thread reads the sockets, and
+//! its engine threads decode and apply. The clock runs from the moment every publisher
 //! starts to the first moment the server's counters show every batch
 //! applied: stored blocks per second, end to end.
 //!
 //! **Where the time goes.** CPU time over the same window, by thread: the
-//! server's subscription threads and its libzmq I/O thread; the publishing
-//! threads and the engines' libzmq I/O threads (each engine has a context,
-//! as a process, of its own). Then the same batches are decoded
+//! server's engine threads and its libzmq threads; the publishing threads
+//! and the engines' libzmq I/O threads (each group of engines has a
+//! context, as a process, of its own). Then the same batches are decoded
 //! (`prefix_events::decode_batch`) and applied
 //! (`prefix_server::apply_batch`) on one thread of this
 //! process with no socket in between: the rate the server's own work
 //! allows one core.
+//!
+//! **Checks.** The server's counters must show every batch applied, and
+//! after the run lookups of a sample of engines' last requests must match
+//! each engine's own cache. Against a `--server` with `--metrics`, the
+//! server's resident memory before the engines are subscribed and once it
+//! follows them, and its CPU time while nothing is published, say what a
+//! followed engine costs it.
 
+mod children;
 mod plan;
 mod publish;
 mod server;
+
+pub use children::{child_main, ChildArgs};
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,7 +63,7 @@ use crate::cpu;
 use crate::simulate::Release;
 use crate::workload::Request;
 use plan::{plan, Plan};
-use publish::{Engine, TOPIC};
+use publish::{layout, Group};
 use server::{split, thread_ids, Progress, Server, Split};
 
 /// The model every engine serves.
@@ -72,6 +83,112 @@ pub struct IngestConfig {
     /// The order in which each engine's cache releases a request's blocks
     /// (the order of its removals).
     pub release: Release,
+    /// Processes the engines publish from: this one (1), or that many
+    /// children ([`children`]).
+    pub publisher_processes: usize,
+    /// The trace's file, for the children to read.
+    pub trace: std::path::PathBuf,
+}
+
+/// The topic engine `pod` publishes under (llm-d's convention).
+fn topic(pod: &str) -> String {
+    format!("kv@{pod}@{MODEL}")
+}
+
+/// Where the engines publish from.
+enum Publishers {
+    /// Groups in this process.
+    Here(Vec<Group>),
+    /// Child processes, and the groups they make.
+    Children(Vec<children::Publisher>, usize),
+}
+
+impl Publishers {
+    /// Binds every engine's sockets, here or in children; returns each
+    /// engine's ends by index, and the groups they make.
+    fn bind(
+        plan: &Plan,
+        cfg: &IngestConfig,
+        prefix: &str,
+    ) -> anyhow::Result<(Publishers, Vec<publish::Ends>)> {
+        let n = plan.batches.len();
+        let mut ends = vec![None; n];
+        let publishers = if cfg.publisher_processes <= 1 {
+            let groups = layout(n);
+            let mut bound = Vec::with_capacity(groups);
+            for g in 0..groups {
+                let members: Vec<usize> = (g..n).step_by(groups).collect();
+                let topics = members
+                    .iter()
+                    .map(|&e| topic(&format!("{prefix}{e}")))
+                    .collect();
+                let batches = members.iter().map(|&e| plan.batches[e].clone()).collect();
+                let (group, got) = Group::bind(g, members.clone(), topics, batches)?;
+                for (e, end) in members.into_iter().zip(got) {
+                    ends[e] = Some(end);
+                }
+                bound.push(group);
+            }
+            Publishers::Here(bound)
+        } else {
+            let per = n.div_ceil(cfg.publisher_processes);
+            let mut children = Vec::new();
+            let mut groups = 0;
+            for from in (0..n).step_by(per.max(1)) {
+                let to = (from + per).min(n);
+                let (child, got) = children::Publisher::spawn(cfg, from, to, prefix)?;
+                for (e, end) in got {
+                    *ends.get_mut(e).context("an engine out of range")? = Some(end);
+                }
+                groups += layout(to - from);
+                children.push(child);
+            }
+            Publishers::Children(children, groups)
+        };
+        let ends = ends
+            .into_iter()
+            .map(|e| e.context("an engine no publisher bound"))
+            .collect::<anyhow::Result<_>>()?;
+        Ok((publishers, ends))
+    }
+
+    /// The groups the engines make (a thread and a context each).
+    fn groups(&self) -> usize {
+        match self {
+            Publishers::Here(groups) => groups.len(),
+            Publishers::Children(_, groups) => *groups,
+        }
+    }
+
+    /// Waits until `until` for every engine to have answered a replay.
+    fn answered(&mut self, until: Instant) {
+        match self {
+            Publishers::Here(groups) => {
+                while groups.iter().any(|g| g.unanswered().next().is_some())
+                    && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Publishers::Children(children, _) => {
+                for c in children {
+                    c.answered(until);
+                }
+            }
+        }
+    }
+
+    /// The children's CPU time so far (none for publishers in this
+    /// process, whose threads are read with the server's).
+    fn children_cpu(&self) -> Option<Duration> {
+        match self {
+            Publishers::Here(_) => None,
+            Publishers::Children(children, _) => children
+                .iter()
+                .map(|c| cpu::process(c.pid()).ok())
+                .sum::<Option<Duration>>(),
+        }
+    }
 }
 
 /// Where the events go.
@@ -149,6 +266,32 @@ pub struct Report {
     pub steal_cores: Option<f64>,
     /// The same batches decoded and applied on one thread, no sockets.
     pub in_process: InProcess,
+    /// Groups the engines were spread over (a thread and a libzmq context
+    /// each on the engines' side).
+    pub publisher_groups: usize,
+    /// Lookups of sampled engines' last requests after the run.
+    pub lookups_checked: usize,
+    /// Of which the server matched exactly what the engine's cache holds.
+    pub lookups_right: usize,
+    /// The server following the engines with nothing published (a
+    /// `--server` with `--metrics` only).
+    pub idle: Option<Idle>,
+}
+
+/// What following the engines costs the server while they publish
+/// nothing.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Idle {
+    /// The server's resident memory before the engines were subscribed.
+    pub resident_before_bytes: u64,
+    /// Once it followed every engine (connected, first replays done).
+    pub resident_following_bytes: u64,
+    /// The difference, per engine.
+    pub resident_per_engine_bytes: f64,
+    /// How long the CPU time below was measured.
+    pub seconds: f64,
+    /// Cores the server kept busy meanwhile.
+    pub cpu_cores: f64,
 }
 
 /// Decode and apply alone, on one thread.
@@ -166,39 +309,57 @@ pub struct InProcess {
 pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyhow::Result<Report> {
     let plan = plan(trace, cfg);
     let n = plan.batches.len();
+    // Each engine's publisher and replay sockets, the server's connection
+    // to each: more than a default soft limit of 1,024 allows a fleet.
+    prefix_server::raise_open_files(8 * n as u64 + 1_024)?;
     let before = thread_ids();
-    let mut engines = (0..n)
-        .map(|i| Engine::bind(i, plan.batches[i].clone()))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let remote = matches!(target, Target::Remote { .. });
+    let prefix = match remote {
+        true => format!("ingest-{}-e", std::process::id()),
+        false => "e".into(),
+    };
+    let pods: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    let (mut engines, ends) = Publishers::bind(&plan, cfg, &prefix)?;
     // The engines' libzmq threads exist now (a context starts them with
     // its first socket); the server's come later.
     let engine_threads: HashSet<i32> = thread_ids().difference(&before).copied().collect();
-    let remote = matches!(target, Target::Remote { .. });
-    let run_id = std::process::id();
-    let pods: Vec<String> = (0..n)
-        .map(|i| match remote {
-            true => format!("ingest-{run_id}-e{i}"),
-            false => format!("e{i}"),
-        })
-        .collect();
-    let subs: Vec<Subscription> = engines
-        .iter()
+    let subs: Vec<Subscription> = ends
+        .into_iter()
         .zip(&pods)
-        .map(|(e, pod)| Subscription {
-            pod: pod.clone(),
-            model: MODEL.into(),
-            endpoint: e.endpoint.clone(),
-            replay: Some(e.replay.clone()),
-            block_size: BLOCK_TOKENS as u32,
-            topic: TOPIC.into(),
-            media: vec!["GPU".into()],
+        .map(|(e, pod)| {
+            Ok(Subscription {
+                pod: pod.clone(),
+                model: MODEL.into(),
+                endpoint: e.endpoint,
+                replay: Some(e.replay),
+                block_size: BLOCK_TOKENS as u32,
+                topic: e.topic,
+                media: vec!["GPU".into()],
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
+    let resident_before = match &target {
+        Target::Remote {
+            metrics: Some(url), ..
+        } => {
+            let url = url.clone();
+            tokio::task::spawn_blocking(move || {
+                cpu::scrape_value(&url, cpu::RESIDENT_METRIC)
+                    .ok()
+                    .map(|b| b as u64)
+            })
+            .await?
+        }
+        _ => None,
+    };
     let (server, metrics) = match target {
         Target::Embedded => {
             let subscriptions = subs.clone();
-            let s = crate::embedded::server(1, move |c| c.engines.subscriptions = subscriptions)
-                .await?;
+            let s = crate::embedded::server(1, move |c| {
+                c.engines.max_engines = c.engines.max_engines.max(subscriptions.len());
+                c.engines.subscriptions = subscriptions;
+            })
+            .await?;
             (Server::Embedded(Box::new(s)), None)
         }
         Target::Remote { client, metrics } => {
@@ -226,7 +387,10 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
         &server,
         &pods,
         &engine_threads,
-        metrics,
+        Watch {
+            metrics,
+            resident_before,
+        },
         cfg,
     )
     .await;
@@ -242,43 +406,64 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
     report
 }
 
+/// What is read of a `--server` elsewhere: its metrics page, and its
+/// resident memory before the engines were subscribed.
+struct Watch {
+    metrics: Option<String>,
+    resident_before: Option<u64>,
+}
+
 /// Publishes everything and waits for the server to apply it.
 async fn measure(
     plan: &Plan,
-    engines: &mut [Engine],
+    engines: &mut Publishers,
     server: &Server,
     pods: &[String],
     engine_threads: &HashSet<i32>,
-    metrics: Option<String>,
+    watch: Watch,
     cfg: &IngestConfig,
 ) -> anyhow::Result<(Report, Vec<publish::Published>)> {
-    let until = Instant::now() + Duration::from_secs(10);
+    let Watch {
+        metrics,
+        resident_before,
+    } = watch;
+    // Connecting takes longer the more engines there are.
+    let allowed = Duration::from_secs(10) + Duration::from_millis(pods.len() as u64);
+    let until = Instant::now() + allowed;
     while !server.progress(pods).await?.iter().all(|p| p.connected) {
         if Instant::now() > until {
-            anyhow::bail!("the server did not connect to every engine within 10 s");
+            anyhow::bail!("the server did not connect to every engine within {allowed:?}");
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // A server that can replay asks for the engine's recent past when it
     // connects (nothing yet): let that end before the run, as it would
     // long before an engine's busy hour.
-    let until = Instant::now() + Duration::from_secs(2);
-    while engines.iter().any(|e| e.replays_answered() == 0) && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let until = Instant::now() + Duration::from_secs(2) + Duration::from_millis(pods.len() as u64);
+    tokio::task::block_in_place(|| engines.answered(until));
     // A subscription reaches the publisher just after the connection, and
     // the end of the replay the server just after it is sent: batches
     // published before would be lost to the server (and then replayed,
     // which the report would show).
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let idle = match (&metrics, resident_before) {
+        (Some(url), Some(before)) => idle(url, before, pods.len()).await,
+        _ => None,
+    };
     let base = server.progress(pods).await?;
-    let start = Arc::new(Barrier::new(engines.len() + 1));
     let release = Arc::new(AtomicBool::new(false));
-    let threads = engines
-        .iter_mut()
-        .enumerate()
-        .map(|(i, e)| e.start(i, start.clone(), release.clone()))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (start, threads) = match engines {
+        Publishers::Here(groups) => {
+            let start = Arc::new(Barrier::new(groups.len() + 1));
+            let threads = groups
+                .iter_mut()
+                .enumerate()
+                .map(|(i, e)| e.start(i, start.clone(), release.clone()))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            (Some(start), threads)
+        }
+        Publishers::Children(..) => (None, Vec::new()),
+    };
     let scrape = |url: Option<String>| async move {
         match url {
             Some(u) => tokio::task::spawn_blocking(move || cpu::scrape(&u).ok())
@@ -290,13 +475,27 @@ async fn measure(
     };
     let server_before = scrape(metrics.clone()).await;
     let (before, steal_before) = (cpu::threads(), cpu::steal());
-    tokio::task::block_in_place(|| start.wait());
+    let children_before = engines.children_cpu();
+    match (&start, &mut *engines) {
+        (Some(start), _) => {
+            tokio::task::block_in_place(|| start.wait());
+        }
+        (None, Publishers::Children(children, _)) => {
+            for c in children.iter_mut() {
+                c.start()?;
+            }
+        }
+        (None, Publishers::Here(_)) => {}
+    }
     let t0 = Instant::now();
     let want: Vec<u64> = plan.batches.iter().map(|b| b.len() as u64).collect();
+    // Each look lists every engine: a fleet's list is looked at less often,
+    // or the looking would be what the server spends its time on.
     let poll = match server {
         Server::Embedded(_) => Duration::from_millis(1),
         Server::Remote(_) => Duration::from_millis(10),
-    };
+    }
+    .max(Duration::from_micros(20 * pods.len() as u64));
     let mut last;
     let complete = loop {
         last = server.progress(pods).await?;
@@ -310,6 +509,7 @@ async fn measure(
     };
     let seconds = t0.elapsed().as_secs_f64();
     let (after, steal_after) = (cpu::threads(), cpu::steal());
+    let children_after = engines.children_cpu();
     let server_after = scrape(metrics.clone()).await;
     // Relaxed: a release flag; the joins below order the rest.
     release.store(true, Ordering::Relaxed);
@@ -322,10 +522,20 @@ async fn measure(
             })
             .collect::<anyhow::Result<Vec<_>>>()
     })?;
-    let publish_seconds = published
+    let mut publish_seconds = published
         .iter()
         .map(|p| p.done.saturating_duration_since(t0).as_secs_f64())
         .fold(0.0, f64::max);
+    if let Publishers::Children(children, _) = engines {
+        for c in children.iter_mut() {
+            let left = cfg.timeout.saturating_sub(t0.elapsed()) + Duration::from_secs(5);
+            publish_seconds = publish_seconds.max(c.published(left)?);
+        }
+    }
+    let children_cpu = match (children_before, children_after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+        _ => None,
+    };
     // Counts of the run alone (the server's replay on connecting is not).
     let sum = |f: fn(&Progress) -> u64| {
         let total = |p: &[Progress]| p.iter().map(f).sum::<u64>();
@@ -352,8 +562,13 @@ async fn measure(
         _ => None,
     };
     let own = |f: fn(&Split) -> Duration| used.filter(|_| in_here).map(|u| cores(f(&u)));
+    let (lookups_checked, lookups_right) = server.check(&plan.checks, pods).await?;
     let report = Report {
-        engines: engines.len(),
+        engines: pods.len(),
+        publisher_groups: engines.groups(),
+        lookups_checked,
+        lookups_right,
+        idle,
         batches: want.iter().sum(),
         events: plan.events,
         blocks_stored: plan.stored,
@@ -375,8 +590,8 @@ async fn measure(
         server_zmq_cpu_cores: own(|u| u.server_zmq),
         server_runtime_cpu_cores: own(|u| u.server_runtime),
         server_cpu_us_per_block: server_cpu.map(per_block),
-        publisher_cpu_cores: used.map(|u| cores(u.publishers)),
-        publisher_cpu_us_per_block: used.map(|u| per_block(u.publishers)),
+        publisher_cpu_cores: children_cpu.or(used.map(|u| u.publishers)).map(cores),
+        publisher_cpu_us_per_block: children_cpu.or(used.map(|u| u.publishers)).map(per_block),
         encode_us_per_block: per_block(plan.encoding),
         steal_cores: match (steal_before, steal_after) {
             (Some(b), Some(a)) => Some(cores(a.saturating_sub(b))),
@@ -388,11 +603,40 @@ async fn measure(
     Ok((report, published))
 }
 
+/// How long the server is watched following engines that publish nothing.
+const IDLE: Duration = Duration::from_secs(5);
+
+/// The server's memory now against `before`, and its CPU time over
+/// [`IDLE`], while it follows `engines` that publish nothing.
+async fn idle(url: &str, before: u64, engines: usize) -> Option<Idle> {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || {
+        let resident = cpu::scrape_value(&url, cpu::RESIDENT_METRIC).ok()? as u64;
+        let (cpu0, t0) = (cpu::scrape(&url).ok()?, Instant::now());
+        std::thread::sleep(IDLE);
+        let (cpu1, seconds) = (cpu::scrape(&url).ok()?, t0.elapsed().as_secs_f64());
+        Some(Idle {
+            resident_before_bytes: before,
+            resident_following_bytes: resident,
+            resident_per_engine_bytes: resident.saturating_sub(before) as f64
+                / engines.max(1) as f64,
+            seconds,
+            cpu_cores: cpu1.saturating_sub(cpu0).as_secs_f64() / seconds,
+        })
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 /// Decodes and applies every batch on this thread, into a fresh index
 /// configured as the server's, in the order the engines published them
 /// (round-robin over engines).
 fn in_process(plan: &Plan, subs: &[Subscription]) -> anyhow::Result<InProcess> {
-    let index = Index::new(IndexConfig::default());
+    let index = Index::new(IndexConfig {
+        max_pods: u32::try_from(subs.len())?.max(IndexConfig::default().max_pods),
+        ..IndexConfig::default()
+    });
     let spec = EngineSpec {
         engine_block: BLOCK_TOKENS as u32,
         our_block: BLOCK_TOKENS as u32,
@@ -452,7 +696,7 @@ pub fn print(r: &Report, cfg: &IngestConfig, trace_len: usize, target: &str) {
         r.publish_seconds
     );
     println!(
-        "server CPU    {} cores (subscription threads {}, libzmq {}, runtime {}), {} µs per stored block",
+        "server CPU    {} cores (engine threads {}, libzmq {}, runtime {}), {} µs per stored block",
         opt(r.server_cpu_cores, 2),
         opt(r.subscription_cpu_cores, 2),
         opt(r.server_zmq_cpu_cores, 2),
@@ -468,6 +712,20 @@ pub fn print(r: &Report, cfg: &IngestConfig, trace_len: usize, target: &str) {
     println!(
         "in process    decode {:.2} + apply {:.2} µs per stored block on one thread: {:.0} stored blocks/s",
         r.in_process.decode_us_per_block, r.in_process.apply_us_per_block, r.in_process.stored_blocks_per_sec
+    );
+    if let Some(i) = &r.idle {
+        println!(
+            "idle          resident {:.1} MB before the engines, {:.1} MB following them: {:.1} KB per engine; {:.3} cores over {:.1} s with nothing published",
+            i.resident_before_bytes as f64 / 1e6,
+            i.resident_following_bytes as f64 / 1e6,
+            i.resident_per_engine_bytes / 1e3,
+            i.cpu_cores,
+            i.seconds
+        );
+    }
+    println!(
+        "lookups       {} of {} sampled engines' last requests matched their caches; engines in {} publishing groups",
+        r.lookups_right, r.lookups_checked, r.publisher_groups
     );
     println!(
         "checks        server counted {} stored, {} removed; replays {}, resyncs {}, orphaned {}, decode errors {}; steal {} cores",
@@ -493,6 +751,8 @@ mod tests {
             rounds: 1,
             timeout: Duration::from_secs(1),
             release: Release::TailFirst,
+            publisher_processes: 1,
+            trace: Default::default(),
         };
         let p = plan(&plan::tests::trace(), &cfg);
         let subs: Vec<Subscription> = (0..2)
@@ -502,7 +762,7 @@ mod tests {
                 endpoint: "tcp://127.0.0.1:1".into(),
                 replay: None,
                 block_size: BLOCK_TOKENS as u32,
-                topic: TOPIC.into(),
+                topic: "kv".into(),
                 media: vec!["GPU".into()],
             })
             .collect();
@@ -511,16 +771,19 @@ mod tests {
     }
 
     /// End to end on loopback through libzmq: a server in this process
-    /// follows three engines and applies every batch, with no replay,
-    /// resync or orphan.
+    /// follows twelve engines (in eight publishing groups) and applies
+    /// every batch, with no replay, resync or orphan; lookups match the
+    /// engines' caches.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_server_in_this_process_applies_every_published_batch() {
         let cfg = IngestConfig {
-            engines: 3,
+            engines: 12,
             capacity: 40,
             rounds: 2,
             timeout: Duration::from_secs(60),
             release: Release::InOrder,
+            publisher_processes: 1,
+            trace: Default::default(),
         };
         let r = run(&plan::tests::trace(), &cfg, Target::Embedded)
             .await
@@ -534,5 +797,8 @@ mod tests {
             "{r:?}"
         );
         assert!(r.stored_blocks_per_sec > 0.0);
+        assert_eq!(r.publisher_groups, 8);
+        assert!(r.lookups_checked >= 12, "{r:?}");
+        assert_eq!(r.lookups_right, r.lookups_checked, "{r:?}");
     }
 }

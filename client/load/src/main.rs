@@ -57,6 +57,7 @@ fn main() -> anyhow::Result<()> {
         None => rt.block_on(load_main(cli.load)),
         Some(Command::Simulate(a)) => rt.block_on(simulate_main(a)),
         Some(Command::Events(a)) => rt.block_on(events_main(a)),
+        Some(Command::PublishEngines(a)) => ingest::child_main(a),
         Some(Command::Replicas(a)) => {
             let plan = replicas::Plan {
                 counts: a.counts,
@@ -426,11 +427,13 @@ async fn events_main(a: EventsArgs) -> anyhow::Result<()> {
         rounds: a.rounds.into(),
         timeout: a.timeout,
         release: a.release,
+        publisher_processes: a.publisher_processes.into(),
+        trace: path.clone(),
     };
     let (target, name) = match a.server {
         None => (
             ingest::Target::Embedded,
-            "server in this process (its own runtime, one thread per subscription)".to_string(),
+            "server in this process (its own runtime and engine threads)".to_string(),
         ),
         Some(addr) => {
             let cfg = ClientConfig {
@@ -456,6 +459,13 @@ async fn events_main(a: EventsArgs) -> anyhow::Result<()> {
         anyhow::bail!(
             "the server had not applied every batch after {:?}",
             a.timeout
+        );
+    }
+    if report.lookups_right < report.lookups_checked {
+        anyhow::bail!(
+            "the server matched {} of {} sampled engines' caches",
+            report.lookups_right,
+            report.lookups_checked
         );
     }
     Ok(())

@@ -207,6 +207,13 @@ fn views_say_how_far_each_answer_holds() {
     assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Learning));
     index.set_view("pod", View::Disconnected);
     assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Disconnected));
+    // Set with others in one step, the last of a pod's views holds.
+    index.set_views([
+        ("pod", View::Replaying),
+        ("other", View::Learning),
+        ("pod", View::Learning),
+    ]);
+    assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Learning));
     index.set_view("pod", View::Exact);
     // A gateway's insert past the engine's blocks: speculative until the
     // engine confirms it.

@@ -402,3 +402,34 @@ fn an_insert_from_a_depth_holds_those_blocks_alone_and_keeps_the_others() {
     // The pod's entries count as its blocks, no more.
     assert_eq!(index.sh.pods.blocks(a), 5);
 }
+
+/// Pods registered in one step are what registering each makes: each
+/// named and ranked (lookups name them, in name order), the repeated ones
+/// once; past the last slot the step stops with the error, keeping those
+/// before it.
+#[test]
+fn pods_registered_at_once_are_as_if_registered_each() {
+    use crate::error::PodError;
+    let index = Index::new(IndexConfig {
+        max_pods: 3,
+        ..IndexConfig::default()
+    });
+    index.register_pods(["c", "a", "c"]).unwrap();
+    index.register_pods(["a"]).unwrap();
+    assert_eq!(index.stats().pods, 2);
+    for pod in ["c", "a"] {
+        index.insert("m", &[1, 2], pod, T0).unwrap();
+    }
+    let got = index.lookup("m", &[1, 2], None, T0);
+    assert_eq!(got, [("a".to_string(), 2), ("c".to_string(), 2)]);
+    assert!(matches!(
+        index.register_pods(["b", "d", "e"]),
+        Err(PodError::TooManyPods { max: 3 })
+    ));
+    assert_eq!(index.stats().pods, 3);
+    index.insert("m", &[1], "b", T0).unwrap();
+    assert!(matches!(
+        index.register_pods(["x\0y"]),
+        Err(PodError::Reserved)
+    ));
+}

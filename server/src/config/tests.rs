@@ -193,6 +193,8 @@ fn everything_changed() -> ServerConfig {
                 max_tokens: 31,
             },
             max_engines: 27,
+            threads: 3,
+            max_replays: 5,
             max_message_bytes: 2048,
             max_queued_messages: 28,
             poll: Duration::from_millis(50),

@@ -34,11 +34,13 @@ struct Pod {
 /// The bound socket and what it has met.
 pub(super) struct Collector {
     engines: Arc<Engines>,
-    socket: zmq::Socket,
+    socket: super::sockets::Socket,
     /// Answers libzmq's questions about each connection to `socket`
     /// (`admission`): served by the collector's own thread, between bursts.
-    zap: zmq::Socket,
+    zap: super::sockets::Socket,
     pods: HashMap<String, Pod>,
+    /// Views changed since the index was last given them.
+    views: super::view::Pending,
 }
 
 impl Collector {
@@ -49,11 +51,11 @@ impl Collector {
     /// are admitted by the ZAP handler, bound first so that none comes
     /// before it.
     pub(super) fn bind(engines: Arc<Engines>, endpoint: &str) -> Result<Collector, StartError> {
-        let bind = || -> Result<(zmq::Socket, zmq::Socket), zmq::Error> {
+        let bind = || -> Result<(super::sockets::Socket, super::sockets::Socket), zmq::Error> {
             let zap = engines.ctx.socket(zmq::REP)?;
             zap.set_linger(0)?;
             zap.bind(admission::ENDPOINT)?;
-            let socket = super::task::bounded(&engines.ctx, zmq::SUB, &engines.cfg)?;
+            let socket = super::sockets::bounded(&engines.ctx, zmq::SUB, &engines.cfg)?;
             socket.set_zap_domain(admission::DOMAIN)?;
             socket.set_subscribe(b"")?;
             socket.bind(endpoint)?;
@@ -71,6 +73,7 @@ impl Collector {
             socket,
             zap,
             pods: HashMap::new(),
+            views: Default::default(),
         })
     }
 
@@ -99,9 +102,9 @@ impl Collector {
                     // Views change with time too (a learning period ends).
                     let period = self.engines.cfg.learning_period;
                     for p in self.pods.values() {
-                        p.stats
-                            .publish_view(&self.engines.index, &p.sub.pod, period);
+                        self.views.note(&p.sub.pod, &p.stats, period);
                     }
+                    self.views.flush(&self.engines.index);
                     continue;
                 }
                 Ok(_) => {}
@@ -113,12 +116,13 @@ impl Collector {
             }
             // A burst at a time: the stop signal and the ZAP handler are
             // looked at between bursts.
-            for _ in 0..super::task::BURST {
+            for _ in 0..super::shard::BURST {
                 let Some((frames, origin)) = self.receive() else {
                     break;
                 };
                 self.message(&frames, origin.as_deref(), &mut actions);
             }
+            self.views.flush(&self.engines.index);
         }
         for pod in self.pods.values() {
             pod.stats.set_connected(false);
@@ -220,8 +224,7 @@ impl Collector {
                 // answers cannot be vouched for until its address speaks.
                 p.stats.set_connected(false);
                 let period = self.engines.cfg.learning_period;
-                p.stats
-                    .publish_view(&self.engines.index, &p.sub.pod, period);
+                self.views.note(&p.sub.pod, &p.stats, period);
                 return;
             }
         }
@@ -269,8 +272,7 @@ impl Collector {
             }
         }
         let period = self.engines.cfg.learning_period;
-        p.stats
-            .publish_view(&self.engines.index, &p.sub.pod, period);
+        self.views.note(&p.sub.pod, &p.stats, period);
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {

@@ -50,6 +50,15 @@ pub struct EngineSettings {
     /// or met through --engine-listen).
     #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
     pub max_engines: Option<usize>,
+    /// Threads that follow the engines, each polling its share of their
+    /// sockets.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_THREADS")]
+    pub engine_threads: Option<usize>,
+    /// Most replays under way at once, over all engines; each holds a
+    /// socket and a connection to its engine while it runs, and a replay
+    /// past the bound waits for one to end.
+    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_REPLAYS")]
+    pub max_engine_replays: Option<usize>,
     /// How long a replay may take before the pod is cleared and learnt
     /// again instead.
     #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
@@ -78,11 +87,11 @@ pub struct EngineSettings {
     /// that sends a larger one (the gap is then replayed or resynced).
     #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
     pub max_event_bytes: Option<usize>,
-    /// Engine messages buffered per socket while its thread is busy; past
-    /// it libzmq drops them (a gap, replayed or resynced).
+    /// Engine messages buffered per engine connection while its thread is
+    /// busy; past it libzmq drops them (a gap, replayed or resynced).
     #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
     pub max_queued_events: Option<usize>,
-    /// How often an engine's thread wakes when nothing arrives, to notice
+    /// How often each engine thread wakes when nothing arrives, to notice
     /// the shutdown and a replay's deadline.
     #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
     pub engine_poll: Option<HumanDuration>,
@@ -126,16 +135,23 @@ pub struct EngineConfig {
     /// Most engine subscriptions (configured, added at run time and met by
     /// the central collector).
     pub max_engines: usize,
+    /// Threads following the subscriptions (`shard`), each polling its
+    /// share of their sockets.
+    pub threads: usize,
+    /// Most replays under way at once over all subscriptions, each with a
+    /// socket of its own while it runs.
+    pub max_replays: usize,
     /// Largest event message accepted, in bytes: libzmq drops a connection
     /// that sends a larger one.
     pub max_message_bytes: usize,
-    /// Messages libzmq buffers per engine socket while its thread is busy
-    /// (its receive high-water mark); past it libzmq drops them (a gap).
+    /// Messages libzmq buffers per engine connection while its thread is
+    /// busy (its receive high-water mark); past it libzmq drops them (a
+    /// gap).
     /// An engine's buffered bytes are at most this times
     /// `max_message_bytes`.
     pub max_queued_messages: usize,
-    /// How long an engine's thread waits for a message before it looks at
-    /// the shutdown and its replay's deadline again.
+    /// How long an engine thread waits for a message before it looks at
+    /// the shutdown and its replays' deadlines again.
     pub poll: Duration,
     /// How long a pod's view stays "learning" when nothing proves it exact
     /// sooner (`super::view`).
@@ -167,6 +183,13 @@ impl Default for EngineConfig {
             max_held_bytes: 256 << 20,
             decode: prefix_events::DecodeLimits::default(),
             max_engines: 1_024,
+            // Decoding and applying take one core at most a few engines'
+            // worth of batches each; two threads keep up with a busy fleet
+            // on a small machine and leave the rest to lookups.
+            threads: 2,
+            // A replay is asked on every (re)connection: a fleet starting
+            // at once asks thousands, answered this many at a time.
+            max_replays: 64,
             // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
             // 0.5 MiB; 4 MiB leaves room for steps of many requests.
             max_message_bytes: 4 << 20,
@@ -174,9 +197,9 @@ impl Default for EngineConfig {
             // with the message bound, at most 4 GiB from a hostile peer,
             // a few MiB from a real one.
             max_queued_messages: 1_000,
-            // A stopped server waits at most this for each engine's thread,
-            // and a replay's deadline is kept to within it; more often costs
-            // wake-ups on every idle engine.
+            // A stopped server waits at most this for its engine threads,
+            // and a replay's deadline is kept to within it; idle engines
+            // cost no wake-ups of their own.
             poll: Duration::from_millis(100),
             // A busy engine's GPU cache (tens of thousands of blocks)
             // turns over within minutes; an idle one's may not, and its
@@ -203,12 +226,19 @@ impl EngineConfig {
     /// Checks every value's range, and that the engines' block sizes fit
     /// the gateways' within `max_ratio` (the index's `max_block_ratio`).
     pub fn validate(&self, max_ratio: u32) -> Result<(), ConfigError> {
-        if self.token_block == 0 || self.max_held_batches == 0 || self.max_engines == 0 {
+        if self.token_block == 0
+            || self.max_held_batches == 0
+            || self.max_engines == 0
+            || self.max_replays == 0
+        {
             return invalid(
-                "token-block/max-held-batches/max-engines",
+                "token-block/max-held-batches/max-engines/max-engine-replays",
                 &0,
                 "must be at least 1",
             );
+        }
+        if self.threads == 0 || self.threads > 64 {
+            return invalid("engine-threads", &self.threads, "must be 1 to 64");
         }
         if self.replay_timeout.is_zero() {
             return invalid("replay-timeout", &"0s", "must be positive");
@@ -303,6 +333,8 @@ impl EngineSettings {
                 max_tokens: self.max_event_tokens.unwrap_or(d.decode.max_tokens),
             },
             max_engines: self.max_engines.unwrap_or(d.max_engines),
+            threads: self.engine_threads.unwrap_or(d.threads),
+            max_replays: self.max_engine_replays.unwrap_or(d.max_replays),
             max_message_bytes: self.max_event_bytes.unwrap_or(d.max_message_bytes),
             max_queued_messages: self.max_queued_events.unwrap_or(d.max_queued_messages),
             poll: duration(self.engine_poll, d.poll),
@@ -322,6 +354,8 @@ impl From<&EngineConfig> for EngineSettings {
             engine_block_size: Some(c.central_block_size),
             token_block: Some(c.token_block),
             max_engines: Some(c.max_engines),
+            engine_threads: Some(c.threads),
+            max_engine_replays: Some(c.max_replays),
             replay_timeout: Some(HumanDuration(c.replay_timeout)),
             max_held_batches: Some(c.max_held_batches),
             max_held_bytes: Some(c.max_held_bytes),

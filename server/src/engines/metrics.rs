@@ -34,6 +34,11 @@ struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct State {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct PodReason {
     pod: String,
     reason: &'static str,
@@ -165,6 +170,30 @@ impl Collector for EngineCollector {
             };
             ConstCounter::new(engines.refused(why)).encode(family.encode_family(&labels)?)?;
         }
+        let standing = engines.standing(0);
+        let mut family = encoder.encode_descriptor(
+            "engine_subscriptions",
+            "Engines followed, by state: connected, disconnected, failing (its socket could not be opened or connected; the reason is the pod's last_error in list-engines)",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        let disconnected = standing.followed - standing.connected - standing.failing;
+        for (state, n) in [
+            ("connected", standing.connected),
+            ("disconnected", disconnected),
+            ("failing", standing.failing),
+        ] {
+            let labels = State { state };
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let running = ConstGauge::new(engines.replays_running() as i64);
+        let family = encoder.encode_descriptor(
+            "engine_replays_running",
+            "Replays under way now, each with a socket of its own (at most --max-engine-replays)",
+            None,
+            running.metric_type(),
+        )?;
+        running.encode(family)?;
         let all = engines.stats();
         for (name, help, read) in COUNTERS {
             let mut family = encoder.encode_descriptor(

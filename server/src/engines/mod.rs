@@ -5,16 +5,18 @@
 //! its optional replay (ROUTER) endpoint and its block size. The server
 //! subscribes once; every gateway reads the same exact view. Subscriptions
 //! come from the configuration and, at run time, from the `subscribe` and
-//! `unsubscribe` ops of writer clients; [`Engines`] runs one task per
-//! subscription (`task`) and, optionally, the central collector: one bound
-//! SUB socket that engines connect to, the topic `kv@<pod>@<model>` naming
-//! the pod (`central`).
+//! `unsubscribe` ops of writer clients. [`Engines`] hands each subscription
+//! to one of a few threads (`shard`), each following many engines through
+//! shared sockets, with a `session` per engine; and it runs, optionally,
+//! the central collector: one bound SUB socket that engines connect to,
+//! the topic `kv@<pod>@<model>` naming the pod (`central`). Both take their
+//! sockets from one libzmq context sized for `max-engines` (`sockets`).
 //!
 //! Layering: `prefix-events` decodes frames and payloads, and its `follow`
 //! decides what sequence numbers mean (apply, replay, resync); [`apply`]
 //! turns a batch into index operations, with [`identity`] folding each
-//! stored block's identity into its seeds; only `task` and `central` touch
-//! sockets.
+//! stored block's identity into its seeds; only `shard` and `central`
+//! touch sockets.
 
 mod admission;
 pub mod apply;
@@ -26,8 +28,10 @@ pub mod kept;
 pub mod metrics;
 #[cfg(test)]
 mod model_tests;
+mod session;
+mod shard;
+mod sockets;
 mod stats;
-mod task;
 mod view;
 pub(crate) mod wire;
 
@@ -44,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use admission::{Allow, Refusal};
 pub use config::{EngineConfig, EngineSettings};
+pub use sockets::THREADS as ZMQ_THREADS;
 pub use stats::SubStats;
 
 /// What a subscription's follower has seen, for `list-engines`: the
@@ -77,7 +82,7 @@ pub enum SubscribeError {
         /// The configured bound.
         max: usize,
     },
-    /// The subscription's thread could not start.
+    /// The engine threads could not start.
     #[error("cannot start an engine thread: {0}")]
     Thread(String),
 }
@@ -85,8 +90,12 @@ pub enum SubscribeError {
 /// The engine subscriptions of one server: their threads and their state.
 pub struct Engines {
     index: Arc<Index>,
-    cfg: EngineConfig,
-    ctx: zmq::Context,
+    cfg: Arc<EngineConfig>,
+    ctx: sockets::Context,
+    /// The threads following subscriptions, started with the first one.
+    shards: Mutex<Vec<shard::Handle>>,
+    /// Replays under way, over all shards.
+    replays: Arc<shard::Replays>,
     running: Mutex<BTreeMap<String, Running>>,
     /// Pods taken out of `running` whose engine state is being dropped:
     /// the central collector does not meet them again meanwhile (it would
@@ -126,14 +135,14 @@ struct Running {
     sub: Subscription,
     stats: Arc<SubStats>,
     stop: CancellationToken,
-    /// Disconnects when the subscription's thread has ended (its sender is
-    /// dropped with the thread's closure); none for the central collector's
-    /// pods, which have no thread of their own.
+    /// Disconnects when the subscription's session has been dropped by its
+    /// shard (its sender goes with it); none for the central collector's
+    /// pods, which have no session.
     exited: Option<std::sync::mpsc::Receiver<()>>,
 }
 
-/// Stack of a subscription thread: it decodes and applies one batch at a
-/// time, with no deep recursion anywhere.
+/// Stack of an engine thread: it decodes and applies one batch at a time,
+/// with no deep recursion anywhere.
 const STACK_BYTES: usize = 512 << 10;
 
 impl Engines {
@@ -145,12 +154,16 @@ impl Engines {
         cfg: EngineConfig,
         shutdown: CancellationToken,
         kept: Option<PathBuf>,
-    ) -> Arc<Engines> {
+    ) -> Result<Arc<Engines>, StartError> {
         let configured = cfg.subscriptions.iter().map(|s| s.pod.clone()).collect();
-        Arc::new(Engines {
+        let ctx = sockets::Context::new(sockets::max_sockets(&cfg))
+            .map_err(|e| StartError::Context(e.to_string()))?;
+        Ok(Arc::new(Engines {
             index,
-            cfg,
-            ctx: zmq::Context::new(),
+            cfg: Arc::new(cfg),
+            ctx,
+            shards: Mutex::default(),
+            replays: Arc::default(),
             running: Mutex::new(BTreeMap::new()),
             leaving: Mutex::default(),
             threads: Mutex::new(Vec::new()),
@@ -160,7 +173,7 @@ impl Engines {
             stray_logged: Mutex::new(None),
             refusals: Default::default(),
             keeper: Mutex::new(kept::Keeper::new(kept, configured)),
-        })
+        }))
     }
 
     fn spawn(&self, name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
@@ -214,8 +227,7 @@ impl Engines {
         self.start_following(sub)
     }
 
-    /// Starts a thread following `sub`, replacing a subscription of the
-    /// same pod.
+    /// Hands `sub` to its shard, replacing a subscription of the same pod.
     fn start_following(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
         let mut running = self.running.lock();
         if !running.contains_key(&sub.pod) && running.len() >= self.cfg.max_engines {
@@ -231,44 +243,76 @@ impl Engines {
                 source,
             })?;
         if let Some(old) = running.remove(&sub.pod) {
-            // The old thread applies to the same engine state: it must be
+            // The old session applies to the same engine state: it must be
             // gone before the new one reads where to resume, or a batch in
-            // its hands would be applied twice. It notices within a poll.
+            // its hands would be applied twice.
             old.stop.cancel();
             if let Some(exited) = old.exited {
+                self.shard_of(&sub.pod, |s| {
+                    s.send(shard::Command::Remove(sub.pod.clone()))
+                })?;
                 let _ = exited.recv_timeout(std::time::Duration::from_secs(5));
             }
         }
         let stats = Arc::new(SubStats::default());
         let stop = self.shutdown.child_token();
         let (alive, exited) = std::sync::mpsc::channel::<()>();
+        let env = session::Env {
+            index: self.index.clone(),
+            cfg: self.cfg.clone(),
+        };
+        let session = session::Session::new(
+            &env,
+            sub.clone(),
+            engine,
+            stats.clone(),
+            stop.clone(),
+            alive,
+        );
+        let pod = sub.pod.clone();
+        self.shard_of(&pod, |s| s.send(shard::Command::Add(Box::new(session))))?;
         running.insert(
-            sub.pod.clone(),
+            pod,
             Running {
-                sub: sub.clone(),
-                stats: stats.clone(),
-                stop: stop.clone(),
+                sub,
+                stats,
+                stop,
                 exited: Some(exited),
             },
         );
-        let name = format!("engine-{}", sub.pod);
-        let task = task::Task {
-            index: self.index.clone(),
-            sub,
-            engine,
-            stats,
-            cfg: self.cfg.clone(),
-            ctx: self.ctx.clone(),
-        };
-        let pod = task.sub.pod.clone();
-        let run = move || {
-            let _alive = alive;
-            task.run(stop);
-        };
-        self.spawn(name, run).map_err(|e| {
-            running.remove(&pod);
-            SubscribeError::Thread(e.to_string())
-        })
+        Ok(())
+    }
+
+    /// Runs `f` on the shard that follows `pod` (the same one for a pod
+    /// always), starting the shards first if none runs yet.
+    fn shard_of(
+        &self,
+        pod: &str,
+        f: impl FnOnce(&shard::Handle) -> bool,
+    ) -> Result<(), SubscribeError> {
+        let mut shards = self.shards.lock();
+        if shards.is_empty() {
+            for i in 0..self.cfg.threads {
+                let env = session::Env {
+                    index: self.index.clone(),
+                    cfg: self.cfg.clone(),
+                };
+                let (shard, handle) =
+                    shard::Shard::new(env, self.ctx.clone(), self.replays.clone())
+                        .map_err(|e| SubscribeError::Thread(e.to_string()))?;
+                let stop = self.shutdown.clone();
+                self.spawn(format!("engine-shard-{i}"), move || shard.run(stop))
+                    .map_err(|e| SubscribeError::Thread(e.to_string()))?;
+                shards.push(handle);
+            }
+        }
+        let i = (xxhash_rust::xxh3::xxh3_64(pod.as_bytes()) % shards.len() as u64) as usize;
+        match f(&shards[i]) {
+            true => Ok(()),
+            false => Err(SubscribeError::Thread(
+                "the engine threads have stopped".into(),
+            )),
+        }
     }
 
     /// Stops following `pod`'s engine and drops what it knew (the pod is
@@ -293,6 +337,10 @@ impl Engines {
         };
         let leaving = Leaving { engines: self, pod };
         old.stop.cancel();
+        if old.exited.is_some() {
+            // Its shard drops it now rather than at its next look.
+            let _ = self.shard_of(pod, |s| s.send(shard::Command::Remove(pod.into())));
+        }
         // Waits for a batch being applied, or a snapshot reading the engine,
         // to end; `running` is free meanwhile, for lists and metrics.
         self.index.drop_engine_pod(pod);
@@ -306,6 +354,32 @@ impl Engines {
             .values()
             .map(|r| (r.sub.clone(), r.stats.state()))
             .collect()
+    }
+
+    /// How the followed engines stand, naming up to `named` of those not
+    /// connected.
+    pub fn standing(&self, named: usize) -> Standing {
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut st = Standing::default();
+        for (pod, r) in self.running.lock().iter() {
+            st.followed += 1;
+            // Relaxed (both): statistics.
+            if r.stats.unfollowed.load(Relaxed) {
+                st.failing += 1;
+            } else if r.stats.connected.load(Relaxed) {
+                st.connected += 1;
+                continue;
+            }
+            if st.down.len() < named {
+                st.down.push((pod.clone(), r.stats.state().last_error));
+            }
+        }
+        st
+    }
+
+    /// Replays under way now, over all subscriptions.
+    pub fn replays_running(&self) -> usize {
+        self.replays.running()
     }
 
     /// Every subscription's counters, for metrics.
@@ -323,6 +397,14 @@ impl Engines {
     /// update them (unless the central collector runs: it may meet them).
     pub fn start(self: &Arc<Self>) -> Result<(), StartError> {
         let kept = self.keeper.lock().kept(crate::clock::now_ms()).clone();
+        // Their pods in one step: one at a time, a fleet of thousands
+        // would copy the pod registry thousands of times. A pod refused
+        // here is refused again, with its subscription named, below.
+        let pods = self.cfg.subscriptions.iter().map(|s| &*s.pod);
+        let pods = pods.filter(|p| !kept.unsubscribed.contains(*p));
+        let _ = self
+            .index
+            .register_pods(pods.chain(kept.subscribed.keys().map(|p| &**p)));
         for sub in self.cfg.subscriptions.clone() {
             // A configured pod unsubscribed at run time stays unfollowed.
             if !kept.unsubscribed.contains(&sub.pod) {
@@ -468,12 +550,53 @@ impl Engines {
     }
 }
 
+/// How the followed engines stand (see [`Engines::standing`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Standing {
+    /// Subscriptions, of every kind.
+    pub followed: usize,
+    /// Of which connected to their engine.
+    pub connected: usize,
+    /// Of which not followed at all: their socket could not be opened or
+    /// connected, and is tried again every second.
+    pub failing: usize,
+    /// Some of those not connected, by pod, with their last problem.
+    pub down: Vec<(String, Option<String>)>,
+}
+
+impl std::fmt::Display for Standing {
+    /// One line of counts, then a line per pod named.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let down = self.followed - self.connected;
+        write!(
+            f,
+            "engines: {} followed, {} connected, {} not ({} of them failing to open their socket)",
+            self.followed, self.connected, down, self.failing
+        )?;
+        for (pod, why) in &self.down {
+            let why = why.as_deref().unwrap_or("not connected yet");
+            write!(f, "\n  {pod}: {why}")?;
+        }
+        if down > self.down.len() {
+            write!(
+                f,
+                "\n  ... and {} more (list-engines)",
+                down - self.down.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Why precise mode could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
     /// A configured subscription was refused.
     #[error(transparent)]
     Subscription(#[from] SubscribeError),
+    /// libzmq's context could not be made.
+    #[error("engine sockets: {0}")]
+    Context(String),
     /// The central collector could not bind.
     #[error("engine-listen {endpoint}: {why}")]
     Bind {
@@ -502,7 +625,8 @@ mod tests {
             EngineConfig::default(),
             stop.clone(),
             Some(path.clone()),
-        );
+        )
+        .unwrap();
         engines.start().unwrap();
         // Nothing listens there: the subscription connects in the background.
         let sub: Subscription = "pod=p,model=m,endpoint=tcp://127.0.0.1:1".parse().unwrap();
@@ -542,7 +666,7 @@ mod tests {
             subscriptions: vec![sub.clone()],
             ..EngineConfig::default()
         };
-        let engines = Engines::new(index.clone(), cfg, stop.clone(), None);
+        let engines = Engines::new(index.clone(), cfg, stop.clone(), None).unwrap();
         // As a snapshot restores it, before `start`.
         index
             .engine("p", engines.spec(sub.block_size))
@@ -550,7 +674,7 @@ mod tests {
             .lock()
             .set_last_batch(Some((41, 7)));
         engines.start().unwrap();
-        // The subscription's thread sets it as it starts.
+        // Its session sets it as the subscription is handed to a shard.
         let mut last = None;
         for _ in 0..500 {
             last = engines.list()[0].1.last_seq;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prefix_index::{Applied, Index, View};
+use prefix_index::{Applied, View};
 use prefix_proto::EngineStatus;
 
 use super::apply::Outcome;
@@ -19,6 +19,10 @@ pub struct SubStats {
     /// Whether the PUB socket is connected (the central collector: whether
     /// the pod's last message came within the idle period).
     pub connected: AtomicBool,
+    /// Whether its socket could not be opened or connected (a bad
+    /// endpoint, the process out of sockets or descriptors): nothing of the
+    /// engine arrives until a retry succeeds.
+    pub unfollowed: AtomicBool,
     /// Batches applied.
     pub batches: AtomicU64,
     /// Events applied.
@@ -74,6 +78,7 @@ impl Default for SubStats {
     fn default() -> Self {
         SubStats {
             connected: AtomicBool::default(),
+            unfollowed: AtomicBool::default(),
             batches: AtomicU64::default(),
             events: AtomicU64::default(),
             blocks_stored: AtomicU64::default(),
@@ -216,6 +221,12 @@ impl SubStats {
         self.view.lock().set_connected(up);
     }
 
+    /// Sets whether the engine's socket failed (`unfollowed`).
+    pub fn set_unfollowed(&self, failed: bool) {
+        // Relaxed: a statistic.
+        self.unfollowed.store(failed, Ordering::Relaxed);
+    }
+
     /// Starts following from `resume`, the last batch the pod's records
     /// hold (restored from a snapshot, or left by the subscription this one
     /// replaces), if any: the follower resumes from it, so `list-engines`
@@ -234,13 +245,10 @@ impl SubStats {
         self.view.lock().set_replaying(on);
     }
 
-    /// Gives `pod`'s view to `index` if it changed (learning lasting at
-    /// most `period`).
-    pub fn publish_view(&self, index: &Index, pod: &str, period: Duration) {
-        let changed = self.view.lock().changed(Instant::now(), period);
-        if let Some(view) = changed {
-            index.set_view(pod, view);
-        }
+    /// The pod's view if it changed since it was last taken (learning
+    /// lasting at most `period`); taken so (see `view::Pending`).
+    pub fn changed_view(&self, period: Duration) -> Option<View> {
+        self.view.lock().changed(Instant::now(), period)
     }
 
     /// The view last given to the index.

@@ -122,6 +122,31 @@ impl ViewTracker {
     }
 }
 
+/// Views that changed and are not yet given to the index, given in one
+/// step ([`prefix_index::Index::set_views`]): the pods' views are one map
+/// the index copies on each change, so engines changing together (a fleet
+/// connecting) cost one copy, not one each.
+#[derive(Debug, Default)]
+pub struct Pending(Vec<(String, View)>);
+
+impl Pending {
+    /// Notes `pod`'s view if it changed (learning lasting at most
+    /// `period`).
+    pub fn note(&mut self, pod: &str, stats: &super::SubStats, period: Duration) {
+        if let Some(view) = stats.changed_view(period) {
+            self.0.push((pod.into(), view));
+        }
+    }
+
+    /// Gives the views noted to `index`.
+    pub fn flush(&mut self, index: &prefix_index::Index) {
+        if !self.0.is_empty() {
+            index.set_views(self.0.iter().map(|(pod, view)| (&**pod, *view)));
+            self.0.clear();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -241,7 +241,8 @@ fn engine_sub(pod: &str, block_size: u32) -> EngineSub {
 fn precise() -> (Handler, CancellationToken) {
     let h = handler();
     let stop = CancellationToken::new();
-    let engines = Engines::new(h.index.clone(), EngineConfig::default(), stop.clone(), None);
+    let engines =
+        Engines::new(h.index.clone(), EngineConfig::default(), stop.clone(), None).unwrap();
     let h = Handler {
         engines: Some(engines),
         replica: crate::replica::Replica::serving(),

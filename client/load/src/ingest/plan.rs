@@ -18,7 +18,21 @@ pub(super) struct Plan {
     pub(super) stored: u64,
     pub(super) removed: u64,
     pub(super) bytes: u64,
+    /// A sample of engines' last requests, to look up after the run.
+    pub(super) checks: Vec<Check>,
 }
+
+/// An engine's last request and how much of it its cache holds at the end.
+#[derive(Debug, Clone)]
+pub(super) struct Check {
+    pub(super) engine: usize,
+    pub(super) tokens: Vec<u32>,
+    /// Leading blocks of it the engine's cache holds.
+    pub(super) blocks: usize,
+}
+
+/// Engines sampled for [`Check`]s, at most.
+const CHECKED: usize = 32;
 
 /// Block ids of round `r` are the trace's plus `r << ROUND_SHIFT` (Mooncake
 /// ids are far below 2^40).
@@ -31,6 +45,7 @@ pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
     let mut pods = Pods::new(n, cfg.capacity, cfg.release);
     let mut batches: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
     let mut key = Vec::new();
+    let mut last: Vec<Vec<u64>> = vec![Vec::new(); n];
     let (mut stored, mut removed, mut count, mut bytes) = (0, 0, 0, 0);
     let mut encoding = Duration::ZERO;
     let ts = SystemTime::now()
@@ -42,6 +57,7 @@ pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
             key.clear();
             key.extend(r.key.iter().map(|id| id + ((round as u64) << ROUND_SHIFT)));
             let step = pods.serve(e, &key);
+            last[e].clone_from(&key);
             if step.events.is_empty() {
                 continue;
             }
@@ -56,7 +72,17 @@ pub(super) fn plan(trace: &[Request], cfg: &IngestConfig) -> Plan {
             batches[e].push(payload);
         }
     }
+    let checks = (0..n)
+        .step_by(n.div_ceil(CHECKED).max(1))
+        .filter(|&e| !last[e].is_empty())
+        .map(|e| Check {
+            engine: e,
+            tokens: engine_sim::request_tokens(&last[e]),
+            blocks: pods.hits(e, &last[e]),
+        })
+        .collect();
     Plan {
+        checks,
         batches: batches.into_iter().map(Arc::new).collect(),
         encoding,
         events: count,
@@ -93,6 +119,8 @@ pub(super) mod tests {
             rounds: 2,
             timeout: Duration::from_secs(1),
             release: Release::TailFirst,
+            publisher_processes: 1,
+            trace: Default::default(),
         };
         let p = plan(&trace(), &cfg);
         assert_eq!(p.batches.len(), 3);

@@ -1,7 +1,15 @@
 //! The engines' side of the ingest benchmark: per engine a PUB socket (live
 //! batches) and a ROUTER socket (replays), bound on loopback through libzmq
-//! itself, as vLLM's publisher does through pyzmq. Each engine has a libzmq
-//! context of its own, as each engine is a process of its own.
+//! itself, as vLLM's publisher does through pyzmq, each publishing under a
+//! topic of its own (`kv@<pod>@<model>`, llm-d's convention).
+//!
+//! Engines come in groups (`layout`): a group has a libzmq context, a
+//! publishing thread and a replay thread of its own. Up to
+//! [`GROUPS`] engines, each engine is a group, as each engine is a process
+//! of its own; a fleet larger than that is spread over [`GROUPS`] groups,
+//! or more so that no context holds more than [`PER_GROUP`] engines
+//! (libzmq allows 1,023 sockets a context), since thousands of threads
+//! would measure the machine's scheduler rather than the server.
 //!
 //! The PUB socket has no high-water mark: a publisher faster than the
 //! server queues in libzmq instead of dropping (vLLM's 100,000 would also
@@ -18,9 +26,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-/// The topic every batch is published under (vLLM's `topic` setting).
-pub const TOPIC: &str = "kv";
-
 /// Name prefix of the publishing threads (CPU time is told apart by name).
 pub const PUBLISH_THREAD: &str = "publish-";
 
@@ -30,109 +35,166 @@ const REPLAY_THREAD: &str = "replay-";
 /// How often a replay thread looks at its stop flag.
 const POLL_MS: i64 = 50;
 
-/// One engine's sockets, bound; publishing starts with [`Engine::start`].
-pub struct Engine {
+/// Groups of engines a fleet is spread over, at least.
+pub const GROUPS: usize = 8;
+
+/// Most engines in a group (two sockets each, within libzmq's 1,023 a
+/// context).
+pub const PER_GROUP: usize = 400;
+
+/// How many groups `n` engines make.
+pub fn layout(n: usize) -> usize {
+    n.min(GROUPS).max(n.div_ceil(PER_GROUP))
+}
+
+/// One engine's endpoints and topic.
+#[derive(Debug, Clone)]
+pub struct Ends {
     /// Its PUB endpoint, `tcp://127.0.0.1:port`.
     pub endpoint: String,
     /// Its replay endpoint.
     pub replay: String,
-    /// Until [`Engine::start`] moves it to its thread.
-    publisher: Option<zmq::Socket>,
-    batches: Arc<Vec<Vec<u8>>>,
-    /// Batches handed to the PUB socket so far.
-    published: Arc<AtomicUsize>,
-    /// Replay requests answered so far.
-    answered: Arc<AtomicUsize>,
+    /// The topic it publishes under.
+    pub topic: String,
+}
+
+/// A group of engines' sockets, bound; publishing starts with
+/// [`Group::start`].
+pub struct Group {
+    /// The engines' indices in the fleet, in the group's order.
+    members: Vec<usize>,
+    /// Until [`Group::start`] moves them to its thread.
+    publishers: Option<Vec<zmq::Socket>>,
+    topics: Arc<Vec<String>>,
+    batches: Arc<Vec<Arc<Vec<Vec<u8>>>>>,
+    /// Batches handed to each PUB socket so far.
+    published: Arc<Vec<AtomicUsize>>,
+    /// Replay requests each engine has answered so far.
+    answered: Arc<Vec<AtomicUsize>>,
     stop: Arc<AtomicBool>,
     replier: Option<JoinHandle<()>>,
     // Dropped last: dropping a context waits for its sockets.
     _ctx: zmq::Context,
 }
 
-/// A publishing thread's end: its socket (kept open until the run ends, so
-/// that nothing queued is dropped) and when it handed over its last batch.
+/// A publishing thread's end: its sockets (kept open until the run ends,
+/// so that nothing queued is dropped) and when it handed over its last
+/// batch.
 pub struct Published {
-    _socket: zmq::Socket,
+    _sockets: Vec<zmq::Socket>,
     /// When the last batch was queued in libzmq.
     pub done: Instant,
 }
 
-impl Engine {
-    /// Binds engine `n`'s sockets on loopback, to publish `batches` (in
-    /// sequence order from 0).
-    pub fn bind(n: usize, batches: Arc<Vec<Vec<u8>>>) -> anyhow::Result<Engine> {
+fn endpoint(s: &zmq::Socket) -> anyhow::Result<String> {
+    s.get_last_endpoint()?
+        .map_err(|_| anyhow::anyhow!("an endpoint that is not UTF-8"))
+}
+
+impl Group {
+    /// Binds group `g`'s sockets on loopback for the engines `members`,
+    /// each to publish its `batches` (in sequence order from 0) under its
+    /// topic; returns each engine's ends, in `members`' order.
+    pub fn bind(
+        g: usize,
+        members: Vec<usize>,
+        topics: Vec<String>,
+        batches: Vec<Arc<Vec<Vec<u8>>>>,
+    ) -> anyhow::Result<(Group, Vec<Ends>)> {
         let ctx = zmq::Context::new();
-        let publisher = ctx.socket(zmq::PUB)?;
-        publisher.set_sndhwm(0)?;
-        // Closing drops whatever is still queued: a run ends once the
-        // server has everything, or has given up on it.
-        publisher.set_linger(0)?;
-        publisher.bind("tcp://127.0.0.1:0")?;
-        let router = ctx.socket(zmq::ROUTER)?;
-        router.set_linger(0)?;
-        // A ROUTER drops what passes its high-water mark: a replay of the
-        // whole run must not lose its middle.
-        router.set_sndhwm(0)?;
-        router.bind("tcp://127.0.0.1:0")?;
-        let endpoint = |s: &zmq::Socket| -> anyhow::Result<String> {
-            s.get_last_endpoint()?
-                .map_err(|_| anyhow::anyhow!("an endpoint that is not UTF-8"))
-        };
-        let (endpoint, replay) = (endpoint(&publisher)?, endpoint(&router)?);
+        let mut publishers = Vec::with_capacity(members.len());
+        let mut routers = Vec::with_capacity(members.len());
+        let mut ends = Vec::with_capacity(members.len());
+        for topic in &topics {
+            let publisher = ctx.socket(zmq::PUB)?;
+            publisher.set_sndhwm(0)?;
+            // Closing drops whatever is still queued: a run ends once the
+            // server has everything, or has given up on it.
+            publisher.set_linger(0)?;
+            publisher.bind("tcp://127.0.0.1:0")?;
+            let router = ctx.socket(zmq::ROUTER)?;
+            router.set_linger(0)?;
+            // A ROUTER drops what passes its high-water mark: a replay of
+            // the whole run must not lose its middle.
+            router.set_sndhwm(0)?;
+            router.bind("tcp://127.0.0.1:0")?;
+            ends.push(Ends {
+                endpoint: endpoint(&publisher)?,
+                replay: endpoint(&router)?,
+                topic: topic.clone(),
+            });
+            publishers.push(publisher);
+            routers.push(router);
+        }
+        let n = members.len();
         let stop = Arc::new(AtomicBool::new(false));
-        let published = Arc::new(AtomicUsize::new(0));
-        let answered = Arc::new(AtomicUsize::new(0));
+        let published: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+        let answered: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+        let (topics, batches) = (Arc::new(topics), Arc::new(batches));
         let replayer = Replay {
+            topics: topics.clone(),
             batches: batches.clone(),
             published: published.clone(),
             answered: answered.clone(),
             stop: stop.clone(),
         };
         let replier = std::thread::Builder::new()
-            .name(format!("{REPLAY_THREAD}{n}"))
-            .spawn(move || replayer.run(&router))
+            .name(format!("{REPLAY_THREAD}{g}"))
+            .spawn(move || replayer.run(&routers))
             .context("starting a replay thread")?;
-        Ok(Engine {
-            endpoint,
-            replay,
-            publisher: Some(publisher),
+        let group = Group {
+            members,
+            publishers: Some(publishers),
+            topics,
             batches,
             published,
             answered,
             stop,
             replier: Some(replier),
             _ctx: ctx,
-        })
+        };
+        Ok((group, ends))
     }
 
-    /// Starts engine `n`'s publishing thread: once `start` opens, it
-    /// publishes every batch as fast as libzmq takes them, then waits for
-    /// `release` (a thread that ends takes its CPU time out of the
-    /// per-thread counts the run reads at its end).
+    /// Starts group `g`'s publishing thread: once `start` opens, it
+    /// publishes every engine's batches as fast as libzmq takes them, the
+    /// engines' in turn (each engine's n-th batch, then their n+1-th), then
+    /// waits for `release` (a thread that ends takes its CPU time out of
+    /// the per-thread counts the run reads at its end).
     pub fn start(
         &mut self,
-        n: usize,
+        g: usize,
         start: Arc<Barrier>,
         release: Arc<AtomicBool>,
     ) -> anyhow::Result<JoinHandle<anyhow::Result<Published>>> {
-        // The socket moves to the thread (libzmq sockets belong to one
-        // thread at a time) and comes back in `Published`.
-        let socket = self
-            .publisher
+        // The sockets move to the thread (libzmq sockets belong to one
+        // thread at a time) and come back in `Published`.
+        let sockets = self
+            .publishers
             .take()
-            .context("the engine has started already")?;
-        let (batches, published) = (self.batches.clone(), self.published.clone());
+            .context("the group has started already")?;
+        let (topics, batches) = (self.topics.clone(), self.batches.clone());
+        let published = self.published.clone();
         std::thread::Builder::new()
-            .name(format!("{PUBLISH_THREAD}{n}"))
+            .name(format!("{PUBLISH_THREAD}{g}"))
             .spawn(move || {
                 start.wait();
-                for (seq, payload) in batches.iter().enumerate() {
-                    let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &(seq as u64).to_be_bytes(), payload];
-                    socket.send_multipart(msg, 0)?;
-                    // Relaxed: the replay thread reads only this count; the
-                    // batches themselves were written before either thread
-                    // started.
-                    published.store(seq + 1, Ordering::Relaxed);
+                let longest = batches.iter().map(|b| b.len()).max().unwrap_or(0);
+                for seq in 0..longest {
+                    for (e, socket) in sockets.iter().enumerate() {
+                        let Some(payload) = batches[e].get(seq) else {
+                            continue;
+                        };
+                        let msg: [&[u8]; 3] =
+                            [topics[e].as_bytes(), &(seq as u64).to_be_bytes(), payload];
+                        socket.send_multipart(msg, 0)?;
+                        // Relaxed: the replay thread reads only this count;
+                        // the batches themselves were written before either
+                        // thread started.
+                        published[e].store(seq + 1, Ordering::Relaxed);
+                    }
                 }
                 let done = Instant::now();
                 // Relaxed: a release flag; the join orders the rest.
@@ -141,20 +203,34 @@ impl Engine {
                 }
                 Ok(Published {
                     done,
-                    _socket: socket,
+                    _sockets: sockets,
                 })
             })
             .context("starting a publishing thread")
     }
 
-    /// Replay requests this engine has answered.
-    pub fn replays_answered(&self) -> usize {
-        // Relaxed: a count, read on its own.
-        self.answered.load(Ordering::Relaxed)
+    /// Whether every batch of the group has been handed to libzmq.
+    pub fn published_all(&self) -> bool {
+        // Relaxed: counts, read on their own.
+        self.published
+            .iter()
+            .zip(self.batches.iter())
+            .all(|(p, b)| p.load(Ordering::Relaxed) >= b.len())
+    }
+
+    /// The fleet indices of the engines of this group that have answered
+    /// no replay request yet.
+    pub fn unanswered(&self) -> impl Iterator<Item = usize> + '_ {
+        // Relaxed: counts, read on their own.
+        self.members
+            .iter()
+            .zip(self.answered.iter())
+            .filter(|(_, a)| a.load(Ordering::Relaxed) == 0)
+            .map(|(m, _)| *m)
     }
 }
 
-impl Drop for Engine {
+impl Drop for Group {
     fn drop(&mut self) {
         // Relaxed: a stop flag; the join below orders everything else.
         self.stop.store(true, Ordering::Relaxed);
@@ -164,46 +240,75 @@ impl Drop for Engine {
     }
 }
 
-/// One engine's replay side, run by its own thread.
+/// A group's replay side, run by its own thread.
 struct Replay {
-    batches: Arc<Vec<Vec<u8>>>,
-    published: Arc<AtomicUsize>,
-    answered: Arc<AtomicUsize>,
+    topics: Arc<Vec<String>>,
+    batches: Arc<Vec<Arc<Vec<Vec<u8>>>>>,
+    published: Arc<Vec<AtomicUsize>>,
+    answered: Arc<Vec<AtomicUsize>>,
     stop: Arc<AtomicBool>,
 }
 
 impl Replay {
-    /// Answers replay requests (`[id, "", start seq]`) with every batch
+    /// Answers replay requests (`[id, "", start seq]`) on any of `routers`
+    /// (the group's engines', in order) with every batch that engine
     /// published from the start on, then the end marker, until stopped.
-    fn run(&self, router: &zmq::Socket) {
-        // Relaxed: a stop flag (see `Drop for Engine`).
+    fn run(&self, routers: &[zmq::Socket]) {
+        // Relaxed: a stop flag (see `Drop for Group`).
         while !self.stop.load(Ordering::Relaxed) {
-            if !matches!(router.poll(zmq::POLLIN, POLL_MS), Ok(n) if n > 0) {
+            let mut items: Vec<_> = routers
+                .iter()
+                .map(|r| r.as_poll_item(zmq::POLLIN))
+                .collect();
+            if !matches!(zmq::poll(&mut items, POLL_MS), Ok(n) if n > 0) {
                 continue;
             }
-            let Ok(frames) = router.recv_multipart(0) else {
-                continue;
-            };
-            let [id, _, start] = &frames[..] else {
-                continue;
-            };
-            let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
-                continue;
-            };
-            let from = usize::try_from(start).unwrap_or(usize::MAX);
-            // Relaxed: see where it is stored.
-            let upto = self.published.load(Ordering::Relaxed);
-            for (seq, payload) in self.batches.iter().enumerate().take(upto).skip(from) {
-                let seq = (seq as u64).to_be_bytes();
-                let msg: [&[u8]; 5] = [id, b"", TOPIC.as_bytes(), &seq, payload];
-                if router.send_multipart(msg, 0).is_err() {
-                    break;
+            let ready: Vec<usize> = (0..items.len())
+                .filter(|&i| items[i].is_readable())
+                .collect();
+            for e in ready {
+                while let Ok(frames) = routers[e].recv_multipart(zmq::DONTWAIT) {
+                    self.answer(e, &routers[e], &frames);
                 }
             }
-            let end: [&[u8]; 5] = [id, b"", b"", &u64::MAX.to_be_bytes(), b""];
-            let _ = router.send_multipart(end, 0);
-            // Relaxed: a count, read on its own.
-            self.answered.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    fn answer(&self, e: usize, router: &zmq::Socket, frames: &[Vec<u8>]) {
+        let [id, _, start] = frames else {
+            return;
+        };
+        let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
+            return;
+        };
+        let from = usize::try_from(start).unwrap_or(usize::MAX);
+        // Relaxed: see where it is stored.
+        let upto = self.published[e].load(Ordering::Relaxed);
+        let topic = self.topics[e].as_bytes();
+        for (seq, payload) in self.batches[e].iter().enumerate().take(upto).skip(from) {
+            let seq = (seq as u64).to_be_bytes();
+            let msg: [&[u8]; 5] = [id, b"", topic, &seq, payload];
+            if router.send_multipart(msg, 0).is_err() {
+                return;
+            }
+        }
+        let end: [&[u8]; 5] = [id, b"", b"", &u64::MAX.to_be_bytes(), b""];
+        let _ = router.send_multipart(end, 0);
+        // Relaxed: a count, read on its own.
+        self.answered[e].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_fleets_are_an_engine_a_group_and_large_ones_fit_contexts() {
+        assert_eq!(layout(1), 1);
+        assert_eq!(layout(8), 8);
+        assert_eq!(layout(100), GROUPS);
+        assert_eq!(layout(10_000), 25);
+        assert!(10_000usize.div_ceil(layout(10_000)) <= PER_GROUP);
     }
 }

@@ -4,10 +4,14 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use prefix_client::Client;
+use engine_sim::BLOCK_TOKENS;
+use prefix_client::{Client, ClientConfig};
+use prefix_proto::key::token_key;
 use prefix_proto::EngineStatus;
 
+use super::plan::Check;
 use super::publish::PUBLISH_THREAD;
+use super::MODEL;
 use crate::cpu::{self, ThreadTime, SERVER_THREAD};
 
 /// One subscription's counters, as the server reports them.
@@ -85,6 +89,40 @@ impl Server {
             .collect())
     }
 
+    /// Looks up each check's tokens: how many of them the server matches
+    /// exactly as the engine's cache holds them, of how many.
+    pub(super) async fn check(
+        &self,
+        checks: &[Check],
+        pods: &[String],
+    ) -> anyhow::Result<(usize, usize)> {
+        let own;
+        let client = match self {
+            Server::Remote(c) => c,
+            Server::Embedded(s) => {
+                let cfg = ClientConfig {
+                    tls: s.tls.clone(),
+                    deadline: std::time::Duration::from_secs(5),
+                    ..ClientConfig::default()
+                };
+                own = Client::connect(s.addr, cfg).await?;
+                &own
+            }
+        };
+        let mut right = 0;
+        for c in checks {
+            let key = token_key(&c.tokens, BLOCK_TOKENS);
+            let got = client.lookup(MODEL, &key, None).await?;
+            let blocks = got
+                .matches
+                .iter()
+                .find(|m| m.pod.as_str() == pods[c.engine])
+                .map_or(0, |m| m.blocks as usize);
+            right += usize::from(blocks == c.blocks);
+        }
+        Ok((checks.len(), right))
+    }
+
     /// Stops following the engines (their threads end, the pods go).
     pub(super) async fn unsubscribe(&self, pods: &[String]) {
         for pod in pods {
@@ -118,29 +156,18 @@ pub(super) struct Split {
 /// Sorts threads by side. The engines' side: the publishing threads, and
 /// the threads that appeared while their sockets were bound (`engines`:
 /// replay threads, libzmq's I/O and reaper threads). The server's side:
-/// its runtime, and the threads named after its subscriptions, which are
-/// the subscription threads (the first of each name) and the libzmq
-/// threads the first of them started (a new thread takes its creator's
-/// name).
+/// its runtime, its engine threads and its libzmq threads, each named so.
 pub(super) fn split(threads: &[ThreadTime], engines: &HashSet<i32>) -> Split {
     let mut s = Split::default();
-    let first_of = |name: &str| {
-        threads
-            .iter()
-            .filter(|t| t.name == name)
-            .map(|t| t.tid)
-            .min()
-    };
     for t in threads {
         let slot = if t.name.starts_with(PUBLISH_THREAD) || engines.contains(&t.tid) {
             &mut s.publishers
         } else if t.name == SERVER_THREAD {
             &mut s.server_runtime
-        } else if t.name.starts_with(SUBSCRIPTION_THREAD) {
-            match first_of(&t.name) == Some(t.tid) {
-                true => &mut s.subscriptions,
-                false => &mut s.server_zmq,
-            }
+        } else if t.name.starts_with(ENGINE_THREAD) {
+            &mut s.subscriptions
+        } else if t.name == prefix_server::ENGINE_ZMQ_THREADS {
+            &mut s.server_zmq
         } else {
             continue;
         };
@@ -149,8 +176,8 @@ pub(super) fn split(threads: &[ThreadTime], engines: &HashSet<i32>) -> Split {
     s
 }
 
-/// The name prefix of the server's subscription threads.
-const SUBSCRIPTION_THREAD: &str = "engine-";
+/// The name prefix of the server's engine threads.
+const ENGINE_THREAD: &str = "engine-shard-";
 
 /// The ids of this process's threads.
 pub(super) fn thread_ids() -> HashSet<i32> {
