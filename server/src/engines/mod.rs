@@ -257,12 +257,8 @@ impl Engines {
         let stats = Arc::new(SubStats::default());
         let stop = self.shutdown.child_token();
         let (alive, exited) = std::sync::mpsc::channel::<()>();
-        let env = session::Env {
-            index: self.index.clone(),
-            cfg: self.cfg.clone(),
-        };
         let session = session::Session::new(
-            &env,
+            &self.cfg,
             sub.clone(),
             engine,
             stats.clone(),

@@ -45,7 +45,7 @@ impl Session {
     /// A session resuming from the pod's last batch (restored from a
     /// snapshot, or left by the subscription this one replaces), if any.
     pub(super) fn new(
-        env: &Env,
+        cfg: &EngineConfig,
         sub: Subscription,
         engine: EngineHandle,
         stats: Arc<SubStats>,
@@ -57,7 +57,7 @@ impl Session {
             .last_batch()
             .map(|(seq, digest)| Applied { seq, digest });
         stats.following(resume.map(|a| a.seq));
-        let follower = Follower::new(sub.replay.is_some(), env.cfg.held_limit(), resume);
+        let follower = Follower::new(sub.replay.is_some(), cfg.held_limit(), resume);
         Session {
             sub,
             engine,
@@ -82,8 +82,8 @@ impl Session {
         }
     }
 
-    /// A message from a socket of this session's own, which libzmq filtered
-    /// by topic prefix.
+    /// A message from the session's own socket, which libzmq filters by
+    /// topic prefix.
     pub(super) fn own_message(&mut self, env: &Env, frames: &[Vec<u8>]) {
         match parse_live(frames) {
             // SUB filters by prefix: `kv` lets `kv2` through.
