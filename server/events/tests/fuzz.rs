@@ -39,12 +39,15 @@ fn check<S: Strategy>(
 }
 
 /// The most one decode may reserve at once for `len` payload bytes: a list
-/// reserves at most one element per byte left (8 bytes a hash, 4 a token id)
-/// and the events at most one per 15 bytes (about 8 bytes of `Event` per
-/// payload byte), so 16 bytes per payload byte, plus slack for small fixed
-/// allocations.
+/// reserves at most one element per byte left, so the widest element a
+/// one-byte item can yield sets the rate. That is an extra key (a fixint or
+/// an empty string is one byte and one `RawExtraKey`); a hash is 8 bytes, a
+/// token id 4, a block's key list 16, and the events at most one per 15
+/// bytes (about 8 bytes of `Event` per payload byte). Plus slack for small
+/// fixed allocations.
 fn bound(len: usize) -> usize {
-    16 * len + 4096
+    let widest = size_of::<RawExtraKey>().max(size_of::<Option<Box<[RawExtraKey]>>>());
+    widest * len + 4096
 }
 
 /// Decodes `bytes` (and parses it as frames), checks the allocation bound,
@@ -625,6 +628,23 @@ fn huge_length_fields_in_tiny_payloads_are_refused_cheaply() {
         max_hashes: usize::MAX,
         max_tokens: usize::MAX,
     };
+    // One array event whose one block has 4,096 one-byte keys: the widest
+    // element per payload byte there is.
+    let mut keys_bomb = head.to_vec();
+    keys_bomb.extend_from_slice(&[0x91, 0x99, 0xab]);
+    keys_bomb.extend_from_slice(b"BlockStored");
+    keys_bomb.extend_from_slice(&[0x91, 0x01, 0xc0, 0x90, 0x10, 0xc0, 0xc0, 0xc0]);
+    keys_bomb.extend_from_slice(&[0x91, 0xdc, 0x10, 0x00]);
+    keys_bomb.extend_from_slice(&[0x01; 4096]);
+    keys_bomb.push(0xc0); // data_parallel_rank
+    let outcome = decode_checked(&keys_bomb, &unlimited).unwrap();
+    let Ok(Batch { events, .. }) = outcome else {
+        panic!("{outcome:?}")
+    };
+    let [Event::Stored(stored)] = &events[..] else {
+        panic!("{events:?}")
+    };
+    assert_eq!(stored.extra_keys[0].as_deref().map(<[_]>::len), Some(4096));
     for bomb in [events_bomb, hashes_bomb, tokens_bomb] {
         for limits in [DecodeLimits::default(), unlimited.clone()] {
             let outcome = decode_checked(&bomb, &limits).unwrap();
