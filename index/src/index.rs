@@ -272,7 +272,9 @@ impl Index {
     }
 
     /// Advances the epoch and frees every retired object whose grace period
-    /// has passed; returns the bytes freed. The sweep calls it; tests and
+    /// has passed; returns the bytes freed. The sweep calls it, and a
+    /// maintenance loop between sweeps (writers retire whole copies of the
+    /// pod names and views even when nothing is due to be swept); tests and
     /// shutdown may too.
     pub fn reclaim(&self) -> usize {
         // Each flush advances the epoch if it can and hands over at most a few

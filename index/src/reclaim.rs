@@ -238,6 +238,11 @@ impl<T: Send + Sync + 'static> Published<T> {
         // link to it, and only this swap saw it as the old value.
         let old = unsafe { Unlinked::new(old) };
         epoch.retire(pin, old, free_uncounted);
+        // A replaced value is a whole copy (every pod's name, every pod's
+        // state): hand it to the collector now rather than leave it in this
+        // thread's bag, which fills only after dozens more retirements and
+        // which a thread that writes rarely may never fill.
+        pin.flush();
     }
 }
 
@@ -336,5 +341,30 @@ mod tests {
         assert_eq!(drops.load(Ordering::Relaxed), 1);
         drop(value);
         assert_eq!(drops.load(Ordering::Relaxed), 2);
+    }
+
+    /// A replaced value (a whole map) does not wait in the writer's bag for
+    /// dozens more retirements: another thread's collection frees it.
+    #[test]
+    fn a_replaced_value_is_freed_by_another_thread_without_the_writer_retiring_more() {
+        let epoch = Epoch::default();
+        let drops = Arc::new(AtomicUsize::new(0));
+        let value = Published::new(Box::new(Counted(drops.clone())));
+        let (replaced, checked) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+        std::thread::scope(|s| {
+            // The writer lives on (a thread's exit hands its bag over).
+            s.spawn(|| {
+                let pin = epoch.pin();
+                value.replace(Box::new(Counted(drops.clone())), &epoch, &pin);
+                drop(pin);
+                replaced.wait();
+                checked.wait();
+            });
+            replaced.wait();
+            let freed = collect(&epoch);
+            checked.wait();
+            assert_eq!(freed, 1);
+        });
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
     }
 }

@@ -158,6 +158,13 @@ fn subscription_error(e: &SubscribeError) -> Reply {
     code.reply(e)
 }
 
+/// Writes the answer to an op not applied (refused, or held by a replica
+/// filling itself); returns whether it failed.
+fn not_applied(reply: &Reply, w: &mut impl Replies) -> bool {
+    w.reply(reply);
+    matches!(reply, Reply::Error { .. })
+}
+
 /// Starts following `sub`'s engine.
 fn subscribe(engines: &Arc<Engines>, sub: &EngineSub) -> Reply {
     let started = wire::accept(sub.clone())
@@ -270,19 +277,73 @@ impl Handler {
         hits: &mut Hits<'r>,
         w: &mut impl Replies,
     ) -> bool {
+        match self.refusal(op, access) {
+            Some(reply) => not_applied(&reply, w),
+            None => self.execute(op, now, reader, scratch, hits, w),
+        }
+    }
+
+    /// The answer to `op` when it is not to be applied now: a role or
+    /// limit refuses it, or a replica filling itself holds it.
+    fn refusal(&self, op: &Op, access: &Access) -> Option<Reply> {
         if let Some(refusal) = forbidden(op, access) {
-            w.reply(&refusal);
-            return true;
+            return Some(refusal);
         }
         if let Err(e) = self.limits.check_op(op) {
-            w.reply(&e.to_reply());
-            return true;
+            return Some(e.to_reply());
         }
-        if let Some(reply) = self.replica.admit(op, &self.metrics) {
-            w.reply(&reply);
-            return matches!(reply, Reply::Error { .. });
+        self.replica.admit(op, &self.metrics)
+    }
+
+    /// Applies a run of `subscribe` ops (two or more in a row of a batch)
+    /// in one step ([`Engines::subscribe_all`]), writes their replies in
+    /// order and counts them.
+    fn subscribe_run(
+        &self,
+        engines: &Arc<Engines>,
+        ops: &[Op],
+        access: &Access,
+        now: u64,
+        tally: &mut Tally,
+        w: &mut impl Replies,
+    ) {
+        // Each answer, and whether its op was applied (refused or held
+        // ones are not recorded for the replicas' tail).
+        let mut replies: Vec<Option<(Reply, bool)>> = vec![None; ops.len()];
+        let mut taken = Vec::new();
+        let subs = ops.iter().filter_map(|op| match op {
+            Op::Subscribe(sub) => Some((op, sub)),
+            _ => None,
+        });
+        for (i, (op, sub)) in subs.enumerate() {
+            if let Some(refusal) = self.refusal(op, access) {
+                replies[i] = Some((refusal, false));
+                continue;
+            }
+            match wire::accept(sub.clone()) {
+                Ok(sub) => taken.push((i, sub)),
+                Err(e) => {
+                    replies[i] = Some((subscription_error(&SubscribeError::from(e)), true));
+                }
+            }
         }
-        self.execute(op, now, reader, scratch, hits, w)
+        let (at, subs): (Vec<usize>, Vec<_>) = taken.into_iter().unzip();
+        for (i, result) in at.into_iter().zip(engines.subscribe_all(subs)) {
+            let reply = match result {
+                Ok(()) => Reply::Done,
+                Err(e) => subscription_error(&e),
+            };
+            replies[i] = Some((reply, true));
+        }
+        for (op, reply) in ops.iter().zip(replies) {
+            // Every op of the run is a `subscribe`, answered above.
+            let failed = match reply {
+                Some((reply, true)) => self.answer(op, &reply, now, w),
+                Some((reply, false)) => not_applied(&reply, w),
+                None => not_applied(&ErrorCode::Internal.reply("not a subscribe op"), w),
+            };
+            tally.add(metrics::op_slot(op), failed);
+        }
     }
 
     /// Applies one op that may be applied now and writes its reply; returns
@@ -383,11 +444,17 @@ impl Handler {
                 )
             }
         };
+        self.answer(op, &reply, now, w)
+    }
+
+    /// Writes `reply` to `op` (recording an applied write for the
+    /// replicas' tail); returns whether it failed.
+    fn answer(&self, op: &Op, reply: &Reply, now: u64, w: &mut impl Replies) -> bool {
         let failed = matches!(reply, Reply::Error { .. });
         if !failed && op.kind().tailed() {
-            self.replica.record(op, &reply, now);
+            self.replica.record(op, reply, now);
         }
-        w.reply(&reply);
+        w.reply(reply);
         failed
     }
 }
@@ -461,11 +528,30 @@ impl Handler {
                 slot
             }
             Request::Batch(ops) => {
-                for (i, op) in ops.iter().enumerate() {
-                    let failed = self.apply(op, access, now, &reader, &mut scratch, &mut hits, w);
-                    tally.add(metrics::op_slot(op), failed);
+                let mut i = 0;
+                while i < ops.len() {
+                    // Subscriptions in a row are made in one step: a fleet
+                    // subscribed in batches costs no more than configured.
+                    let run = ops[i..]
+                        .iter()
+                        .take_while(|op| matches!(op, Op::Subscribe(_)))
+                        .count();
+                    match &self.engines {
+                        Some(engines) if run > 1 => {
+                            let run = &ops[i..i + run];
+                            self.subscribe_run(engines, run, access, now, &mut tally, w);
+                            i += run.len();
+                        }
+                        _ => {
+                            let op = &ops[i];
+                            let failed =
+                                self.apply(op, access, now, &reader, &mut scratch, &mut hits, w);
+                            tally.add(metrics::op_slot(op), failed);
+                            i += 1;
+                        }
+                    }
                     if w.written() > MAX_FRAME_CEILING as usize {
-                        too_large = Some(i + 1);
+                        too_large = Some(i);
                         break;
                     }
                 }

@@ -3,9 +3,11 @@
 //! Every `sweep_interval` it asks the index whether a sweep is due (a cheap
 //! look at counters, see `Index::sweep_due`); if so it runs one complete pass
 //! (TTL expiry, removed pods, capacity and global-bound eviction, then freeing
-//! retired memory) in calls of at most `sweep_budget` nodes. Each call runs on tokio's blocking pool and the
-//! task yields between calls, so request handling never waits for it; readers
-//! never wait for it either (the index's lookups take no lock).
+//! retired memory) in calls of at most `sweep_budget` nodes; if not, it only
+//! frees the retired memory whose grace period has passed. Each call runs on
+//! tokio's blocking pool and the task yields between calls, so request
+//! handling never waits for it; readers never wait for it either (the index's
+//! lookups take no lock).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,6 +39,14 @@ pub async fn run(
         // when it has work (a pod over capacity, the global bound, a removed
         // pod, or memory of expired entries to free every ttl/8).
         if !index.sweep_due(now_ms()) {
+            // Freed here too, not only by a pass: an index with nothing to
+            // sweep still retires the copies its writers replace (the pod
+            // names and views, one copy per engine subscribed), and they
+            // would wait for the next pass, which may never come.
+            let idx = index.clone();
+            if let Err(e) = tokio::task::spawn_blocking(move || idx.reclaim()).await {
+                tracing::error!(error = %e, "reclaim failed");
+            }
             continue;
         }
         loop {

@@ -584,6 +584,78 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     server.shutdown().await;
 }
 
+/// Subscriptions in a row of one batch are made in one step, yet each is
+/// answered as if alone, in order with the ops around them: a refused one
+/// (a bad endpoint, past `max-engines`) leaves no pod behind, and those
+/// made are kept for a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
+    use prefix_proto::{ErrorCode, Op, Reply};
+    let data = tempfile::tempdir().unwrap();
+    let config = || {
+        let mut cfg = common::config(&data);
+        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        cfg.engines.max_engines = 3;
+        cfg
+    };
+    // Nothing listens on port 9: followed, never connected.
+    let sub = |pod: &str, endpoint: &str| -> Op {
+        let text = format!("pod={pod},model=m,endpoint={endpoint},topic={TOPIC}");
+        Op::Subscribe(text.parse::<Subscription>().unwrap())
+    };
+    let ok = "tcp://127.0.0.1:9";
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let client = server.client().await;
+    let mut bad = sub("bad", ok);
+    if let Op::Subscribe(s) = &mut bad {
+        s.media = vec!["GPU+CPU".into()];
+    }
+    let replies = client
+        .batch(vec![
+            sub("a", ok),
+            bad,
+            sub("b", ok),
+            Op::Unsubscribe { pod: "a".into() },
+            sub("a", ok),
+            sub("c", ok),
+            sub("d", ok),
+        ])
+        .await
+        .unwrap();
+    let code = |r: &Reply| match r {
+        Reply::Error { code, .. } => Some(*code),
+        _ => None,
+    };
+    assert_eq!(replies.len(), 7);
+    assert_eq!(replies[0], Reply::Done);
+    assert_eq!(code(&replies[1]), Some(ErrorCode::BadSubscription as u16));
+    assert_eq!(replies[2], Reply::Done);
+    assert_eq!(replies[3], Reply::Removed(true));
+    assert_eq!(replies[4], Reply::Done);
+    assert_eq!(replies[5], Reply::Done);
+    assert_eq!(
+        code(&replies[6]),
+        Some(ErrorCode::BadSubscription as u16),
+        "{replies:?}"
+    );
+    let followed = |server: &common::TestServer| -> Vec<String> {
+        let mut pods: Vec<_> = server
+            .engines_list()
+            .into_iter()
+            .map(|(s, _)| s.pod)
+            .collect();
+        pods.sort();
+        pods
+    };
+    assert_eq!(followed(&server), ["a", "b", "c"]);
+    assert_eq!(server.index.stats().pods, 3);
+    client.close().await;
+    server.shutdown().await;
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    assert_eq!(followed(&server), ["a", "b", "c"]);
+    server.shutdown().await;
+}
+
 /// Whether `pod` holds exactly `blocks` leading blocks of `tokens` under
 /// model `m`.
 async fn holds(client: &Client, tokens: &[u32], pod: &str, blocks: u32) -> bool {

@@ -1,9 +1,14 @@
 //! Precise mode at fleet scale: one server follows more engines than
 //! libzmq's default socket limit (1,023 a context) lets a socket-per-engine
 //! design follow, from a few threads. `FLEET_ENGINES` scales the fleet (2,000 by default). One test
-//! alone in this binary: it counts the process's engine threads.
+//! alone in this binary: it counts the process's engine threads, and the
+//! heap the server holds per engine (a counting allocator; libzmq's own
+//! allocations, in C++, pass it by).
 
 use prefix_testkit::server as common;
+
+use counting_alloc::Counting;
+use std::alloc::System;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,6 +18,15 @@ use prefix_proto::key::token_key;
 use prefix_server::Subscription;
 
 const BLOCK: usize = 16;
+
+/// Counts live heap bytes, for the server's cost per engine.
+#[global_allocator]
+static ALLOC: Counting<System> = Counting::new(System);
+
+/// The most heap the server may hold per followed engine (its session,
+/// counters, engine state, pod and view), its own fixed heap shared out
+/// among them: a few KiB today, where a buffer per engine would be tens.
+const MAX_HEAP_PER_ENGINE: isize = 8 << 10;
 
 /// Publishers per libzmq context (each context allows 1,023 sockets).
 const PER_CONTEXT: usize = 400;
@@ -123,6 +137,7 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
     let replayers = routers.len();
     let stop = Arc::new(AtomicBool::new(false));
     let answering = answer_replays(routers, stop.clone());
+    let heap_before = ALLOC.live();
     let server = common::start(|cfg| {
         cfg.engines.subscriptions = subs;
         cfg.engines.max_engines = n;
@@ -143,6 +158,13 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
         subscribed.iter().all(|s| *s)
     })
     .await;
+    server.index.reclaim();
+    let per_engine = (ALLOC.live() - heap_before) / n as isize;
+    eprintln!("the server's heap: {per_engine} bytes per engine followed");
+    assert!(
+        per_engine <= MAX_HEAP_PER_ENGINE,
+        "{per_engine} bytes per engine"
+    );
     for (i, p) in publishers.iter().enumerate() {
         let topic = format!("kv@e{i}@m");
         let msg: [&[u8]; 3] = [topic.as_bytes(), &0u64.to_be_bytes(), &batch(i)];

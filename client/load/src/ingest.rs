@@ -54,7 +54,7 @@ use prefix_client::Client;
 use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
 use prefix_proto::key::hash_token_block_seeded;
-use prefix_proto::EngineSub;
+use prefix_proto::{EngineSub, Op, Reply};
 use prefix_server::apply_batch;
 use prefix_server::Subscription;
 use serde::Serialize;
@@ -86,6 +86,8 @@ pub struct IngestConfig {
     /// Processes the engines publish from: this one (1), or that many
     /// children ([`children`]).
     pub publisher_processes: usize,
+    /// Subscriptions per request to a remote server.
+    pub subscribe_batch: usize,
     /// The trace's file, for the children to read.
     pub trace: std::path::PathBuf,
 }
@@ -363,8 +365,9 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
             (Server::Embedded(Box::new(s)), None)
         }
         Target::Remote { client, metrics } => {
-            for s in &subs {
-                let sub = EngineSub {
+            let subs: Vec<EngineSub> = subs
+                .iter()
+                .map(|s| EngineSub {
                     pod: s.pod.clone(),
                     model: s.model.clone(),
                     endpoint: s.endpoint.clone(),
@@ -372,11 +375,23 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
                     block_size: s.block_size,
                     topic: s.topic.clone(),
                     media: s.media.clone(),
-                };
-                client
-                    .subscribe_engine(sub)
-                    .await
-                    .with_context(|| format!("subscribing {}", s.pod))?;
+                })
+                .collect();
+            for chunk in subs.chunks(cfg.subscribe_batch.max(1)) {
+                if let [sub] = chunk {
+                    client
+                        .subscribe_engine(sub.clone())
+                        .await
+                        .with_context(|| format!("subscribing {}", sub.pod))?;
+                    continue;
+                }
+                let ops = chunk.iter().cloned().map(Op::Subscribe).collect();
+                let replies = client.batch(ops).await?;
+                for (sub, reply) in chunk.iter().zip(replies) {
+                    if let Reply::Error { code, message } = reply {
+                        anyhow::bail!("subscribing {}: {code:?}: {message}", sub.pod);
+                    }
+                }
             }
             (Server::Remote(client), metrics)
         }
@@ -434,7 +449,11 @@ async fn measure(
         if Instant::now() > until {
             anyhow::bail!("the server did not connect to every engine within {allowed:?}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // As below: a fleet's list is looked at less often.
+        tokio::time::sleep(
+            Duration::from_millis(20).max(Duration::from_micros(20 * pods.len() as u64)),
+        )
+        .await;
     }
     // A server that can replay asks for the engine's recent past when it
     // connects (nothing yet): let that end before the run, as it would
@@ -752,6 +771,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             release: Release::TailFirst,
             publisher_processes: 1,
+            subscribe_batch: 1,
             trace: Default::default(),
         };
         let p = plan(&plan::tests::trace(), &cfg);
@@ -783,6 +803,7 @@ mod tests {
             timeout: Duration::from_secs(60),
             release: Release::InOrder,
             publisher_processes: 1,
+            subscribe_batch: 1,
             trace: Default::default(),
         };
         let r = run(&plan::tests::trace(), &cfg, Target::Embedded)

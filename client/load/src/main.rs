@@ -428,6 +428,7 @@ async fn events_main(a: EventsArgs) -> anyhow::Result<()> {
         timeout: a.timeout,
         release: a.release,
         publisher_processes: a.publisher_processes.into(),
+        subscribe_batch: a.subscribe_batch.into(),
         trace: path.clone(),
     };
     let (target, name) = match a.server {

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Engine, EngineSpec};
-use crate::error::EngineError;
+use super::{Engine, EngineSpec, Ratio};
+use crate::error::{EngineError, PodError};
 use crate::index::Index;
 use crate::sync::Mutex;
 
@@ -58,6 +58,25 @@ impl Index {
             self.clear_engine_pod(pod, align)?;
         }
         Ok(handle)
+    }
+
+    /// Registers in one step the pods of `engines` whose block sizes
+    /// [`Index::engine`] accepts, so that it then finds each one named: one
+    /// copy of the pod registry for all of them rather than one each (see
+    /// [`Index::register_pods`]). A pod whose engine it would refuse is left
+    /// alone. Stops at the first name refused; those before it are
+    /// registered.
+    pub fn register_engine_pods<'a>(
+        &self,
+        engines: impl IntoIterator<Item = (&'a str, EngineSpec)>,
+    ) -> Result<(), PodError> {
+        let max = self.sh.cfg.max_block_ratio;
+        self.register_pods(
+            engines
+                .into_iter()
+                .filter(|(_, spec)| Ratio::new(spec.engine_block, spec.our_block, max).is_ok())
+                .map(|(pod, _)| pod),
+        )
     }
 
     /// Stops feeding `pod` from its engine: its engine state is dropped and

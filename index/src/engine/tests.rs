@@ -116,6 +116,26 @@ fn the_ratio_bound_is_the_index_configuration() {
     ));
 }
 
+/// Engine pods registered in one step are those whose engines the index
+/// would take, and registering each engine then finds its pod named.
+#[test]
+fn engine_pods_registered_at_once_leave_out_the_refused() {
+    let index = Index::new(IndexConfig {
+        max_block_ratio: 4,
+        ..IndexConfig::default()
+    });
+    index
+        .register_engine_pods([("a", spec(16)), ("b", spec(32)), ("c", spec(4))])
+        .unwrap();
+    assert_eq!(index.stats().pods, 2);
+    for pod in ["a", "c"] {
+        index.engine(pod, spec(16)).unwrap();
+    }
+    assert!(index.engine("b", spec(32)).is_err());
+    assert_eq!(index.stats().pods, 2);
+    assert_eq!(index.engines().len(), 2);
+}
+
 #[test]
 fn a_model_has_records_only_while_it_holds_one() {
     let index = index();

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use prefix_events::{decode_batch, parse_live, parse_topic};
 use prefix_index::{EngineHandle, EngineOp};
@@ -90,7 +91,10 @@ impl Collector {
                 self.socket.as_poll_item(zmq::POLLIN),
                 self.zap.as_poll_item(zmq::POLLIN),
             ];
-            let polled = zmq::poll(&mut items, self.engines.cfg.poll_ms());
+            let wait = self
+                .views
+                .wait_ms(Instant::now(), self.engines.cfg.poll_ms());
+            let polled = zmq::poll(&mut items, wait);
             let (messages, asked) = (items[0].is_readable(), items[1].is_readable());
             if asked {
                 self.admit();
@@ -104,7 +108,7 @@ impl Collector {
                     for p in self.pods.values() {
                         self.views.note(&p.sub.pod, &p.stats, period);
                     }
-                    self.views.flush(&self.engines.index);
+                    self.views.flush(&self.engines.index, Instant::now());
                     continue;
                 }
                 Ok(_) => {}
@@ -122,7 +126,7 @@ impl Collector {
                 };
                 self.message(&frames, origin.as_deref(), &mut actions);
             }
-            self.views.flush(&self.engines.index);
+            self.views.flush(&self.engines.index, Instant::now());
         }
         for pod in self.pods.values() {
             pod.stats.set_connected(false);

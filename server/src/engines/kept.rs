@@ -9,7 +9,8 @@
 //! is not configured leaves no trace once unsubscribed, so the file stays
 //! within `max-engines` subscriptions and the configured pods' names.
 //!
-//! It is written whole after each op, to a temporary file renamed over the
+//! It is written whole after each request (once for all the `subscribe`
+//! ops in a row of one batch), to a temporary file renamed over the
 //! old one, so a crash leaves the old file or the new one, never a torn one.
 //! A file that cannot be read is never written over: it is moved aside to
 //! `subscriptions.json.bad-<unix ms>` (for an operator to look at) and the
@@ -88,9 +89,14 @@ impl Keeper {
         })
     }
 
-    /// `sub` was subscribed at run time (at `now`, in unix ms).
-    pub(super) fn subscribed(&mut self, now: u64, sub: &Subscription) {
-        self.change(now, |k| k.subscribed(sub));
+    /// `subs` were subscribed at run time (at `now`, in unix ms), by one
+    /// request: the file is written once for all of them.
+    pub(super) fn subscribed<'a>(
+        &mut self,
+        now: u64,
+        subs: impl IntoIterator<Item = &'a Subscription>,
+    ) {
+        self.change(now, |k| subs.into_iter().for_each(|sub| k.subscribed(sub)));
     }
 
     /// `pod` was unsubscribed at run time (at `now`, in unix ms).
@@ -269,7 +275,7 @@ mod tests {
         assert_eq!(*keeper.kept(NOW), Kept::default());
         let aside = dir.path().join(format!("{FILE}.bad-{NOW}"));
         assert_eq!(std::fs::read_to_string(&aside).unwrap(), "not json");
-        keeper.subscribed(NOW + 1, &sub("a"));
+        keeper.subscribed(NOW + 1, [&sub("a")]);
         let back = Kept::load(&path).unwrap();
         assert_eq!(back.subscribed.keys().collect::<Vec<_>>(), ["a"]);
 
@@ -280,7 +286,7 @@ mod tests {
         std::fs::create_dir(&aside).unwrap();
         std::fs::write(aside.join("x"), "").unwrap();
         let mut keeper = Keeper::new(Some(path.clone()), BTreeSet::new());
-        keeper.subscribed(NOW, &sub("b"));
+        keeper.subscribed(NOW, [&sub("b")]);
         assert_eq!(keeper.kept(NOW).subscribed.len(), 1);
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "not json");
     }

@@ -35,7 +35,7 @@ mod stats;
 mod view;
 pub(crate) mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -205,10 +205,54 @@ impl Engines {
     /// the `subscribe` op. The subscription is kept across restarts when
     /// snapshots are on.
     pub fn subscribe(self: &Arc<Self>, sub: Subscription) -> Result<(), SubscribeError> {
+        let mut results = self.subscribe_all(vec![sub]);
+        results.pop().unwrap_or(Ok(()))
+    }
+
+    /// Starts following each of `subs`, in order, as [`Engines::subscribe`]
+    /// would one by one; one result each. Their pods are registered with
+    /// the index in one step and the kept subscriptions written once, so a
+    /// batch of thousands costs each engine its own work only, where one
+    /// by one each would also copy the registry of every pod subscribed
+    /// before it.
+    pub fn subscribe_all(
+        self: &Arc<Self>,
+        subs: Vec<Subscription>,
+    ) -> Vec<Result<(), SubscribeError>> {
         let mut keeper = self.keeper.lock();
-        self.follow(sub.clone())?;
-        keeper.subscribed(crate::clock::now_ms(), &sub);
-        Ok(())
+        if subs.len() > 1 {
+            // As many new pods as `max_engines` leaves room for: a pod
+            // registered here and then refused would stay behind, empty.
+            let mut pods = Vec::new();
+            {
+                let running = self.running.lock();
+                let mut room = self.cfg.max_engines.saturating_sub(running.len());
+                let mut seen = HashSet::new();
+                for sub in &subs {
+                    // A followed pod is registered already.
+                    if running.contains_key(&sub.pod) || !seen.insert(&*sub.pod) {
+                        continue;
+                    }
+                    if room == 0 {
+                        break;
+                    }
+                    room -= 1;
+                    pods.push((&*sub.pod, self.spec(sub.block_size)));
+                }
+            }
+            // A pod refused here is refused again, with its reason, below.
+            let _ = self.index.register_engine_pods(pods);
+        }
+        let results: Vec<_> = subs.iter().map(|sub| self.follow(sub.clone())).collect();
+        let mut followed = subs
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .peekable();
+        if followed.peek().is_some() {
+            keeper.subscribed(crate::clock::now_ms(), followed.map(|(sub, _)| sub));
+        }
+        results
     }
 
     /// Starts following `sub`, replacing a subscription of the same pod.

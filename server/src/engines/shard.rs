@@ -273,7 +273,7 @@ impl Shard {
                 self.next_tick = now + TICK;
                 self.tick(now);
             }
-            self.views.flush(&self.env.index);
+            self.views.flush(&self.env.index, now);
         }
         for (_, slot) in &self.slots {
             slot.session.stats.set_connected(false);
@@ -306,7 +306,8 @@ impl Shard {
                 what.push(Source::Dealer(id));
             }
         }
-        zmq::poll(&mut items, self.env.cfg.poll_ms())?;
+        let wait = self.views.wait_ms(Instant::now(), self.env.cfg.poll_ms());
+        zmq::poll(&mut items, wait)?;
         ready.extend(
             items
                 .iter()

@@ -123,26 +123,56 @@ impl ViewTracker {
 }
 
 /// Views that changed and are not yet given to the index, given in one
-/// step ([`prefix_index::Index::set_views`]): the pods' views are one map
-/// the index copies on each change, so engines changing together (a fleet
-/// connecting) cost one copy, not one each.
+/// step ([`prefix_index::Index::set_views`]) at most once per
+/// [`Pending::EVERY`]: the pods' views are one map the index copies on
+/// each change, so engines changing together (a fleet connecting) cost
+/// one copy, not one each.
 #[derive(Debug, Default)]
-pub struct Pending(Vec<(String, View)>);
+pub struct Pending {
+    views: Vec<(String, View)>,
+    /// When views were last given.
+    last: Option<Instant>,
+}
 
 impl Pending {
+    /// The shortest time between two flushes: a view reaches lookups at
+    /// most this late, and the copies of a fleet of thousands changing one
+    /// by one stay a few per second.
+    pub const EVERY: Duration = Duration::from_millis(20);
+
     /// Notes `pod`'s view if it changed (learning lasting at most
     /// `period`).
     pub fn note(&mut self, pod: &str, stats: &super::SubStats, period: Duration) {
         if let Some(view) = stats.changed_view(period) {
-            self.0.push((pod.into(), view));
+            self.views.push((pod.into(), view));
         }
     }
 
-    /// Gives the views noted to `index`.
-    pub fn flush(&mut self, index: &prefix_index::Index) {
-        if !self.0.is_empty() {
-            index.set_views(self.0.iter().map(|(pod, view)| (&**pod, *view)));
-            self.0.clear();
+    /// How long a thread that waits at most `poll_ms` for its sockets
+    /// waits at `now`: less when the views noted fall due sooner.
+    pub fn wait_ms(&self, now: Instant, poll_ms: i64) -> i64 {
+        self.due_in(now).map_or(poll_ms, |d| {
+            poll_ms.min(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        })
+    }
+
+    /// How long until the views noted are due (zero if they are); none
+    /// if none is noted.
+    fn due_in(&self, now: Instant) -> Option<Duration> {
+        if self.views.is_empty() {
+            return None;
+        }
+        Some(self.last.map_or(Duration::ZERO, |last| {
+            (last + Self::EVERY).saturating_duration_since(now)
+        }))
+    }
+
+    /// Gives the views noted to `index` if they are due at `now`.
+    pub fn flush(&mut self, index: &prefix_index::Index, now: Instant) {
+        if self.due_in(now) == Some(Duration::ZERO) {
+            index.set_views(self.views.iter().map(|(pod, view)| (&**pod, *view)));
+            self.views.clear();
+            self.last = Some(now);
         }
     }
 }
@@ -157,6 +187,34 @@ mod tests {
         let mut v = ViewTracker::new(t0, restored);
         v.set_connected(true);
         v
+    }
+
+    /// Views reach the index at most once per `EVERY`, and a waiting
+    /// thread is woken when the noted ones fall due.
+    #[test]
+    fn views_are_given_at_most_once_per_interval() {
+        let index = prefix_index::Index::new(prefix_index::IndexConfig::default());
+        let stats = crate::engines::SubStats::default();
+        let t0 = Instant::now();
+        let mut pending = Pending::default();
+        assert_eq!(pending.wait_ms(t0, 100), 100);
+        stats.set_connected(true);
+        pending.note("a", &stats, PERIOD);
+        assert_eq!(pending.wait_ms(t0, 100), 0);
+        pending.flush(&index, t0);
+        assert!(pending.views.is_empty());
+        stats.set_connected(false);
+        pending.note("a", &stats, PERIOD);
+        let soon = t0 + Pending::EVERY / 4;
+        pending.flush(&index, soon);
+        assert_eq!(pending.views.len(), 1);
+        let wait = pending.wait_ms(soon, 100);
+        assert!(
+            wait > 0 && wait <= Pending::EVERY.as_millis() as i64,
+            "{wait}"
+        );
+        pending.flush(&index, t0 + Pending::EVERY);
+        assert!(pending.views.is_empty());
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub fn child_main(a: ChildArgs) -> anyhow::Result<()> {
         timeout: Duration::ZERO,
         release: a.release,
         publisher_processes: 1,
+        subscribe_batch: 1,
         trace: a.trace.clone(),
     };
     let plan = plan(&trace, &cfg);

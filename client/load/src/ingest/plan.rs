@@ -120,6 +120,7 @@ pub(super) mod tests {
             timeout: Duration::from_secs(1),
             release: Release::TailFirst,
             publisher_processes: 1,
+            subscribe_batch: 1,
             trace: Default::default(),
         };
         let p = plan(&trace(), &cfg);

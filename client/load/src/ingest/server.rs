@@ -1,7 +1,7 @@
 //! The server under test, as the run sees it: its subscriptions'
 //! counters, and its CPU time against the engines'.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use engine_sim::BLOCK_TOKENS;
@@ -63,7 +63,7 @@ impl Server {
     /// The counters of the subscriptions of `pods`, in that order (a pod
     /// the server does not list yet reads as all zero).
     pub(super) async fn progress(&self, pods: &[String]) -> anyhow::Result<Vec<Progress>> {
-        let found: Vec<(String, Progress)> = match self {
+        let found: HashMap<String, Progress> = match self {
             Server::Embedded(s) => s
                 .engines
                 .list()
@@ -79,13 +79,7 @@ impl Server {
         };
         Ok(pods
             .iter()
-            .map(|pod| {
-                found
-                    .iter()
-                    .find(|(p, _)| p == pod)
-                    .map(|(_, s)| s.clone())
-                    .unwrap_or_default()
-            })
+            .map(|pod| found.get(pod).cloned().unwrap_or_default())
             .collect())
     }
 
