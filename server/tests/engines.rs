@@ -586,8 +586,9 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
 
 /// Subscriptions in a row of one batch are made in one step, yet each is
 /// answered as if alone, in order with the ops around them: a refused one
-/// (a bad endpoint, past `max-engines`) leaves no pod behind, and those
-/// made are kept for a restart.
+/// (a medium that is no tier name, a block size the index refuses, past
+/// `max-engines`) leaves no pod behind, and those made are kept for a
+/// restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     use prefix_proto::{ErrorCode, Op, Reply};
@@ -610,6 +611,11 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     if let Op::Subscribe(s) = &mut bad {
         s.media = vec!["GPU+CPU".into()];
     }
+    // Neither a divisor nor a multiple of the server's 16-token block.
+    let mut odd_blocks = sub("e", ok);
+    if let Op::Subscribe(s) = &mut odd_blocks {
+        s.block_size = 24;
+    }
     let replies = client
         .batch(vec![
             sub("a", ok),
@@ -617,6 +623,7 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
             sub("b", ok),
             Op::Unsubscribe { pod: "a".into() },
             sub("a", ok),
+            odd_blocks,
             sub("c", ok),
             sub("d", ok),
         ])
@@ -626,15 +633,16 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
         Reply::Error { code, .. } => Some(*code),
         _ => None,
     };
-    assert_eq!(replies.len(), 7);
+    assert_eq!(replies.len(), 8);
     assert_eq!(replies[0], Reply::Done);
     assert_eq!(code(&replies[1]), Some(ErrorCode::BadSubscription as u16));
     assert_eq!(replies[2], Reply::Done);
     assert_eq!(replies[3], Reply::Removed(true));
     assert_eq!(replies[4], Reply::Done);
-    assert_eq!(replies[5], Reply::Done);
+    assert_eq!(code(&replies[5]), Some(ErrorCode::BadSubscription as u16));
+    assert_eq!(replies[6], Reply::Done);
     assert_eq!(
-        code(&replies[6]),
+        code(&replies[7]),
         Some(ErrorCode::BadSubscription as u16),
         "{replies:?}"
     );

@@ -161,10 +161,14 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
     server.index.reclaim();
     let per_engine = (ALLOC.live() - heap_before) / n as isize;
     eprintln!("the server's heap: {per_engine} bytes per engine followed");
-    assert!(
-        per_engine <= MAX_HEAP_PER_ENGINE,
-        "{per_engine} bytes per engine"
-    );
+    // Below a thousand engines the server's fixed heap (a few MB) would be
+    // most of the share.
+    if n >= 1_000 {
+        assert!(
+            per_engine <= MAX_HEAP_PER_ENGINE,
+            "{per_engine} bytes per engine"
+        );
+    }
     for (i, p) in publishers.iter().enumerate() {
         let topic = format!("kv@e{i}@m");
         let msg: [&[u8]; 3] = [topic.as_bytes(), &0u64.to_be_bytes(), &batch(i)];

@@ -100,13 +100,17 @@ impl Collector {
                 self.admit();
             }
             match polled {
-                // Only a ZAP request, answered above.
-                Ok(_) if !messages && asked => continue,
+                // Only a ZAP request, answered above (views due are
+                // given still: requests may come without a pause).
+                Ok(_) if !messages && asked => {
+                    self.views.flush(&self.engines.index, Instant::now());
+                    continue;
+                }
                 Ok(_) if !messages => {
                     // Views change with time too (a learning period ends).
                     let period = self.engines.cfg.learning_period;
                     for p in self.pods.values() {
-                        self.views.note(&p.sub.pod, &p.stats, period);
+                        self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
                     }
                     self.views.flush(&self.engines.index, Instant::now());
                     continue;
@@ -228,7 +232,7 @@ impl Collector {
                 // answers cannot be vouched for until its address speaks.
                 p.stats.set_connected(false);
                 let period = self.engines.cfg.learning_period;
-                self.views.note(&p.sub.pod, &p.stats, period);
+                self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
                 return;
             }
         }
@@ -276,7 +280,7 @@ impl Collector {
             }
         }
         let period = self.engines.cfg.learning_period;
-        self.views.note(&p.sub.pod, &p.stats, period);
+        self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {

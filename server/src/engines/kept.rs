@@ -9,9 +9,8 @@
 //! is not configured leaves no trace once unsubscribed, so the file stays
 //! within `max-engines` subscriptions and the configured pods' names.
 //!
-//! It is written whole after each request (once for all the `subscribe`
-//! ops in a row of one batch), to a temporary file renamed over the
-//! old one, so a crash leaves the old file or the new one, never a torn one.
+//! It is written whole after each op (once for all the `subscribe` ops in
+//! a row of one batch), to a temporary file renamed over the old one, so a crash leaves the old file or the new one, never a torn one.
 //! A file that cannot be read is never written over: it is moved aside to
 //! `subscriptions.json.bad-<unix ms>` (for an operator to look at) and the
 //! run-time subscriptions start from nothing; if it cannot be moved either,

@@ -161,7 +161,8 @@ impl Session {
     /// Notes the pod's view in `views` if it changed.
     pub(super) fn publish(&self, env: &Env, views: &mut Pending) {
         self.stats.set_replaying(self.follower.replaying());
-        views.note(&self.sub.pod, &self.stats, env.cfg.learning_period);
+        let period = env.cfg.learning_period;
+        views.note(&self.sub.pod, &self.stats, period, &self.stop);
     }
 
     /// Counts and logs (rate-limited) a message that was skipped.

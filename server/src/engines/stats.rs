@@ -251,7 +251,8 @@ impl SubStats {
         self.view.lock().changed(Instant::now(), period)
     }
 
-    /// The view last given to the index.
+    /// The view last taken for the index (it reaches lookups within
+    /// `view::Pending::EVERY`).
     pub fn view(&self) -> Option<View> {
         self.view.lock().published()
     }

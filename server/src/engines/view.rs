@@ -18,6 +18,7 @@
 use std::time::{Duration, Instant};
 
 use prefix_index::View;
+use tokio_util::sync::CancellationToken;
 
 /// What the follower has proven about the pod's blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,9 +128,12 @@ impl ViewTracker {
 /// [`Pending::EVERY`]: the pods' views are one map the index copies on
 /// each change, so engines changing together (a fleet connecting) cost
 /// one copy, not one each.
+/// A view noted is given only if its subscription is still on then (its
+/// token not cancelled): one that ended meanwhile has had its pod's state
+/// dropped, or handed to the subscription that replaced it.
 #[derive(Debug, Default)]
 pub struct Pending {
-    views: Vec<(String, View)>,
+    views: Vec<(String, View, CancellationToken)>,
     /// When views were last given.
     last: Option<Instant>,
 }
@@ -141,18 +145,26 @@ impl Pending {
     pub const EVERY: Duration = Duration::from_millis(20);
 
     /// Notes `pod`'s view if it changed (learning lasting at most
-    /// `period`).
-    pub fn note(&mut self, pod: &str, stats: &super::SubStats, period: Duration) {
+    /// `period`); `ended` is cancelled when its subscription ends.
+    pub fn note(
+        &mut self,
+        pod: &str,
+        stats: &super::SubStats,
+        period: Duration,
+        ended: &CancellationToken,
+    ) {
         if let Some(view) = stats.changed_view(period) {
-            self.views.push((pod.into(), view));
+            self.views.push((pod.into(), view, ended.clone()));
         }
     }
 
     /// How long a thread that waits at most `poll_ms` for its sockets
     /// waits at `now`: less when the views noted fall due sooner.
     pub fn wait_ms(&self, now: Instant, poll_ms: i64) -> i64 {
+        // Rounded up: a wait rounded down to 0 ms would spin until due.
         self.due_in(now).map_or(poll_ms, |d| {
-            poll_ms.min(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            let ms = d.as_micros().div_ceil(1_000);
+            poll_ms.min(i64::try_from(ms).unwrap_or(i64::MAX))
         })
     }
 
@@ -170,7 +182,11 @@ impl Pending {
     /// Gives the views noted to `index` if they are due at `now`.
     pub fn flush(&mut self, index: &prefix_index::Index, now: Instant) {
         if self.due_in(now) == Some(Duration::ZERO) {
-            index.set_views(self.views.iter().map(|(pod, view)| (&**pod, *view)));
+            let on = self
+                .views
+                .iter()
+                .filter(|(_, _, ended)| !ended.is_cancelled());
+            index.set_views(on.map(|(pod, view, _)| (&**pod, *view)));
             self.views.clear();
             self.last = Some(now);
         }
@@ -189,32 +205,67 @@ mod tests {
         v
     }
 
-    /// Views reach the index at most once per `EVERY`, and a waiting
-    /// thread is woken when the noted ones fall due.
+    /// Views reach the index at most once per `EVERY`, a waiting thread is
+    /// woken when the noted ones fall due, and the view of a subscription
+    /// that ended meanwhile is dropped.
     #[test]
-    fn views_are_given_at_most_once_per_interval() {
+    fn views_are_given_at_most_once_per_interval_and_only_while_on() {
         let index = prefix_index::Index::new(prefix_index::IndexConfig::default());
-        let stats = crate::engines::SubStats::default();
+        let now = 1_700_000_000_000;
+        let view = |pod: &str| {
+            let found = index.reader().lookup_detail("m", &[1], None, now);
+            let names: Vec<_> = found
+                .matches
+                .iter()
+                .map(|m| (index.reader().pod_name(m.pod).unwrap().to_string(), m.view))
+                .collect();
+            names.into_iter().find(|(p, _)| p == pod).map(|(_, v)| v)
+        };
+        let spec = prefix_index::EngineSpec {
+            engine_block: 16,
+            our_block: 16,
+            hash: prefix_proto::key::hash_token_block_seeded,
+        };
+        for pod in ["a", "b"] {
+            index.engine(pod, spec).unwrap();
+            // A gateway's insert: speculative while the view is exact.
+            index.insert("m", &[1], pod, now).unwrap();
+        }
+        assert_eq!(view("a"), Some(View::Speculative));
+        let (on, ended) = (CancellationToken::new(), CancellationToken::new());
+        ended.cancel();
+        let (a, b) = (
+            crate::engines::SubStats::default(),
+            crate::engines::SubStats::default(),
+        );
         let t0 = Instant::now();
         let mut pending = Pending::default();
         assert_eq!(pending.wait_ms(t0, 100), 100);
-        stats.set_connected(true);
-        pending.note("a", &stats, PERIOD);
+        // Not connected yet: disconnected.
+        pending.note("a", &a, PERIOD, &on);
+        pending.note("b", &b, PERIOD, &ended);
         assert_eq!(pending.wait_ms(t0, 100), 0);
         pending.flush(&index, t0);
         assert!(pending.views.is_empty());
-        stats.set_connected(false);
-        pending.note("a", &stats, PERIOD);
+        assert_eq!(view("a"), Some(View::Disconnected));
+        assert_eq!(view("b"), Some(View::Speculative));
+        // The next change waits out the interval.
+        a.set_connected(true);
+        pending.note("a", &a, PERIOD, &on);
         let soon = t0 + Pending::EVERY / 4;
         pending.flush(&index, soon);
-        assert_eq!(pending.views.len(), 1);
+        assert_eq!(view("a"), Some(View::Disconnected));
         let wait = pending.wait_ms(soon, 100);
         assert!(
             wait > 0 && wait <= Pending::EVERY.as_millis() as i64,
             "{wait}"
         );
+        assert_eq!(
+            pending.wait_ms(t0 + Pending::EVERY - Duration::from_micros(100), 100),
+            1
+        );
         pending.flush(&index, t0 + Pending::EVERY);
-        assert!(pending.views.is_empty());
+        assert_eq!(view("a"), Some(View::Speculative));
     }
 
     #[test]
