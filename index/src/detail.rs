@@ -23,7 +23,7 @@ use crate::index::{Index, Reader};
 use crate::node_ref::NodeRef;
 use crate::pods::PodId;
 use crate::reclaim::Pin;
-use crate::shared::Shared;
+use crate::shared::{forget_pods, Shared};
 use crate::tree::Match;
 
 /// How far a pod's answer can be trusted right now.
@@ -154,27 +154,12 @@ impl Index {
         self.update_state(pod, |s| s.tiered = true);
     }
 
-    /// Forgets `pod`'s state and its lower tier's blocks (its engine is
-    /// dropped).
-    pub(crate) fn forget_state(&self, pod: &str) {
-        self.remove_lower(pod);
-        let pin = self.pin();
-        let _w = self.sh.states_writer.lock();
-        let current = self.sh.states.get(&pin);
-        if current.contains_key(pod) {
-            let mut next = current.clone();
-            next.remove(pod);
-            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
-        }
-    }
-
-    /// Removes the hidden pod of `pod`'s lower tiers (its entries go, as a
-    /// removed pod's do); the next lower-tier store names it again.
-    pub(crate) fn remove_lower(&self, pod: &str) {
-        let pin = self.pin();
-        self.sh
-            .pods
-            .remove(&hidden_name(pod, LOWER), &self.sh.epoch, &pin);
+    /// Forgets the states of `pods` (their engines are dropped, their
+    /// lower tiers' hidden pods removed), with one copy of the states for
+    /// all of them.
+    pub(crate) fn forget_states(&self, pods: &[&str]) {
+        let (sh, pin) = (&self.sh, self.pin());
+        forget_pods(&sh.states, &sh.states_writer, pods, &sh.epoch, &pin);
     }
 
     /// Changes `pod`'s state by `change`, copying the map only when it

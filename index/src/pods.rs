@@ -380,6 +380,51 @@ impl Pods {
         true
     }
 
+    /// Marks each of `names` removed, as [`Pods::remove`] would one by one,
+    /// with one copy of the name map and one rank table for all of them;
+    /// whether each existed.
+    pub(crate) fn remove_many(&self, names: &[&str], epoch: &Epoch, pin: &Pin) -> Vec<bool> {
+        let mut w = self.writer.lock();
+        let mut gone = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let found = names
+            .iter()
+            .map(|&name| {
+                let Some(PodId(id)) = self.id(name, pin) else {
+                    return false;
+                };
+                if !seen.insert(id) {
+                    // Named twice: removed by its first mention.
+                    return false;
+                }
+                // Release: as in `remove`.
+                self.slots[id as usize].state.store(DEAD, Ordering::Release);
+                gone.push((name, id));
+                true
+            })
+            .collect();
+        if gone.is_empty() {
+            return found;
+        }
+        self.publish(
+            |m| {
+                for (name, _) in &gone {
+                    m.remove(*name);
+                }
+            },
+            epoch,
+            pin,
+        );
+        // As in `remove`: republished before returning.
+        self.rank(w.next, epoch, pin);
+        w.dead.extend(gone.into_iter().map(|(_, id)| Dead {
+            id,
+            quiet: None,
+            draining: false,
+        }));
+        found
+    }
+
     /// Frees the ids of removed pods whose blocks are all gone (see module
     /// docs); returns how many. The sweep calls it once per pass, after the
     /// pass's purges.

@@ -8,12 +8,32 @@ use crate::config::IndexConfig;
 use crate::detail::StateMap;
 use crate::groups::GroupTable;
 use crate::pods::Pods;
-use crate::reclaim::{Epoch, Published};
+use crate::reclaim::{Epoch, Pin, Published};
 use crate::stats::Counters;
 use crate::sync::Mutex;
 
 /// Hybrid pods' group tables, by pod name.
 pub(crate) type GroupMap = HashMap<Box<str>, GroupTable, ahash::RandomState>;
+
+/// Takes `pods` out of `map`, a map by pod name published copy-on-write
+/// under `writer`: one copy for all of them, none when it holds none.
+pub(crate) fn forget_pods<V: Clone + Send + Sync + 'static>(
+    map: &Published<HashMap<Box<str>, V, ahash::RandomState>>,
+    writer: &Mutex<()>,
+    pods: &[&str],
+    epoch: &Epoch,
+    pin: &Pin,
+) {
+    let _w = writer.lock();
+    let current = map.get(pin);
+    if pods.iter().any(|pod| current.contains_key(*pod)) {
+        let mut next = current.clone();
+        for pod in pods {
+            next.remove(*pod);
+        }
+        map.replace(Box::new(next), epoch, pin);
+    }
+}
 
 /// State shared by every tree of one index.
 pub(crate) struct Shared {

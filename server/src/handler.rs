@@ -346,6 +346,47 @@ impl Handler {
         }
     }
 
+    /// Applies a run of `unsubscribe` ops (two or more in a row of a batch)
+    /// in one step ([`Engines::unsubscribe_all`]), writes their replies in
+    /// order and counts them.
+    fn unsubscribe_run(
+        &self,
+        engines: &Engines,
+        ops: &[Op],
+        access: &Access,
+        now: u64,
+        tally: &mut Tally,
+        w: &mut impl Replies,
+    ) {
+        // Each op's refusal, if refused or held; the pods of the others.
+        let mut pods = Vec::new();
+        let mut refusals = Vec::with_capacity(ops.len());
+        for op in ops {
+            let refusal = self.refusal(op, access);
+            match (op, &refusal) {
+                (Op::Unsubscribe { pod }, None) => pods.push(pod.as_str()),
+                (_, None) => {
+                    refusals.push(Some(ErrorCode::Internal.reply("not an unsubscribe op")));
+                    continue;
+                }
+                _ => {}
+            }
+            refusals.push(refusal);
+        }
+        let mut removed = engines.unsubscribe_all(&pods).into_iter();
+        for (op, refusal) in ops.iter().zip(refusals) {
+            let failed = match refusal {
+                Some(reply) => not_applied(&reply, w),
+                // One answer per pod given, in order.
+                None => match removed.next() {
+                    Some(was) => self.answer(op, &Reply::Removed(was), now, w),
+                    None => not_applied(&ErrorCode::Internal.reply("no answer"), w),
+                },
+            };
+            tally.add(metrics::op_slot(op), failed);
+        }
+    }
+
     /// Applies one op that may be applied now and writes its reply; returns
     /// whether it failed.
     fn execute<'r>(
@@ -530,16 +571,28 @@ impl Handler {
             Request::Batch(ops) => {
                 let mut i = 0;
                 while i < ops.len() {
-                    // Subscriptions in a row are made in one step: a fleet
-                    // subscribed in batches costs no more than configured.
-                    let run = ops[i..]
-                        .iter()
-                        .take_while(|op| matches!(op, Op::Subscribe(_)))
-                        .count();
-                    match &self.engines {
-                        Some(engines) if run > 1 => {
+                    // Subscriptions in a row, and unsubscriptions in a row,
+                    // are made in one step: a fleet subscribed in batches
+                    // costs no more than configured.
+                    let run = match &ops[i] {
+                        Op::Subscribe(_) | Op::Unsubscribe { .. } => {
+                            let kind = std::mem::discriminant(&ops[i]);
+                            ops[i..]
+                                .iter()
+                                .take_while(|op| std::mem::discriminant(*op) == kind)
+                                .count()
+                        }
+                        _ => 1,
+                    };
+                    match (&self.engines, &ops[i]) {
+                        (Some(engines), Op::Subscribe(_)) if run > 1 => {
                             let run = &ops[i..i + run];
                             self.subscribe_run(engines, run, access, now, &mut tally, w);
+                            i += run.len();
+                        }
+                        (Some(engines), Op::Unsubscribe { .. }) if run > 1 => {
+                            let run = &ops[i..i + run];
+                            self.unsubscribe_run(engines, run, access, now, &mut tally, w);
                             i += run.len();
                         }
                         _ => {

@@ -588,7 +588,7 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
 /// answered as if alone, in order with the ops around them: a refused one
 /// (a medium that is no tier name, a block size the index refuses, past
 /// `max-engines`) leaves no pod behind, and those made are kept for a
-/// restart.
+/// restart. Unsubscriptions in a row likewise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     use prefix_proto::{ErrorCode, Op, Reply};
@@ -661,6 +661,42 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     server.shutdown().await;
     let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
     assert_eq!(followed(&server), ["a", "b", "c"]);
+    // Unsubscriptions in a row: each answered whether its pod was
+    // followed, as one by one.
+    let client = server.client().await;
+    let unsub = |pod: &str| Op::Unsubscribe { pod: pod.into() };
+    let replies = client
+        .batch(vec![
+            unsub("a"),
+            unsub("zz"),
+            unsub(""),
+            unsub("a"),
+            unsub("c"),
+            Op::Ping,
+        ])
+        .await
+        .unwrap();
+    assert_eq!(code(&replies[2]), Some(ErrorCode::BadName as u16));
+    let rest: Vec<Reply> = (replies.iter().enumerate())
+        .filter(|&(i, _)| i != 2)
+        .map(|(_, r)| r.clone())
+        .collect();
+    assert_eq!(
+        rest,
+        [
+            Reply::Removed(true),
+            Reply::Removed(false),
+            Reply::Removed(false),
+            Reply::Removed(true),
+            Reply::Pong
+        ]
+    );
+    assert_eq!(followed(&server), ["b"]);
+    assert_eq!(server.index.stats().pods, 1);
+    client.close().await;
+    server.shutdown().await;
+    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    assert_eq!(followed(&server), ["b"]);
     server.shutdown().await;
 }
 

@@ -153,8 +153,8 @@ pub(crate) struct EventsArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(crate) publisher_processes: u16,
     /// Subscriptions sent to --server per request (a batch of `subscribe`
-    /// ops, which the server makes in one step); 1 subscribes the engines
-    /// one op at a time.
+    /// ops, which the server makes in one step), and unsubscriptions at
+    /// the end likewise; 1 sends one op at a time.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub(crate) subscribe_batch: u16,
     /// Subscribe this server (on this machine: the engines bind on

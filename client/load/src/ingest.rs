@@ -409,7 +409,7 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
         cfg,
     )
     .await;
-    server.unsubscribe(&pods).await;
+    server.unsubscribe(&pods, cfg.subscribe_batch).await;
     drop(server);
     // The publishing sockets close before their contexts (dropping a
     // context waits for its sockets).

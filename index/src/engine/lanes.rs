@@ -29,6 +29,7 @@ use crate::error::{EngineError, InsertError, PodError};
 use crate::groups::{hidden_name, Group, GroupKind, GroupTable, Rule, LOWER};
 use crate::index::Index;
 use crate::pods::PodId;
+use crate::shared::forget_pods;
 
 /// Where blocks became held: the position of their model among the
 /// engine's, and the group.
@@ -160,14 +161,29 @@ impl Index {
     /// entries go, as a removed pod's do); their next stores name them
     /// again.
     pub(crate) fn remove_hidden(&self, pod: &str) {
-        self.remove_lower(pod);
+        let names = self.hidden_names(pod);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let pin = self.pin();
-        let Some(table) = self.sh.groups.get(&pin).get(pod) else {
-            return;
-        };
-        for name in table.groups.iter().filter_map(|(name, _)| name.as_deref()) {
-            self.sh.pods.remove(name, &self.sh.epoch, &pin);
+        self.sh.pods.remove_many(&names, &self.sh.epoch, &pin);
+    }
+
+    /// The names `pod`'s hidden pods have or would have: its lower tiers'
+    /// and its groups'.
+    pub(crate) fn hidden_names(&self, pod: &str) -> Vec<String> {
+        let mut names = vec![hidden_name(pod, LOWER)];
+        let pin = self.pin();
+        if let Some(table) = self.sh.groups.get(&pin).get(pod) {
+            let groups = table.groups.iter().filter_map(|(name, _)| name.as_deref());
+            names.extend(groups.map(String::from));
         }
+        names
+    }
+
+    /// Forgets the group tables of `pods` (their engines are dropped), with
+    /// one copy of the tables for all of them.
+    pub(crate) fn forget_group_tables(&self, pods: &[&str]) {
+        let (sh, pin) = (&self.sh, self.pin());
+        forget_pods(&sh.groups, &sh.groups_writer, pods, &sh.epoch, &pin);
     }
 
     /// Forgets `pod`'s groups: its hidden pods and its table.

@@ -83,17 +83,52 @@ impl Index {
     /// the pod removed (a gateway insert registers it again, as a pod
     /// without an engine). Returns whether it was engine-fed.
     pub fn drop_engine_pod(&self, pod: &str) -> bool {
-        let Some(old) = self.engines.map.lock().remove(pod) else {
-            return false;
+        self.drop_engine_pods(&[pod]).pop().unwrap_or(false)
+    }
+
+    /// Stops feeding each of `pods` from its engine, as
+    /// [`Index::drop_engine_pod`] would one by one, with one copy of the pod
+    /// registry and one of the pods' states for all of them (one by one,
+    /// each copies those of every pod left: a fleet unsubscribed at once
+    /// would cost their square). Whether each was engine-fed.
+    pub fn drop_engine_pods(&self, pods: &[&str]) -> Vec<bool> {
+        let mut dropped = Vec::new();
+        let found = {
+            let mut engines = self.engines.map.lock();
+            pods.iter()
+                .map(|&pod| match engines.remove(pod) {
+                    Some(old) => {
+                        dropped.push((pod, old));
+                        true
+                    }
+                    None => false,
+                })
+                .collect()
         };
-        // Under the engine's lock: an event being applied finishes first,
-        // and none applied later names the pod again.
-        let mut engine = old.lock();
-        self.close_engine(&mut engine);
-        self.remove_pod(pod);
-        self.forget_groups(pod, &mut engine);
-        self.forget_state(pod);
-        true
+        for (_, old) in &dropped {
+            // Under the engine's lock: an event being applied finishes
+            // first, and none applied after it is closed names the pod
+            // again, so the pod may go once the lock is released.
+            let mut engine = old.lock();
+            self.close_engine(&mut engine);
+            engine.groups.clear();
+            engine.pending.clear();
+        }
+        let pods: Vec<&str> = dropped.iter().map(|&(pod, _)| pod).collect();
+        // The pods and their hidden pods (groups, lower tiers) vanish from
+        // lookups at once, before their group tables go: a hybrid pod is
+        // never seen live without its table.
+        let hidden: Vec<String> = pods.iter().flat_map(|pod| self.hidden_names(pod)).collect();
+        let names: Vec<&str> = pods
+            .iter()
+            .copied()
+            .chain(hidden.iter().map(String::as_str))
+            .collect();
+        let pin = self.pin();
+        self.sh.pods.remove_many(&names, &self.sh.epoch, &pin);
+        self.forget_group_tables(&pods);
+        self.forget_states(&pods);
+        found
     }
 
     /// Uncounts every record of `engine` and closes it (events applied to it

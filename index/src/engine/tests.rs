@@ -136,6 +136,56 @@ fn engine_pods_registered_at_once_leave_out_the_refused() {
     assert_eq!(index.engines().len(), 2);
 }
 
+/// Engine-fed pods dropped in one step go as they would one by one: each
+/// answered whether it was engine-fed, their entries and views gone, the
+/// others untouched; registered again, a pod starts from nothing.
+#[test]
+fn engine_pods_dropped_at_once_go_as_one_by_one() {
+    let index = index();
+    let mut handles = Vec::new();
+    let stored = |e: &EngineHandle, pod: &str, p: u32| {
+        let toks = tokens(p, 2);
+        let op = EngineOp::Stored {
+            parent: None,
+            hashes: &[10 * u64::from(p) + 1, 10 * u64::from(p) + 2],
+            tokens: &toks,
+            seeds: &[],
+        };
+        index.apply(&mut e.lock(), pod, "m", op).unwrap();
+    };
+    for (p, pod) in (0..).zip(["a", "b", "c"]) {
+        let e = index.engine(pod, spec(4)).unwrap();
+        stored(&e, pod, p);
+        // Not the view a pod starts with.
+        index.set_view(pod, crate::View::Learning);
+        handles.push(e);
+    }
+    assert_eq!(
+        index.drop_engine_pods(&["a", "x", "c", "a"]),
+        [true, false, true, false]
+    );
+    assert!(matched(&index, &key(0, 2), T0).is_empty());
+    assert!(matched(&index, &key(2, 2), T0).is_empty());
+    assert_eq!(matched(&index, &key(1, 2), T0), [("b".to_string(), 2)]);
+    let engines: Vec<String> = index.engines().into_iter().map(|(p, _)| p).collect();
+    assert_eq!(engines, ["b"]);
+    assert_eq!(index.stats().pods, 1);
+    // A dropped engine's late batch changes nothing.
+    let late = EngineOp::Removed { hashes: &[1] };
+    index.apply(&mut handles[0].lock(), "a", "m", late).unwrap();
+    assert_eq!(index.stats().pods, 1);
+    // Registered again: the view it had is forgotten, b's kept.
+    let e = index.engine("a", spec(4)).unwrap();
+    stored(&e, "a", 0);
+    let r = index.reader();
+    let view = |p: u32| {
+        let found = r.lookup_detail("m", &key(p, 2), None, T0).matches;
+        found.iter().map(|m| (m.blocks, m.view)).collect::<Vec<_>>()
+    };
+    assert_eq!(view(0), [(2, crate::View::Exact)]);
+    assert_eq!(view(1), [(2, crate::View::Learning)]);
+}
+
 #[test]
 fn a_model_has_records_only_while_it_holds_one() {
     let index = index();

@@ -9,8 +9,10 @@
 //! is not configured leaves no trace once unsubscribed, so the file stays
 //! within `max-engines` subscriptions and the configured pods' names.
 //!
-//! It is written whole after each op (once for all the `subscribe` ops in
-//! a row of one batch), to a temporary file renamed over the old one, so a crash leaves the old file or the new one, never a torn one.
+//! It is written whole after each op (once for all the `subscribe` ops,
+//! or all the `unsubscribe` ops, in a row of one batch), to a temporary
+//! file renamed over the old one, so a crash leaves the old file or the
+//! new one, never a torn one.
 //! A file that cannot be read is never written over: it is moved aside to
 //! `subscriptions.json.bad-<unix ms>` (for an operator to look at) and the
 //! run-time subscriptions start from nothing; if it cannot be moved either,
@@ -98,10 +100,18 @@ impl Keeper {
         self.change(now, |k| subs.into_iter().for_each(|sub| k.subscribed(sub)));
     }
 
-    /// `pod` was unsubscribed at run time (at `now`, in unix ms).
-    pub(super) fn unsubscribed(&mut self, now: u64, pod: &str) {
-        let configured = self.configured.contains(pod);
-        self.change(now, |k| k.unsubscribed(pod, configured));
+    /// `pods` were unsubscribed at run time (at `now`, in unix ms), by one
+    /// request: the file is written once for all of them.
+    pub(super) fn unsubscribed<'a>(&mut self, now: u64, pods: impl IntoIterator<Item = &'a str>) {
+        let configured = &self.configured;
+        let pods: Vec<_> = pods
+            .into_iter()
+            .map(|pod| (pod, configured.contains(pod)))
+            .collect();
+        self.change(now, |k| {
+            pods.into_iter()
+                .for_each(|(pod, configured)| k.unsubscribed(pod, configured))
+        });
     }
 
     /// Applies a run-time change and writes the file. A file that cannot

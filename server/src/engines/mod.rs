@@ -37,9 +37,10 @@ pub(crate) mod wire;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 pub use prefix_index::Ratio;
 use prefix_index::{EngineError, EngineSpec, Index};
 use prefix_proto::key::hash_token_block_seeded;
@@ -97,6 +98,12 @@ pub struct Engines {
     /// Replays under way, over all shards.
     replays: Arc<shard::Replays>,
     running: Mutex<BTreeMap<String, Running>>,
+    /// Slots of `max-engines` held for the new pods of a batch of
+    /// subscriptions while it runs ([`Engines::subscribe_all`] registers
+    /// their pods first): the central collector counts them as taken, so
+    /// none of those pods is registered and then refused for want of room.
+    /// Read and written under `running`'s lock.
+    reserved: AtomicUsize,
     /// Pods taken out of `running` whose engine state is being dropped:
     /// the central collector does not meet them again meanwhile (it would
     /// register on the state about to go). Locked after `running`.
@@ -117,6 +124,35 @@ pub struct Engines {
     /// `unsubscribe`), taken before `running`: ops on one pod are applied
     /// one at a time, so the file and the running set agree.
     keeper: Mutex<kept::Keeper>,
+}
+
+/// Slots of `max-engines` held in [`Engines::reserved`] for a batch of
+/// subscriptions, until dropped. While the batch runs, its pods already
+/// followed count twice (held and running): the collector leaves more room
+/// than needed, never less.
+struct Reservation<'a> {
+    engines: &'a Engines,
+}
+
+impl<'a> Reservation<'a> {
+    /// Holds `slots`; `running` is the engines' running set, locked.
+    fn hold(
+        engines: &'a Engines,
+        _running: &MutexGuard<'_, BTreeMap<String, Running>>,
+        slots: usize,
+    ) -> Self {
+        // Relaxed: under `running`'s lock, which the guard proves held.
+        engines.reserved.store(slots, Ordering::Relaxed);
+        Reservation { engines }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let _running = self.engines.running.lock();
+        // Relaxed: under `running`'s lock.
+        self.engines.reserved.store(0, Ordering::Relaxed);
+    }
 }
 
 /// A pod in [`Engines::leaving`], until dropped.
@@ -165,6 +201,7 @@ impl Engines {
             shards: Mutex::default(),
             replays: Arc::default(),
             running: Mutex::new(BTreeMap::new()),
+            reserved: AtomicUsize::new(0),
             leaving: Mutex::default(),
             threads: Mutex::new(Vec::new()),
             shutdown,
@@ -220,11 +257,12 @@ impl Engines {
         subs: Vec<Subscription>,
     ) -> Vec<Result<(), SubscribeError>> {
         let mut keeper = self.keeper.lock();
-        if subs.len() > 1 {
-            // As many new pods as `max_engines` leaves room for: a pod
-            // registered here and then refused would stay behind, empty.
+        let reserved = (subs.len() > 1).then(|| {
+            // As many new pods as `max_engines` leaves room for, their
+            // slots held until the batch ends: a pod registered here and
+            // then refused would stay behind, empty.
             let mut pods = Vec::new();
-            {
+            let reservation = {
                 let running = self.running.lock();
                 let mut room = self.cfg.max_engines.saturating_sub(running.len());
                 let mut seen = HashSet::new();
@@ -239,11 +277,14 @@ impl Engines {
                     room -= 1;
                     pods.push((&*sub.pod, self.spec(sub.block_size)));
                 }
-            }
+                Reservation::hold(self, &running, pods.len())
+            };
             // A pod refused here is refused again, with its reason, below.
             let _ = self.index.register_engine_pods(pods);
-        }
+            reservation
+        });
         let results: Vec<_> = subs.iter().map(|sub| self.follow(sub.clone())).collect();
+        drop(reserved);
         let mut followed = subs
             .iter()
             .zip(&results)
@@ -360,31 +401,61 @@ impl Engines {
     /// `unsubscribe` op, kept across restarts like `subscribe`. Returns
     /// whether it was followed.
     pub fn unsubscribe(&self, pod: &str) -> bool {
+        self.unsubscribe_all(&[pod]).pop().unwrap_or(false)
+    }
+
+    /// Stops following each of `pods`, in order, as [`Engines::unsubscribe`]
+    /// would one by one; whether each was followed. The kept subscriptions
+    /// are written once for all of them and their pods leave the index in
+    /// one step, where one by one each would write and sync the file of
+    /// every subscription left and copy the registry of every pod left.
+    pub fn unsubscribe_all(&self, pods: &[&str]) -> Vec<bool> {
+        if pods.is_empty() {
+            return Vec::new();
+        }
         let mut keeper = self.keeper.lock();
-        keeper.unsubscribed(crate::clock::now_ms(), pod);
-        self.take_out(pod).is_some()
+        keeper.unsubscribed(crate::clock::now_ms(), pods.iter().copied());
+        let taken = self.take_out_all(pods);
+        taken.iter().map(Option::is_some).collect()
     }
 
     /// Takes `pod` out of the followed set and drops its engine state; the
     /// pod stays in `leaving` while the answer lives. `None` when it was
     /// not followed.
     fn take_out<'a>(&'a self, pod: &'a str) -> Option<Leaving<'a>> {
-        let old = {
+        self.take_out_all(&[pod]).pop().flatten()
+    }
+
+    /// Takes each of `pods` out of the followed set, as
+    /// [`Engines::take_out`] would one by one, and drops their engine
+    /// states in one step ([`Index::drop_engine_pods`]).
+    fn take_out_all<'a>(&'a self, pods: &[&'a str]) -> Vec<Option<Leaving<'a>>> {
+        let mut olds = Vec::new();
+        let taken = {
             let mut running = self.running.lock();
-            let old = running.remove(pod)?;
-            self.leaving.lock().insert(pod.into());
-            old
+            let mut leaving = self.leaving.lock();
+            pods.iter()
+                .map(|&pod| {
+                    let old = running.remove(pod)?;
+                    leaving.insert(pod.into());
+                    olds.push((pod, old));
+                    Some(Leaving { engines: self, pod })
+                })
+                .collect()
         };
-        let leaving = Leaving { engines: self, pod };
-        old.stop.cancel();
-        if old.exited.is_some() {
-            // Its shard drops it now rather than at its next look.
-            let _ = self.shard_of(pod, |s| s.send(shard::Command::Remove(pod.into())));
+        for (pod, old) in &olds {
+            old.stop.cancel();
+            if old.exited.is_some() {
+                // Its shard drops it now rather than at its next look.
+                let _ = self.shard_of(pod, |s| s.send(shard::Command::Remove((*pod).into())));
+            }
         }
-        // Waits for a batch being applied, or a snapshot reading the engine,
-        // to end; `running` is free meanwhile, for lists and metrics.
-        self.index.drop_engine_pod(pod);
-        Some(leaving)
+        // Waits for batches being applied, or a snapshot reading the
+        // engines, to end; `running` is free meanwhile, for lists and
+        // metrics.
+        let names: Vec<&str> = olds.iter().map(|&(pod, _)| pod).collect();
+        self.index.drop_engine_pods(&names);
+        taken
     }
 
     /// Every subscription and its state, by pod name.
@@ -455,9 +526,13 @@ impl Engines {
         // Even where the central collector keeps unfollowed pods, a
         // configured one unsubscribed at run time keeps nothing of the
         // snapshot: nothing would update it.
-        for pod in &kept.unsubscribed {
-            let followed = self.running.lock().contains_key(pod);
-            if !followed && self.index.drop_engine_pod(pod) {
+        let gone: Vec<&str> = {
+            let running = self.running.lock();
+            let pods = kept.unsubscribed.iter().map(String::as_str);
+            pods.filter(|pod| !running.contains_key(*pod)).collect()
+        };
+        for (pod, dropped) in gone.iter().zip(self.index.drop_engine_pods(&gone)) {
+            if dropped {
                 tracing::info!(%pod, "an engine-fed pod of the snapshot was unsubscribed at run time: dropped");
             }
         }
@@ -498,8 +573,14 @@ impl Engines {
     /// Drops the engine-fed pods that no subscription follows.
     fn drop_unfollowed(&self) {
         let running = self.running.lock();
-        for (pod, _) in self.index.engines() {
-            if !running.contains_key(&pod) && self.index.drop_engine_pod(&pod) {
+        let engines = self.index.engines();
+        let gone: Vec<&str> = engines
+            .iter()
+            .map(|(pod, _)| pod.as_str())
+            .filter(|pod| !running.contains_key(*pod))
+            .collect();
+        for (pod, dropped) in gone.iter().zip(self.index.drop_engine_pods(&gone)) {
+            if dropped {
                 tracing::info!(%pod, "an engine-fed pod of the snapshot is followed by no subscription any more: dropped");
             }
         }
@@ -551,7 +632,9 @@ impl Engines {
             // not fed from two sources.
             return None;
         }
-        if running.len() >= self.cfg.max_engines {
+        // Relaxed: written under `running`'s lock, which we hold.
+        let reserved = self.reserved.load(Ordering::Relaxed);
+        if running.len() + reserved >= self.cfg.max_engines {
             return None;
         }
         let sub = Subscription {
@@ -690,6 +773,28 @@ mod tests {
                 (followed, followed)
             );
         }
+        stop.cancel();
+        engines.join();
+    }
+
+    /// While a batch of subscriptions holds slots of `max-engines` for the
+    /// pods it registered, the central collector meets new pods only in
+    /// the room left beside them, and in all of it once the batch ends.
+    #[test]
+    fn the_collector_leaves_a_batch_the_slots_it_holds() {
+        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
+        let stop = CancellationToken::new();
+        let cfg = EngineConfig {
+            max_engines: 2,
+            ..EngineConfig::default()
+        };
+        let engines = Engines::new(index, cfg, stop.clone(), None).unwrap();
+        let held = Reservation::hold(&engines, &engines.running.lock(), 1);
+        assert!(engines.central_pod("x", "m").is_some());
+        assert!(engines.central_pod("y", "m").is_none());
+        drop(held);
+        assert!(engines.central_pod("y", "m").is_some());
+        assert!(engines.central_pod("z", "m").is_none());
         stop.cancel();
         engines.join();
     }

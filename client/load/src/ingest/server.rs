@@ -7,7 +7,7 @@ use std::time::Duration;
 use engine_sim::BLOCK_TOKENS;
 use prefix_client::{Client, ClientConfig};
 use prefix_proto::key::token_key;
-use prefix_proto::EngineStatus;
+use prefix_proto::{EngineStatus, Op, Reply};
 
 use super::plan::Check;
 use super::publish::PUBLISH_THREAD;
@@ -117,18 +117,37 @@ impl Server {
         Ok((checks.len(), right))
     }
 
-    /// Stops following the engines (their threads end, the pods go).
-    pub(super) async fn unsubscribe(&self, pods: &[String]) {
-        for pod in pods {
-            match self {
-                Server::Embedded(s) => {
-                    s.engines.unsubscribe(pod);
+    /// Stops following the engines (their threads end, the pods go),
+    /// `batch` ops to a request as they were subscribed.
+    pub(super) async fn unsubscribe(&self, pods: &[String], batch: usize) {
+        let c = match self {
+            Server::Embedded(s) => {
+                let pods: Vec<&str> = pods.iter().map(String::as_str).collect();
+                s.engines.unsubscribe_all(&pods);
+                return;
+            }
+            Server::Remote(c) => c,
+        };
+        for chunk in pods.chunks(batch.max(1)) {
+            if let [pod] = chunk {
+                if let Err(e) = c.unsubscribe_engine(pod).await {
+                    tracing::warn!(pod, "unsubscribing: {e}");
                 }
-                Server::Remote(c) => {
-                    if let Err(e) = c.unsubscribe_engine(pod).await {
-                        tracing::warn!(pod, "unsubscribing: {e}");
+                continue;
+            }
+            let ops = chunk
+                .iter()
+                .map(|pod| Op::Unsubscribe { pod: pod.clone() })
+                .collect();
+            match c.batch(ops).await {
+                Ok(replies) => {
+                    for (pod, reply) in chunk.iter().zip(replies) {
+                        if let Reply::Error { code, message } = reply {
+                            tracing::warn!(pod, "unsubscribing: {code:?}: {message}");
+                        }
                     }
                 }
+                Err(e) => tracing::warn!(pods = chunk.len(), "unsubscribing: {e}"),
             }
         }
     }

@@ -469,6 +469,26 @@ fn groups_live_in_hidden_pods_no_caller_can_name() {
     assert_eq!(answer(&index, &p), [("pod".to_string(), 4)]);
 }
 
+/// A hybrid engine-fed pod dropped (its engine unsubscribed) takes its
+/// groups' hidden pods and its group table with it: a pod of that name is
+/// then a gateway's plain pod again.
+#[test]
+fn a_dropped_hybrid_pod_takes_its_groups() {
+    let (index, e, p) = hybrid();
+    store_all(&index, &e, &p, FULL, 0..10);
+    store_all(&index, &e, &p, WINDOW, 8..10);
+    let hidden = "pod\u{0}1";
+    assert!(index.is_grouped("pod"));
+    assert!(index.sh.pods.id(hidden, &index.pin()).is_some());
+    assert_eq!(index.drop_engine_pods(&["pod"]), [true]);
+    assert!(!index.is_grouped("pod"));
+    assert!(index.sh.pods.id(hidden, &index.pin()).is_none());
+    assert!(answer(&index, &p).is_empty());
+    index.insert("m", &p.key(0, 4), "pod", T0).unwrap();
+    drop(e);
+    assert_eq!(answer(&index, &p), [("pod".to_string(), 4)]);
+}
+
 #[test]
 fn a_clear_empties_every_group_and_the_kinds_stay_known() {
     let (index, e, p) = hybrid();
