@@ -87,10 +87,11 @@ impl Index {
     }
 
     /// Stops feeding each of `pods` from its engine, as
-    /// [`Index::drop_engine_pod`] would one by one, with one copy of the pod
-    /// registry and one of the pods' states for all of them (one by one,
-    /// each copies those of every pod left: a fleet unsubscribed at once
-    /// would cost their square). Whether each was engine-fed.
+    /// [`Index::drop_engine_pod`] would one by one, with one copy each of
+    /// the pod registry, the pods' states and their group tables for all of
+    /// them (one by one, each copies those of every pod left: a fleet
+    /// unsubscribed at once would cost their square). Whether each was
+    /// engine-fed.
     pub fn drop_engine_pods(&self, pods: &[&str]) -> Vec<bool> {
         let mut dropped = Vec::new();
         let found = {
