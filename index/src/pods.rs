@@ -355,29 +355,7 @@ impl Pods {
 
     /// Marks `name` removed: its entries vanish from lookups at once.
     pub(crate) fn remove(&self, name: &str, epoch: &Epoch, pin: &Pin) -> bool {
-        let mut w = self.writer.lock();
-        let Some(PodId(id)) = self.id(name, pin) else {
-            return false;
-        };
-        // Release: pairs with the Acquire load in `is_live`; a reader that
-        // sees DEAD stops counting this pod's entries.
-        self.slots[id as usize].state.store(DEAD, Ordering::Release);
-        self.publish(
-            |m| {
-                m.remove(name);
-            },
-            epoch,
-            pin,
-        );
-        // Lookups read liveness from the rank table: republish it before
-        // returning, so a lookup that starts after this call skips the pod.
-        self.rank(w.next, epoch, pin);
-        w.dead.push(Dead {
-            id,
-            quiet: None,
-            draining: false,
-        });
-        true
+        self.remove_many(&[name], epoch, pin)[0]
     }
 
     /// Marks each of `names` removed, as [`Pods::remove`] would one by one,
@@ -397,7 +375,8 @@ impl Pods {
                     // Named twice: removed by its first mention.
                     return false;
                 }
-                // Release: as in `remove`.
+                // Release: pairs with the Acquire load in `is_live`; a
+                // reader that sees DEAD stops counting this pod's entries.
                 self.slots[id as usize].state.store(DEAD, Ordering::Release);
                 gone.push((name, id));
                 true
@@ -415,7 +394,8 @@ impl Pods {
             epoch,
             pin,
         );
-        // As in `remove`: republished before returning.
+        // Lookups read liveness from the rank table: republish it before
+        // returning, so a lookup that starts after this call skips the pods.
         self.rank(w.next, epoch, pin);
         w.dead.extend(gone.into_iter().map(|(_, id)| Dead {
             id,

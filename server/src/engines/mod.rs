@@ -531,11 +531,10 @@ impl Engines {
             let pods = kept.unsubscribed.iter().map(String::as_str);
             pods.filter(|pod| !running.contains_key(*pod)).collect()
         };
-        for (pod, dropped) in gone.iter().zip(self.index.drop_engine_pods(&gone)) {
-            if dropped {
-                tracing::info!(%pod, "an engine-fed pod of the snapshot was unsubscribed at run time: dropped");
-            }
-        }
+        self.drop_pods(
+            &gone,
+            "an engine-fed pod of the snapshot was unsubscribed at run time: dropped",
+        );
         if self.cfg.listen.is_none() {
             self.drop_unfollowed();
         }
@@ -579,9 +578,18 @@ impl Engines {
             .map(|(pod, _)| pod.as_str())
             .filter(|pod| !running.contains_key(*pod))
             .collect();
-        for (pod, dropped) in gone.iter().zip(self.index.drop_engine_pods(&gone)) {
+        self.drop_pods(
+            &gone,
+            "an engine-fed pod of the snapshot is followed by no subscription any more: dropped",
+        );
+    }
+
+    /// Drops the engine-fed pods of `pods` in one step, logging `why` for
+    /// each that was engine-fed.
+    fn drop_pods(&self, pods: &[&str], why: &str) {
+        for (pod, dropped) in pods.iter().zip(self.index.drop_engine_pods(pods)) {
             if dropped {
-                tracing::info!(%pod, "an engine-fed pod of the snapshot is followed by no subscription any more: dropped");
+                tracing::info!(%pod, "{why}");
             }
         }
     }
