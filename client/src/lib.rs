@@ -49,6 +49,6 @@ mod tls;
 pub use client::{Client, ClientConfig, Server, ServerAddr};
 pub use cluster::{place, replicas, Cluster, ReplicaSets, ReplicaStats, Replication};
 pub use error::{ClientError, ConnectError};
-pub use index::{DetailResult, Index, LookupResult, Route, Writes};
+pub use index::{DetailResult, Index, LookupResult, Route, TiersResult, Writes};
 pub use pem::{load_certs, load_key, TlsError};
 pub use tls::{TlsConfig, DEFAULT_IDLE_TIMEOUT, MIN_IDLE_TIMEOUT};

@@ -7,9 +7,14 @@
 //! - **lower tiers**: an engine that offloads blocks to CPU memory or
 //!   storage (vLLM's offloading connector, `medium` `CPU`) reloads, after
 //!   the blocks its GPU holds, the run of following blocks a lower tier
-//!   holds. A subscription that follows lower tiers holds their blocks
-//!   apart, as a hidden pod of each tiered pod (`{pod}\0` and
-//!   [`LOWER`]), each block alone; the answer counts that run.
+//!   holds. A subscription that follows lower tiers holds each tier's
+//!   blocks apart, as a hidden pod of the tiered pod per tier
+//!   (`{pod}\0` and [`lower_lane`]), each block alone. A detailed answer
+//!   counts the run that any of the tiers holds; a tiered answer
+//!   ([`Reader::lookup_tiers`]) gives each tier's **reach**: how far the
+//!   match extends with that tier and the ones before it in the
+//!   subscription's order (a block counts when any of them holds it, as an
+//!   engine reloads a block from whichever tier has it).
 //! - **views**: the follower of each engine says whether the pod's blocks
 //!   are the engine's cache event by event, or not right now (learning
 //!   again after a resync, replaying, disconnected); a match that rests on
@@ -18,7 +23,9 @@
 use std::collections::HashMap;
 
 use crate::engine::PINNED;
-use crate::groups::{hidden_name, LOWER};
+use smallvec::SmallVec;
+
+use crate::groups::{hidden_name, lower_lane};
 use crate::index::{Index, Reader};
 use crate::node_ref::NodeRef;
 use crate::pods::PodId;
@@ -79,8 +86,9 @@ impl View {
 pub(crate) struct PodState {
     /// The follower's view; `None` until it says (taken as exact).
     view: Option<View>,
-    /// Whether a lower tier holds blocks of the pod (its hidden pod).
-    tiered: bool,
+    /// How many of the pod's lower tiers have held blocks: one past the
+    /// highest tier index stored to (their hidden pods).
+    tiers: u8,
 }
 
 /// Engine-fed pods' states by name.
@@ -102,6 +110,32 @@ pub struct DetailMatch {
     /// entry on the last block it matches was last written (how near it is
     /// to its TTL); 0 for every other view.
     pub age: u64,
+}
+
+/// One pod's tiered answer ([`Reader::lookup_tiers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierMatch {
+    /// The pod.
+    pub pod: PodId,
+    /// Leading blocks of the key its primary tier (the GPU) holds.
+    pub blocks: u32,
+    /// For each of its lower tiers, in the subscription's order: the
+    /// leading blocks of the key held by the primary tier, that tier and the
+    /// tiers before it (a block counts when any of them holds it), whole
+    /// engine blocks. Never less than `blocks`, nor than the tier before.
+    /// Empty for a pod without lower tiers.
+    pub reach: SmallVec<[u32; 4]>,
+}
+
+/// A tiered lookup's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tiered {
+    /// The key's length in blocks (after the key limit).
+    pub key_blocks: u32,
+    /// Pods whose `blocks` or any reach is above 0: those of the plain
+    /// answer in its order, then pods held only by lower tiers, by their
+    /// last reach descending.
+    pub matches: Vec<TierMatch>,
 }
 
 /// A detailed lookup's answer.
@@ -149,9 +183,16 @@ impl Index {
         }
     }
 
-    /// Records that a lower tier holds blocks of `pod`.
-    pub(crate) fn set_tiered(&self, pod: &str) {
-        self.update_state(pod, |s| s.tiered = true);
+    /// Records that lower tier `tier` (0-based) holds blocks of `pod`.
+    pub(crate) fn set_tiered(&self, pod: &str, tier: u32) {
+        let n = u8::try_from(tier.saturating_add(1)).unwrap_or(u8::MAX);
+        self.update_state(pod, |s| s.tiers = s.tiers.max(n));
+    }
+
+    /// How many lower tiers of `pod` have held blocks (see [`PodState`]).
+    pub(crate) fn lower_tiers(&self, pod: &str, pin: &Pin) -> u32 {
+        let states = self.sh.states.get(pin);
+        states.get(pod).map_or(0, |s| u32::from(s.tiers))
     }
 
     /// Forgets the states of `pods` (their engines are dropped, their
@@ -196,6 +237,52 @@ impl Reader<'_> {
         candidates: Option<&[&str]>,
         now: u64,
     ) -> Detailed {
+        let mut out = Detailed {
+            key_blocks: 0,
+            matches: Vec::new(),
+        };
+        out.key_blocks = self.walk_detail(model, key, candidates, now, |d, reach| {
+            let lower = reach.last().map_or(0, |&r| r - d.blocks);
+            out.matches.push(DetailMatch { lower, ..d });
+        });
+        out
+    }
+
+    /// As [`Reader::lookup`], with the reach of each pod's lower tiers
+    /// ([`Tiered`]): what a router weighing a pod's CPU or storage hits
+    /// needs, in one call. Costs as [`Reader::lookup_detail`].
+    pub fn lookup_tiers(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+        now: u64,
+    ) -> Tiered {
+        let mut out = Tiered {
+            key_blocks: 0,
+            matches: Vec::new(),
+        };
+        out.key_blocks = self.walk_detail(model, key, candidates, now, |d, reach| {
+            out.matches.push(TierMatch {
+                pod: d.pod,
+                blocks: d.blocks,
+                reach: reach.into(),
+            });
+        });
+        out
+    }
+
+    /// The plain lookup, then each pod's detail and its lower tiers' reach,
+    /// handed to `each` in the answers' order (see [`Detailed::matches`]);
+    /// returns the key's length in blocks.
+    fn walk_detail(
+        &self,
+        model: &str,
+        key: &[u64],
+        candidates: Option<&[&str]>,
+        now: u64,
+        mut each: impl FnMut(DetailMatch, &[u32]),
+    ) -> u32 {
         let mut found = Vec::new();
         let key_blocks = self.lookup_into(model, key, candidates, now, &mut found);
         let index = self.index();
@@ -213,16 +300,17 @@ impl Reader<'_> {
             states,
             now,
         };
-        let mut matches: Vec<DetailMatch> = found.iter().map(|m| on.detail(*m)).collect();
-        if !sh.pods.any_precise() {
-            return Detailed {
-                key_blocks,
-                matches,
-            };
+        let mut reach: SmallVec<[u32; 4]> = SmallVec::new();
+        for m in &found {
+            let d = on.detail(*m, &mut reach);
+            each(d, &reach);
         }
-        // Pods held by a lower tier alone.
-        let plain = matches.len();
-        for (name, _) in states.iter().filter(|(_, s)| s.tiered) {
+        if !sh.pods.any_precise() {
+            return key_blocks;
+        }
+        // Pods held by lower tiers alone, by their last reach descending.
+        let mut lower_only: Vec<(DetailMatch, SmallVec<[u32; 4]>)> = Vec::new();
+        for (name, _) in states.iter().filter(|(_, s)| s.tiers > 0) {
             if candidates.is_some_and(|c| !c.contains(&&**name)) {
                 continue;
             }
@@ -232,16 +320,16 @@ impl Reader<'_> {
             if !sh.pods.is_match(id.0) || found.iter().any(|m| m.pod == id) {
                 continue;
             }
-            let d = on.detail(Match { pod: id, blocks: 0 });
-            if d.lower > 0 {
-                matches.push(d);
+            let d = on.detail(Match { pod: id, blocks: 0 }, &mut reach);
+            if reach.last().is_some_and(|&r| r > 0) {
+                lower_only.push((d, reach.clone()));
             }
         }
-        matches[plain..].sort_by_key(|d| std::cmp::Reverse(d.lower));
-        Detailed {
-            key_blocks,
-            matches,
+        lower_only.sort_by_key(|(_, r)| std::cmp::Reverse(r.last().copied()));
+        for (d, r) in &lower_only {
+            each(*d, r);
         }
+        key_blocks
     }
 }
 
@@ -267,9 +355,12 @@ impl OnPath<'_, '_> {
             .filter(|&t| self.now.saturating_sub(t) <= sh.ttl_ms)
     }
 
-    fn detail(&self, m: Match) -> DetailMatch {
+    /// `m`'s detail (its `lower` left 0), and in `reach` the reach of
+    /// each of its lower tiers (see [`TierMatch::reach`]).
+    fn detail(&self, m: Match, reach: &mut SmallVec<[u32; 4]>) -> DetailMatch {
         let (sh, pin) = (self.sh, self.pin);
         let (pod, blocks) = (m.pod, m.blocks);
+        reach.clear();
         if !sh.pods.is_precise(pod.0) {
             let written = blocks.checked_sub(1).and_then(|b| self.entry(pod.0, b));
             return DetailMatch {
@@ -293,23 +384,32 @@ impl OnPath<'_, '_> {
             view = View::Speculative;
         }
         // A hybrid pod's lower tiers are not modelled (see `docs`).
-        let lower_id = match (state.tiered && !sh.pods.is_hybrid(pod.0), name) {
-            (true, Some(name)) => sh.pods.id(&hidden_name(name, LOWER), pin),
-            _ => None,
-        };
-        let lower = lower_id.map_or(0, |lower| {
-            // Whole engine blocks, as the engine reloads them.
+        if let (Some(name), false) = (name, state.tiers == 0 || sh.pods.is_hybrid(pod.0)) {
+            let tiers: SmallVec<[Option<PodId>; 4]> = (0..u32::from(state.tiers))
+                .map(|t| sh.pods.id(&hidden_name(name, lower_lane(t)), pin))
+                .collect();
+            // Whole engine blocks, as the engine reloads them: each unit
+            // after the match is read at its last block, and noted with the
+            // first tier (in the subscription's order) that holds it.
             let align = sh.pods.align(pod.0).max(1);
             let mut end = blocks;
-            while self.entry(lower.0, end + align - 1).is_some() {
+            let mut first: SmallVec<[u8; 32]> = SmallVec::new();
+            while let Some(t) = tiers
+                .iter()
+                .position(|id| id.is_some_and(|id| self.entry(id.0, end + align - 1).is_some()))
+            {
+                first.push(t as u8);
                 end += align;
             }
-            end - blocks
-        });
+            for t in 0..tiers.len() {
+                let run = first.iter().take_while(|&&f| usize::from(f) <= t).count() as u32;
+                reach.push(blocks + run * align);
+            }
+        }
         DetailMatch {
             pod,
             blocks,
-            lower,
+            lower: 0,
             view,
             age: 0,
         }

@@ -108,6 +108,14 @@ pub enum EngineError {
         /// The configured `max_engine_groups` (at most 64).
         max: u32,
     },
+    /// An event named a lower cache tier past the most a pod may have.
+    #[error("lower cache tier {tier} is past the {max} a pod may have")]
+    Tier {
+        /// The tier's index among the pod's lower tiers.
+        tier: u32,
+        /// [`crate::MAX_LOWER_TIERS`].
+        max: u32,
+    },
     /// A snapshot's engine record was refused.
     #[error("engine block {hash:#x} of the snapshot: {why}")]
     Record {

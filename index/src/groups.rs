@@ -151,10 +151,25 @@ pub(crate) struct GroupTable {
 /// from outside may not hold it ([`crate::PodError::Reserved`]).
 pub(crate) const HIDDEN_MARK: char = '\0';
 
-/// The lane and hidden-pod index of a pod's lower cache tiers
+/// The lane and hidden-pod index of a pod's first lower cache tier
 /// (`crate::detail`): past every group index an engine may name
-/// (`max_engine_groups` is at most 64).
+/// (`max_engine_groups` is at most 64). Lower tier `t` (0-based, in the
+/// subscription's order) is lane `LOWER + t`.
 pub(crate) const LOWER: u32 = 64;
+
+/// The most lower cache tiers one engine-fed pod may have apart from its
+/// primary one ([`crate::MAX_LOWER_TIERS`]).
+pub const MAX_LOWER_TIERS: u32 = 16;
+
+/// The lane and hidden-pod index of lower tier `tier` (0-based).
+pub(crate) fn lower_lane(tier: u32) -> u32 {
+    LOWER + tier
+}
+
+/// Whether `idx` is the lane of a lower tier.
+pub(crate) fn is_lower_lane(idx: u32) -> bool {
+    (LOWER..LOWER + MAX_LOWER_TIERS).contains(&idx)
+}
 
 /// The name of the hidden pod holding group `idx` of `pod`.
 pub(crate) fn hidden_name(pod: &str, idx: u32) -> String {

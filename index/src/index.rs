@@ -221,7 +221,16 @@ impl Index {
     pub fn stats(&self) -> Stats {
         let pin = self.pin();
         let c = &self.sh.counters;
+        let trees = self.models(&pin).values();
+        let (aliases, alias_bytes) = trees.fold((0, 0), |(n, b), tree| {
+            (
+                n + tree.aliases.len() as u64,
+                b + tree.aliases.bytes(&pin) as u64,
+            )
+        });
         Stats {
+            aliases,
+            alias_bytes,
             models: self.models(&pin).len() as u64,
             pods: self.sh.pods.live_count(&pin) as u64,
             nodes: Counters::get(&c.nodes),

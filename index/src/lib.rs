@@ -105,6 +105,7 @@
 //!   evicted or removed since); a lookup concurrent with writes may miss them
 //!   but never reports a block that a pod was not given.
 
+mod aliases;
 mod children;
 pub mod config;
 mod detail;
@@ -116,6 +117,7 @@ mod node;
 mod node_ref;
 mod pods;
 mod reclaim;
+mod sets;
 mod shared;
 mod slots;
 pub mod snapshot;
@@ -129,12 +131,15 @@ mod walk;
 mod loom_tests;
 
 pub use config::IndexConfig;
-pub use detail::{DetailMatch, Detailed, View};
-pub use engine::{Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED};
+pub use detail::{DetailMatch, Detailed, TierMatch, Tiered, View};
+pub use engine::{
+    Alias, Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED,
+};
 pub use error::{EngineError, InsertError, PodError};
-pub use groups::{Group, GroupKind};
+pub use groups::{Group, GroupKind, MAX_LOWER_TIERS};
 pub use index::{Index, Lookup, Reader};
 pub use pods::PodId;
+pub use sets::{SetError, MAX_SETS};
 pub use snapshot::{RestoreSummary, Snapshot, SnapshotError, WriteSummary};
 pub use stats::Stats;
 pub use sweep::SweepReport;

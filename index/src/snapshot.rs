@@ -30,16 +30,22 @@
 //!          ( Engine { pod, engine_block, our_block, last_batch }
 //!            EngineGroups { groups }?
 //!            ( EngineModel { name }  Block { hash, parent, copies, data }*
-//!              GroupCopies { group, blocks }* )* )*
+//!              GroupCopies { group, blocks }*  BlockAliases { blocks }? )* )*
 //!          (a Block's data: our hashes, a page, or a page with an identity seed)
 //!          Engines { engines, blocks }             (version 2)
+//!          SetBlocks { model, pod, set, hashes }*
 //!          End { pods, models, nodes }
 //! ```
 //!
 //! `EngineGroups` (each KV-cache group's index and kind) and `GroupCopies`
 //! (the blocks a group after the first holds, by engine hash, with their
-//! copies) are written only for hybrid models' pods (`crate::groups`), so
-//! snapshots without them read in servers that predate them.
+//! copies) are written only for hybrid models' pods (`crate::groups`), and
+//! `BlockAliases` (each named block's engine hash, its name in another
+//! indexer's hashes and the alias seed its children inherit, 0 for none:
+//! `crate::aliases`) only for engines whose blocks are named so, so
+//! snapshots without them read in servers that predate them. `SetBlocks`
+//! (the hashes one set of a pod holds under one model: `crate::sets`) is
+//! written only for pods with sets, for the same reason.
 //!
 //! `Node::parent` is the index of the parent among the model's nodes (or
 //! `ROOT`), and nodes come in pre-order, so a reader rebuilds each node's key
@@ -47,6 +53,7 @@
 //! version, references, the pre-order, the end counts) before anything is
 //! applied, so a damaged file is refused whole, never half restored.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use bincode::{Decode, Encode};
@@ -56,7 +63,9 @@ use xxhash_rust::xxh3::Xxh3;
 use crate::engine::{
     Data, DataRef, EngineOp, EngineSpec, Extra, Lane, Page, Record as EngineRecord,
 };
-use crate::groups::GroupKind;
+use crate::groups::{GroupKind, HIDDEN_MARK};
+use crate::pods::PodId;
+use crate::sets::{split_set, MAX_SETS};
 use crate::walk::Walk;
 use crate::Index;
 
@@ -126,6 +135,15 @@ enum Record {
     GroupCopies {
         group: u32,
         blocks: Vec<(u64, u32)>,
+    },
+    BlockAliases {
+        blocks: Vec<(u64, u64, u64)>,
+    },
+    SetBlocks {
+        model: String,
+        pod: String,
+        set: u32,
+        hashes: Vec<u64>,
     },
 }
 
@@ -231,6 +249,15 @@ enum RecordRef<'a> {
         group: u32,
         blocks: &'a [(u64, u32)],
     },
+    BlockAliases {
+        blocks: &'a [(u64, u64, u64)],
+    },
+    SetBlocks {
+        model: &'a str,
+        pod: &'a str,
+        set: u32,
+        hashes: &'a [u64],
+    },
 }
 
 /// Why bytes are not a snapshot this version can restore.
@@ -298,6 +325,8 @@ pub struct RestoreSummary {
     pub refused: u64,
     /// Engine block records restored.
     pub engine_blocks: u64,
+    /// Blocks of pods' sets restored (`Index::set_hold`).
+    pub set_blocks: u64,
 }
 
 /// Feeds everything written into a hash on its way out.
@@ -469,12 +498,23 @@ impl Index {
                         blocks,
                     })?;
                 }
+                let named: Vec<(u64, u64, u64)> = records
+                    .aliased()
+                    .map(|(at, name, _)| {
+                        let seed = records.alias_seed(at).unwrap_or(0);
+                        (records.hash(at), name, seed)
+                    })
+                    .collect();
+                if !named.is_empty() {
+                    w.record(&RecordRef::BlockAliases { blocks: &named })?;
+                }
             }
         }
         w.record(&RecordRef::Engines {
             engines,
             blocks: sum.engine_blocks,
         })?;
+        self.write_sets(&mut w)?;
         w.record(&RecordRef::End {
             pods: sum.pods as u32,
             models: sum.models as u32,
@@ -485,6 +525,43 @@ impl Index {
         w.inner.flush()?;
         sum.bytes = w.bytes + 8;
         Ok(sum)
+    }
+}
+
+impl Index {
+    /// Writes every pod's sets (`crate::sets`): the hashes each holds at
+    /// the root of each model's tree, by model, then pod and set.
+    fn write_sets(&self, w: &mut Hashing<impl Write>) -> io::Result<()> {
+        let sh = &self.sh;
+        let pin = self.pin();
+        let mut models: Vec<_> = self.models(&pin).iter().collect();
+        models.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (model, tree) in models {
+            let mut sets: BTreeMap<(&str, u32), Vec<u64>> = BTreeMap::new();
+            let mut walk = Walk::new(tree.root(&pin), ());
+            while let Some(node) = walk.next_child() {
+                let Some(&first) = node.edge.first() else {
+                    continue;
+                };
+                node.pods.for_each(|id, _| {
+                    if !sh.pods.is_live(id) || !sh.pods.is_hidden(id) {
+                        return;
+                    }
+                    if let Some(held) = sh.pods.name(PodId(id), &pin).and_then(split_set) {
+                        sets.entry(held).or_default().push(first);
+                    }
+                });
+            }
+            for ((pod, set), hashes) in &sets {
+                w.record(&RecordRef::SetBlocks {
+                    model,
+                    pod,
+                    set: *set,
+                    hashes,
+                })?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -508,6 +585,8 @@ pub struct Snapshot {
     pods: Vec<(String, u64)>,
     models: Vec<ModelNodes>,
     engines: Vec<EngineSnap>,
+    /// Pods' sets: (model, pod, set, hashes).
+    sets: Vec<(String, String, u32, Vec<u64>)>,
 }
 
 /// One engine as read: its pod, block sizes, and records per model.
@@ -529,6 +608,8 @@ struct EngineModelSnap {
     name: String,
     blocks: Vec<(u64, EngineRecord)>,
     lanes: Vec<(u32, Vec<(u64, u32)>)>,
+    /// Named blocks: (engine hash, alias, inherited alias seed or 0).
+    aliases: Vec<(u64, u64, u64)>,
 }
 
 impl Snapshot {
@@ -578,6 +659,7 @@ impl Snapshot {
             pods: Vec::new(),
             models: Vec::new(),
             engines: Vec::new(),
+            sets: Vec::new(),
         };
         let mut engine_total: Option<(u32, u64)> = None;
         let mut engine_pods = std::collections::HashSet::new();
@@ -636,7 +718,22 @@ impl Snapshot {
                     if group == 0 {
                         return Err(SnapshotError::Invalid("group copies of the first group"));
                     }
+                    if !model.aliases.is_empty() {
+                        return Err(SnapshotError::Invalid("group copies after block aliases"));
+                    }
                     model.lanes.push((group, blocks));
+                }
+                Some(Record::BlockAliases { blocks }) => {
+                    let Some(model) = snap.engines.last_mut().and_then(|e| e.models.last_mut())
+                    else {
+                        return Err(SnapshotError::Invalid(
+                            "block aliases before any engine model",
+                        ));
+                    };
+                    if !model.aliases.is_empty() {
+                        return Err(SnapshotError::Invalid("two block aliases of one model"));
+                    }
+                    model.aliases = blocks;
                 }
                 Some(Record::EngineModel { name }) => {
                     let Some(engine) = snap.engines.last_mut() else {
@@ -646,6 +743,7 @@ impl Snapshot {
                         name,
                         blocks: Vec::new(),
                         lanes: Vec::new(),
+                        aliases: Vec::new(),
                     });
                 }
                 Some(Record::Block {
@@ -654,8 +752,12 @@ impl Snapshot {
                     copies,
                     data,
                 }) => {
-                    let Some(EngineModelSnap { blocks, lanes, .. }) =
-                        snap.engines.last_mut().and_then(|e| e.models.last_mut())
+                    let Some(EngineModelSnap {
+                        blocks,
+                        lanes,
+                        aliases,
+                        ..
+                    }) = snap.engines.last_mut().and_then(|e| e.models.last_mut())
                     else {
                         return Err(SnapshotError::Invalid(
                             "engine block before any engine model",
@@ -688,8 +790,10 @@ impl Snapshot {
                             seed,
                         })),
                     };
-                    if !lanes.is_empty() {
-                        return Err(SnapshotError::Invalid("engine block after group copies"));
+                    if !lanes.is_empty() || !aliases.is_empty() {
+                        return Err(SnapshotError::Invalid(
+                            "engine block after group copies or aliases",
+                        ));
                     }
                     blocks.push((hash, EngineRecord::new(parent, copies, data)));
                 }
@@ -747,6 +851,20 @@ impl Snapshot {
                     };
                     path.push(index);
                     model.nodes.push((parent, edge, entries));
+                }
+                Some(Record::SetBlocks {
+                    model,
+                    pod,
+                    set,
+                    hashes,
+                }) => {
+                    if engine_total.is_none() {
+                        return Err(SnapshotError::Invalid("set blocks before the engine count"));
+                    }
+                    if set >= MAX_SETS || pod.contains(HIDDEN_MARK) {
+                        return Err(SnapshotError::Invalid("a set out of range"));
+                    }
+                    snap.sets.push((model, pod, set, hashes));
                 }
                 Some(Record::End {
                     pods,
@@ -877,6 +995,7 @@ impl Snapshot {
                         .and_then(|()| {
                             index.restore_lanes(&mut engine, &snap.pod, &m.name, m.lanes)
                         })
+                        .and_then(|()| index.restore_aliases(&mut engine, &m.name, &m.aliases))
                         .is_err()
                 });
             if refused {
@@ -890,6 +1009,12 @@ impl Snapshot {
                 engine.set_last_batch(None);
             } else {
                 sum.engine_blocks += engine.blocks().saturating_sub(before) as u64;
+            }
+        }
+        for (model, pod, set, hashes) in &self.sets {
+            match index.set_hold(model, pod, *set, hashes) {
+                Ok(()) => sum.set_blocks += hashes.len() as u64,
+                Err(_) => sum.refused += 1,
             }
         }
         sum

@@ -98,6 +98,11 @@ pub struct Stats {
     pub engine_blocks: u64,
     /// Heap bytes those records take (map slots included).
     pub engine_bytes: u64,
+    /// Engine blocks' names in other indexers' hashes (`Alias`), one per
+    /// block of ours named, over every model.
+    pub aliases: u64,
+    /// Heap bytes of the tables that hold them.
+    pub alias_bytes: u64,
 }
 
 #[cfg(all(test, not(loom)))]

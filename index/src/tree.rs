@@ -7,6 +7,7 @@
 
 use smallvec::SmallVec;
 
+use crate::aliases::Aliases;
 use crate::children::Children;
 use crate::error::InsertError;
 use crate::groups::Rule;
@@ -31,6 +32,8 @@ pub struct Match {
 /// The tree of one model. The root has an empty edge and never holds pods.
 pub(crate) struct Tree {
     root: Root,
+    /// The model's engine blocks' names in other indexers' hashes.
+    pub(crate) aliases: Aliases,
 }
 
 /// What an insert does after one step.
@@ -45,7 +48,10 @@ enum Step<'g> {
 
 impl Tree {
     pub(crate) fn new() -> Self {
-        Tree { root: Root::new() }
+        Tree {
+            root: Root::new(),
+            aliases: Aliases::default(),
+        }
     }
 
     /// The root, under `pin` (of the index that owns this tree).

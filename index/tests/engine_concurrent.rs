@@ -131,6 +131,7 @@ fn apply(index: &Index, pod: &str, batches: &[Batch]) {
                 hashes: &hs[from..to],
                 tokens: &all_tokens[p as usize][from * OURS..to * OURS],
                 seeds: &[],
+                alias: prefix_index::Alias::None,
             };
             batch.apply("m", op).unwrap();
         }

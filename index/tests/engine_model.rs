@@ -163,6 +163,7 @@ impl Store {
             hashes: &self.hashes[start..end],
             tokens: &self.tokens[start * self.eb..end * self.eb],
             seeds: &[],
+            alias: prefix_index::Alias::None,
         }
     }
 

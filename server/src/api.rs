@@ -6,7 +6,14 @@
 //! sizes). Every request goes through the same [`Handler`] as a QUIC frame:
 //! the same limits, roles, metrics and answers. HTTP/1.1 and HTTP/2 (by
 //! ALPN) over TLS with the QUIC listener's certificate and client CA; a
-//! client certificate's role is read once per connection.
+//! client certificate's role is read once per connection. With
+//! `--http-plaintext`, plain HTTP instead (HTTP/1.1, and HTTP/2 with prior
+//! knowledge, told apart by the client's first bytes), for deployments
+//! inside a mesh that encrypts and authenticates on its own.
+//!
+//! The same listener serves the routers' drop-in APIs
+//! (`crate::routers`): NVIDIA Dynamo's indexer routes and SGLang's gRPC
+//! indexer service.
 //!
 //! The listener also answers the probes, `/healthz` and `/readyz`, as the
 //! metrics listener does ([`crate::http::probes`]).
@@ -70,11 +77,15 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::SampleKeys => (Method::POST, "/v1/sample-keys"),
         OpKind::LookupDetail => (Method::POST, "/v1/lookup-detail"),
         OpKind::Tail => (Method::POST, "/v1/tail"),
+        OpKind::LookupTiers => (Method::POST, "/v1/lookup-tiers"),
     }
 }
 
 /// What the routes share.
 pub struct Api {
+    /// One registration of a router's worker at a time (`crate::routers`):
+    /// what it checks is what it subscribes.
+    pub dynamo: tokio::sync::Mutex<()>,
     /// Applies the requests: the QUIC listener's.
     pub handler: Arc<Handler>,
     /// How text and token ids are hashed: the server's token block
@@ -89,8 +100,9 @@ pub struct Api {
 
 /// One connection's client, as its TLS handshake named it, its share of
 /// the blocking pool, and what its idle timer reads.
-struct Conn {
-    access: Access,
+pub(crate) struct Conn {
+    /// What the client may do.
+    pub(crate) access: Access,
     /// Heavy requests running at once (`--max-in-flight`): an HTTP/2
     /// connection multiplexes requests as a QUIC one does. A permit lives
     /// as long as its blocking job, even if the client gives up on it.
@@ -159,7 +171,7 @@ pub fn router(api: Arc<Api>) -> Router {
 }
 
 /// A body that was not taken.
-enum Unread {
+pub(crate) enum Unread {
     /// Refused with this protocol error (too large, or cut).
     Refused(Reply),
     /// It did not arrive within `--read-timeout` of the headers.
@@ -170,7 +182,7 @@ enum Unread {
 /// declared length is over the limit (so an `Expect: 100-continue` client
 /// is answered 413, never `100 Continue`), and cut off when it grows past
 /// the limit or stops arriving.
-async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, Unread> {
+pub(crate) async fn read_body(api: &Api, headers: &HeaderMap, body: Body) -> Result<Bytes, Unread> {
     let too_large = || {
         Unread::Refused(ErrorCode::FrameTooLarge.reply(format!(
             "the body exceeds http-max-body-bytes = {}",
@@ -309,8 +321,9 @@ fn status_of(code: Option<u16>) -> StatusCode {
 
 /// How the listener runs.
 pub struct Listener {
-    /// The server's TLS, with ALPN set for HTTP.
-    pub tls: Arc<rustls::ServerConfig>,
+    /// The server's TLS, with ALPN set for HTTP; none to serve plain HTTP
+    /// (`--http-plaintext`: HTTP/1.1, and HTTP/2 with prior knowledge).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Roles of client identities.
     pub roles: Roles,
     /// Connections at once (a budget of the API's own, beside QUIC's); more
@@ -350,7 +363,7 @@ pub async fn serve(
     hard: CancellationToken,
     tracker: TaskTracker,
 ) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(l.tls.clone());
+    let acceptor = l.tls.clone().map(tokio_rustls::TlsAcceptor::from);
     let open = Arc::new(Semaphore::new(l.max_connections));
     let l = Arc::new(l);
     loop {
@@ -386,37 +399,63 @@ pub async fn serve(
     drop(socket);
 }
 
+/// A connection's bytes, with TLS or without.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// Which HTTP a connection speaks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Speaks {
+    /// HTTP/1.1, as ALPN chose.
+    Http1,
+    /// HTTP/2, as ALPN chose.
+    Http2,
+    /// Either, told by the client's first bytes (plain HTTP: HTTP/2 with
+    /// prior knowledge, as gRPC clients speak it, or HTTP/1.1).
+    Either,
+}
+
 async fn serve_one(
     tcp: tokio::net::TcpStream,
     remote: SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
     app: Router,
     l: &Listener,
     token: CancellationToken,
     hard: CancellationToken,
 ) {
-    let handshake = tokio::time::timeout(l.read_timeout, acceptor.accept(tcp));
-    let tls = tokio::select! {
-        _ = token.cancelled() => return,
-        h = handshake => match h {
-            Ok(Ok(tls)) => tls,
-            Ok(Err(e)) => {
-                l.metrics.handshakes_failed.inc();
-                let reason = e.to_string();
-                match prefix_client::pem::explain_handshake(&reason) {
-                    Some(why) => tracing::warn!(%remote, %reason, "an HTTP client's handshake failed: {why}"),
-                    None => tracing::debug!(%remote, %reason, "HTTP handshake failed"),
-                }
-                return;
-            }
-            Err(_) => {
-                l.metrics.handshakes_failed.inc();
-                return;
-            }
-        },
+    let (io, certs, speaks): (Box<dyn Io>, _, _) = match acceptor {
+        None => (Box::new(tcp), None, Speaks::Either),
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(l.read_timeout, acceptor.accept(tcp));
+            let tls = tokio::select! {
+                _ = token.cancelled() => return,
+                h = handshake => match h {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        l.metrics.handshakes_failed.inc();
+                        let reason = e.to_string();
+                        match prefix_client::pem::explain_handshake(&reason) {
+                            Some(why) => tracing::warn!(%remote, %reason, "an HTTP client's handshake failed: {why}"),
+                            None => tracing::debug!(%remote, %reason, "HTTP handshake failed"),
+                        }
+                        return;
+                    }
+                    Err(_) => {
+                        l.metrics.handshakes_failed.inc();
+                        return;
+                    }
+                },
+            };
+            let certs = tls.get_ref().1.peer_certificates().map(<[_]>::to_vec);
+            let speaks = match tls.get_ref().1.alpn_protocol() == Some(b"h2") {
+                true => Speaks::Http2,
+                false => Speaks::Http1,
+            };
+            (Box::new(tls), certs, speaks)
+        }
     };
-    let certs = tls.get_ref().1.peer_certificates().map(<[_]>::to_vec);
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let access = l.roles.access(certs.as_deref());
     if let Access::Denied(who) = &access {
         tracing::warn!(%remote, client = %who, "an HTTP client with no role connected; its requests will be refused");
@@ -454,13 +493,14 @@ async fn serve_one(
             Ok::<_, std::convert::Infallible>(response)
         }
     });
-    // The protocol is the one ALPN chose: no sniffing of a preface that a
-    // silent client would never send.
+    // Over TLS the protocol is the one ALPN chose: no sniffing of a preface
+    // that a silent client would never send. Plain HTTP has no ALPN: the
+    // client's first bytes tell (a silent one is closed when idle).
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder = if h2 {
-        builder.http2_only()
-    } else {
-        builder.http1_only()
+    builder = match speaks {
+        Speaks::Http2 => builder.http2_only(),
+        Speaks::Http1 => builder.http1_only(),
+        Speaks::Either => builder,
     };
     builder
         .http1()
@@ -474,7 +514,7 @@ async fn serve_one(
         .keep_alive_timeout(l.idle_timeout / 2);
     // A client that stops reading its answers would hold the connection
     // (and the answer) for as long as it likes.
-    let mut io = tokio_io_timeout::TimeoutStream::new(tls);
+    let mut io = tokio_io_timeout::TimeoutStream::new(io);
     io.set_write_timeout(Some(l.write_timeout));
     let served = builder.serve_connection(TokioIo::new(Box::pin(io)), service);
     tokio::pin!(served);

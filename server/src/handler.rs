@@ -28,9 +28,9 @@ use std::time::Instant;
 use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats, View};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, OpKind, PodDetail, PodView,
-    Reply, Request, Response, ResponseWriter, SampledKey, WireStats, ANSWER_ROOM,
-    MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers,
+    PodView, Reply, Request, Response, ResponseWriter, SampledKey, TierReach, WireStats,
+    ANSWER_ROOM, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -119,6 +119,36 @@ pub struct Handler {
     /// The replica gate: writes held and lookups refused while the server
     /// fills itself from a peer, and the one snapshot it sends at a time.
     pub replica: Arc<Replica>,
+}
+
+/// Replies kept as values, in order: what the routers' drop-in routes
+/// (`crate::routers`) turn into another indexer's answers.
+#[derive(Debug, Default)]
+pub struct Captured {
+    /// The replies, one per op applied.
+    pub replies: Vec<Reply>,
+}
+
+impl Replies for Captured {
+    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
+        let matches = matches
+            .iter()
+            .map(|&(pod, blocks)| prefix_proto::PodBlocks {
+                pod: pod.into(),
+                blocks,
+            })
+            .collect();
+        self.replies.push(Reply::Lookup {
+            key_blocks,
+            matches,
+        });
+    }
+    fn reply(&mut self, reply: &Reply) {
+        self.replies.push(reply.clone());
+    }
+    fn written(&self) -> usize {
+        0
+    }
 }
 
 /// Replies nobody reads: held writes applied after a fill. Their errors
@@ -460,6 +490,46 @@ impl Handler {
                     })
                     .collect();
                 Reply::Detail {
+                    key_blocks: found.key_blocks,
+                    matches,
+                }
+            }
+            Op::LookupTiers {
+                model,
+                key,
+                candidates,
+            } => {
+                let names = names(candidates);
+                let found = reader.lookup_tiers(model, key, names.as_deref(), now);
+                let catalog = self.engines.as_ref().map(|e| e.catalog());
+                let matches = found
+                    .matches
+                    .iter()
+                    .filter_map(|m| {
+                        let pod = reader.pod_name(m.pod)?;
+                        let media = catalog
+                            .as_ref()
+                            .map(|c| c.lower_media(pod))
+                            .unwrap_or_default();
+                        let tiers = m
+                            .reach
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &blocks)| TierReach {
+                                medium: media
+                                    .get(i)
+                                    .map_or_else(|| format!("tier{i}"), |m| (*m).into()),
+                                blocks,
+                            })
+                            .collect();
+                        Some(PodTiers {
+                            pod: pod.into(),
+                            blocks: m.blocks,
+                            tiers,
+                        })
+                    })
+                    .collect();
+                Reply::Tiers {
                     key_blocks: found.key_blocks,
                     matches,
                 }

@@ -75,6 +75,7 @@ mod maintenance;
 mod metrics;
 mod repair;
 mod replica;
+mod routers;
 mod service;
 mod snapshot;
 mod stream;
@@ -89,7 +90,8 @@ pub use descriptors::{raise as raise_open_files, Raised as OpenFiles};
 pub use engines::apply::apply_batch;
 pub use engines::ZMQ_THREADS as ENGINE_ZMQ_THREADS;
 pub use engines::{
-    Allow as EngineAllow, Engines, Refusal as EngineRefusal, State as EngineStatus, Subscription,
+    Allow as EngineAllow, BlockAliases, Engines, Refusal as EngineRefusal, State as EngineStatus,
+    Subscription,
 };
 pub use handler::Handler;
 pub use http::PROBE_PATHS;
@@ -136,7 +138,7 @@ pub struct Server {
     endpoint: quinn::Endpoint,
     http: Option<tokio::net::TcpListener>,
     /// The HTTP/JSON API's socket and TLS, if it is on.
-    api: Option<(tokio::net::TcpListener, Arc<rustls::ServerConfig>)>,
+    api: Option<(tokio::net::TcpListener, Option<Arc<rustls::ServerConfig>>)>,
     index: Arc<Index>,
     metrics: Arc<Metrics>,
     /// The snapshot period, unless snapshots are off (by config, or because
@@ -159,11 +161,7 @@ impl Server {
     pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate()?;
         let tls = tls::rustls_config(&cfg)?;
-        let api_tls = cfg
-            .transport
-            .http_listen
-            .is_some()
-            .then(|| Arc::new(api::http_tls(tls.clone())));
+        let api_tls = (!cfg.transport.http_plaintext).then(|| Arc::new(api::http_tls(tls.clone())));
         let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls).map_err(|e| {
             tls::ServerTlsError::from(prefix_client::pem::TlsError::Quic(e.to_string()))
         })?;
@@ -194,14 +192,14 @@ impl Server {
             ),
             None => None,
         };
-        let api = match (cfg.transport.http_listen, api_tls) {
-            (Some(addr), Some(tls)) => Some((
+        let api = match cfg.transport.http_listen {
+            Some(addr) => Some((
                 tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(bind_err(addr))?,
-                tls,
+                api_tls,
             )),
-            _ => None,
+            None => None,
         };
         let index = Arc::new(Index::new(cfg.index.clone()));
         let metrics = Arc::<Metrics>::default();
@@ -532,15 +530,28 @@ impl Server {
             block_tokens: self.cfg.engines.token_block as usize,
             ..Default::default()
         };
-        let app = api::router(Arc::new(api::Api {
+        let api = Arc::new(api::Api {
+            dynamo: Default::default(),
             handler,
             keys,
             max_body: self.cfg.limits.http_max_body_bytes,
             read_timeout: self.cfg.transport.read_timeout,
-        }))
-        // A client of the API may not be one allowed to list engines.
-        .merge(http::probes(self.probe(tasks, ready, false)));
-        tracing::info!(http = %socket.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()), "serving the HTTP/JSON API");
+        });
+        let app = api::router(api.clone())
+            .merge(routers::router(api))
+            // A client of the API may not be one allowed to list engines.
+            .merge(http::probes(self.probe(tasks, ready, false)));
+        let addr = socket
+            .local_addr()
+            .map_or_else(|_| "?".into(), |a| a.to_string());
+        match tls {
+            Some(_) => tracing::info!(http = %addr, "serving the HTTP/JSON API (TLS)"),
+            None => tracing::warn!(
+                http = %addr,
+                "serving the HTTP/JSON API as PLAIN HTTP (--http-plaintext): no encryption and no \
+                 client identities; every client that reaches this port may read and write"
+            ),
+        }
         let listener = api::Listener {
             tls,
             roles: self.cfg.roles.clone(),

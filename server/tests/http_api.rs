@@ -832,7 +832,9 @@ async fn every_documented_route_answers_and_others_do_not() {
     let (server, addr) = start(|_| {}).await;
     let http = client(&server.ca, None, false);
     let bodies = |kind: OpKind| match kind {
-        OpKind::Lookup | OpKind::LookupDetail => Some(json!({"model": "m", "hashes": [1]})),
+        OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers => {
+            Some(json!({"model": "m", "hashes": [1]}))
+        }
         OpKind::Insert => Some(json!({"model": "m", "hashes": [1], "pod": "p"})),
         OpKind::RemovePod | OpKind::Unsubscribe => Some(json!({"pod": "p"})),
         OpKind::SetPodCapacity => Some(json!({"pod": "p", "blocks": 1})),

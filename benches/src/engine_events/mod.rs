@@ -48,8 +48,8 @@ use prefix_events::encode::Layout;
 use prefix_events::{decode_batch, DecodeLimits, Event, RawExtraKey, Removed, Stored};
 use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
 use prefix_proto::key::{hash_token_block_seeded, token_key};
-use prefix_server::apply_batch;
 use prefix_server::Subscription;
+use prefix_server::{apply_batch, BlockAliases};
 
 use crate::{mooncake, mooncake_path};
 
@@ -304,6 +304,7 @@ impl Ours {
                         hashes: &st.hashes,
                         tokens: &st.tokens,
                         seeds: &[],
+                        alias: prefix_index::Alias::None,
                     },
                     Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
                     Event::Cleared => EngineOp::Cleared,
@@ -322,7 +323,8 @@ impl Ours {
         let mut events = 0;
         for (pod, bytes) in payloads {
             let batch = decode_batch(bytes, &limits).expect("the batches are well formed");
-            events += apply_batch(&self.index, &subs[*pod], &self.engines[*pod], &batch).events;
+            let (engine, aliases) = (&self.engines[*pod], BlockAliases::None);
+            events += apply_batch(&self.index, &subs[*pod], engine, &batch, aliases).events;
         }
         events
     }

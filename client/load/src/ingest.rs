@@ -55,8 +55,8 @@ use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
 use prefix_proto::key::hash_token_block_seeded;
 use prefix_proto::{EngineSub, Op, Reply};
-use prefix_server::apply_batch;
 use prefix_server::Subscription;
+use prefix_server::{apply_batch, BlockAliases};
 use serde::Serialize;
 
 use crate::cpu;
@@ -676,7 +676,7 @@ fn in_process(plan: &Plan, subs: &[Subscription]) -> anyhow::Result<InProcess> {
             let t0 = Instant::now();
             let batch = decode_batch(payload, &limits)?;
             let t1 = Instant::now();
-            let out = apply_batch(&index, &subs[e], &handles[e], &batch);
+            let out = apply_batch(&index, &subs[e], &handles[e], &batch, BlockAliases::None);
             apply += t1.elapsed();
             decode += t1 - t0;
             stored += out.applied.stored;

@@ -33,7 +33,9 @@ use thiserror::Error;
 
 use crate::error::ErrorCode;
 use crate::key;
-use crate::message::{EngineState, EngineSub, Op, OpKind, PodDetail, Reply, Request, WireStats};
+use crate::message::{
+    EngineState, EngineSub, Op, OpKind, PodDetail, PodTiers, Reply, Request, WireStats,
+};
 
 /// How text and token ids become block hashes; every gateway of a model
 /// must agree on these.
@@ -285,6 +287,21 @@ pub enum JsonOp {
         #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
         candidates: Option<Vec<String>>,
     },
+    /// As lookup, each pod with how far each of its lower cache tiers
+    /// (CPU memory, storage) reaches.
+    LookupTiers {
+        /// Model name.
+        #[cfg_attr(feature = "clap", arg(long))]
+        model: String,
+        /// The key.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        key: KeySource,
+        /// Only these pods (comma-separated on the command line).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, value_delimiter = ','))]
+        candidates: Option<Vec<String>>,
+    },
     /// The writes the server applied from a position on (what a replica
     /// filled from its snapshot applies after it); without `from`, start
     /// keeping them and say where the next one will be.
@@ -320,7 +337,7 @@ impl JsonError {
 /// refuses others, which serde cannot do for objects with flattened parts.
 pub fn fields(kind: OpKind) -> &'static [&'static str] {
     match kind {
-        OpKind::Lookup | OpKind::LookupDetail => &[
+        OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers => &[
             "model",
             "text",
             "tokens",
@@ -378,6 +395,7 @@ impl JsonOp {
             JsonOp::SampleKeys { .. } => OpKind::SampleKeys,
             JsonOp::LookupDetail { .. } => OpKind::LookupDetail,
             JsonOp::Tail { .. } => OpKind::Tail,
+            JsonOp::LookupTiers { .. } => OpKind::LookupTiers,
         }
     }
 
@@ -455,6 +473,15 @@ impl JsonOp {
                 key: key.into_key(opts)?,
                 candidates,
             },
+            JsonOp::LookupTiers {
+                model,
+                key,
+                candidates,
+            } => Op::LookupTiers {
+                model,
+                key: key.into_key(opts)?,
+                candidates,
+            },
             other => other.to_op(opts)?,
         })
     }
@@ -499,6 +526,15 @@ impl JsonOp {
                 key,
                 candidates,
             } => Op::LookupDetail {
+                model: model.clone(),
+                key: key.key(opts)?,
+                candidates: candidates.clone(),
+            },
+            JsonOp::LookupTiers {
+                model,
+                key,
+                candidates,
+            } => Op::LookupTiers {
                 model: model.clone(),
                 key: key.key(opts)?,
                 candidates: candidates.clone(),
@@ -670,6 +706,11 @@ impl Fields {
                 key,
                 candidates: self.candidates,
             },
+            OpKind::LookupTiers => JsonOp::LookupTiers {
+                model: need(self.model, "model")?,
+                key,
+                candidates: self.candidates,
+            },
             OpKind::Tail => JsonOp::Tail {
                 from: self.from,
                 max: self
@@ -734,6 +775,13 @@ pub fn reply_json(reply: &Reply) -> Value {
             let matches: Vec<Value> = matches.iter().map(detail_json).collect();
             json!({ "ok": true, "key_blocks": key_blocks, "matches": matches })
         }
+        Reply::Tiers {
+            key_blocks,
+            matches,
+        } => {
+            let matches: Vec<Value> = matches.iter().map(tiers_json).collect();
+            json!({ "ok": true, "key_blocks": key_blocks, "matches": matches })
+        }
         Reply::Writes { from, next, ops } => {
             let ops: Vec<Value> = ops.iter().map(write_json).collect();
             json!({ "ok": true, "from": from, "next": next, "ops": ops })
@@ -767,6 +815,17 @@ pub fn detail_json(m: &PodDetail) -> Value {
         "view": m.view.name(),
         "age_ms": m.age_ms,
     })
+}
+
+/// One pod of a tiered lookup's answer as JSON: its lower tiers in its
+/// subscription's order, each with how far it reaches.
+pub fn tiers_json(m: &PodTiers) -> Value {
+    let tiers: Vec<Value> = m
+        .tiers
+        .iter()
+        .map(|t| json!({ "medium": t.medium, "blocks": t.blocks }))
+        .collect();
+    json!({ "pod": m.pod.as_str(), "blocks": m.blocks, "tiers": tiers })
 }
 
 /// Writes a JSON answer piece by piece, from borrowed data, as

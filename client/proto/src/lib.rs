@@ -54,7 +54,8 @@ pub use frame::{
 };
 pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodView, Reply,
-    Request, Response, SampledKey, SubscriptionError, Tier, WireStats, MAX_SAMPLE, MAX_TAIL,
+    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView,
+    Reply, Request, Response, SampledKey, SubscriptionError, Tier, TierReach, WireStats,
+    MAX_SAMPLE, MAX_TAIL,
 };
 pub use pod_name::PodName;

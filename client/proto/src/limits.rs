@@ -122,6 +122,11 @@ impl Limits {
                 model,
                 key,
                 candidates,
+            }
+            | Op::LookupTiers {
+                model,
+                key,
+                candidates,
             } => {
                 self.check_name(model)?;
                 self.check_key(key)?;

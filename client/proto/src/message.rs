@@ -96,6 +96,17 @@ pub enum Op {
         /// Most writes wanted (at most [`MAX_TAIL`]).
         max: u32,
     },
+    /// As [`Op::Lookup`], each pod's answer with how far each of its lower
+    /// cache tiers (CPU memory, storage) reaches ([`PodTiers`]): what a
+    /// router that weighs such hits needs, in one call.
+    LookupTiers {
+        /// Model namespace.
+        model: String,
+        /// Block hashes.
+        key: Vec<u64>,
+        /// Only these pods, if given (a filter: unknown names are dropped).
+        candidates: Option<Vec<String>>,
+    },
 }
 
 /// Most writes one `Tail` answers (more are not an error: the answer stops
@@ -243,18 +254,44 @@ impl EngineSub {
     /// The tier events of this medium feed, if they are routed on: the
     /// GPU's when the subscription lists it (else its first medium's) is
     /// the pod's match; any other listed medium is a lower tier, counted
-    /// after it. `None` (the engine did not say) is the GPU.
+    /// after it, numbered in the list's order. `None` (the engine did not
+    /// say) is the GPU, and so is `DEVICE` (NVIDIA Dynamo's name for it)
+    /// when the GPU is listed.
     pub fn tier(&self, medium: Option<&str>) -> Option<Tier> {
-        let primary = match self.media.iter().any(|m| m.eq_ignore_ascii_case("GPU")) {
+        let primary = self.primary_medium();
+        let m = match medium {
+            None => return Some(Tier::Primary),
+            Some(m) if m.eq_ignore_ascii_case(primary) => return Some(Tier::Primary),
+            Some(m) if primary == "GPU" && m.eq_ignore_ascii_case("DEVICE") => {
+                return Some(Tier::Primary)
+            }
+            Some(m) => m,
+        };
+        self.lower_media()
+            .position(|x| x.eq_ignore_ascii_case(m))
+            .map(|i| Tier::Lower(i as u32))
+    }
+
+    /// The medium of the pod's match: the GPU when listed, else the first.
+    fn primary_medium(&self) -> &str {
+        match self.media.iter().any(|m| m.eq_ignore_ascii_case("GPU")) {
             true => "GPU",
             false => self.media.first().map_or("GPU", String::as_str),
-        };
-        match medium {
-            None => Some(Tier::Primary),
-            Some(m) if m.eq_ignore_ascii_case(primary) => Some(Tier::Primary),
-            Some(m) if self.media.iter().any(|x| x.eq_ignore_ascii_case(m)) => Some(Tier::Lower),
-            Some(_) => None,
         }
+    }
+
+    /// The lower tiers' media, in the order their tiers are numbered.
+    pub fn lower_media(&self) -> impl Iterator<Item = &str> {
+        let primary = self.primary_medium();
+        let mut seen_primary = false;
+        self.media.iter().map(String::as_str).filter(move |m| {
+            // The primary once, whatever its case; every other medium.
+            if m.eq_ignore_ascii_case(primary) && !seen_primary {
+                seen_primary = true;
+                return false;
+            }
+            true
+        })
     }
 }
 
@@ -264,8 +301,10 @@ impl EngineSub {
 pub enum Tier {
     /// The tier the pod's match is of (the GPU).
     Primary,
-    /// A lower tier (CPU memory, storage): counted after the match.
-    Lower,
+    /// A lower tier (CPU memory, storage): counted after the match. Its
+    /// index among the subscription's lower tiers
+    /// ([`EngineSub::lower_media`]).
+    Lower(u32),
 }
 
 /// Why a subscription is refused as written: its text form does not parse,
@@ -419,6 +458,8 @@ pub enum OpKind {
     LookupDetail,
     /// [`Op::Tail`].
     Tail,
+    /// [`Op::LookupTiers`].
+    LookupTiers,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -432,7 +473,7 @@ pub const SAMPLE_WEIGHT: usize = 256;
 
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 12] = [
+    pub const ALL: [OpKind; 13] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -445,6 +486,7 @@ impl OpKind {
         OpKind::SampleKeys,
         OpKind::LookupDetail,
         OpKind::Tail,
+        OpKind::LookupTiers,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -463,6 +505,7 @@ impl OpKind {
             OpKind::SampleKeys => "sample_keys",
             OpKind::LookupDetail => "lookup_detail",
             OpKind::Tail => "tail",
+            OpKind::LookupTiers => "lookup_tiers",
         }
     }
 
@@ -481,7 +524,8 @@ impl OpKind {
             | OpKind::ListEngines
             | OpKind::SampleKeys
             | OpKind::LookupDetail
-            | OpKind::Tail => false,
+            | OpKind::Tail
+            | OpKind::LookupTiers => false,
         }
     }
 
@@ -518,6 +562,7 @@ impl Op {
             Op::SampleKeys { .. } => OpKind::SampleKeys,
             Op::LookupDetail { .. } => OpKind::LookupDetail,
             Op::Tail { .. } => OpKind::Tail,
+            Op::LookupTiers { .. } => OpKind::LookupTiers,
         }
     }
 
@@ -525,7 +570,7 @@ impl Op {
     /// walks its key and hashes each candidate name, an insert walks its key,
     /// a pod-table change (engine subscriptions included: they name or
     /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`] (a detailed
-    /// lookup is weighed as a lookup), a sample
+    /// or tiered lookup is weighed as a lookup), a sample
     /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), a tail
     /// one per write asked (at most [`MAX_TAIL`]: copies of them), the
     /// rest 1.
@@ -535,6 +580,9 @@ impl Op {
                 key, candidates, ..
             }
             | Op::LookupDetail {
+                key, candidates, ..
+            }
+            | Op::LookupTiers {
                 key, candidates, ..
             } => key.len() + candidates.as_ref().map_or(0, Vec::len),
             Op::Insert { key, .. } => key.len(),
@@ -600,6 +648,30 @@ pub struct PodDetail {
     /// on the last block it matches was last written: how near it is to
     /// its TTL. 0 for every other view.
     pub age_ms: u64,
+}
+
+/// One pod's answer to a tiered lookup.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct PodTiers {
+    /// The pod (on the wire, a string).
+    pub pod: PodName,
+    /// Leading blocks of the key its GPU holds, as a plain lookup answers;
+    /// 0 when only a lower tier holds any.
+    pub blocks: u32,
+    /// Each of its lower tiers, in its subscription's order: empty for a
+    /// pod without any.
+    pub tiers: Vec<TierReach>,
+}
+
+/// How far one lower cache tier of a pod reaches.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct TierReach {
+    /// The tier's medium, as the subscription names it (`CPU`, `DISK`).
+    pub medium: String,
+    /// Leading blocks of the key that the GPU, this tier and the tiers
+    /// before it hold (a block counts when any of them holds it): never
+    /// less than the pod's `blocks`, nor than the tier before's.
+    pub blocks: u32,
 }
 
 /// How far a pod's answer can be trusted right now.
@@ -732,6 +804,15 @@ pub enum Reply {
         next: u64,
         /// The writes.
         ops: Vec<Op>,
+    },
+    /// Answer to `LookupTiers`: the key's block count and every pod with
+    /// blocks on its GPU or a lower tier.
+    Tiers {
+        /// Blocks in the key (the query's length).
+        key_blocks: u32,
+        /// As [`Reply::Lookup`]'s matches, in their order, then pods held
+        /// by lower tiers alone, by their last tier's reach descending.
+        matches: Vec<PodTiers>,
     },
 }
 
@@ -886,8 +967,15 @@ mod tests {
             ..sub.clone()
         };
         assert_eq!(tiered.tier(Some("GPU")), Some(Tier::Primary));
-        assert_eq!(tiered.tier(Some("cpu")), Some(Tier::Lower));
+        assert_eq!(tiered.tier(Some("cpu")), Some(Tier::Lower(0)));
         assert_eq!(tiered.tier(Some("DISK")), None);
+        assert_eq!(tiered.tier(Some("DEVICE")), Some(Tier::Primary));
+        let three = EngineSub {
+            media: vec!["GPU".into(), "CPU".into(), "DISK".into()],
+            ..sub.clone()
+        };
+        assert_eq!(three.tier(Some("disk")), Some(Tier::Lower(1)));
+        assert_eq!(three.lower_media().collect::<Vec<_>>(), ["CPU", "DISK"]);
         let cpu_only = EngineSub {
             media: vec!["CPU".into()],
             ..sub.clone()

@@ -381,7 +381,10 @@ impl ReplicaSets {
     /// A lookup on one of the model's replicas: this gateway's preferred
     /// one, or the next when it is down or slow, within the call's deadline.
     async fn read(&self, op: Op) -> Result<Reply, ClientError> {
-        let (Op::Lookup { model, .. } | Op::LookupDetail { model, .. }) = &op else {
+        let (Op::Lookup { model, .. }
+        | Op::LookupDetail { model, .. }
+        | Op::LookupTiers { model, .. }) = &op
+        else {
             return Err(ClientError::Protocol(format!("{op:?} is not a lookup")));
         };
         let order = self.read_order(model);
@@ -577,7 +580,9 @@ impl ReplicaSets {
         let mut inserts = Vec::new();
         for (i, op) in ops.into_iter().enumerate() {
             match &op {
-                Op::Lookup { model, .. } | Op::LookupDetail { model, .. } => {
+                Op::Lookup { model, .. }
+                | Op::LookupDetail { model, .. }
+                | Op::LookupTiers { model, .. } => {
                     let s = self.read_order(model)[0];
                     groups[s].0.push(i);
                     groups[s].1.push(op);
@@ -645,7 +650,7 @@ impl Route for ReplicaSets {
     /// `op` to the servers it concerns (see the type's docs).
     async fn one(&self, op: Op) -> Result<Reply, ClientError> {
         match op.kind() {
-            OpKind::Lookup | OpKind::LookupDetail => self.read(op).await,
+            OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers => self.read(op).await,
             OpKind::Insert => match self.write(op).await? {
                 Reply::Error { code, message } => Err(ClientError::Server { code, message }),
                 reply => Ok(reply),

@@ -52,9 +52,11 @@ fn setup() -> (Index, EngineHandle) {
     (index, e)
 }
 
+#[derive(Clone, Copy)]
 enum Tier {
     Gpu,
-    Lower,
+    /// A lower tier, by its index among the pod's.
+    Lower(u32),
 }
 
 /// Stores blocks `from..to` (their tokens, or none: a placeholder).
@@ -70,12 +72,13 @@ fn store(index: &Index, e: &EngineHandle, tier: Tier, from: usize, to: usize, wi
         hashes: &hashes,
         tokens: toks,
         seeds: &[],
+        alias: crate::Alias::None,
     };
     let mut engine = e.lock();
     let mut batch = index.batch(&mut engine, "pod");
     match tier {
         Tier::Gpu => batch.apply("m", op).unwrap(),
-        Tier::Lower => batch.apply_lower("m", op).unwrap(),
+        Tier::Lower(t) => batch.apply_lower(t, "m", op).unwrap(),
     };
     batch.finish().unwrap();
 }
@@ -89,7 +92,7 @@ fn remove(index: &Index, e: &EngineHandle, tier: Tier, blocks: &[usize]) {
         };
         match tier {
             Tier::Gpu => batch.apply("m", op).unwrap(),
-            Tier::Lower => batch.apply_lower("m", op).unwrap(),
+            Tier::Lower(t) => batch.apply_lower(t, "m", op).unwrap(),
         };
     }
     batch.finish().unwrap();
@@ -121,7 +124,7 @@ fn row(pod: &str, blocks: u32, lower: u32, view: View) -> (String, u32, u32, Vie
 fn a_lower_tier_is_counted_after_the_gpus_match_and_apart_from_it() {
     let (index, e) = setup();
     store(&index, &e, Tier::Gpu, 0, N, true);
-    store(&index, &e, Tier::Lower, 0, N, true);
+    store(&index, &e, Tier::Lower(0), 0, N, true);
     assert_eq!(detail(&index), [row("pod", 10, 0, View::Exact)]);
     // The GPU evicts the tail; the CPU still holds it.
     remove(&index, &e, Tier::Gpu, &[9, 8, 7, 6]);
@@ -131,7 +134,7 @@ fn a_lower_tier_is_counted_after_the_gpus_match_and_apart_from_it() {
     );
     assert_eq!(detail(&index), [row("pod", 6, 4, View::Exact)]);
     // The lower run ends where the lower tier lacks a block.
-    remove(&index, &e, Tier::Lower, &[8]);
+    remove(&index, &e, Tier::Lower(0), &[8]);
     assert_eq!(detail(&index), [row("pod", 6, 2, View::Exact)]);
     // The GPU loses everything: the pod is answered by its lower tier
     // alone, and the plain answer has nothing.
@@ -146,12 +149,63 @@ fn a_lower_tier_is_counted_after_the_gpus_match_and_apart_from_it() {
         .is_empty());
 }
 
+/// The tiered answer as (pod, blocks, reach).
+fn tiers(index: &Index) -> Vec<(String, u32, Vec<u32>)> {
+    let r = index.reader();
+    r.lookup_tiers("m", &key(), None, T0)
+        .matches
+        .iter()
+        .map(|m| {
+            let name = r.pod_name(m.pod).unwrap().to_string();
+            (name, m.blocks, m.reach.to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn each_lower_tier_reaches_as_far_as_it_and_the_tiers_before_it_hold() {
+    let (index, e) = setup();
+    store(&index, &e, Tier::Gpu, 0, N, true);
+    store(&index, &e, Tier::Lower(0), 0, N, true);
+    store(&index, &e, Tier::Lower(1), 0, N, true);
+    remove(&index, &e, Tier::Gpu, &[9, 8, 7, 6, 5, 4]);
+    // The CPU (tier 0) lacks 6, 7 and 9; the disk (tier 1) lacks 4, 5, 8.
+    remove(&index, &e, Tier::Lower(0), &[6, 7, 9]);
+    remove(&index, &e, Tier::Lower(1), &[4, 5, 8]);
+    assert_eq!(tiers(&index), [("pod".to_string(), 4, vec![6, 10])]);
+    // The detailed answer counts the run any lower tier holds.
+    assert_eq!(detail(&index), [row("pod", 4, 6, View::Exact)]);
+    // The disk loses block 6: the CPU still reaches 6, the disk 6 too.
+    remove(&index, &e, Tier::Lower(1), &[6]);
+    assert_eq!(tiers(&index), [("pod".to_string(), 4, vec![6, 6])]);
+    // A snapshot keeps both tiers apart.
+    let mut bytes = Vec::new();
+    index.write_snapshot(&mut bytes, T0).unwrap();
+    let fresh = Index::new(IndexConfig {
+        ttl: Duration::from_secs(60),
+        ..IndexConfig::default()
+    });
+    assert_eq!(
+        Snapshot::parse(&bytes).unwrap().restore(&fresh, T0).refused,
+        0
+    );
+    assert_eq!(tiers(&fresh), tiers(&index));
+    // A pod without lower tiers answers no reach; a tier past the most a
+    // pod may have is refused.
+    index.insert("m", &key(), "gw", T0).unwrap();
+    assert_eq!(tiers(&index)[0], ("gw".to_string(), 10, vec![]));
+    let mut engine = e.lock();
+    let mut batch = index.batch(&mut engine, "pod");
+    let op = EngineOp::Removed { hashes: &[1] };
+    assert!(batch.apply_lower(crate::MAX_LOWER_TIERS, "m", op).is_err());
+}
+
 #[test]
 fn a_lower_tiers_placeholders_are_found_by_hash() {
     let (index, e) = setup();
     store(&index, &e, Tier::Gpu, 0, N, true);
     // vLLM's placeholders: hashes without tokens.
-    store(&index, &e, Tier::Lower, 4, N, false);
+    store(&index, &e, Tier::Lower(0), 4, N, false);
     remove(&index, &e, Tier::Gpu, &[9, 8, 7, 6, 5, 4]);
     assert_eq!(detail(&index), [row("pod", 4, 6, View::Exact)]);
 }
@@ -160,7 +214,7 @@ fn a_lower_tiers_placeholders_are_found_by_hash() {
 fn a_clear_and_a_dropped_engine_take_the_lower_tier_too() {
     let (index, e) = setup();
     store(&index, &e, Tier::Gpu, 0, N, true);
-    store(&index, &e, Tier::Lower, 0, N, true);
+    store(&index, &e, Tier::Lower(0), 0, N, true);
     {
         let mut engine = e.lock();
         index
@@ -168,7 +222,7 @@ fn a_clear_and_a_dropped_engine_take_the_lower_tier_too() {
             .unwrap();
     }
     assert!(detail(&index).is_empty());
-    store(&index, &e, Tier::Lower, 0, N, true);
+    store(&index, &e, Tier::Lower(0), 0, N, true);
     assert_eq!(detail(&index), [row("pod", 0, 10, View::Exact)]);
     assert!(index.drop_engine_pod("pod"));
     assert!(detail(&index).is_empty());
@@ -178,7 +232,7 @@ fn a_clear_and_a_dropped_engine_take_the_lower_tier_too() {
 fn a_snapshot_keeps_the_lower_tier() {
     let (index, e) = setup();
     store(&index, &e, Tier::Gpu, 0, N, true);
-    store(&index, &e, Tier::Lower, 0, N, true);
+    store(&index, &e, Tier::Lower(0), 0, N, true);
     remove(&index, &e, Tier::Gpu, &[9, 8, 7]);
     let mut bytes = Vec::new();
     index.write_snapshot(&mut bytes, T0).unwrap();

@@ -4,7 +4,7 @@
 use super::store::Store;
 use super::{Applied, Engine, EngineOp, Ratio, Run};
 use crate::error::EngineError;
-use crate::groups::{Group, Rule, LOWER};
+use crate::groups::{lower_lane, Group, Rule, MAX_LOWER_TIERS};
 use crate::index::Index;
 
 /// Engine events of one pod being applied, as [`Index::batch`] starts it.
@@ -72,6 +72,7 @@ impl EngineBatch<'_> {
                 engine.run.key.clear();
                 engine.pending.clear();
                 index.budget().uncount(engine);
+                index.unalias(engine);
                 engine.models.clear();
                 engine.chain = None;
                 index.clear_engine_pod(pod, engine.align())?;
@@ -82,6 +83,7 @@ impl EngineBatch<'_> {
                 hashes,
                 tokens,
                 seeds,
+                alias,
             } => {
                 let per = engine.spec.engine_block as usize;
                 // A ruled engine's group may skip blocks: fewer hashes
@@ -98,6 +100,7 @@ impl EngineBatch<'_> {
                     hashes,
                     tokens,
                     seeds,
+                    alias,
                 };
                 let stored = match engine.ruled() {
                     false => index.store(engine, pod, model, store, &mut done),
@@ -119,20 +122,34 @@ impl EngineBatch<'_> {
         Ok(done)
     }
 
-    /// Applies one event of a lower cache tier that the subscription
-    /// follows (CPU memory, storage): its blocks' copies are held apart from
-    /// the GPU's, each block alone, and a detailed lookup counts the run of
-    /// them after a pod's match (`crate::detail`). A store may name blocks
+    /// Applies one event of lower cache tier `tier` (0-based, in the
+    /// subscription's order, below [`MAX_LOWER_TIERS`]) that the
+    /// subscription follows (CPU memory, storage): its blocks' copies are
+    /// held apart from the GPU's and from the other tiers', each block
+    /// alone, and detailed lookups count the run of them after a pod's
+    /// match (`crate::detail`). A store may name blocks
     /// without their token ids (vLLM's placeholders for blocks it offloaded
     /// before it saw their metadata): they are found among the records by
     /// hash, as a sliding window's skipped blocks are. A hybrid pod's lower
     /// tiers are not modelled: their blocks are counted in
     /// [`Applied::unmodelled`]. "Cleared" is the GPU's, as in
     /// [`EngineBatch::apply`].
-    pub fn apply_lower(&mut self, model: &str, op: EngineOp<'_>) -> Result<Applied, EngineError> {
+    pub fn apply_lower(
+        &mut self,
+        tier: u32,
+        model: &str,
+        op: EngineOp<'_>,
+    ) -> Result<Applied, EngineError> {
         if let EngineOp::Cleared = op {
             return self.apply(model, op);
         }
+        if tier >= MAX_LOWER_TIERS {
+            return Err(EngineError::Tier {
+                tier,
+                max: MAX_LOWER_TIERS,
+            });
+        }
+        let lane = lower_lane(tier);
         let mut done = Applied::default();
         let (index, engine, pod) = (self.index, &mut *self.engine, self.pod);
         if engine.closed {
@@ -148,18 +165,20 @@ impl EngineBatch<'_> {
                 hashes,
                 tokens,
                 seeds,
+                alias,
             } => {
                 // Placeholders name hashes alone.
                 engine.check_store(hashes, tokens, seeds, tokens.is_empty())?;
                 let settled = index.settle(engine, pod);
-                index.set_tiered(pod);
+                index.set_tiered(pod, tier);
                 let store = Store {
                     parent,
                     hashes,
                     tokens,
                     seeds,
+                    alias,
                 };
-                let stored = index.group_store(engine, pod, model, LOWER, store, &mut done);
+                let stored = index.group_store(engine, pod, model, lane, store, &mut done);
                 done.released += settled?;
                 stored?;
             }
@@ -169,7 +188,7 @@ impl EngineBatch<'_> {
             }
             EngineOp::Removed { hashes } => {
                 done.released += index.settle(engine, pod)?;
-                index.group_remove(engine, pod, model, LOWER, hashes, &mut done)?;
+                index.group_remove(engine, pod, model, lane, hashes, &mut done)?;
             }
         }
         Ok(done)

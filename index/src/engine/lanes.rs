@@ -26,7 +26,7 @@ use super::remove::{released, removed_block};
 use super::store::Store;
 use super::{Applied, Engine, Lane, Ratio, PINNED};
 use crate::error::{EngineError, InsertError, PodError};
-use crate::groups::{hidden_name, Group, GroupKind, GroupTable, Rule, LOWER};
+use crate::groups::{hidden_name, is_lower_lane, lower_lane, Group, GroupKind, GroupTable, Rule};
 use crate::index::Index;
 use crate::pods::PodId;
 use crate::shared::forget_pods;
@@ -170,8 +170,11 @@ impl Index {
     /// The names `pod`'s hidden pods have or would have: its lower tiers'
     /// and its groups'.
     pub(crate) fn hidden_names(&self, pod: &str) -> Vec<String> {
-        let mut names = vec![hidden_name(pod, LOWER)];
         let pin = self.pin();
+        let tiers = self.lower_tiers(pod, &pin);
+        let mut names: Vec<String> = (0..tiers)
+            .map(|t| hidden_name(pod, lower_lane(t)))
+            .collect();
         if let Some(table) = self.sh.groups.get(&pin).get(pod) {
             let groups = table.groups.iter().filter_map(|(name, _)| name.as_deref());
             names.extend(groups.map(String::from));
@@ -424,7 +427,7 @@ impl Index {
                     failed.get_or_insert(e);
                 }
             }
-            let dropped = records.forget(at, |bytes| self.budget().count(-(bytes as i64), -1));
+            let dropped = records.forget(at, |f| self.forgotten(name, f));
             if dropped > 0 {
                 engine.chain = None;
             }
@@ -465,15 +468,15 @@ impl Index {
         let max = self.sh.cfg.max_engine_groups.min(64);
         for (idx, blocks) in lanes {
             let known = match idx {
-                LOWER => true,
+                _ if is_lower_lane(idx) => true,
                 0 => false,
                 _ => idx < max && engine.groups.get(idx as usize).copied().flatten().is_some(),
             };
             if !known {
                 return Err(EngineError::Group { idx, max });
             }
-            if idx == LOWER {
-                self.set_tiered(pod);
+            if is_lower_lane(idx) {
+                self.set_tiered(pod, idx - lower_lane(0));
             }
             let Some(records) = engine.models.get_mut(model) else {
                 return match blocks.first() {

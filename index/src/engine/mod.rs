@@ -41,7 +41,8 @@
 //!   `restore` apply them (or a snapshot's records) to the records, then to
 //!   the tree, through `place` (an engine-fed pod's entries);
 //! - `chain`: the chain cache and the run of removals; `pages`: engine
-//!   pages smaller than our blocks;
+//!   pages smaller than our blocks; `alias`: blocks' names in other
+//!   indexers' hashes;
 //! - `spec`: block sizes and their ratio; `registry`: the engine-fed pods;
 //!   `budget`: the records' count against `max_engine_blocks`;
 //! - `lanes`: a hybrid model's KV-cache groups (`crate::groups`), each
@@ -54,6 +55,7 @@ use crate::error::EngineError;
 use crate::groups::GroupKind;
 use crate::slots::MAX_TIME;
 
+mod alias;
 mod batch;
 mod budget;
 mod chain;
@@ -69,9 +71,10 @@ mod store;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
+pub use alias::Alias;
 pub use batch::EngineBatch;
 use chain::{Chain, Placed, Run};
-pub(crate) use records::{Data, DataRef, Extra, Lane, Page, Parent, Records};
+pub(crate) use records::{Data, DataRef, Extra, Forgotten, Lane, Page, Parent, Records};
 pub use registry::EngineHandle;
 pub(crate) use registry::Registry;
 pub use spec::{EngineSpec, Ratio};
@@ -101,6 +104,9 @@ pub enum EngineOp<'a> {
         /// 0). A group of pages takes its first page's seed; a seed on any
         /// later page makes the group match no gateway key.
         seeds: &'a [u64],
+        /// How the blocks are named in another indexer's hashes, if they
+        /// are (`crate::aliases`).
+        alias: Alias,
     },
     /// One copy less of each block.
     Removed {

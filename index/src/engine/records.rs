@@ -164,7 +164,23 @@ pub(crate) struct Records {
     /// The copies of groups after the first, lane `l` for group `l + 1`,
     /// by position: empty for a model of one group.
     lanes: Vec<HashMap<u32, u32, ahash::RandomState>>,
+    /// Each record's alias (`crate::aliases`), by position: empty until a
+    /// record has one, then as long as `slots`, 0 where a record has none.
+    aliases: Vec<u64>,
+    /// The alias seeds of the records of salted sequences, by position:
+    /// their children inherit them (an engine names a request's salt on
+    /// its first block only).
+    alias_seeds: HashMap<u32, u64, ahash::RandomState>,
     hasher: ahash::RandomState,
+}
+
+/// A record dropped by [`Records::forget`], as its caller accounts for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Forgotten {
+    /// Its bytes, as [`Records::record_bytes`] counted them.
+    pub(crate) bytes: usize,
+    /// Its alias, with the count of our blocks in it, if it had one.
+    pub(crate) alias: Option<(u64, u32)>,
 }
 
 /// Which group's copies: the first's ([`Lane::FIRST`], in the record) or
@@ -342,6 +358,36 @@ impl Records {
         }
     }
 
+    /// The alias of the record at `at`, if it has one.
+    pub(crate) fn alias(&self, at: u32) -> Option<u64> {
+        self.aliases.get(at as usize).copied().filter(|&a| a != 0)
+    }
+
+    /// Gives the record at `at` its alias (0: none).
+    pub(crate) fn set_alias(&mut self, at: u32, alias: u64) {
+        if self.aliases.len() < self.slots.len() {
+            self.aliases.resize(self.slots.len(), 0);
+        }
+        self.aliases[at as usize] = alias;
+    }
+
+    /// The alias seed the record at `at` passes on to its children, if its
+    /// sequence is salted.
+    pub(crate) fn alias_seed(&self, at: u32) -> Option<u64> {
+        self.alias_seeds.get(&at).copied()
+    }
+
+    /// Records that the record at `at` passes `seed` on to its children.
+    pub(crate) fn set_alias_seed(&mut self, at: u32, seed: u64) {
+        self.alias_seeds.insert(at, seed);
+    }
+
+    /// Every record with an alias: (position, alias, our blocks in it).
+    pub(crate) fn aliased(&self) -> impl Iterator<Item = (u32, u64, u32)> + '_ {
+        self.positions()
+            .filter_map(|at| Some((at, self.alias(at)?, self.ours(at).len() as u32)))
+    }
+
     /// Bytes the record at `at` costs, as counted in `Stats::engine_bytes`:
     /// its table slot (position and control byte), its array slot and its
     /// data on the side.
@@ -395,6 +441,9 @@ impl Records {
                     parent: NONE,
                     meta: VACANT,
                 });
+                if !self.aliases.is_empty() {
+                    self.aliases.push(0);
+                }
                 at
             }
             Some(at) => {
@@ -459,9 +508,9 @@ impl Records {
 
     /// Drops the record at `at` if it has neither copies nor children, and
     /// then any parent left in that state (so that chains below a held
-    /// block stay whole); calls `dropped` with each one's bytes, and
+    /// block stay whole); calls `dropped` with what each one held, and
     /// returns how many went.
-    pub(crate) fn forget(&mut self, mut at: u32, mut dropped: impl FnMut(usize)) -> usize {
+    pub(crate) fn forget(&mut self, mut at: u32, mut dropped: impl FnMut(Forgotten)) -> usize {
         let mut n = 0;
         loop {
             let s = self.slot(at);
@@ -469,7 +518,10 @@ impl Records {
                 return n;
             }
             let parent = self.parent(at);
-            dropped(self.record_bytes(at));
+            dropped(Forgotten {
+                bytes: self.record_bytes(at),
+                alias: self.alias(at).map(|a| (a, self.ours(at).len() as u32)),
+            });
             self.vacate(at, parent);
             n += 1;
             match parent {
@@ -506,6 +558,12 @@ impl Records {
             if self.extras.contains(e) {
                 self.extras.remove(e);
             }
+        }
+        if let Some(a) = self.aliases.get_mut(at as usize) {
+            *a = 0;
+        }
+        if !self.alias_seeds.is_empty() {
+            self.alias_seeds.remove(&at);
         }
         self.slots[at as usize] = Slot {
             hash: 0,
@@ -557,7 +615,7 @@ mod tests {
         assert_eq!(r.forget(b, |_| {}), 0);
         assert_eq!(r.take_copy(c), Some(0));
         let mut bytes = 0;
-        assert_eq!(r.forget(c, |b| bytes += b), 2);
+        assert_eq!(r.forget(c, |f| bytes += f.bytes), 2);
         assert_eq!(bytes, 2 * r.record_bytes(a));
         assert_eq!((r.len(), r.find(2), r.find(3)), (1, None, None));
         assert_eq!(r.children(a), 0);

@@ -136,6 +136,7 @@ impl Index {
     /// later change nothing).
     pub(crate) fn close_engine(&self, engine: &mut Engine) {
         self.budget().uncount(engine);
+        self.unalias(engine);
         engine.models.clear();
         engine.clear_chain();
         engine.closed = true;

@@ -108,7 +108,7 @@ impl Index {
                     }
                 },
             }
-            let dropped = records.forget(at, |bytes| self.budget().count(-(bytes as i64), -1));
+            let dropped = records.forget(at, |f| self.forgotten(model, f));
             if records.len() == 0 {
                 // Its last record went: the model's records go too, so that
                 // adapters an engine has dropped cost nothing.

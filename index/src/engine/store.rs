@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use super::chain::{chain_path, extend_chain};
 use super::pages::{group_hash, held_groups};
 use super::{
-    Applied, Data, DataRef, Engine, EngineSpec, Extra, Lane, Page, Ratio, Records, PINNED,
+    Alias, Applied, Data, DataRef, Engine, EngineSpec, Extra, Lane, Page, Ratio, Records, PINNED,
 };
 use crate::error::EngineError;
 use crate::index::Index;
@@ -21,6 +21,8 @@ pub(super) struct Store<'a> {
     pub(super) tokens: &'a [u32],
     /// Empty, or [`Ratio::seeds_per_block`] per hash.
     pub(super) seeds: &'a [u64],
+    /// How the blocks are named in another indexer's hashes.
+    pub(super) alias: Alias,
 }
 
 /// What recording a store's blocks leaves for placing them.
@@ -98,6 +100,7 @@ impl Index {
             hashes,
             tokens,
             seeds,
+            alias,
         } = store;
         let (spec, ratio) = (engine.spec, engine.ratio);
         let seeds_per = ratio.seeds_per_block();
@@ -113,6 +116,12 @@ impl Index {
         let per = spec.engine_block as usize;
         let mut newly_held = false;
         let mut up = parent;
+        // The position of `up`'s record, for the alias seed its child
+        // inherits.
+        let mut up_at = match (alias, parent) {
+            (Alias::Tokens { salted: false, .. }, Some(p)) => records.find(p),
+            _ => None,
+        };
         // Each hash's record, looked up before anything is recorded, so the
         // new records are counted first and room is taken for exactly them.
         let found: SmallVec<[Option<u32>; 32]> = hashes.iter().map(|&h| records.find(h)).collect();
@@ -164,6 +173,10 @@ impl Index {
                         (at, true)
                     }
                 };
+                if alias != Alias::None {
+                    self.name_record(model, records, spec, ratio, at, h, up_at, toks, alias);
+                }
+                up_at = Some(at);
                 recorded_at.push(at);
                 done.stored += 1;
                 newly_held |= became_held;

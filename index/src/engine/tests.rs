@@ -61,6 +61,7 @@ fn store(
         hashes,
         tokens: toks,
         seeds: &[],
+        alias: crate::Alias::None,
     };
     index.apply(&mut e.lock(), "pod", "m", op).unwrap()
 }
@@ -150,6 +151,7 @@ fn engine_pods_dropped_at_once_go_as_one_by_one() {
             hashes: &[10 * u64::from(p) + 1, 10 * u64::from(p) + 2],
             tokens: &toks,
             seeds: &[],
+            alias: crate::Alias::None,
         };
         index.apply(&mut e.lock(), pod, "m", op).unwrap();
     };
@@ -198,6 +200,7 @@ fn a_model_has_records_only_while_it_holds_one() {
             hashes: &[],
             tokens: &[],
             seeds: &[],
+            alias: crate::Alias::None,
         };
         let adapter = format!("adapter-{i}");
         let done = index.apply(&mut e.lock(), "pod", &adapter, op).unwrap();
@@ -364,6 +367,7 @@ fn wide_engine_blocks_are_several_of_ours() {
         hashes: &[5],
         tokens: &[1, 2, 3],
         seeds: &[],
+        alias: crate::Alias::None,
     };
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", bad),
@@ -507,6 +511,7 @@ fn a_run_that_could_not_be_released_dies_with_its_engine() {
             hashes: &[3],
             tokens: &tokens(2, 2)[4..],
             seeds: &[],
+            alias: crate::Alias::None,
         };
         assert!(batch.apply("m", op).is_err());
         assert!(batch.finish().is_err());
@@ -571,6 +576,7 @@ fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
         hashes: &[7, 8, 9],
         tokens: &tokens(3, 3),
         seeds: &[],
+        alias: crate::Alias::None,
     };
     index.apply(&mut e.lock(), "pod", "n", op).unwrap();
     e.lock().set_last_batch(Some((41, 5)));
@@ -657,6 +663,7 @@ fn engine_records_are_bounded() {
         hashes: &[1, 2, 3],
         tokens: &tokens(1, 3),
         seeds: &[],
+        alias: crate::Alias::None,
     };
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", op),
@@ -684,6 +691,7 @@ fn room_taken_and_not_used_goes_back() {
             hashes,
             tokens,
             seeds: &[],
+            alias: crate::Alias::None,
         };
         let got = index.apply(&mut e.lock(), pod, "m", op).map(drop);
         let held = e.lock().blocks() as u64;
@@ -748,6 +756,7 @@ fn pods_storing_at_once_never_pass_the_bound_together() {
                             hashes: &hashes,
                             tokens: &tokens(event as u32, 16),
                             seeds: &[],
+                            alias: crate::Alias::None,
                         };
                         if index.apply(&mut e.lock(), &pod, "m", op).is_err() {
                             break;
@@ -779,6 +788,7 @@ fn one_engine_cannot_take_the_others_room() {
         hashes: &[1, 2, 3],
         tokens: &tokens(1, 3),
         seeds: &[],
+        alias: crate::Alias::None,
     };
     assert!(matches!(
         index.apply(&mut greedy.lock(), "greedy", "m", op),
@@ -796,6 +806,7 @@ fn one_engine_cannot_take_the_others_room() {
         hashes: &[7, 8],
         tokens: &tokens(2, 2),
         seeds: &[],
+        alias: crate::Alias::None,
     };
     index.apply(&mut other.lock(), "other", "m", op).unwrap();
     assert_eq!(index.stats().engine_blocks, 4);
@@ -814,6 +825,7 @@ fn store_seeded(
         hashes,
         tokens: toks,
         seeds,
+        alias: crate::Alias::None,
     };
     index.apply(&mut e.lock(), "pod", "m", op)
 }
@@ -859,6 +871,7 @@ fn seeded_blocks_match_only_keys_with_their_seeds() {
         hashes: &[11, 12],
         tokens: &tokens(3, 4),
         seeds: &[5, 0, 0, 6],
+        alias: crate::Alias::None,
     };
     index.apply(&mut wide.lock(), "wide", "m", op).unwrap();
     assert_eq!(

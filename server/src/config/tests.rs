@@ -100,6 +100,7 @@ fn everything_changed() -> ServerConfig {
             listen: "0.0.0.0:9000".parse().unwrap(),
             metrics_listen: None,
             http_listen: Some("0.0.0.0:8443".parse().unwrap()),
+            http_plaintext: true,
             tls: CertSource::Files {
                 cert: "c.pem".into(),
                 key: "k.pem".into(),
@@ -183,6 +184,7 @@ fn everything_changed() -> ServerConfig {
             allow_moves: true,
             central_block_size: 64,
             token_block: 8,
+            block_aliases: crate::engines::BlockAliases::Dynamo,
             replay_timeout: Duration::from_secs(25),
             learning_period: Duration::from_secs(77),
             max_held_batches: 26,

@@ -27,6 +27,13 @@ pub struct TransportSettings {
     /// same certificates and roles as QUIC; docs/http.md); "off" disables it.
     #[arg(long, env = "PREFIX_INDEX_HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// Serve --http-listen as plain HTTP (HTTP/1.1, and HTTP/2 with prior
+    /// knowledge for gRPC), without TLS: only inside a network that
+    /// encrypts and authenticates on its own (a service mesh with mutual
+    /// TLS). Every client that reaches the port may then read and write;
+    /// refused with --client-ca. See docs/operations.md, "Security model".
+    #[arg(long, env = "PREFIX_INDEX_HTTP_PLAINTEXT", num_args = 0..=1, default_missing_value = "true")]
+    pub http_plaintext: Option<bool>,
     /// PEM certificate chain to serve; with --key. Without both, a
     /// self-signed certificate is made and written to <data-dir>/cert.pem.
     #[arg(long, env = "PREFIX_INDEX_CERT", requires = "key")]
@@ -105,6 +112,10 @@ pub struct TransportConfig {
     /// The HTTP/JSON API's address, or none. Default none: QUIC is the fast
     /// path, the HTTP API the convenient one, opened when asked for.
     pub http_listen: Option<SocketAddr>,
+    /// Whether the HTTP API is plain HTTP. Default no: TLS with the QUIC
+    /// listener's certificate; plain HTTP gives up encryption and client
+    /// identities, which only a mesh around the server can stand for.
+    pub http_plaintext: bool,
     /// The server certificate. Default: self-signed.
     pub tls: CertSource,
     /// CA bundle for mutual TLS; none means any client may connect.
@@ -154,6 +165,7 @@ impl Default for TransportConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             metrics_listen: Some(SocketAddr::from(([127, 0, 0, 1], 7071))),
             http_listen: None,
+            http_plaintext: false,
             tls: CertSource::SelfSigned,
             client_ca: None,
             max_connections: 4096,
@@ -181,6 +193,7 @@ impl TransportSettings {
                 d.metrics_listen,
             )?,
             http_listen: address_or_off("http-listen", self.http_listen.as_deref(), d.http_listen)?,
+            http_plaintext: self.http_plaintext.unwrap_or(d.http_plaintext),
             tls: match (self.cert, self.key) {
                 (Some(cert), Some(key)) => CertSource::Files { cert, key },
                 _ => CertSource::SelfSigned,
@@ -209,6 +222,7 @@ impl From<&TransportConfig> for TransportSettings {
             listen: Some(c.listen),
             metrics_listen: address_written(c.metrics_listen),
             http_listen: address_written(c.http_listen),
+            http_plaintext: Some(c.http_plaintext),
             cert,
             key,
             client_ca: c.client_ca.clone(),
@@ -245,6 +259,14 @@ impl TransportConfig {
             if value < Duration::from_millis(100) {
                 return invalid(name, &format!("{value:?}"), "must be at least 100ms");
             }
+        }
+        if self.http_plaintext && self.client_ca.is_some() {
+            return invalid(
+                "http-plaintext",
+                &true,
+                "cannot serve plain HTTP beside --client-ca: a plain connection carries no \
+                 client certificate, so roles could not be told",
+            );
         }
         if self.connection_window < 65_536 {
             return invalid(

@@ -16,6 +16,8 @@
 use prefix_events::{Batch, Event};
 use prefix_index::{Applied, EngineError, EngineOp, Group, GroupKind, Index};
 
+use super::alias::alias_of;
+use super::config::BlockAliases;
 use super::groups::group_of;
 use super::identity::{store_seeds, Identified};
 use super::Subscription;
@@ -50,6 +52,7 @@ pub fn apply_batch(
     sub: &Subscription,
     engine: &prefix_index::EngineHandle,
     batch: &Batch,
+    aliases: BlockAliases,
 ) -> Outcome {
     let mut out = Outcome {
         unknown_events: u64::from(batch.unknown_events),
@@ -68,7 +71,7 @@ pub fn apply_batch(
                 // tokens, block size 0): found among the records by hash.
                 let placeholder = s.tokens.is_empty()
                     && s.block_size == 0
-                    && sub.tier(s.medium.as_deref()) == Some(Tier::Lower);
+                    && matches!(sub.tier(s.medium.as_deref()), Some(Tier::Lower(_)));
                 // A hybrid model's group of another block size is counted
                 // as not modelled (below); the first group's is refused.
                 if s.block_size != sub.block_size && group.idx == 0 && !placeholder {
@@ -84,6 +87,7 @@ pub fn apply_batch(
                     hashes: &s.hashes,
                     tokens: &s.tokens,
                     seeds: &seeds,
+                    alias: alias_of(aliases, s),
                 };
                 (
                     s.medium.as_deref(),
@@ -114,8 +118,8 @@ pub fn apply_batch(
             }
             Some(Tier::Primary) => applying.apply_group(group, model, op),
             // Lower tiers are modelled for group 0 (see `docs/events.md`).
-            Some(Tier::Lower) if group.idx == 0 => applying.apply_lower(model, op),
-            Some(Tier::Lower) => {
+            Some(Tier::Lower(t)) if group.idx == 0 => applying.apply_lower(t, model, op),
+            Some(Tier::Lower(_)) => {
                 if let EngineOp::Stored { hashes, .. } = op {
                     out.applied.unmodelled += hashes.len() as u64;
                 }
@@ -223,7 +227,7 @@ mod tests {
             unknown_events: 1,
             bad: None,
         };
-        let out = apply_batch(&index, &s, &engine, &batch);
+        let out = apply_batch(&index, &s, &engine, &batch, BlockAliases::None);
         assert_eq!(
             (
                 out.events,
@@ -262,7 +266,12 @@ mod tests {
             unknown_events: 0,
             bad: None,
         };
-        assert_eq!(apply_batch(&index, &s, &engine, &batch).applied.removed, 1);
+        assert_eq!(
+            apply_batch(&index, &s, &engine, &batch, BlockAliases::None)
+                .applied
+                .removed,
+            1
+        );
         assert!(index.lookup("sql-lora", &key, None, 0).is_empty());
     }
 
@@ -307,7 +316,7 @@ mod tests {
             unknown_events: 0,
             bad: None,
         };
-        let out = apply_batch(&index, &s, &engine, &batch);
+        let out = apply_batch(&index, &s, &engine, &batch, BlockAliases::None);
         assert_eq!((out.events, out.other_medium, out.refused), (5, 1, 0));
         let key = token_key(&tokens, 16);
         assert_eq!(

@@ -247,7 +247,13 @@ impl Collector {
                             if let Some(what) = bad.and_then(|b| p.stats.bad_events(seq, b)) {
                                 tracing::warn!(pod = %p.sub.pod, "{what}");
                             }
-                            let out = apply_batch(&self.engines.index, &p.sub, &p.engine, &batch);
+                            let out = apply_batch(
+                                &self.engines.index,
+                                &p.sub,
+                                &p.engine,
+                                &batch,
+                                self.engines.cfg.block_aliases,
+                            );
                             p.stats.applied(seq, &out, 0);
                         }
                         Err(e) => {

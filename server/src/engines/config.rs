@@ -46,6 +46,13 @@ pub struct EngineSettings {
     /// hashed into blocks of this size.
     #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
     pub token_block: Option<u32>,
+    /// Also key engine blocks by another indexer's hashes: "dynamo" (NVIDIA
+    /// Dynamo's local block hashes, for /query_by_hash and
+    /// /query_tiered_by_hash), "engine" (each engine's own block hashes,
+    /// for SGLang's router: MatchExternalKvPrefix) or "none". Costs memory
+    /// per engine block; see docs/routers.md.
+    #[arg(long, env = "PREFIX_INDEX_BLOCK_ALIASES")]
+    pub block_aliases: Option<BlockAliases>,
     /// Most engines followed at once (configured, subscribed at run time,
     /// or met through --engine-listen).
     #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
@@ -103,6 +110,22 @@ pub struct EngineSettings {
     pub learning_period: Option<HumanDuration>,
 }
 
+/// Which other indexer's hashes engine blocks are also keyed by
+/// (`--block-aliases`; `prefix_index::Alias`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockAliases {
+    /// Our hashes only.
+    #[default]
+    None,
+    /// NVIDIA Dynamo's local block hashes: xxh3-64 of each engine block's
+    /// token ids, seeded by its LoRA adapter and salt.
+    Dynamo,
+    /// Each engine's own block hashes (SGLang's, which its router
+    /// computes from the prompt).
+    Engine,
+}
+
 /// Precise mode's configuration (see `ServerConfig::engines`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
@@ -122,6 +145,11 @@ pub struct EngineConfig {
     /// Tokens per block of the gateways' token keys: what engine blocks are
     /// hashed into.
     pub token_block: u32,
+    /// Which other indexer's hashes engine blocks are also keyed by.
+    /// Default none: each named block costs the index an entry in a table
+    /// of names (`docs/routers.md` has the figures), and only a router
+    /// written for another indexer asks by them.
+    pub block_aliases: BlockAliases,
     /// How long a replay may take before the pod is resynced instead.
     pub replay_timeout: Duration,
     /// Live batches held back during a replay; past it, resync.
@@ -171,6 +199,7 @@ impl Default for EngineConfig {
             // vLLM's default block size.
             central_block_size: 16,
             token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
+            block_aliases: BlockAliases::None,
             // vLLM answers a replay request within its publisher loop's
             // 100 ms tick; 5 s allows for a buffer of thousands of batches.
             replay_timeout: Duration::from_secs(5),
@@ -290,6 +319,17 @@ impl EngineConfig {
                 );
             }
         }
+        if let Some(s) = self
+            .subscriptions
+            .iter()
+            .find(|s| s.lower_media().count() > prefix_index::MAX_LOWER_TIERS as usize)
+        {
+            return invalid(
+                "engine",
+                &s.pod,
+                "lists more lower cache tiers (media) than a pod may have (16)",
+            );
+        }
         let mut pods: Vec<&str> = self.subscriptions.iter().map(|s| &*s.pod).collect();
         pods.sort_unstable();
         if let Some(w) = pods.windows(2).find(|w| w[0] == w[1]) {
@@ -324,6 +364,7 @@ impl EngineSettings {
             allow_moves: self.engine_allow_moves.unwrap_or(d.allow_moves),
             central_block_size: self.engine_block_size.unwrap_or(d.central_block_size),
             token_block: self.token_block.unwrap_or(d.token_block),
+            block_aliases: self.block_aliases.unwrap_or(d.block_aliases),
             replay_timeout: duration(self.replay_timeout, d.replay_timeout),
             max_held_batches: self.max_held_batches.unwrap_or(d.max_held_batches),
             max_held_bytes: self.max_held_bytes.unwrap_or(d.max_held_bytes),
@@ -353,6 +394,7 @@ impl From<&EngineConfig> for EngineSettings {
             engine_allow_moves: Some(c.allow_moves),
             engine_block_size: Some(c.central_block_size),
             token_block: Some(c.token_block),
+            block_aliases: Some(c.block_aliases),
             max_engines: Some(c.max_engines),
             engine_threads: Some(c.threads),
             max_engine_replays: Some(c.max_replays),

@@ -19,7 +19,9 @@
 //! touch sockets.
 
 mod admission;
+pub mod alias;
 pub mod apply;
+pub mod catalog;
 mod central;
 mod config;
 mod groups;
@@ -48,7 +50,7 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
 pub use admission::{Allow, Refusal};
-pub use config::{EngineConfig, EngineSettings};
+pub use config::{BlockAliases, EngineConfig, EngineSettings};
 pub use sockets::THREADS as ZMQ_THREADS;
 pub use stats::SubStats;
 
@@ -119,6 +121,8 @@ pub struct Engines {
     stray_logged: Mutex<Option<std::time::Instant>>,
     /// Connections and messages the central collector refused.
     refusals: admission::Refusals,
+    /// The followed set as answers read it, without `running`'s lock.
+    catalog: catalog::Published,
     /// The run-time subscriptions, kept in a file when snapshots are on.
     /// Its lock is held through each run-time op (`subscribe`,
     /// `unsubscribe`), taken before `running`: ops on one pod are applied
@@ -209,6 +213,7 @@ impl Engines {
             strays: Default::default(),
             stray_logged: Mutex::new(None),
             refusals: Default::default(),
+            catalog: Default::default(),
             keeper: Mutex::new(kept::Keeper::new(kept, configured)),
         }))
     }
@@ -327,6 +332,7 @@ impl Engines {
                 pod: sub.pod.clone(),
                 source,
             })?;
+        self.catalog.changed();
         if let Some(old) = running.remove(&sub.pod) {
             // The old session applies to the same engine state: it must be
             // gone before the new one reads where to resume, or a batch in
@@ -434,6 +440,7 @@ impl Engines {
         let taken = {
             let mut running = self.running.lock();
             let mut leaving = self.leaving.lock();
+            self.catalog.changed();
             pods.iter()
                 .map(|&pod| {
                     let old = running.remove(pod)?;
@@ -456,6 +463,16 @@ impl Engines {
         let names: Vec<&str> = olds.iter().map(|&(pod, _)| pod).collect();
         self.index.drop_engine_pods(&names);
         taken
+    }
+
+    /// The followed subscriptions by pod, as of the last change: read
+    /// without waiting for subscriptions under way.
+    pub fn catalog(&self) -> Arc<catalog::Catalog> {
+        self.catalog.get(|| {
+            let running = self.running.lock();
+            let subs = running.values().map(|r| r.sub.clone()).collect();
+            (self.catalog.generation(), subs)
+        })
     }
 
     /// Every subscription and its state, by pod name.
@@ -659,6 +676,7 @@ impl Engines {
         let engine = self.index.engine(pod, self.spec(sub.block_size)).ok()?;
         let stats = Arc::new(SubStats::default());
         let gone = self.shutdown.child_token();
+        self.catalog.changed();
         running.insert(
             pod.into(),
             Running {

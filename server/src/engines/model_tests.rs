@@ -215,7 +215,13 @@ impl Server {
                 match action {
                     Action::Apply { payload, .. } => {
                         let batch = decode_batch(&payload, &DecodeLimits::default()).unwrap();
-                        let out = apply_batch(&self.index, &self.sub, &self.engine, &batch);
+                        let out = apply_batch(
+                            &self.index,
+                            &self.sub,
+                            &self.engine,
+                            &batch,
+                            super::config::BlockAliases::None,
+                        );
                         if out.applied.orphaned > 0 {
                             self.follower.orphaned(&mut next);
                         }

@@ -221,7 +221,13 @@ impl Session {
         {
             tracing::warn!(pod = %self.sub.pod, "{what}");
         }
-        let out = apply_batch(&env.index, &self.sub, &self.engine, &batch);
+        let out = apply_batch(
+            &env.index,
+            &self.sub,
+            &self.engine,
+            &batch,
+            env.cfg.block_aliases,
+        );
         self.engine
             .lock()
             .set_last_batch(Some((seq, digest(&payload))));

@@ -29,6 +29,16 @@ pub(crate) fn accept(mut sub: Subscription) -> Result<Subscription, Subscription
             text: sub.to_string(),
         });
     }
+    let lower = sub.lower_media().count();
+    if lower > prefix_index::MAX_LOWER_TIERS as usize {
+        return Err(SubscriptionError {
+            why: format!(
+                "{lower} lower cache tiers: a pod may have at most {}",
+                prefix_index::MAX_LOWER_TIERS
+            ),
+            text: sub.to_string(),
+        });
+    }
     Ok(sub)
 }
 

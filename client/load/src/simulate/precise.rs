@@ -41,6 +41,7 @@ fn op(event: &Event) -> EngineOp<'_> {
             hashes: &s.hashes,
             tokens: &s.tokens,
             seeds: &[],
+            alias: prefix_index::Alias::None,
         },
         Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
         Event::Cleared => EngineOp::Cleared,

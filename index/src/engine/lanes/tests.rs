@@ -238,6 +238,7 @@ fn run(
                         hashes: &hashes,
                         tokens: &tokens,
                         seeds: &[],
+                        alias: crate::Alias::None,
                     };
                     let group = Group {
                         idx: g as u32,
@@ -373,6 +374,7 @@ fn store_all(
             hashes: &hashes,
             tokens: &tokens,
             seeds: &[],
+            alias: crate::Alias::None,
         },
     )
 }
@@ -427,6 +429,7 @@ fn a_window_first_whose_store_skips_blocks_is_found_through_the_full_group() {
         hashes,
         tokens: &tokens,
         seeds: &[],
+        alias: crate::Alias::None,
     };
     let a = batch.apply_group(window_first, "m", op(&all[8..])).unwrap();
     assert_eq!(a.stored, 0);
@@ -537,6 +540,7 @@ fn groups_past_the_bound_are_refused() {
                 hashes: &[1],
                 tokens: &tokens,
                 seeds: &[],
+                alias: crate::Alias::None,
             },
         )
         .unwrap_err();
