@@ -312,6 +312,15 @@ impl crate::index::Reader<'_> {
     /// never named so, matches from there on nothing anyway). At most
     /// `max_key_blocks` blocks of ours.
     pub fn translate(&self, model: &str, names: &[u64]) -> Vec<u64> {
+        self.translate_counted(model, names, &mut Vec::new())
+    }
+
+    /// As [`Reader::translate`], also filling `widths` with how many of
+    /// our blocks each alias translated stands for (an engine block of
+    /// several of ours stands for several): what turns a match in our
+    /// blocks back into engine blocks.
+    pub fn translate_counted(&self, model: &str, names: &[u64], widths: &mut Vec<u32>) -> Vec<u64> {
+        widths.clear();
         let index = self.index();
         let pin = self.pin();
         let mut key = Vec::new();
@@ -334,6 +343,7 @@ impl crate::index::Reader<'_> {
                     }
                 }
             }
+            widths.push(first.width);
             if key.len() >= max {
                 key.truncate(max);
                 break;

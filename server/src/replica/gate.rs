@@ -78,7 +78,10 @@ impl Gate {
                 OpKind::RemovePod | OpKind::Unsubscribe => Reply::Removed(true),
                 _ => Reply::Done,
             })
-        } else if matches!(kind, OpKind::Lookup | OpKind::LookupDetail) {
+        } else if matches!(
+            kind,
+            OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers
+        ) {
             Some(
                 ErrorCode::Unavailable
                     .reply("this replica is filling itself from a peer: ask another replica"),

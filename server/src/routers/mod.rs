@@ -11,8 +11,9 @@ use axum::Router;
 use crate::api::Api;
 
 pub mod dynamo;
+pub mod sglang;
 
 /// Every drop-in route, on the API's state.
 pub fn router(api: Arc<Api>) -> Router {
-    dynamo::router(api)
+    dynamo::router(api.clone()).merge(sglang::router(api))
 }

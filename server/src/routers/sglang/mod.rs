@@ -1,0 +1,219 @@
+//! SGLang's external KV indexer service (gRPC `kv_indexer.v1.KVIndexer`,
+//! `server/proto/kv_indexer.proto`), served on the HTTP listener over
+//! HTTP/2: what SGLang's experimental router calls with
+//! `--kv-indexer-endpoint`, and its per-worker bridge writes to.
+//!
+//! - **Writes** (`ApplyExternalKvBatch`, a writer's): a worker's reports,
+//!   revocations and clears of blocks at a tier, by SGLang's chained block
+//!   hashes alone, are held as the worker's block sets (`Index::set_hold`)
+//!   under the model [`SET_MODEL`]: one set per tier and component kind
+//!   (`sets`). Its address (the router's URL of it), cache spec and block
+//!   size are kept beside, from its latest batch (`workers`).
+//! - **Prefix queries** (`MatchExternalKvPrefix`): each worker holding the
+//!   first hash, with the run of leading hashes its sets hold, by its
+//!   cache spec's rules when it has one (`prefix`). With
+//!   `--block-aliases engine`, pods followed through SGLang's own events
+//!   answer too, their engine hashes translated into our keys; their pod
+//!   name is their address.
+//! - `MatchExternalKv` and `GetExternalKvHitCounts`: which workers hold
+//!   which hashes, and how often a counting match found each.
+//!
+//! Statuses are the ones the router and the bridge act on: what the index
+//! cannot answer now (a cold replica, a full index) is `UNAVAILABLE` or
+//! `RESOURCE_EXHAUSTED`, on which the router falls back to the least
+//! loaded worker and the bridge reconnects; a request that is wrong is
+//! `INVALID_ARGUMENT`, a client without the role `PERMISSION_DENIED`
+//! (the bridge stops on both: they do not heal).
+
+use std::sync::Arc;
+
+use axum::Router;
+use tonic::{Request, Response, Status};
+
+use crate::access::Access;
+use crate::api::{Api, Conn};
+
+mod hits;
+mod prefix;
+mod sets;
+mod workers;
+
+/// The code generated from `server/proto/kv_indexer.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("kv_indexer.v1");
+}
+
+use pb::kv_indexer_server::{KvIndexer, KvIndexerServer};
+use pb::*;
+
+/// The model the bridges' block sets are held under: the router's hashes
+/// name no model.
+pub const SET_MODEL: &str = "kv_indexer.v1";
+
+/// The service, on the API's state.
+#[derive(Clone)]
+pub struct Service {
+    api: Arc<Api>,
+    workers: Arc<workers::Workers>,
+    hits: Arc<hits::Hits>,
+}
+
+/// The service's routes (every method of `kv_indexer.v1.KVIndexer`). A
+/// message over `--http-max-body-bytes` is refused `OUT_OF_RANGE` before
+/// it is decoded.
+pub fn router(api: Arc<Api>) -> Router {
+    let max = api.max_body;
+    let service = KvIndexerServer::new(Service {
+        api,
+        workers: Arc::default(),
+        hits: Arc::default(),
+    })
+    .max_decoding_message_size(max);
+    let path = format!("/{}/{{*method}}", pb::kv_indexer_server::SERVICE_NAME);
+    Router::new().route_service(&path, service)
+}
+
+/// The client's access, as its connection's TLS named it.
+fn access<T>(request: &Request<T>) -> Access {
+    request
+        .extensions()
+        .get::<Arc<Conn>>()
+        .map_or(Access::Write, |c| c.access.clone())
+}
+
+/// Refuses a write to a client without the writer's role.
+fn may_write(access: &Access) -> Result<(), Status> {
+    match access {
+        Access::Write => Ok(()),
+        Access::Denied(who) => Err(Status::permission_denied(format!(
+            "{who} has no role on this server (see --reader, --writer and --peer-identity)"
+        ))),
+        _ => Err(Status::permission_denied(
+            "this client's certificate may not change the index: it needs the writer's role",
+        )),
+    }
+}
+
+/// Refuses a read to a client with no role.
+fn may_read(access: &Access) -> Result<(), Status> {
+    match access {
+        Access::Denied(who) => Err(Status::permission_denied(format!(
+            "{who} has no role on this server (see --reader, --writer and --peer-identity)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses while the server fills itself from a peer: it has no answers
+/// of its own yet, and writes now would be lost to the fill.
+fn filled(api: &Api) -> Result<(), Status> {
+    match api.handler.replica.is_filling() {
+        true => Err(Status::unavailable(
+            "this replica is filling itself from a peer: ask another replica",
+        )),
+        false => Ok(()),
+    }
+}
+
+/// Runs `f` off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("the request failed: {e}")))?
+}
+
+#[tonic::async_trait]
+impl KvIndexer for Service {
+    async fn apply_external_kv_batch(
+        &self,
+        request: Request<ApplyExternalKvBatchRequest>,
+    ) -> Result<Response<ApplyExternalKvBatchResponse>, Status> {
+        may_write(&access(&request))?;
+        let batch = request.into_inner();
+        let l = &self.api.handler.limits;
+        let limits = sets::Limits {
+            actions: l.max_batch,
+            hashes: l.max_key_blocks,
+            name: l.max_name_len,
+        };
+        sets::check(&batch, &limits)?;
+        let me = self.clone();
+        blocking(move || {
+            filled(&me.api)?;
+            me.workers.update(&batch);
+            let index = &me.api.handler.index;
+            sets::apply(index, &batch, &me.hits)?;
+            Ok(())
+        })
+        .await?;
+        Ok(Response::new(ApplyExternalKvBatchResponse {}))
+    }
+
+    async fn match_external_kv(
+        &self,
+        request: Request<MatchExternalKvRequest>,
+    ) -> Result<Response<MatchExternalKvResponse>, Status> {
+        may_read(&access(&request))?;
+        let q = request.into_inner();
+        sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
+        let me = self.clone();
+        let answer = blocking(move || {
+            filled(&me.api)?;
+            let workers = me.workers.get();
+            Ok(prefix::match_all(
+                &me.api.handler.index,
+                &workers,
+                &me.hits,
+                &q,
+            ))
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn match_external_kv_prefix(
+        &self,
+        request: Request<MatchExternalKvPrefixRequest>,
+    ) -> Result<Response<MatchExternalKvPrefixResponse>, Status> {
+        may_read(&access(&request))?;
+        let q = request.into_inner();
+        if q.hashes.is_empty() {
+            return Err(Status::invalid_argument("hashes must not be empty"));
+        }
+        let me = self.clone();
+        let answer = blocking(move || {
+            filled(&me.api)?;
+            let workers = me.workers.get();
+            let engines = me.api.handler.engines.as_ref();
+            let by_engine = engines
+                .is_some_and(|e| e.config().block_aliases == crate::engines::BlockAliases::Engine);
+            Ok(prefix::match_prefix(
+                &me.api.handler.index,
+                &workers,
+                by_engine,
+                &q,
+            ))
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn get_external_kv_hit_counts(
+        &self,
+        request: Request<GetExternalKvHitCountsRequest>,
+    ) -> Result<Response<GetExternalKvHitCountsResponse>, Status> {
+        may_read(&access(&request))?;
+        let q = request.into_inner();
+        sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
+        let me = self.clone();
+        let entries = blocking(move || {
+            filled(&me.api)?;
+            Ok(me.hits.counts(&me.api.handler.index, &q.hashes))
+        })
+        .await?;
+        Ok(Response::new(GetExternalKvHitCountsResponse { entries }))
+    }
+}
