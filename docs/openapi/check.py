@@ -20,6 +20,7 @@ from prefix_index_api.api.default import (
     list_engines,
     lookup,
     lookup_detail,
+    lookup_tiers,
     ping,
     readyz,
     remove_pod,
@@ -51,6 +52,7 @@ from prefix_index_api.models import (
     StatsAnswer,
     SubscribeRequest,
     TailRequest,
+    TiersAnswer,
     UnsubscribeRequest,
     WritesAnswer,
 )
@@ -161,6 +163,9 @@ assert [(m.pod, m.blocks, m.lower_blocks, m.view) for m in detail.matches] == [
     ("pod-a", 3, 0, DetailMatchView.GATEWAY)
 ], detail
 
+tiered = call(lookup_tiers, 200, TiersAnswer, body=LookupRequest(model="llama", hashes=key))
+assert [(m.pod, m.blocks, m.tiers) for m in tiered.matches] == [("pod-a", 3, [])], tiered
+
 counts = call(stats, 200, StatsAnswer)
 assert (counts.models, counts.pods, counts.entries) == (2, 2, 4), counts
 
@@ -203,6 +208,7 @@ ops = [
     (op("ping"), Ok),
     (op("lookup", model="llama", hashes=key), LookupAnswer),
     (op("lookup_detail", model="llama", hashes=key), DetailAnswer),
+    (op("lookup_tiers", model="llama", hashes=key), TiersAnswer),
     (op("stats"), StatsAnswer),
     (op("sample_keys", count=2, seed=9), KeysAnswer),
     (op("list_engines"), EnginesAnswer),

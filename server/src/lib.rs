@@ -75,7 +75,7 @@ mod maintenance;
 mod metrics;
 mod repair;
 mod replica;
-mod routers;
+pub mod routers;
 mod service;
 mod snapshot;
 mod stream;
@@ -544,14 +544,14 @@ impl Server {
         let addr = socket
             .local_addr()
             .map_or_else(|_| "?".into(), |a| a.to_string());
-        match tls {
-            Some(_) => tracing::info!(http = %addr, "serving the HTTP/JSON API (TLS)"),
-            None => tracing::warn!(
+        if tls.is_none() {
+            tracing::warn!(
                 http = %addr,
-                "serving the HTTP/JSON API as PLAIN HTTP (--http-plaintext): no encryption and no \
-                 client identities; every client that reaches this port may read and write"
-            ),
+                "the HTTP/JSON API is PLAIN HTTP (--http-plaintext): no encryption and no client \
+                 identities; every client that reaches this port may read and write"
+            );
         }
+        tracing::info!(http = %addr, "serving the HTTP/JSON API");
         let listener = api::Listener {
             tls,
             roles: self.cfg.roles.clone(),

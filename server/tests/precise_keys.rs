@@ -28,6 +28,7 @@
 //! detailed lookup with the GPU's match and the CPU's run after it; a gap
 //! with no replay makes the pod's view "learning".
 
+use prefix_testkit::publisher::Publisher;
 use prefix_testkit::server as common;
 
 use std::path::Path;
@@ -73,49 +74,6 @@ struct Case {
 
 fn data() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vllm_identity")
-}
-
-/// One engine's publisher: an XPUB socket, which tells when the server's
-/// subscription has arrived (a PUB socket drops what it sends before).
-struct Publisher {
-    socket: zmq::Socket,
-    endpoint: String,
-}
-
-impl Publisher {
-    fn bind(ctx: &zmq::Context) -> Publisher {
-        let socket = ctx.socket(zmq::XPUB).unwrap();
-        socket.set_linger(0).unwrap();
-        socket.set_xpub_verbose(true).unwrap();
-        socket.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
-        Publisher { socket, endpoint }
-    }
-
-    /// Waits until a subscriber is there.
-    fn subscribed(&self) {
-        loop {
-            assert!(
-                self.socket.poll(zmq::POLLIN, 10_000).unwrap() > 0,
-                "no subscriber within 10 s"
-            );
-            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
-                return;
-            }
-        }
-    }
-
-    /// Publishes `payload` as batch `seq`.
-    fn publish(&self, seq: u64, payload: &[u8]) {
-        let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &seq.to_be_bytes(), payload];
-        self.socket.send_multipart(msg, 0).unwrap();
-    }
-
-    /// Publishes `payload` as batch 0 once a subscriber is there.
-    fn publish_when_subscribed(&self, payload: &[u8]) {
-        self.subscribed();
-        self.publish(0, payload);
-    }
 }
 
 /// The subscription to `publisher` as pod `pod` of model `m`.
@@ -191,7 +149,7 @@ async fn lookups_answer_what_vllm_would_reuse() {
     let publishers: Vec<(Case, Publisher)> = cases
         .cases
         .iter()
-        .map(|c| (c.clone(), Publisher::bind(&ctx)))
+        .map(|c| (c.clone(), Publisher::bind(&ctx, TOPIC)))
         .collect();
     let subs = publishers
         .iter()
@@ -276,7 +234,7 @@ async fn lookups_answer_what_vllm_would_reuse() {
 async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
     let hybrid = cases().hybrid;
     let ctx = zmq::Context::new();
-    let engine = Publisher::bind(&ctx);
+    let engine = Publisher::bind(&ctx, TOPIC);
     let sub = subscription("hybrid", &engine);
     let server = common::start(|cfg| cfg.engines.subscriptions = vec![sub]).await;
     let client = server.client().await;
@@ -350,7 +308,7 @@ fn payload(events: Vec<Event>) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() {
     let ctx = zmq::Context::new();
-    let engine = Publisher::bind(&ctx);
+    let engine = Publisher::bind(&ctx, TOPIC);
     let sub = Subscription {
         media: vec!["GPU".into(), "CPU".into()],
         ..subscription("tiered", &engine)
@@ -426,7 +384,7 @@ async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() 
 async fn a_long_prompt_an_engine_holds_is_answered_whole() {
     const BLOCKS: usize = 8_000;
     let ctx = zmq::Context::new();
-    let engine = Publisher::bind(&ctx);
+    let engine = Publisher::bind(&ctx, TOPIC);
     let sub = subscription("long", &engine);
     let server = common::start(|cfg| {
         cfg.engines.subscriptions = vec![sub];

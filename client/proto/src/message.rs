@@ -865,6 +865,11 @@ mod tests {
                 from: None,
                 max: 1 << 20,
             },
+            Op::LookupTiers {
+                model: "m".into(),
+                key: vec![1, 2],
+                candidates: None,
+            },
         ];
         assert_eq!(ops.len(), OpKind::ALL.len());
         for (i, op) in ops.iter().enumerate() {
@@ -892,9 +897,9 @@ mod tests {
         let tail = MAX_TAIL as usize;
         assert_eq!(
             weights,
-            [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3, tail]
+            [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3, tail, 2]
         );
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4107 + sample + tail);
+        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4109 + sample + tail);
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(
             names[6..],
@@ -904,7 +909,8 @@ mod tests {
                 "list_engines",
                 "sample_keys",
                 "lookup_detail",
-                "tail"
+                "tail",
+                "lookup_tiers"
             ]
         );
         // New replies come after the old ones too.
@@ -925,6 +931,12 @@ mod tests {
         };
         let writes = bincode::encode_to_vec(writes, bincode::config::standard());
         assert_eq!(writes.unwrap(), [9, 1, 1, 0]);
+        let tiers = Reply::Tiers {
+            key_blocks: 0,
+            matches: vec![],
+        };
+        let tiers = bincode::encode_to_vec(tiers, bincode::config::standard());
+        assert_eq!(tiers.unwrap(), [10, 0, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 

@@ -90,6 +90,16 @@ fn op() -> impl Strategy<Value = Op> {
                 key,
                 candidates
             }),
+        (
+            name(),
+            prop::collection::vec(any::<u64>(), 0..40),
+            prop::option::of(prop::collection::vec(name(), 0..4))
+        )
+            .prop_map(|(model, key, candidates)| Op::LookupTiers {
+                model,
+                key,
+                candidates
+            }),
     ]
 }
 

@@ -68,6 +68,16 @@ fn op() -> impl Strategy<Value = Op> {
                 key,
                 candidates
             }),
+        (
+            name(),
+            prop::collection::vec(any::<u64>(), 0..40),
+            prop::option::of(prop::collection::vec(name(), 0..4))
+        )
+            .prop_map(|(model, key, candidates)| Op::LookupTiers {
+                model,
+                key,
+                candidates
+            }),
         (prop::option::of(any::<u64>()), any::<u32>())
             .prop_map(|(from, max)| Op::Tail { from, max }),
     ]
@@ -82,6 +92,11 @@ fn to_json(op: &Op) -> Value {
             candidates,
         }
         | Op::LookupDetail {
+            model,
+            key,
+            candidates,
+        }
+        | Op::LookupTiers {
             model,
             key,
             candidates,

@@ -32,6 +32,8 @@
 
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(feature = "publisher")]
+pub mod publisher;
 #[cfg(feature = "server")]
 pub mod server;
 #[cfg(feature = "tls")]

@@ -54,6 +54,11 @@ fn full(kind: OpKind) -> JsonOp {
             key,
             candidates: Some(vec!["a".into()]),
         },
+        OpKind::LookupTiers => JsonOp::LookupTiers {
+            model: "m".into(),
+            key,
+            candidates: Some(vec!["a".into()]),
+        },
     }
 }
 

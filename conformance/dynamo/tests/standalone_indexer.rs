@@ -1,0 +1,516 @@
+//! The scenarios of NVIDIA Dynamo's own HTTP tests of its standalone KV
+//! indexer (`dynamo-kv-router` 1.6.1, `tests/standalone_indexer_http.rs`),
+//! run against prefix-server and, side by side, against Dynamo's own
+//! service, each fed through the wire the way a deployment feeds it: both
+//! register the same engines with `/register` and follow the same ZMQ
+//! publisher, whose vLLM events are Dynamo's own `RawKvEvent`s encoded as
+//! its tests encode them. Each answer of ours must pass the assertions
+//! Dynamo's test makes of its own, and equal Dynamo's answer.
+//!
+//! Dynamo's tests put local block hashes (11, 12, 13) straight into its
+//! indexer's internals; over the wire a block's local hash is what Dynamo's
+//! rule (`compute_block_hash_for_seq`, used here) makes of the block's
+//! tokens, so the scenarios store token blocks and ask by their hashes.
+//!
+//! `/query_tiered_by_hash` is not in Dynamo 1.6.1's service; its client
+//! (`RemoteIndexerTransport`) decodes the answer as a
+//! `WireTieredMatchDetails`, published in 1.6.1: our answer is decoded so
+//! and compared with what Dynamo's indexer finds for the same hashes.
+//!
+//! `PREFIX_SERVER` names the server binary (default:
+//! `../../target/release/prefix-server`).
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_kv_router::indexer::WireTieredMatchDetails;
+use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions, LocalBlockHash};
+use dynamo_kv_router::services::indexer::server::{create_router, AppState};
+use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
+use dynamo_kv_router::RoutingPartitionId;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const MODEL: &str = "test-model";
+const BLOCK_SIZE: u32 = 4;
+
+/// prefix-server, started for one scenario.
+struct Ours {
+    base: String,
+    child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Drop for Ours {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+async fn start_ours() -> Ours {
+    let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/prefix-server").into()
+    });
+    let dir = std::env::temp_dir().join(format!(
+        "prefix-conformance-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = tokio::process::Command::new(&bin)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+        .args(["--http-listen", "127.0.0.1:0", "--http-plaintext"])
+        .args(["--block-aliases", "dynamo", "--token-block", "4"])
+        .args(["--snapshot-interval", "0s", "--data-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the server never said where it listens")
+            .unwrap()
+            .expect("the server stopped");
+        if let Some(at) = line.find("serving the HTTP/JSON API http=") {
+            let rest = &line[at + "serving the HTTP/JSON API http=".len()..];
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    // Keep draining its log.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let base = format!("http://{addr}");
+    wait_for_health(&base).await;
+    Ours {
+        base,
+        child,
+        _dir: TempDir(dir),
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Dynamo's own service, in this process, as its tests start it.
+struct Dynamo {
+    base: String,
+    state: Arc<AppState>,
+}
+
+async fn start_dynamo() -> Dynamo {
+    let state = Arc::new(AppState::new(1).unwrap());
+    state.registry.signal_ready();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = create_router(state.clone());
+    tokio::spawn(async move { axum_serve(listener, app).await });
+    let base = format!("http://{addr}");
+    wait_for_health(&base).await;
+    Dynamo { base, state }
+}
+
+async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {
+    axum::serve(listener, app).await.unwrap();
+}
+
+async fn wait_for_health(base: &str) {
+    let client = reqwest::Client::new();
+    for _ in 0..500 {
+        if let Ok(r) = client.get(format!("{base}/health")).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{base}/health never answered");
+}
+
+/// A ZMQ publisher both services subscribe to.
+struct Publisher {
+    socket: zmq::Socket,
+    endpoint: String,
+    seq: u64,
+}
+
+impl Publisher {
+    fn bind(ctx: &zmq::Context) -> Publisher {
+        let socket = ctx.socket(zmq::XPUB).unwrap();
+        socket.set_linger(0).unwrap();
+        socket.set_xpub_verbose(true).unwrap();
+        socket.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
+        Publisher {
+            socket,
+            endpoint,
+            seq: 0,
+        }
+    }
+
+    /// Waits for `n` subscriptions.
+    fn subscribed(&self, n: usize) {
+        let mut seen = 0;
+        while seen < n {
+            assert!(self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0, "no subscriber");
+            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
+                seen += 1;
+            }
+        }
+    }
+
+    /// Publishes `event` as vLLM does, encoded as Dynamo's tests encode it.
+    fn publish(&mut self, event: RawKvEvent) {
+        let payload = rmp_serde::to_vec_named(&(0.0_f64, vec![event], Some(0_i32))).unwrap();
+        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), &payload];
+        self.socket.send_multipart(msg, 0).unwrap();
+        self.seq += 1;
+    }
+}
+
+/// A vLLM store of consecutive blocks of `tokens` (`BLOCK_SIZE` each).
+fn stored(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    medium: &str,
+    salt: Option<&str>,
+) -> RawKvEvent {
+    RawKvEvent::BlockStored {
+        block_hashes: hashes.iter().map(|&h| BlockHashValue::Unsigned(h)).collect(),
+        parent_block_hash: parent.map(BlockHashValue::Unsigned),
+        token_ids: tokens.to_vec(),
+        block_size: BLOCK_SIZE as usize,
+        medium: Some(medium.into()),
+        lora_name: None,
+        cache_namespace: salt.map(Into::into),
+        block_mm_infos: None,
+        is_eagle: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        locality: None,
+        ownership: None,
+        session_id: None,
+    }
+}
+
+/// Dynamo's block hashes of `tokens`, as `/query_by_hash` takes them.
+fn local_hashes(tokens: &[u32], salt: Option<&str>) -> Vec<i64> {
+    let options = BlockHashOptions {
+        cache_namespace: salt,
+        ..Default::default()
+    };
+    compute_block_hash_for_seq(tokens, BLOCK_SIZE, options)
+        .into_iter()
+        .map(|h| h.0 as i64)
+        .collect()
+}
+
+async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Both services, and the engines registered with both.
+struct Pair {
+    ours: Ours,
+    dynamo: Dynamo,
+}
+
+impl Pair {
+    async fn start() -> Pair {
+        Pair {
+            ours: start_ours().await,
+            dynamo: start_dynamo().await,
+        }
+    }
+
+    /// Registers worker `id` (rank 0) in `group` with both, following `p`.
+    async fn register(&self, id: u64, group: &str, p: &Publisher) {
+        let body = json!({
+            "instance_id": id, "endpoint": p.endpoint, "model_name": MODEL,
+            "routing_group": group, "block_size": BLOCK_SIZE, "dp_rank": 0,
+        });
+        for base in [&self.ours.base, &self.dynamo.base] {
+            let (s, v) = post(base, "/register", &body).await;
+            assert_eq!(s, 201, "{base}: {v}");
+        }
+    }
+
+    /// Both services' answers to `body` at `path`, once `done` holds of
+    /// both (their listeners take the events in their own time).
+    async fn ask(&self, path: &str, body: &Value, done: impl Fn(&Value) -> bool) -> (Value, Value) {
+        for _ in 0..500 {
+            let (s1, ours) = post(&self.ours.base, path, body).await;
+            let (s2, theirs) = post(&self.dynamo.base, path, body).await;
+            if s1 == 200 && s2 == 200 && done(&ours) && done(&theirs) {
+                return (ours, theirs);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (_, ours) = post(&self.ours.base, path, body).await;
+        let (_, theirs) = post(&self.dynamo.base, path, body).await;
+        panic!("{path} {body}: never answered as expected\nours:    {ours}\nDynamo's: {theirs}");
+    }
+}
+
+/// `query_by_hash_returns_per_instance_tier_breakdown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_by_hash_returns_per_instance_tier_breakdown() {
+    let pair = Pair::start().await;
+    let ctx = zmq::Context::new();
+    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    pair.register(7, "default", &w7).await;
+    pair.register(8, "default", &w8).await;
+    w7.subscribed(2);
+    w8.subscribed(2);
+    // Worker 7: 2 device blocks + 1 host-pinned extension.
+    // Worker 8: 2 device blocks, no lower-tier.
+    let tokens: Vec<u32> = (1..=12).collect();
+    w7.publish(stored(&[0x11, 0x12], None, &tokens[..8], "GPU", None));
+    w8.publish(stored(&[0x11, 0x12], None, &tokens[..8], "GPU", None));
+    w7.publish(stored(&[0x13], Some(0x12), &tokens[8..], "CPU_TIER1", None));
+    let body = json!({
+        "block_hashes": local_hashes(&tokens, None),
+        "model_name": MODEL,
+        "routing_group": "default",
+    });
+    let (ours, theirs) = pair
+        .ask("/query_by_hash", &body, |b| {
+            b["instances"]["7"]["cpu"] == 12 && b["instances"]["8"]["gpu"] == 8
+        })
+        .await;
+    for body in [&ours, &theirs] {
+        // Dynamo's assertions.
+        assert_eq!(body["scores"]["7"]["0"], (2 * BLOCK_SIZE) as u64);
+        assert_eq!(body["scores"]["8"]["0"], (2 * BLOCK_SIZE) as u64);
+        let inst7 = &body["instances"]["7"];
+        assert_eq!(inst7["gpu"], (2 * BLOCK_SIZE) as u64, "instance 7 gpu");
+        assert_eq!(inst7["cpu"], (3 * BLOCK_SIZE) as u64, "instance 7 cpu");
+        assert_eq!(inst7["disk"], (3 * BLOCK_SIZE) as u64, "instance 7 disk");
+        assert_eq!(inst7["dp"]["0"], (2 * BLOCK_SIZE) as u64);
+        assert_eq!(inst7["longest_matched"], (3 * BLOCK_SIZE) as u64);
+        let inst8 = &body["instances"]["8"];
+        assert_eq!(inst8["gpu"], (2 * BLOCK_SIZE) as u64);
+        assert_eq!(inst8["cpu"], (2 * BLOCK_SIZE) as u64);
+        assert_eq!(inst8["longest_matched"], (2 * BLOCK_SIZE) as u64);
+    }
+    assert_eq!(ours, theirs);
+    let mut null_salt = body.clone();
+    null_salt["cache_salt"] = Value::Null;
+    for base in [&pair.ours.base, &pair.dynamo.base] {
+        assert_eq!(post(base, "/query_by_hash", &null_salt).await.0, 200);
+    }
+
+    // The remote indexer client's route, decoded as that client decodes
+    // it, against what Dynamo's indexer finds for the same hashes.
+    let (s, tiered) = post(&pair.ours.base, "/query_tiered_by_hash", &body).await;
+    assert_eq!(s, 200, "{tiered}");
+    assert_eq!(tiered["block_size"], BLOCK_SIZE);
+    let wire: WireTieredMatchDetails = serde_json::from_value(tiered["tiered"].clone())
+        .expect("the answer decodes as Dynamo's client decodes it");
+    let entry = pair
+        .dynamo
+        .state
+        .registry
+        .get_indexer(&RoutingPartitionId::new(MODEL, "default"))
+        .unwrap();
+    let sequence: Vec<LocalBlockHash> = local_hashes(&tokens, None)
+        .into_iter()
+        .map(|h| LocalBlockHash(h as u64))
+        .collect();
+    let details = entry.indexer.find_tiered_matches(sequence).await.unwrap();
+    let expected = WireTieredMatchDetails::from(&details);
+    assert_eq!(normalized(&wire), normalized(&expected));
+}
+
+/// A tiered answer as sorted lists, lower-tier hits of 0 left out (a tier
+/// absent and one with no hits read the same to Dynamo's client).
+fn normalized(w: &WireTieredMatchDetails) -> Value {
+    let v = serde_json::to_value(w).unwrap();
+    let mut scores: Vec<String> = v["device"]["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    scores.sort();
+    let mut tiers = BTreeMap::new();
+    for t in v["lower_tier"].as_array().unwrap() {
+        let mut hits: Vec<String> = t[1]["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h[1] != 0)
+            .map(ToString::to_string)
+            .collect();
+        hits.sort();
+        if !hits.is_empty() {
+            tiers.insert(t[0].to_string(), hits);
+        }
+    }
+    json!({ "scores": scores, "tiers": tiers })
+}
+
+/// `query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id() {
+    let pair = Pair::start().await;
+    let ctx = zmq::Context::new();
+    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    pair.register(7, "default", &w7).await;
+    pair.register(8, "group-b", &w8).await;
+    w7.subscribed(2);
+    w8.subscribed(2);
+    let tokens: Vec<u32> = vec![1, 2, 3, 4];
+    w7.publish(stored(&[0x11], None, &tokens, "GPU", None));
+    w8.publish(stored(&[0x11], None, &tokens, "GPU", None));
+    let hashes = local_hashes(&tokens, None);
+    let legacy = json!({"block_hashes": hashes, "model_name": MODEL, "tenant_id": "group-b"});
+    let (ours, theirs) = pair
+        .ask("/query_by_hash", &legacy, |b| b["scores"]["7"]["0"] == BLOCK_SIZE)
+        .await;
+    for body in [&ours, &theirs] {
+        assert_eq!(body["scores"]["7"]["0"], BLOCK_SIZE);
+        assert!(body["scores"].get("8").is_none());
+    }
+    assert_eq!(ours, theirs);
+    let explicit = json!({"block_hashes": hashes, "model_name": MODEL,
+                          "routing_group": "group-b", "tenant_id": "default"});
+    let (ours, theirs) = pair
+        .ask("/query_by_hash", &explicit, |b| b["scores"]["8"]["0"] == BLOCK_SIZE)
+        .await;
+    for body in [&ours, &theirs] {
+        assert_eq!(body["scores"]["8"]["0"], BLOCK_SIZE);
+        assert!(body["scores"].get("7").is_none());
+    }
+    assert_eq!(ours, theirs);
+}
+
+/// `query_isolates_cache_salts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_isolates_cache_salts() {
+    let pair = Pair::start().await;
+    let ctx = zmq::Context::new();
+    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
+    pair.register(7, "default", &w7).await;
+    pair.register(8, "default", &w8).await;
+    w7.subscribed(2);
+    w8.subscribed(2);
+    let tokens = vec![1_u32, 2, 3, 4, 5, 6, 7, 8];
+    w7.publish(stored(&[0x21, 0x22], None, &tokens, "GPU", Some("tenant-a")));
+    w8.publish(stored(&[0x21, 0x22], None, &tokens, "GPU", Some("tenant-b")));
+    for (salt, expected, other) in [("tenant-a", "7", "8"), ("tenant-b", "8", "7")] {
+        let body = json!({"token_ids": tokens, "model_name": MODEL,
+                          "routing_group": "default", "cache_salt": salt});
+        let (ours, theirs) = pair
+            .ask("/query", &body, |b| b["scores"][expected]["0"] == tokens.len() as u64)
+            .await;
+        for body in [&ours, &theirs] {
+            assert_eq!(body["scores"][expected]["0"], tokens.len() as u64);
+            assert!(body["scores"].get(other).is_none());
+        }
+        assert_eq!(ours, theirs);
+        // And by hash, the salt in the hashes' seed.
+        let body = json!({"block_hashes": local_hashes(&tokens, Some(salt)), "model_name": MODEL});
+        let (ours, theirs) = pair
+            .ask("/query_by_hash", &body, |b| b["scores"][expected]["0"] == tokens.len() as u64)
+            .await;
+        assert!(ours["scores"].get(other).is_none());
+        assert_eq!(ours, theirs);
+    }
+}
+
+/// `query_by_hash_rejects_cache_salt`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_by_hash_rejects_cache_salt() {
+    let pair = Pair::start().await;
+    let ctx = zmq::Context::new();
+    let w = Publisher::bind(&ctx);
+    pair.register(7, "default", &w).await;
+    for cache_salt in ["tenant-a", ""] {
+        let body = json!({"block_hashes": [11_i64, 12], "model_name": MODEL,
+                          "routing_group": "default", "cache_salt": cache_salt});
+        for base in [&pair.ours.base, &pair.dynamo.base] {
+            let (s, v) = post(base, "/query_by_hash", &body).await;
+            assert_eq!(s, 400, "{base}");
+            assert!(v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("block_hashes must already include")));
+        }
+    }
+}
+
+/// `query_returns_404_for_unknown_model`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_returns_404_for_unknown_model() {
+    let pair = Pair::start().await;
+    let body = json!({"token_ids": [1_u32, 2, 3], "model_name": "no-such-model"});
+    for base in [&pair.ours.base, &pair.dynamo.base] {
+        let (s, v) = post(base, "/query", &body).await;
+        assert_eq!(s, 404, "{base}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| e.contains("no indexer for model=")),
+            "unexpected 404 body: {v}"
+        );
+    }
+}
+
+/// `zmq_published_tiered_events_appear_in_http_query`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zmq_published_tiered_events_appear_in_http_query() {
+    let pair = Pair::start().await;
+    let ctx = zmq::Context::new();
+    let mut p = Publisher::bind(&ctx);
+    pair.register(7, "default", &p).await;
+    p.subscribed(2);
+    p.publish(stored(&[0xD0E0_AAAA_BBBB_CCCC], None, &[10, 11, 12, 13], "GPU", None));
+    p.publish(stored(
+        &[0x40E0_AAAA_BBBB_CCCC],
+        Some(0xD0E0_AAAA_BBBB_CCCC),
+        &[20, 21, 22, 23],
+        "CPU_TIER1",
+        None,
+    ));
+    let body = json!({"token_ids": [10, 11, 12, 13, 20, 21, 22, 23],
+                      "model_name": MODEL, "routing_group": "default"});
+    let (ours, theirs) = pair
+        .ask("/query", &body, |b| b["instances"]["7"]["cpu"].as_u64().unwrap_or(0) >= 8)
+        .await;
+    for body in [&ours, &theirs] {
+        let inst = &body["instances"]["7"];
+        assert_eq!(inst["gpu"], 4, "device-tier tokens");
+        assert_eq!(inst["cpu"], 8, "cumulative through host-pinned");
+        assert_eq!(inst["longest_matched"], 8);
+    }
+    assert_eq!(ours, theirs);
+    // The workers' listing, as Dynamo lists them.
+    let ours = reqwest::get(format!("{}/workers", pair.ours.base)).await.unwrap();
+    let theirs = reqwest::get(format!("{}/workers", pair.dynamo.base)).await.unwrap();
+    let (ours, theirs): (Value, Value) = (ours.json().await.unwrap(), theirs.json().await.unwrap());
+    assert_eq!(ours, theirs);
+}
