@@ -60,7 +60,11 @@ impl Drop for Ours {
 
 async fn start_ours() -> Ours {
     let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/release/prefix-server").into()
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../target/release/prefix-server"
+        )
+        .into()
     });
     let dir = std::env::temp_dir().join(format!(
         "prefix-conformance-{}-{}",
@@ -74,12 +78,13 @@ async fn start_ours() -> Ours {
         .args(["--block-aliases", "dynamo", "--token-block", "4"])
         .args(["--snapshot-interval", "0s", "--data-dir"])
         .arg(&dir)
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Its log, on stderr, names the address it bound.
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let addr = loop {
         let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
             .await
@@ -169,7 +174,10 @@ impl Publisher {
     fn subscribed(&self, n: usize) {
         let mut seen = 0;
         while seen < n {
-            assert!(self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0, "no subscriber");
+            assert!(
+                self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0,
+                "no subscriber"
+            );
             if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
                 seen += 1;
             }
@@ -194,7 +202,10 @@ fn stored(
     salt: Option<&str>,
 ) -> RawKvEvent {
     RawKvEvent::BlockStored {
-        block_hashes: hashes.iter().map(|&h| BlockHashValue::Unsigned(h)).collect(),
+        block_hashes: hashes
+            .iter()
+            .map(|&h| BlockHashValue::Unsigned(h))
+            .collect(),
         parent_block_hash: parent.map(BlockHashValue::Unsigned),
         token_ids: tokens.to_vec(),
         block_size: BLOCK_SIZE as usize,
@@ -392,7 +403,9 @@ async fn query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id() {
     let hashes = local_hashes(&tokens, None);
     let legacy = json!({"block_hashes": hashes, "model_name": MODEL, "tenant_id": "group-b"});
     let (ours, theirs) = pair
-        .ask("/query_by_hash", &legacy, |b| b["scores"]["7"]["0"] == BLOCK_SIZE)
+        .ask("/query_by_hash", &legacy, |b| {
+            b["scores"]["7"]["0"] == BLOCK_SIZE
+        })
         .await;
     for body in [&ours, &theirs] {
         assert_eq!(body["scores"]["7"]["0"], BLOCK_SIZE);
@@ -402,7 +415,9 @@ async fn query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id() {
     let explicit = json!({"block_hashes": hashes, "model_name": MODEL,
                           "routing_group": "group-b", "tenant_id": "default"});
     let (ours, theirs) = pair
-        .ask("/query_by_hash", &explicit, |b| b["scores"]["8"]["0"] == BLOCK_SIZE)
+        .ask("/query_by_hash", &explicit, |b| {
+            b["scores"]["8"]["0"] == BLOCK_SIZE
+        })
         .await;
     for body in [&ours, &theirs] {
         assert_eq!(body["scores"]["8"]["0"], BLOCK_SIZE);
@@ -422,13 +437,27 @@ async fn query_isolates_cache_salts() {
     w7.subscribed(2);
     w8.subscribed(2);
     let tokens = vec![1_u32, 2, 3, 4, 5, 6, 7, 8];
-    w7.publish(stored(&[0x21, 0x22], None, &tokens, "GPU", Some("tenant-a")));
-    w8.publish(stored(&[0x21, 0x22], None, &tokens, "GPU", Some("tenant-b")));
+    w7.publish(stored(
+        &[0x21, 0x22],
+        None,
+        &tokens,
+        "GPU",
+        Some("tenant-a"),
+    ));
+    w8.publish(stored(
+        &[0x21, 0x22],
+        None,
+        &tokens,
+        "GPU",
+        Some("tenant-b"),
+    ));
     for (salt, expected, other) in [("tenant-a", "7", "8"), ("tenant-b", "8", "7")] {
         let body = json!({"token_ids": tokens, "model_name": MODEL,
                           "routing_group": "default", "cache_salt": salt});
         let (ours, theirs) = pair
-            .ask("/query", &body, |b| b["scores"][expected]["0"] == tokens.len() as u64)
+            .ask("/query", &body, |b| {
+                b["scores"][expected]["0"] == tokens.len() as u64
+            })
             .await;
         for body in [&ours, &theirs] {
             assert_eq!(body["scores"][expected]["0"], tokens.len() as u64);
@@ -438,7 +467,9 @@ async fn query_isolates_cache_salts() {
         // And by hash, the salt in the hashes' seed.
         let body = json!({"block_hashes": local_hashes(&tokens, Some(salt)), "model_name": MODEL});
         let (ours, theirs) = pair
-            .ask("/query_by_hash", &body, |b| b["scores"][expected]["0"] == tokens.len() as u64)
+            .ask("/query_by_hash", &body, |b| {
+                b["scores"][expected]["0"] == tokens.len() as u64
+            })
             .await;
         assert!(ours["scores"].get(other).is_none());
         assert_eq!(ours, theirs);
@@ -474,7 +505,9 @@ async fn query_returns_404_for_unknown_model() {
         let (s, v) = post(base, "/query", &body).await;
         assert_eq!(s, 404, "{base}");
         assert!(
-            v["error"].as_str().is_some_and(|e| e.contains("no indexer for model=")),
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no indexer for model=")),
             "unexpected 404 body: {v}"
         );
     }
@@ -488,7 +521,13 @@ async fn zmq_published_tiered_events_appear_in_http_query() {
     let mut p = Publisher::bind(&ctx);
     pair.register(7, "default", &p).await;
     p.subscribed(2);
-    p.publish(stored(&[0xD0E0_AAAA_BBBB_CCCC], None, &[10, 11, 12, 13], "GPU", None));
+    p.publish(stored(
+        &[0xD0E0_AAAA_BBBB_CCCC],
+        None,
+        &[10, 11, 12, 13],
+        "GPU",
+        None,
+    ));
     p.publish(stored(
         &[0x40E0_AAAA_BBBB_CCCC],
         Some(0xD0E0_AAAA_BBBB_CCCC),
@@ -499,7 +538,9 @@ async fn zmq_published_tiered_events_appear_in_http_query() {
     let body = json!({"token_ids": [10, 11, 12, 13, 20, 21, 22, 23],
                       "model_name": MODEL, "routing_group": "default"});
     let (ours, theirs) = pair
-        .ask("/query", &body, |b| b["instances"]["7"]["cpu"].as_u64().unwrap_or(0) >= 8)
+        .ask("/query", &body, |b| {
+            b["instances"]["7"]["cpu"].as_u64().unwrap_or(0) >= 8
+        })
         .await;
     for body in [&ours, &theirs] {
         let inst = &body["instances"]["7"];
@@ -509,8 +550,12 @@ async fn zmq_published_tiered_events_appear_in_http_query() {
     }
     assert_eq!(ours, theirs);
     // The workers' listing, as Dynamo lists them.
-    let ours = reqwest::get(format!("{}/workers", pair.ours.base)).await.unwrap();
-    let theirs = reqwest::get(format!("{}/workers", pair.dynamo.base)).await.unwrap();
+    let ours = reqwest::get(format!("{}/workers", pair.ours.base))
+        .await
+        .unwrap();
+    let theirs = reqwest::get(format!("{}/workers", pair.dynamo.base))
+        .await
+        .unwrap();
     let (ours, theirs): (Value, Value) = (ours.json().await.unwrap(), theirs.json().await.unwrap());
     assert_eq!(ours, theirs);
 }
