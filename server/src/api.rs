@@ -83,9 +83,6 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
 
 /// What the routes share.
 pub struct Api {
-    /// One registration of a router's worker at a time (`crate::routers`):
-    /// what it checks is what it subscribes.
-    pub dynamo: tokio::sync::Mutex<()>,
     /// Applies the requests: the QUIC listener's.
     pub handler: Arc<Handler>,
     /// How text and token ids are hashed: the server's token block
@@ -116,6 +113,41 @@ pub(crate) struct Conn {
 /// Bodies larger than this are parsed (and their keys hashed) on the
 /// blocking pool with the request, not on the async workers QUIC shares.
 const INLINE_BODY: usize = 64 << 10;
+
+/// Why a job of [`run_job`] did not run to its end.
+pub(crate) enum NotRun {
+    /// The server is shutting down: no permit is handed out any more.
+    ShuttingDown,
+    /// The job panicked.
+    Failed,
+}
+
+/// Runs `job` for the connection `conn`: here, on the async worker, when
+/// it is light (a lookup takes microseconds, less than a hand-off to
+/// another thread); when `heavy`, on the blocking pool under one of the
+/// connection's permits (`--max-in-flight`), so that a client's large
+/// requests wait for each other and not the async workers QUIC shares.
+/// Every door of the HTTP listener runs its work through here.
+pub(crate) async fn run_job<T: Send + 'static>(
+    conn: &Conn,
+    heavy: bool,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, NotRun> {
+    if !heavy {
+        return Ok(job());
+    }
+    let Ok(permit) = conn.heavy.clone().acquire_owned().await else {
+        return Err(NotRun::ShuttingDown);
+    };
+    tokio::task::spawn_blocking(move || {
+        // The permit is the job's: a client that gives up on the request
+        // does not free it while the work goes on.
+        let _permit = permit;
+        job()
+    })
+    .await
+    .map_err(|_| NotRun::Failed)
+}
 
 /// The routes.
 pub fn router(api: Arc<Api>) -> Router {
@@ -274,14 +306,8 @@ async fn answer(
     } else {
         Err((body, parse))
     };
-    let Ok(permit) = conn.heavy.clone().acquire_owned().await else {
-        return error_response(ErrorCode::Unavailable, "shutting down");
-    };
     let (api2, conn2) = (api.clone(), conn.clone());
-    let ran = tokio::task::spawn_blocking(move || {
-        // The permit is the job's: a client that gives up on the request
-        // does not free it while the work goes on.
-        let _permit = permit;
+    let ran = run_job(conn, true, move || {
         let request = match parsed {
             Ok(request) => request,
             Err((body, parse)) => match parse(body) {
@@ -297,7 +323,8 @@ async fn answer(
     match ran {
         Ok(Ok((code, out))) => json_response(status_of(code), Ok(out)),
         Ok(Err(reply)) => refused(api, reply),
-        Err(_) => error_response(ErrorCode::Internal, "the request failed"),
+        Err(NotRun::ShuttingDown) => error_response(ErrorCode::Unavailable, "shutting down"),
+        Err(NotRun::Failed) => error_response(ErrorCode::Internal, "the request failed"),
     }
 }
 

@@ -87,6 +87,7 @@ pub use busy_poll::BusyPoll;
 pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
 pub use descriptors::{raise as raise_open_files, Raised as OpenFiles};
+pub use engines::alias::dynamo_seed;
 pub use engines::apply::apply_batch;
 pub use engines::ZMQ_THREADS as ENGINE_ZMQ_THREADS;
 pub use engines::{
@@ -531,7 +532,6 @@ impl Server {
             ..Default::default()
         };
         let api = Arc::new(api::Api {
-            dynamo: Default::default(),
             handler,
             keys,
             max_body: self.cfg.limits.http_max_body_bytes,

@@ -40,6 +40,32 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
         );
     }
     drop(ours);
+    // Each stored block also named by Dynamo's block hash of its tokens
+    // (`--block-aliases dynamo`, which `/query_by_hash` needs).
+    let (aliased, heap) = heap_of(live, || {
+        let seed = prefix_server::dynamo_seed(None, None);
+        let o = Ours::aliased(
+            &w.names,
+            prefix_index::Alias::Tokens {
+                seed,
+                salted: false,
+            },
+        );
+        o.apply(&w.names, &w.steps);
+        o.index.sweep(NOW, usize::MAX);
+        o.index.reclaim();
+        o
+    });
+    let s = aliased.index.stats();
+    eprintln!(
+        "memory/ours-dynamo-aliases, after the sweep: {heap} B = {:.1} B per (pod, block) pair; the index's accounting: tree {:.1} B, engine records {:.1} B, aliases {:.1} B ({} aliases)",
+        heap as f64 / pairs,
+        s.bytes as f64 / pairs,
+        s.engine_bytes as f64 / pairs,
+        s.alias_bytes as f64 / pairs,
+        s.aliases,
+    );
+    drop(aliased);
     // A hybrid model's engines: each pair held by two KV-cache groups.
     if let Some((_, payloads)) = w.identity_payloads.iter().find(|(n, _)| *n == "hybrid") {
         let (hybrid, heap) = heap_of(live, || {

@@ -264,9 +264,20 @@ pub struct Ours {
     /// The index.
     pub index: Index,
     engines: Vec<EngineHandle>,
+    /// What each stored block is also named by.
+    alias: prefix_index::Alias,
 }
 
 impl Ours {
+    /// An empty index with the pods `names` registered, naming each stored
+    /// block also by `alias` (as `--block-aliases` has the server do).
+    pub fn aliased(names: &[String], alias: prefix_index::Alias) -> Self {
+        Ours {
+            alias,
+            ..Ours::new(names)
+        }
+    }
+
     /// An empty index with the pods `names` registered.
     pub fn new(names: &[String]) -> Self {
         let index = Index::new(IndexConfig::default());
@@ -283,7 +294,11 @@ impl Ours {
                     .expect("16-token blocks on both sides")
             })
             .collect();
-        Ours { index, engines }
+        Ours {
+            index,
+            engines,
+            alias: prefix_index::Alias::None,
+        }
     }
 
     /// Applies each step's events as one batch (one vLLM batch is one
@@ -304,7 +319,7 @@ impl Ours {
                         hashes: &st.hashes,
                         tokens: &st.tokens,
                         seeds: &[],
-                        alias: prefix_index::Alias::None,
+                        alias: self.alias,
                     },
                     Event::Removed(r) => EngineOp::Removed { hashes: &r.hashes },
                     Event::Cleared => EngineOp::Cleared,

@@ -21,98 +21,19 @@
 //! `../../target/release/prefix-server`).
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_kv_router::indexer::WireTieredMatchDetails;
-use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions, LocalBlockHash};
+use dynamo_kv_router::protocols::LocalBlockHash;
 use dynamo_kv_router::services::indexer::server::{create_router, AppState};
-use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
+use dynamo_kv_router::zmq_wire::RawKvEvent;
 use dynamo_kv_router::RoutingPartitionId;
+use prefix_conformance_dynamo::{self as lib, post, wait_for_health, Ours, Publisher};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const MODEL: &str = "test-model";
 const BLOCK_SIZE: u32 = 4;
-
-/// prefix-server, started for one scenario.
-struct Ours {
-    base: String,
-    child: tokio::process::Child,
-    _dir: TempDir,
-}
-
-/// A directory removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-impl Drop for Ours {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-async fn start_ours() -> Ours {
-    let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
-        concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../target/release/prefix-server"
-        )
-        .into()
-    });
-    let dir = std::env::temp_dir().join(format!(
-        "prefix-conformance-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut child = tokio::process::Command::new(&bin)
-        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
-        .args(["--http-listen", "127.0.0.1:0", "--http-plaintext"])
-        .args(["--block-aliases", "dynamo", "--token-block", "4"])
-        .args(["--snapshot-interval", "0s", "--data-dir"])
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-    // Its log, on stderr, names the address it bound.
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-            .await
-            .expect("the server never said where it listens")
-            .unwrap()
-            .expect("the server stopped");
-        if let Some(at) = line.find("serving the HTTP/JSON API http=") {
-            let rest = &line[at + "serving the HTTP/JSON API http=".len()..];
-            break rest.split_whitespace().next().unwrap().to_string();
-        }
-    };
-    // Keep draining its log.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    let base = format!("http://{addr}");
-    wait_for_health(&base).await;
-    Ours {
-        base,
-        child,
-        _dir: TempDir(dir),
-    }
-}
-
-fn rand_suffix() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
 
 /// Dynamo's own service, in this process, as its tests start it.
 struct Dynamo {
@@ -136,64 +57,7 @@ async fn axum_serve(listener: tokio::net::TcpListener, app: axum::Router) {
     axum::serve(listener, app).await.unwrap();
 }
 
-async fn wait_for_health(base: &str) {
-    let client = reqwest::Client::new();
-    for _ in 0..500 {
-        if let Ok(r) = client.get(format!("{base}/health")).send().await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{base}/health never answered");
-}
-
-/// A ZMQ publisher both services subscribe to.
-struct Publisher {
-    socket: zmq::Socket,
-    endpoint: String,
-    seq: u64,
-}
-
-impl Publisher {
-    fn bind(ctx: &zmq::Context) -> Publisher {
-        let socket = ctx.socket(zmq::XPUB).unwrap();
-        socket.set_linger(0).unwrap();
-        socket.set_xpub_verbose(true).unwrap();
-        socket.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
-        Publisher {
-            socket,
-            endpoint,
-            seq: 0,
-        }
-    }
-
-    /// Waits for `n` subscriptions.
-    fn subscribed(&self, n: usize) {
-        let mut seen = 0;
-        while seen < n {
-            assert!(
-                self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0,
-                "no subscriber"
-            );
-            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
-                seen += 1;
-            }
-        }
-    }
-
-    /// Publishes `event` as vLLM does, encoded as Dynamo's tests encode it.
-    fn publish(&mut self, event: RawKvEvent) {
-        let payload = rmp_serde::to_vec_named(&(0.0_f64, vec![event], Some(0_i32))).unwrap();
-        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), &payload];
-        self.socket.send_multipart(msg, 0).unwrap();
-        self.seq += 1;
-    }
-}
-
-/// A vLLM store of consecutive blocks of `tokens` (`BLOCK_SIZE` each).
+/// A vLLM store of `BLOCK_SIZE`-token blocks.
 fn stored(
     hashes: &[u64],
     parent: Option<u64>,
@@ -201,49 +65,12 @@ fn stored(
     medium: &str,
     salt: Option<&str>,
 ) -> RawKvEvent {
-    RawKvEvent::BlockStored {
-        block_hashes: hashes
-            .iter()
-            .map(|&h| BlockHashValue::Unsigned(h))
-            .collect(),
-        parent_block_hash: parent.map(BlockHashValue::Unsigned),
-        token_ids: tokens.to_vec(),
-        block_size: BLOCK_SIZE as usize,
-        medium: Some(medium.into()),
-        lora_name: None,
-        cache_namespace: salt.map(Into::into),
-        block_mm_infos: None,
-        is_eagle: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-        locality: None,
-        ownership: None,
-        session_id: None,
-    }
+    lib::stored(hashes, parent, tokens, BLOCK_SIZE, medium, salt)
 }
 
-/// Dynamo's block hashes of `tokens`, as `/query_by_hash` takes them.
+/// Dynamo's block hashes of `tokens` in `BLOCK_SIZE`-token blocks.
 fn local_hashes(tokens: &[u32], salt: Option<&str>) -> Vec<i64> {
-    let options = BlockHashOptions {
-        cache_namespace: salt,
-        ..Default::default()
-    };
-    compute_block_hash_for_seq(tokens, BLOCK_SIZE, options)
-        .into_iter()
-        .map(|h| h.0 as i64)
-        .collect()
-}
-
-async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
-    let r = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    lib::local_hashes(tokens, BLOCK_SIZE, salt)
 }
 
 /// Both services, and the engines registered with both.
@@ -255,7 +82,7 @@ struct Pair {
 impl Pair {
     async fn start() -> Pair {
         Pair {
-            ours: start_ours().await,
+            ours: Ours::start(BLOCK_SIZE).await,
             dynamo: start_dynamo().await,
         }
     }

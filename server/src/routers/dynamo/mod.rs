@@ -20,8 +20,10 @@
 //!   `/query_tiered_by_hash` translate Dynamo's block hashes into our key
 //!   first (`--block-aliases dynamo`, `prefix_index::Alias`).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query as UrlQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
@@ -32,11 +34,11 @@ use prefix_proto::json::{KeySource, TokenIdentity};
 use prefix_proto::{EngineState, EngineSub, ErrorCode, Op, PodTiers, Reply, Request};
 use serde_json::{json, Value};
 
-use crate::access::Access;
-use crate::api::{http_status, read_body, Api, Conn, Unread};
+use crate::api::{http_status, read_body, run_job, Api, Conn, NotRun, Unread};
 use crate::engines::catalog::Catalog;
 use crate::engines::BlockAliases;
 use crate::handler::Captured;
+use crate::service::Service as _;
 
 pub mod wire;
 
@@ -119,8 +121,97 @@ fn workers(catalog: &Catalog) -> Vec<(Worker, &EngineSub)> {
     all
 }
 
+/// What the routes share: the API's state, one registration at a time
+/// (what it checks is what it subscribes), and the partitions of the last
+/// catalog read.
+struct Dynamo {
+    api: Arc<Api>,
+    registering: tokio::sync::Mutex<()>,
+    partitions: ArcSwapOption<Partitions>,
+}
+
+/// The partitions of one catalog, by model, then routing group.
+struct Partitions {
+    /// The catalog they were read from; held, so that no other catalog is
+    /// ever at its address while this is compared with one.
+    of: Arc<Catalog>,
+    by_model: HashMap<String, HashMap<String, Arc<Partition>>>,
+}
+
+/// One model's and routing group's workers.
+#[derive(Default)]
+struct Partition {
+    /// Their pods, one per rank.
+    pods: HashSet<String>,
+    /// Their block size (all of theirs are the same: `/register` refuses
+    /// another).
+    block_size: u32,
+}
+
+impl Partitions {
+    fn of(catalog: Arc<Catalog>) -> Partitions {
+        let mut by_model: HashMap<String, HashMap<String, Partition>> = HashMap::new();
+        for (w, sub) in workers(&catalog) {
+            let p = by_model
+                .entry(sub.model.clone())
+                .or_default()
+                .entry(w.group)
+                .or_default();
+            p.pods.insert(sub.pod.clone());
+            p.block_size = sub.block_size;
+        }
+        let by_model = by_model
+            .into_iter()
+            .map(|(m, groups)| {
+                (
+                    m,
+                    groups.into_iter().map(|(g, p)| (g, Arc::new(p))).collect(),
+                )
+            })
+            .collect();
+        Partitions {
+            of: catalog,
+            by_model,
+        }
+    }
+}
+
+impl Dynamo {
+    /// A partition's workers and its block size, or Dynamo's 404. The
+    /// partitions are read again only when the catalog changed: a query
+    /// costs the same with one worker or ten thousand.
+    fn partition(&self, model: &str, group: &str) -> Result<Arc<Partition>, Refused> {
+        let catalog = catalog_of(&self.api)?;
+        let cached = self.partitions.load_full();
+        let parts = match cached {
+            Some(p) if Arc::ptr_eq(&p.of, &catalog) => p,
+            _ => {
+                let fresh = Arc::new(Partitions::of(catalog));
+                self.partitions.store(Some(fresh.clone()));
+                fresh
+            }
+        };
+        parts
+            .by_model
+            .get(model)
+            .and_then(|groups| groups.get(group))
+            .cloned()
+            .ok_or_else(|| {
+                Refused::new(
+                    404,
+                    format!("no indexer for model={model} routing_group={group}"),
+                )
+            })
+    }
+}
+
 /// The routes, on the API's state.
 pub fn router(api: Arc<Api>) -> Router {
+    let state = Arc::new(Dynamo {
+        api,
+        registering: tokio::sync::Mutex::new(()),
+        partitions: ArcSwapOption::empty(),
+    });
     Router::new()
         .route("/register", post(register))
         .route("/unregister", post(unregister))
@@ -129,10 +220,10 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/query_by_hash", post(query_by_hash))
         .route("/query_tiered_by_hash", post(query_tiered_by_hash))
         .route("/health", get(|| async { StatusCode::OK }))
-        .with_state(api)
+        .with_state(state)
 }
 
-fn answer(status: u16, body: Value) -> Response {
+fn answer(status: u16, body: impl serde::Serialize) -> Response {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let body = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
@@ -185,26 +276,30 @@ fn parse_body<T: for<'de> serde::Deserialize<'de>>(
     wire::parse(bytes, ct)
 }
 
-/// Applies `ops` for `access` through the handler (off the async workers)
-/// and returns their replies.
-async fn apply(api: &Arc<Api>, access: &Access, ops: Vec<Op>) -> Result<Vec<Reply>, Refused> {
-    let (api, access) = (api.clone(), access.clone());
-    let ran = tokio::task::spawn_blocking(move || {
-        let request = match ops.len() {
-            1 => Request::One(ops.into_iter().next().unwrap_or(Op::Ping)),
-            _ => Request::Batch(ops),
-        };
+/// Applies `ops` for `conn`'s client through the handler, as the API runs
+/// any request ([`run_job`]), and returns their replies.
+async fn apply(api: &Arc<Api>, conn: &Conn, ops: Vec<Op>) -> Result<Vec<Reply>, Refused> {
+    let request = match ops.len() {
+        1 => Request::One(ops.into_iter().next().unwrap_or(Op::Ping)),
+        _ => Request::Batch(ops),
+    };
+    let heavy = api.handler.is_heavy(&request);
+    let (api, access) = (api.clone(), conn.access.clone());
+    let ran = run_job(conn, heavy, move || {
         let mut captured = Captured::default();
         api.handler.apply_all(&request, &access, &mut captured);
         captured.replies
     })
     .await;
-    ran.map_err(|e| Refused::new(500, format!("the request failed: {e}")))
+    ran.map_err(|e| match e {
+        NotRun::ShuttingDown => Refused::new(503, "shutting down"),
+        NotRun::Failed => Refused::new(500, "the request failed"),
+    })
 }
 
 /// The one reply of `ops`, an error one refused.
-async fn apply_one(api: &Arc<Api>, access: &Access, op: Op) -> Result<Reply, Refused> {
-    let reply = apply(api, access, vec![op])
+async fn apply_one(api: &Arc<Api>, conn: &Conn, op: Op) -> Result<Reply, Refused> {
+    let reply = apply(api, conn, vec![op])
         .await?
         .pop()
         .ok_or_else(|| Refused::new(500, "no answer"))?;
@@ -222,23 +317,24 @@ fn catalog_of(api: &Api) -> Result<Arc<Catalog>, Refused> {
 }
 
 async fn register(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match do_register(&api, &conn.access, &headers, body).await {
+    match do_register(&d, &conn, &headers, body).await {
         Ok(()) => answer(201, json!({ "status": "ok" })),
         Err(r) => refused(r),
     }
 }
 
 async fn do_register(
-    api: &Arc<Api>,
-    access: &Access,
+    d: &Dynamo,
+    conn: &Conn,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), Refused> {
+    let api = &d.api;
     let r: wire::Register = body_of(api, headers, body).await?;
     let instance = r.instance_id.text();
     if instance.is_empty() || instance.contains(['/', '\0']) || r.routing_group.contains('\0') {
@@ -255,7 +351,7 @@ async fn do_register(
         rank: r.dp_rank.unwrap_or(0),
     };
     // One registration at a time: what is checked is what is subscribed.
-    let _one = api.dynamo.lock().await;
+    let _one = d.registering.lock().await;
     let catalog = catalog_of(api)?;
     for (w, sub) in workers(&catalog) {
         if w.instance != worker.instance {
@@ -301,30 +397,31 @@ async fn do_register(
         topic: String::new(),
         media: MEDIA.iter().map(|m| (*m).into()).collect(),
     };
-    apply_one(api, access, Op::Subscribe(sub)).await.map(drop)
+    apply_one(api, conn, Op::Subscribe(sub)).await.map(drop)
 }
 
 async fn unregister(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match do_unregister(&api, &conn.access, &headers, body).await {
+    match do_unregister(&d, &conn, &headers, body).await {
         Ok(()) => answer(200, json!({ "status": "ok" })),
         Err(r) => refused(r),
     }
 }
 
 async fn do_unregister(
-    api: &Arc<Api>,
-    access: &Access,
+    d: &Dynamo,
+    conn: &Conn,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(), Refused> {
+    let api = &d.api;
     let r: wire::Unregister = body_of(api, headers, body).await?;
     let instance = r.instance_id.text();
-    let _one = api.dynamo.lock().await;
+    let _one = d.registering.lock().await;
     let catalog = catalog_of(api)?;
     let of_instance: Vec<(Worker, &EngineSub)> = workers(&catalog)
         .into_iter()
@@ -359,7 +456,7 @@ async fn do_unregister(
         .into_iter()
         .map(|pod| Op::Unsubscribe { pod })
         .collect();
-    for reply in apply(api, access, ops).await? {
+    for reply in apply(api, conn, ops).await? {
         if let Reply::Error { .. } = reply {
             return Err(reply_error(&reply));
         }
@@ -368,11 +465,11 @@ async fn do_unregister(
 }
 
 async fn list_workers(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     UrlQuery(filter): UrlQuery<wire::WorkerFilter>,
 ) -> Response {
-    let states = match apply_one(&api, &conn.access, Op::ListEngines).await {
+    let states = match apply_one(&d.api, &conn, Op::ListEngines).await {
         Ok(Reply::Engines(states)) => states,
         Ok(other) => return refused(reply_error(&other)),
         Err(r) => return refused(r),
@@ -432,31 +529,12 @@ fn workers_json(states: &[EngineState], filter: &wire::WorkerFilter) -> Value {
     serde_json::to_value(by_instance.into_values().collect::<Vec<_>>()).unwrap_or(json!([]))
 }
 
-/// A partition's workers and its block size, or Dynamo's 404.
-fn partition(catalog: &Catalog, model: &str, group: &str) -> Result<(Vec<String>, u32), Refused> {
-    let mut pods = Vec::new();
-    let mut block_size = 0;
-    for (w, sub) in workers(catalog) {
-        if sub.model == model && w.group == group {
-            pods.push(sub.pod.clone());
-            block_size = sub.block_size;
-        }
-    }
-    if pods.is_empty() {
-        return Err(Refused::new(
-            404,
-            format!("no indexer for model={model} routing_group={group}"),
-        ));
-    }
-    Ok((pods, block_size))
-}
-
 /// A tiered lookup's matches of the partition's pods, by instance and
 /// rank, in blocks of ours.
-fn matches(found: &[PodTiers], pods: &[String]) -> Matches {
+fn matches(found: &[PodTiers], pods: &HashSet<String>) -> Matches {
     let mut out = Matches::new();
     for m in found {
-        if !pods.iter().any(|p| *p == *m.pod) {
+        if !pods.contains(&*m.pod) {
             continue;
         }
         let Some(w) = Worker::of_pod(&m.pod) else {
@@ -482,7 +560,7 @@ fn matches(found: &[PodTiers], pods: &[String]) -> Matches {
 /// Looks up `key` in `model`'s namespace with every tier, for `access`.
 async fn tiers(
     api: &Arc<Api>,
-    access: &Access,
+    conn: &Conn,
     model: String,
     mut key: Vec<u64>,
 ) -> Result<Vec<PodTiers>, Refused> {
@@ -497,22 +575,23 @@ async fn tiers(
         key,
         candidates: None,
     };
-    match apply_one(api, access, op).await? {
+    match apply_one(api, conn, op).await? {
         Reply::Tiers { matches, .. } => Ok(matches),
         other => Err(reply_error(&other)),
     }
 }
 
 async fn query(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    let api = &d.api;
     let asked = async {
-        let q: wire::Query = body_of(&api, &headers, body).await?;
-        let catalog = catalog_of(&api)?;
-        let (pods, block_size) = partition(&catalog, &q.model_name, &q.routing_group)?;
+        let q: wire::Query = body_of(api, &headers, body).await?;
+        let partition = d.partition(&q.model_name, &q.routing_group)?;
+        let block_size = partition.block_size;
         if q.block_size.is_some_and(|b| b != block_size) {
             return Err(Refused::new(
                 400,
@@ -538,14 +617,11 @@ async fn query(
             .lora_name
             .filter(|l| !l.is_empty())
             .unwrap_or(q.model_name);
-        let found = tiers(&api, &conn.access, model, key).await?;
-        Ok(wire::score_response(
-            &matches(&found, &pods),
-            api.keys.block_tokens as u32,
-        ))
+        let found = tiers(api, &conn, model, key).await?;
+        Ok(matches(&found, &partition.pods))
     };
     match asked.await {
-        Ok(v) => answer(200, v),
+        Ok(m) => answer(200, wire::score_response(&m, api.keys.block_tokens as u32)),
         Err(r) => refused(r),
     }
 }
@@ -553,11 +629,12 @@ async fn query(
 /// `/query_by_hash` and `/query_tiered_by_hash`: the partition's matches of
 /// Dynamo's block hashes, and its block size.
 async fn by_hash(
-    api: &Arc<Api>,
-    access: &Access,
+    d: &Dynamo,
+    conn: &Conn,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<(Matches, u32), Refused> {
+    let api = &d.api;
     let q: wire::QueryByHash = body_of(api, headers, body).await?;
     if q.cache_salt.is_some() {
         return Err(Refused::new(
@@ -565,8 +642,7 @@ async fn by_hash(
             "cache_salt is not accepted by /query_by_hash; block_hashes must already include the intended cache salt",
         ));
     }
-    let catalog = catalog_of(api)?;
-    let (pods, block_size) = partition(&catalog, &q.model_name, &q.routing_group)?;
+    let partition = d.partition(&q.model_name, &q.routing_group)?;
     let aliases = api
         .handler
         .engines
@@ -581,10 +657,10 @@ async fn by_hash(
     let names: Vec<u64> = q.block_hashes.iter().map(|&h| h as u64).collect();
     let (model, key) = translate(api, &q.model_name, &names);
     let found = match model {
-        Some(model) => tiers(api, access, model, key).await?,
+        Some(model) => tiers(api, conn, model, key).await?,
         None => Vec::new(),
     };
-    Ok((matches(&found, &pods), block_size))
+    Ok((matches(&found, &partition.pods), partition.block_size))
 }
 
 /// Our key of Dynamo's block hashes `names`, and the model it is of: the
@@ -609,26 +685,29 @@ fn translate(api: &Api, model: &str, names: &[u64]) -> (Option<String>, Vec<u64>
 }
 
 async fn query_by_hash(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match by_hash(&api, &conn.access, &headers, body).await {
-        Ok((m, _)) => answer(200, wire::score_response(&m, api.keys.block_tokens as u32)),
+    match by_hash(&d, &conn, &headers, body).await {
+        Ok((m, _)) => answer(
+            200,
+            wire::score_response(&m, d.api.keys.block_tokens as u32),
+        ),
         Err(r) => refused(r),
     }
 }
 
 async fn query_tiered_by_hash(
-    State(api): State<Arc<Api>>,
+    State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match by_hash(&api, &conn.access, &headers, body).await {
+    match by_hash(&d, &conn, &headers, body).await {
         Ok((m, block_size)) => {
-            let ours = (block_size / (api.keys.block_tokens as u32).max(1)).max(1);
+            let ours = (block_size / (d.api.keys.block_tokens as u32).max(1)).max(1);
             answer(200, wire::tiered_response(&m, block_size, ours))
         }
         Err(r) => refused(r),

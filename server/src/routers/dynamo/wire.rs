@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// Dynamo's routing group when none is given.
 pub const DEFAULT_GROUP: &str = "default";
@@ -224,38 +224,57 @@ pub type Matches = BTreeMap<String, BTreeMap<u32, RankMatch>>;
 /// it), `instances` each instance with any tier's blocks: `gpu`, `cpu` and
 /// `disk` the most any of its ranks reaches (cumulative: `disk ≥ cpu ≥
 /// gpu`), `longest_matched` the most of those, `dp` each rank's GPU
-/// tokens.
-pub fn score_response(matches: &Matches, tokens_per_block: u32) -> Value {
+/// tokens. Written straight from these types (ranks, numbers, become JSON
+/// object keys as strings), with no intermediate JSON tree.
+#[derive(Debug, Serialize)]
+pub struct ScoreResponse<'a> {
+    scores: BTreeMap<&'a str, BTreeMap<u32, u64>>,
+    frequencies: [u64; 0],
+    instances: BTreeMap<&'a str, InstanceScore>,
+}
+
+/// One instance of [`ScoreResponse::instances`].
+#[derive(Debug, Serialize)]
+struct InstanceScore {
+    longest_matched: u64,
+    gpu: u64,
+    dp: BTreeMap<u32, u64>,
+    cpu: u64,
+    disk: u64,
+}
+
+/// `matches` as [`ScoreResponse`].
+pub fn score_response(matches: &Matches, tokens_per_block: u32) -> ScoreResponse<'_> {
     let tokens = |blocks: u32| u64::from(blocks) * u64::from(tokens_per_block);
-    let mut scores = Map::new();
-    let mut instances = Map::new();
+    let mut scores = BTreeMap::new();
+    let mut instances = BTreeMap::new();
     for (instance, ranks) in matches {
-        let gpu_ranks: Map<String, Value> = ranks
+        let gpu_ranks: BTreeMap<u32, u64> = ranks
             .iter()
             .filter(|(_, m)| m.gpu > 0)
-            .map(|(r, m)| (r.to_string(), json!(tokens(m.gpu))))
+            .map(|(r, m)| (*r, tokens(m.gpu)))
             .collect();
         if !gpu_ranks.is_empty() {
-            scores.insert(instance.clone(), Value::Object(gpu_ranks));
+            scores.insert(instance.as_str(), gpu_ranks);
         }
         let most = |f: fn(&RankMatch) -> u32| ranks.values().map(f).max().unwrap_or(0);
         let (gpu, cpu, disk) = (most(|m| m.gpu), most(|m| m.cpu), most(|m| m.disk));
-        let dp: Map<String, Value> = ranks
-            .iter()
-            .map(|(r, m)| (r.to_string(), json!(tokens(m.gpu))))
-            .collect();
         instances.insert(
-            instance.clone(),
-            json!({
-                "longest_matched": tokens(gpu.max(cpu).max(disk)),
-                "gpu": tokens(gpu),
-                "dp": dp,
-                "cpu": tokens(cpu),
-                "disk": tokens(disk),
-            }),
+            instance.as_str(),
+            InstanceScore {
+                longest_matched: tokens(gpu.max(cpu).max(disk)),
+                gpu: tokens(gpu),
+                dp: ranks.iter().map(|(r, m)| (*r, tokens(m.gpu))).collect(),
+                cpu: tokens(cpu),
+                disk: tokens(disk),
+            },
         );
     }
-    json!({ "scores": scores, "frequencies": [], "instances": instances })
+    ScoreResponse {
+        scores,
+        frequencies: [],
+        instances,
+    }
 }
 
 /// `/query_tiered_by_hash`'s answer (`TieredQueryResponse`): counts in
@@ -413,7 +432,7 @@ mod tests {
                 disk: 2,
             },
         );
-        let v = score_response(&m, 4);
+        let v = serde_json::to_value(score_response(&m, 4)).unwrap();
         assert_eq!(
             v,
             json!({"scores":{"7":{"0":8},"8":{"0":8}},"frequencies":[],

@@ -31,7 +31,7 @@ use axum::Router;
 use tonic::{Request, Response, Status};
 
 use crate::access::Access;
-use crate::api::{Api, Conn};
+use crate::api::{run_job, Api, Conn, NotRun};
 
 mod hits;
 mod prefix;
@@ -74,12 +74,14 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new().route_service(&path, service)
 }
 
-/// The client's access, as its connection's TLS named it.
-fn access<T>(request: &Request<T>) -> Access {
+/// The client's connection, as the HTTP listener's layer put it in the
+/// request; its access, as its TLS handshake named it.
+fn conn<T>(request: &Request<T>) -> Result<Arc<Conn>, Status> {
     request
         .extensions()
         .get::<Arc<Conn>>()
-        .map_or(Access::Write, |c| c.access.clone())
+        .cloned()
+        .ok_or_else(|| Status::internal("the request came on no connection of the API"))
 }
 
 /// Refuses a write to a client without the writer's role.
@@ -116,13 +118,21 @@ fn filled(api: &Api) -> Result<(), Status> {
     }
 }
 
-/// Runs `f` off the async workers.
-async fn blocking<T: Send + 'static>(
+/// Runs `f`, work over `blocks` blocks, for `conn` as the API runs any
+/// request ([`run_job`]): here when it is light, otherwise on the blocking
+/// pool.
+async fn run<T: Send + 'static>(
+    api: &Api,
+    conn: &Conn,
+    blocks: usize,
     f: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Status::internal(format!("the request failed: {e}")))?
+    let heavy = blocks > api.handler.inline_blocks;
+    match run_job(conn, heavy, f).await {
+        Ok(done) => done,
+        Err(NotRun::ShuttingDown) => Err(Status::unavailable("the server is shutting down")),
+        Err(NotRun::Failed) => Err(Status::internal("the request failed")),
+    }
 }
 
 #[tonic::async_trait]
@@ -131,7 +141,8 @@ impl KvIndexer for Service {
         &self,
         request: Request<ApplyExternalKvBatchRequest>,
     ) -> Result<Response<ApplyExternalKvBatchResponse>, Status> {
-        may_write(&access(&request))?;
+        let conn = conn(&request)?;
+        may_write(&conn.access)?;
         let batch = request.into_inner();
         let l = &self.api.handler.limits;
         let limits = sets::Limits {
@@ -140,8 +151,9 @@ impl KvIndexer for Service {
             name: l.max_name_len,
         };
         sets::check(&batch, &limits)?;
+        let blocks = batch.actions.iter().map(|a| a.hashes.len().max(1)).sum();
         let me = self.clone();
-        blocking(move || {
+        run(&self.api, &conn, blocks, move || {
             filled(&me.api)?;
             me.workers.update(&batch);
             let index = &me.api.handler.index;
@@ -156,11 +168,12 @@ impl KvIndexer for Service {
         &self,
         request: Request<MatchExternalKvRequest>,
     ) -> Result<Response<MatchExternalKvResponse>, Status> {
-        may_read(&access(&request))?;
+        let conn = conn(&request)?;
+        may_read(&conn.access)?;
         let q = request.into_inner();
         sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
         let me = self.clone();
-        let answer = blocking(move || {
+        let answer = run(&self.api, &conn, q.hashes.len(), move || {
             filled(&me.api)?;
             let workers = me.workers.get();
             Ok(prefix::match_all(
@@ -178,13 +191,14 @@ impl KvIndexer for Service {
         &self,
         request: Request<MatchExternalKvPrefixRequest>,
     ) -> Result<Response<MatchExternalKvPrefixResponse>, Status> {
-        may_read(&access(&request))?;
+        let conn = conn(&request)?;
+        may_read(&conn.access)?;
         let q = request.into_inner();
         if q.hashes.is_empty() {
             return Err(Status::invalid_argument("hashes must not be empty"));
         }
         let me = self.clone();
-        let answer = blocking(move || {
+        let answer = run(&self.api, &conn, q.hashes.len(), move || {
             filled(&me.api)?;
             let workers = me.workers.get();
             let engines = me.api.handler.engines.as_ref();
@@ -205,11 +219,12 @@ impl KvIndexer for Service {
         &self,
         request: Request<GetExternalKvHitCountsRequest>,
     ) -> Result<Response<GetExternalKvHitCountsResponse>, Status> {
-        may_read(&access(&request))?;
+        let conn = conn(&request)?;
+        may_read(&conn.access)?;
         let q = request.into_inner();
         sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
         let me = self.clone();
-        let entries = blocking(move || {
+        let entries = run(&self.api, &conn, q.hashes.len(), move || {
             filled(&me.api)?;
             Ok(me.hits.counts(&me.api.handler.index, &q.hashes))
         })

@@ -1,0 +1,209 @@
+//! What the conformance scenarios (`tests/standalone_indexer.rs`) and the
+//! lookup benchmark (`benches/routers.rs`) share: prefix-server started as
+//! a process with Dynamo's routes, a fake vLLM publisher that sends
+//! Dynamo's own `RawKvEvent`s, and Dynamo's block hash rule.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions};
+use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// The line of prefix-server's log that names its HTTP address.
+const SERVING: &str = "serving the HTTP/JSON API http=";
+
+/// prefix-server, started as a process with Dynamo's routes in plain HTTP
+/// and Dynamo's block aliases; killed when dropped.
+pub struct Ours {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+    child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+/// A directory removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Ours {
+    /// Starts `PREFIX_SERVER` (default: the workspace's release build)
+    /// with blocks of `token_block` tokens.
+    pub async fn start(token_block: u32) -> Ours {
+        let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/release/prefix-server"
+            )
+            .into()
+        });
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("prefix-conformance-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = tokio::process::Command::new(&bin)
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+            .args(["--http-listen", "127.0.0.1:0", "--http-plaintext"])
+            .args(["--block-aliases", "dynamo", "--token-block"])
+            .arg(token_block.to_string())
+            .args(["--snapshot-interval", "0s", "--data-dir"])
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+        // Its log, on stderr, names the address it bound.
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+                .await
+                .expect("the server never said where it listens")
+                .unwrap()
+                .expect("the server stopped");
+            if let Some(at) = line.find(SERVING) {
+                let rest = &line[at + SERVING.len()..];
+                break rest.split_whitespace().next().unwrap().to_string();
+            }
+        };
+        // Keep draining its log.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let base = format!("http://{addr}");
+        wait_for_health(&base).await;
+        Ours {
+            base,
+            child,
+            _dir: TempDir(dir),
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the server runs")
+    }
+}
+
+/// Waits until `base/health` answers 200 (at most 10 s).
+pub async fn wait_for_health(base: &str) {
+    let client = reqwest::Client::new();
+    for _ in 0..500 {
+        if let Ok(r) = client.get(format!("{base}/health")).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{base}/health never answered");
+}
+
+/// A ZMQ publisher both services subscribe to.
+pub struct Publisher {
+    socket: zmq::Socket,
+    /// Its endpoint, `tcp://127.0.0.1:<port>`.
+    pub endpoint: String,
+    seq: u64,
+}
+
+impl Publisher {
+    /// A publisher on a free loopback port.
+    pub fn bind(ctx: &zmq::Context) -> Publisher {
+        let socket = ctx.socket(zmq::XPUB).unwrap();
+        socket.set_linger(0).unwrap();
+        socket.set_xpub_verbose(true).unwrap();
+        socket.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
+        Publisher {
+            socket,
+            endpoint,
+            seq: 0,
+        }
+    }
+
+    /// Waits for `n` subscriptions.
+    pub fn subscribed(&self, n: usize) {
+        let mut seen = 0;
+        while seen < n {
+            assert!(
+                self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0,
+                "no subscriber"
+            );
+            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
+                seen += 1;
+            }
+        }
+    }
+
+    /// Publishes `event` as vLLM does, encoded as Dynamo's tests encode it.
+    pub fn publish(&mut self, event: RawKvEvent) {
+        let payload = rmp_serde::to_vec_named(&(0.0_f64, vec![event], Some(0_i32))).unwrap();
+        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), &payload];
+        self.socket.send_multipart(msg, 0).unwrap();
+        self.seq += 1;
+    }
+}
+
+/// A vLLM store of consecutive blocks of `tokens`, `block_size` each.
+pub fn stored(
+    hashes: &[u64],
+    parent: Option<u64>,
+    tokens: &[u32],
+    block_size: u32,
+    medium: &str,
+    salt: Option<&str>,
+) -> RawKvEvent {
+    RawKvEvent::BlockStored {
+        block_hashes: hashes
+            .iter()
+            .map(|&h| BlockHashValue::Unsigned(h))
+            .collect(),
+        parent_block_hash: parent.map(BlockHashValue::Unsigned),
+        token_ids: tokens.to_vec(),
+        block_size: block_size as usize,
+        medium: Some(medium.into()),
+        lora_name: None,
+        cache_namespace: salt.map(Into::into),
+        block_mm_infos: None,
+        is_eagle: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        kv_cache_spec_sliding_window: None,
+        locality: None,
+        ownership: None,
+        session_id: None,
+    }
+}
+
+/// Dynamo's block hashes of `tokens` in blocks of `block_size`, as
+/// `/query_by_hash` takes them.
+pub fn local_hashes(tokens: &[u32], block_size: u32, salt: Option<&str>) -> Vec<i64> {
+    let options = BlockHashOptions {
+        cache_namespace: salt,
+        ..Default::default()
+    };
+    compute_block_hash_for_seq(tokens, block_size, options)
+        .into_iter()
+        .map(|h| h.0 as i64)
+        .collect()
+}
+
+/// POSTs `body` as JSON; the status and the JSON answer (null if none).
+pub async fn post(base: &str, path: &str, body: &Value) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
