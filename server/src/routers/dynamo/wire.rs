@@ -177,7 +177,9 @@ impl Refused {
 
 /// Parses a JSON body of `T`, with Dynamo's statuses for what is wrong.
 /// `content_type` is the request's, if it gave one: a body named as
-/// something other than JSON (MindIE's msgpack) is refused 415.
+/// something other than JSON (MindIE's msgpack) is refused 415; one named
+/// as plain text or as a form, what tools such as `curl -d` send unless
+/// told otherwise, is read as JSON.
 pub fn parse<T: for<'de> Deserialize<'de>>(
     body: &[u8],
     content_type: Option<&str>,
@@ -186,7 +188,12 @@ pub fn parse<T: for<'de> Deserialize<'de>>(
         let ct = ct.split(';').next().unwrap_or("").trim();
         let json = ct.eq_ignore_ascii_case("application/json")
             || (ct.starts_with("application/") && ct.ends_with("+json"));
-        if !json && !ct.is_empty() && !ct.eq_ignore_ascii_case("text/plain") {
+        // What `curl -d` and other tools send by default, for a body that
+        // is JSON all the same: read as such, as `/v1/...` reads any body.
+        let lax = ct.is_empty()
+            || ct.eq_ignore_ascii_case("text/plain")
+            || ct.eq_ignore_ascii_case("application/x-www-form-urlencoded");
+        if !json && !lax {
             return Err(Refused::new(
                 415,
                 format!("expected a JSON body (Content-Type: application/json), not {ct}"),
@@ -399,6 +406,11 @@ mod tests {
         assert_eq!(status(b"{}", None), 422);
         assert_eq!(status(br#"{"token_ids":[-1],"model_name":"m"}"#, None), 422);
         assert_eq!(status(b"\x82\xa1a", Some("application/msgpack")), 415);
+        assert_eq!(status(b"{", Some("application/octet-stream")), 415);
+        let body = br#"{"token_ids":[],"model_name":"m"}"#;
+        for ct in ["application/x-www-form-urlencoded", "text/plain"] {
+            assert!(parse::<Query>(body, Some(ct)).is_ok(), "{ct}");
+        }
         assert!(parse::<Query>(
             br#"{"token_ids":[],"model_name":"m"}"#,
             Some("application/json; charset=utf-8")
