@@ -208,4 +208,70 @@ mod tests {
         }
         assert_eq!((bit(1), bit(2), bit(3)), (1, 2, 4));
     }
+
+    use super::super::pb::{ExternalKvAction, MatchExternalKvPrefixRequest};
+    use super::super::prefix::match_prefix;
+    use super::super::workers::Workers;
+    use proptest::prelude::*;
+
+    fn any_action() -> impl Strategy<Value = ExternalKvAction> {
+        (
+            0..6_i32,
+            0..6_i32,
+            prop::collection::vec(-3..3_i64, 0..8),
+            prop::collection::vec(0..9_u32, 0..3),
+            prop::collection::vec(0..70_u32, 0..3),
+        )
+            .prop_map(|(kind, tier, hashes, component_masks, block_sizes)| {
+                ExternalKvAction {
+                    r#type: kind,
+                    tier,
+                    hashes,
+                    component_masks,
+                    block_sizes,
+                }
+            })
+    }
+
+    proptest! {
+        /// Whatever a bridge sends, checked then applied, refuses with a
+        /// status or applies, never panics; and the router's queries over
+        /// what was applied answer (the index's own checks hold after).
+        #[test]
+        fn any_batch_applies_or_is_refused_and_queries_answer(
+            batches in prop::collection::vec(
+                (0..3_usize, 0..4_u64, prop::collection::vec(any_action(), 0..6)),
+                1..8,
+            ),
+            query in prop::collection::vec(-3..3_i64, 0..8),
+            max_blocks in 0..4_u32,
+        ) {
+            let index = Index::new(prefix_index::IndexConfig::default());
+            let (hits, workers) = (Hits::default(), Workers::default());
+            let limits = Limits { actions: 4, hashes: 12, name: 8 };
+            for (w, seq, actions) in batches {
+                let batch = ApplyExternalKvBatchRequest {
+                    worker_id: ["", "w0", "w1"][w].into(),
+                    seq,
+                    actions,
+                    worker_address: "http://w".into(),
+                    ..Default::default()
+                };
+                if check(&batch, &limits).is_ok() {
+                    workers.update(&batch);
+                    let _ = apply(&index, &batch, &hits);
+                }
+            }
+            let q = MatchExternalKvPrefixRequest {
+                hashes: query,
+                max_blocks,
+            };
+            for by_engine in [false, true] {
+                let answer = match_prefix(&index, &workers.get(), by_engine, &q);
+                for m in &answer.matches {
+                    prop_assert!(m.matched_prefix_blocks <= answer.best_prefix_blocks);
+                }
+            }
+        }
+    }
 }
