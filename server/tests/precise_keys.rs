@@ -30,6 +30,7 @@
 
 use prefix_testkit::publisher::Publisher;
 use prefix_testkit::server as common;
+use prefix_testkit::vllm::{self, PublishedCase};
 
 use std::path::Path;
 
@@ -38,43 +39,10 @@ use prefix_events::{encode_batch, Batch, Event, Stored};
 use prefix_proto::key::{Identity, MmItem};
 use prefix_proto::PodView;
 use prefix_server::Subscription;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 const BLOCK: usize = 16;
 const TOPIC: &str = "kv";
-
-#[derive(Deserialize)]
-struct Cases {
-    cases: Vec<Case>,
-    hybrid: Hybrid,
-}
-
-/// The hybrid scenario's two batches (see the fixtures' README).
-#[derive(Deserialize)]
-struct Hybrid {
-    stored: String,
-    evicted: String,
-    tokens: Vec<u32>,
-}
-
-fn cases() -> Cases {
-    serde_json::from_str(&std::fs::read_to_string(data().join("cases.json")).unwrap()).unwrap()
-}
-
-#[derive(Deserialize, Clone)]
-struct Case {
-    name: String,
-    file: String,
-    tokens: Vec<u32>,
-    cache_salt: Option<String>,
-    mm_items: Vec<MmItem>,
-    lora_name: Option<String>,
-}
-
-fn data() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vllm_identity")
-}
 
 /// The subscription to `publisher` as pod `pod` of model `m`.
 fn subscription(pod: &str, publisher: &Publisher) -> Subscription {
@@ -143,10 +111,10 @@ fn image(id: &str) -> Identity {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lookups_answer_what_vllm_would_reuse() {
-    let cases = cases();
+    let cases = vllm::published();
     let case = |name: &str| cases.cases.iter().find(|c| c.name == name).unwrap().clone();
     let ctx = zmq::Context::new();
-    let publishers: Vec<(Case, Publisher)> = cases
+    let publishers: Vec<(PublishedCase, Publisher)> = cases
         .cases
         .iter()
         .map(|c| (c.clone(), Publisher::bind(&ctx, TOPIC)))
@@ -158,7 +126,7 @@ async fn lookups_answer_what_vllm_would_reuse() {
     let server = common::start(|cfg| cfg.engines.subscriptions = subs).await;
     let client = server.client().await;
     for (c, p) in &publishers {
-        p.publish_when_subscribed(&std::fs::read(data().join(&c.file)).unwrap());
+        p.publish_when_subscribed(&vllm::published_batch(&c.file));
     }
     // Each pod holds its request's 10 blocks, asked with its identity.
     for (c, _) in &publishers {
@@ -232,19 +200,19 @@ async fn lookups_answer_what_vllm_would_reuse() {
 /// full-attention group's 10 blocks alone do not make a hit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
-    let hybrid = cases().hybrid;
+    let hybrid = vllm::published().hybrid;
     let ctx = zmq::Context::new();
     let engine = Publisher::bind(&ctx, TOPIC);
     let sub = subscription("hybrid", &engine);
     let server = common::start(|cfg| cfg.engines.subscriptions = vec![sub]).await;
     let client = server.client().await;
     let plain = Identity::default();
-    engine.publish_when_subscribed(&std::fs::read(data().join(&hybrid.stored)).unwrap());
+    engine.publish_when_subscribed(&vllm::published_batch(&hybrid.stored));
     common::eventually("both groups are held", async || {
         blocks(&client, "m", "hybrid", &hybrid.tokens, &plain).await == 10
     })
     .await;
-    engine.publish(1, &std::fs::read(data().join(&hybrid.evicted)).unwrap());
+    engine.publish(1, &vllm::published_batch(&hybrid.evicted));
     common::eventually("the window's loss is seen", async || {
         blocks(&client, "m", "hybrid", &hybrid.tokens, &plain).await == 8
     })

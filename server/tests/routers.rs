@@ -15,15 +15,14 @@
 
 use prefix_testkit::publisher::Publisher;
 use prefix_testkit::server as common;
+use prefix_testkit::vllm::{self, PublishedCase};
 
 use std::net::SocketAddr;
-use std::path::Path;
 
 use prefix_events::{encode_batch, Batch, Event, Stored};
 use prefix_server::config::ServerConfig;
 use prefix_server::routers::sglang::pb;
 use prefix_server::BlockAliases;
-use serde::Deserialize;
 use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -106,25 +105,6 @@ fn payload(events: Vec<Event>) -> Vec<u8> {
     })
 }
 
-#[derive(Deserialize, Clone)]
-struct Case {
-    name: String,
-    file: String,
-    tokens: Vec<u32>,
-    cache_salt: Option<String>,
-    lora_name: Option<String>,
-    mm_items: Vec<Value>,
-}
-
-#[derive(Deserialize)]
-struct Cases {
-    cases: Vec<Case>,
-}
-
-fn data() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vllm_identity")
-}
-
 /// The GPU tokens `instance` is answered with, 0 when it is not.
 fn gpu(answer: &Value, instance: &str) -> u64 {
     answer["instances"][instance]["gpu"].as_u64().unwrap_or(0)
@@ -132,8 +112,7 @@ fn gpu(answer: &Value, instance: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dynamos_routes_answer_what_vllm_would_reuse() {
-    let cases: Cases =
-        serde_json::from_str(&std::fs::read_to_string(data().join("cases.json")).unwrap()).unwrap();
+    let cases = vllm::published();
     let server = start(BlockAliases::Dynamo, |_| {}).await;
     let addr = server.api_addr.unwrap();
     let http = reqwest::Client::new();
@@ -155,9 +134,9 @@ async fn dynamos_routes_answer_what_vllm_would_reuse() {
         engines.push((c.clone(), p));
     }
     for (c, p) in &engines {
-        p.publish_when_subscribed(&std::fs::read(data().join(&c.file)).unwrap());
+        p.publish_when_subscribed(&vllm::published_batch(&c.file));
     }
-    let query = |c: &Case, salt: Option<&str>, lora: Option<&str>| json!({"token_ids": c.tokens, "model_name": "m", "cache_salt": salt, "lora_name": lora});
+    let query = |c: &PublishedCase, salt: Option<&str>, lora: Option<&str>| json!({"token_ids": c.tokens, "model_name": "m", "cache_salt": salt, "lora_name": lora});
     for (i, (c, _)) in engines.iter().enumerate() {
         let id = (i + 1).to_string();
         let body = query(c, c.cache_salt.as_deref(), c.lora_name.as_deref());
@@ -210,7 +189,7 @@ async fn dynamos_routes_answer_what_vllm_would_reuse() {
 
     // Dynamo's block hashes: the same answers (an image's blocks are never
     // named by Dynamo's rule, which has no term for the image).
-    let by_hash = |c: &Case, salt: Option<&str>, lora: Option<&str>| json!({"block_hashes": dynamo_hashes(&c.tokens, lora, salt), "model_name": "m"});
+    let by_hash = |c: &PublishedCase, salt: Option<&str>, lora: Option<&str>| json!({"block_hashes": dynamo_hashes(&c.tokens, lora, salt), "model_name": "m"});
     let (s, v) = post(&http, addr, "/query_by_hash", by_hash(&plain, None, None)).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!((gpu(&v, "1"), gpu(&v, "2")), (160, 0));

@@ -83,3 +83,57 @@ pub fn hex(s: &str) -> Vec<u8> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
 }
+
+/// The batches vLLM's own publisher sent for a set of requests
+/// (`server/tests/data/vllm_identity`, whose README says how they were
+/// made): what precise mode and the routers' routes are checked against.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Published {
+    /// The requests, one engine each.
+    pub cases: Vec<PublishedCase>,
+    /// A hybrid model's two batches.
+    pub hybrid: PublishedHybrid,
+}
+
+/// One request and the batch its engine published.
+#[derive(Debug, Clone, Deserialize)]
+pub struct PublishedCase {
+    /// What it exercises.
+    pub name: String,
+    /// The batch's file ([`published_batch`]).
+    pub file: String,
+    /// Its token ids.
+    pub tokens: Vec<u32>,
+    /// Its `cache_salt`.
+    pub cache_salt: Option<String>,
+    /// Its multimodal items.
+    pub mm_items: Vec<MmItem>,
+    /// Its LoRA adapter's name.
+    pub lora_name: Option<String>,
+}
+
+/// The hybrid scenario's two batches (see the fixtures' README).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PublishedHybrid {
+    /// The batch that stores the request's blocks.
+    pub stored: String,
+    /// The batch that evicts the window's blocks.
+    pub evicted: String,
+    /// The request's token ids.
+    pub tokens: Vec<u32>,
+}
+
+fn published_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/vllm_identity")
+}
+
+/// The published requests.
+pub fn published() -> Published {
+    let text = std::fs::read_to_string(published_dir().join("cases.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The bytes of the batch in `file`.
+pub fn published_batch(file: &str) -> Vec<u8> {
+    std::fs::read(published_dir().join(file)).unwrap()
+}

@@ -20,7 +20,7 @@
 //!   `/query_tiered_by_hash` translate Dynamo's block hashes into our key
 //!   first (`--block-aliases dynamo`, `prefix_index::Alias`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
@@ -141,8 +141,8 @@ struct Partitions {
 /// One model's and routing group's workers.
 #[derive(Default)]
 struct Partition {
-    /// Their pods, one per rank.
-    pods: HashSet<String>,
+    /// Their pods, one per rank, each with the rank its name tells.
+    pods: HashMap<String, Worker>,
     /// Their block size (all of theirs are the same: `/register` refuses
     /// another).
     block_size: u32,
@@ -155,9 +155,9 @@ impl Partitions {
             let p = by_model
                 .entry(sub.model.clone())
                 .or_default()
-                .entry(w.group)
+                .entry(w.group.clone())
                 .or_default();
-            p.pods.insert(sub.pod.clone());
+            p.pods.insert(sub.pod.clone(), w);
             p.block_size = sub.block_size;
         }
         let by_model = by_model
@@ -531,13 +531,10 @@ fn workers_json(states: &[EngineState], filter: &wire::WorkerFilter) -> Value {
 
 /// A tiered lookup's matches of the partition's pods, by instance and
 /// rank, in blocks of ours.
-fn matches(found: &[PodTiers], pods: &HashSet<String>) -> Matches {
+fn matches(found: &[PodTiers], pods: &HashMap<String, Worker>) -> Matches {
     let mut out = Matches::new();
     for m in found {
-        if !pods.contains(&*m.pod) {
-            continue;
-        }
-        let Some(w) = Worker::of_pod(&m.pod) else {
+        let Some(w) = pods.get(&*m.pod) else {
             continue;
         };
         // Host memory first in a worker's media: `cpu` reaches through
@@ -545,7 +542,7 @@ fn matches(found: &[PodTiers], pods: &HashSet<String>) -> Matches {
         let host = m.tiers.iter().take_while(|t| is_host(&t.medium)).last();
         let cpu = host.map_or(m.blocks, |t| t.blocks);
         let disk = m.tiers.last().map_or(cpu, |t| t.blocks);
-        out.entry(w.instance).or_default().insert(
+        out.entry(w.instance.clone()).or_default().insert(
             w.rank,
             RankMatch {
                 gpu: m.blocks,
