@@ -336,6 +336,9 @@ impl Server {
         self.start_snapshots(&tasks);
         self.start_probes(&tasks, &ready);
         self.start_api(&tasks, &ready, api);
+        tasks
+            .tracker
+            .spawn(engines::dns::run(self.engines.clone(), tasks.stop.clone()));
         tracing::info!(
             listen = %self.endpoint.local_addr().map_or_else(|_| "?".into(), |a| a.to_string()),
             "serving"

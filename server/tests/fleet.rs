@@ -5,6 +5,7 @@
 //! heap the server holds per engine (a counting allocator; libzmq's own
 //! allocations, in C++, pass it by).
 
+use prefix_testkit::publisher::{own_prompt, stored_batch};
 use prefix_testkit::server as common;
 
 use counting_alloc::Counting;
@@ -13,7 +14,6 @@ use std::alloc::System;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use prefix_events::{encode_batch, Batch, Event, Stored};
 use prefix_proto::key::token_key;
 use prefix_server::Subscription;
 
@@ -33,27 +33,11 @@ const PER_CONTEXT: usize = 400;
 
 /// Engine `i`'s prompt: 2 blocks of its own.
 fn prompt(i: usize) -> Vec<u32> {
-    (0..2 * BLOCK as u32)
-        .map(|t| i as u32 * 1_000 + t)
-        .collect()
+    own_prompt(i, 2, BLOCK)
 }
 
 fn batch(i: usize) -> Vec<u8> {
-    let tokens = prompt(i);
-    encode_batch(&Batch {
-        ts: 1.8e9,
-        events: vec![Event::Stored(Stored {
-            hashes: engine_sim::chain_hashes(&tokens, BLOCK),
-            parent: None,
-            tokens,
-            block_size: BLOCK as u32,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        })],
-        data_parallel_rank: Some(0),
-        unknown_events: 0,
-        bad: None,
-    })
+    stored_batch(prompt(i), BLOCK)
 }
 
 /// Threads of this process whose name starts with `prefix`.

@@ -181,6 +181,15 @@ fn everything_changed() -> ServerConfig {
                     .parse()
                     .unwrap(),
             ],
+            dns: crate::engines::dns::DnsConfig {
+                sources: vec![
+                    "srv=_kv._tcp.vllm.ns.svc,model=m,replay-port=5558,block-size=32"
+                        .parse()
+                        .unwrap(),
+                ],
+                interval: Duration::from_millis(2500),
+                server: Some("10.96.0.10:53".parse().unwrap()),
+            },
             listen: Some("tcp://0.0.0.0:5557".into()),
             allow: crate::engines::Allow::parse(&["10.0.0.0/8".into(), "fd00::1".into()]).unwrap(),
             allow_moves: true,
@@ -223,6 +232,24 @@ fn engine_settings_are_checked() {
     ];
     let err = cfg.validate().unwrap_err().to_string();
     assert!(err.contains("two subscriptions name this pod"), "{err}");
+    cfg.engines.subscriptions.clear();
+    cfg.engines.dns.sources = vec!["srv=x,model=m,block-size=24".parse().unwrap()];
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("multiple of token-block"), "{err}");
+    cfg.engines.dns.sources = vec![
+        "srv=x,model=m".parse().unwrap(),
+        "srv=x,model=n".parse().unwrap(),
+    ];
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("two sources name this SRV"), "{err}");
+    cfg.engines.dns.sources.pop();
+    cfg.engines.dns.interval = Duration::from_millis(10);
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("engine-dns-interval"), "{err}");
+    let mut dns = Settings::default();
+    dns.engines.engine_dns = Some(vec!["model=m".into()]);
+    let err = dns.resolve().unwrap_err().to_string();
+    assert!(err.contains("srv= is missing"), "{err}");
     let mut bad = Settings::default();
     bad.engines.engines = Some(vec!["pod=a,endpoint=tcp://h:1".into()]);
     let err = bad.resolve().unwrap_err().to_string();

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::admission::Allow;
+use super::dns::DnsConfig;
 use super::{Ratio, Subscription};
 use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
 
@@ -19,6 +20,27 @@ pub struct EngineSettings {
     /// in the environment separate them with ';'. See docs/events.md.
     #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
     pub engines: Option<Vec<String>>,
+    /// Engines found through DNS: srv=<SRV name>,model=<model>, and
+    /// optionally replay-port=<port>, block-size=<tokens>, topic=<topic>,
+    /// media=GPU+CPU. Every record of the SRV name (a headless Service's
+    /// named port: _kv-events._tcp.vllm.<namespace>.svc.cluster.local) is
+    /// an engine, its pod named by the target's first label. Resolved
+    /// every --engine-dns-interval; engines that appear are subscribed,
+    /// those gone unsubscribed. Repeat the flag; in the environment
+    /// separate them with ';'. See docs/events.md.
+    #[arg(
+        long = "engine-dns",
+        env = "PREFIX_INDEX_ENGINE_DNS",
+        value_delimiter = ';'
+    )]
+    pub engine_dns: Option<Vec<String>>,
+    /// How often the --engine-dns names are resolved again.
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_INTERVAL")]
+    pub engine_dns_interval: Option<HumanDuration>,
+    /// The DNS server (ip:port) --engine-dns asks, instead of the system's
+    /// (/etc/resolv.conf).
+    #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_SERVER")]
+    pub engine_dns_server: Option<std::net::SocketAddr>,
     /// Bind a SUB socket here (tcp://host:port) for engines that connect to
     /// the server and publish with topics kv@<pod>@<model>; "off" for none.
     #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
@@ -131,6 +153,8 @@ pub enum BlockAliases {
 pub struct EngineConfig {
     /// Engines followed from the start.
     pub subscriptions: Vec<Subscription>,
+    /// Engines found through DNS.
+    pub dns: DnsConfig,
     /// Where the central collector binds its SUB socket (engines connect
     /// to it with topics `kv@<pod>@<model>`), or none.
     pub listen: Option<String>,
@@ -190,6 +214,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             subscriptions: Vec::new(),
+            dns: DnsConfig::default(),
             listen: None,
             // Open, as the port is off by default: an operator who opens
             // it is warned at start when the list is empty and the address
@@ -308,7 +333,17 @@ impl EngineConfig {
                 "must be 1 to 2147483647",
             );
         }
-        let sizes = self.subscriptions.iter().map(|s| s.block_size);
+        let dns = &self.dns;
+        if dns.interval < Duration::from_millis(100) || dns.interval > Duration::from_secs(3600) {
+            return invalid(
+                "engine-dns-interval",
+                &format!("{:?}", dns.interval),
+                "must be 100ms to 1h",
+            );
+        }
+        let templates = dns.sources.iter().map(|s| &s.template);
+        let sizes = self.subscriptions.iter().chain(templates.clone());
+        let sizes = sizes.map(|s| s.block_size);
         let central = self.listen.as_ref().map(|_| self.central_block_size);
         for size in sizes.chain(central) {
             if Ratio::new(size, self.token_block, max_ratio).is_err() {
@@ -322,6 +357,7 @@ impl EngineConfig {
         if let Some(s) = self
             .subscriptions
             .iter()
+            .chain(templates)
             .find(|s| s.lower_media().count() > prefix_index::MAX_LOWER_TIERS as usize)
         {
             return invalid(
@@ -329,6 +365,11 @@ impl EngineConfig {
                 &s.pod,
                 "lists more lower cache tiers (media) than a pod may have (16)",
             );
+        }
+        let mut names: Vec<&str> = dns.sources.iter().map(|s| &*s.srv).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return invalid("engine-dns", &w[0], "two sources name this SRV record set");
         }
         let mut pods: Vec<&str> = self.subscriptions.iter().map(|s| &*s.pod).collect();
         pods.sort_unstable();
@@ -344,7 +385,12 @@ impl EngineSettings {
     pub fn resolve(self) -> Result<EngineConfig, ConfigError> {
         let d = EngineConfig::default();
         Ok(EngineConfig {
-            subscriptions: subscriptions(self.engines)?,
+            subscriptions: parsed(self.engines)?,
+            dns: DnsConfig {
+                sources: parsed(self.engine_dns)?,
+                interval: duration(self.engine_dns_interval, d.dns.interval),
+                server: self.engine_dns_server.or(d.dns.server),
+            },
             listen: match self.engine_listen.as_deref() {
                 None => d.listen,
                 Some("off") => None,
@@ -389,6 +435,10 @@ impl From<&EngineConfig> for EngineSettings {
         EngineSettings {
             engines: (!c.subscriptions.is_empty())
                 .then(|| c.subscriptions.iter().map(ToString::to_string).collect()),
+            engine_dns: (!c.dns.sources.is_empty())
+                .then(|| c.dns.sources.iter().map(ToString::to_string).collect()),
+            engine_dns_interval: Some(HumanDuration(c.dns.interval)),
+            engine_dns_server: c.dns.server,
             engine_listen: Some(c.listen.clone().unwrap_or_else(|| "off".into())),
             engine_allow: (!c.allow.is_open()).then(|| c.allow.entries()),
             engine_allow_moves: Some(c.allow_moves),
@@ -412,8 +462,12 @@ impl From<&EngineConfig> for EngineSettings {
     }
 }
 
-/// Parses the engine subscriptions.
-fn subscriptions(list: Option<Vec<String>>) -> Result<Vec<Subscription>, ConfigError> {
+/// Parses a list of engine subscriptions or sources, each in its text
+/// form.
+fn parsed<T>(list: Option<Vec<String>>) -> Result<Vec<T>, ConfigError>
+where
+    T: std::str::FromStr<Err = super::SubscriptionError>,
+{
     list.unwrap_or_default()
         .into_iter()
         .map(|s| {

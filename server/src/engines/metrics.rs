@@ -39,6 +39,17 @@ struct State {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct Source {
+    source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct SourceOutcome {
+    source: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct PodReason {
     pod: String,
     reason: &'static str,
@@ -194,6 +205,7 @@ impl Collector for EngineCollector {
             running.metric_type(),
         )?;
         running.encode(family)?;
+        dns(&engines, &mut encoder)?;
         let all = engines.stats();
         for (name, help, read) in COUNTERS {
             let mut family = encoder.encode_descriptor(
@@ -269,4 +281,56 @@ impl Collector for EngineCollector {
         }
         Ok(())
     }
+}
+
+/// Encodes the counters of the engines found through DNS, by source (its
+/// SRV name).
+fn dns(engines: &Engines, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let sources = &engines.config().dns.sources;
+    if sources.is_empty() {
+        return Ok(());
+    }
+    let stats = engines.dns_stats();
+    let mut family = encoder.encode_descriptor(
+        "engine_dns_lookups",
+        "Lookups of an --engine-dns source, by outcome: resolved (records or none), failed (what it follows is kept)",
+        None,
+        ConstCounter::new(0u64).metric_type(),
+    )?;
+    for (source, s) in sources.iter().zip(stats) {
+        for (outcome, c) in [("resolved", &s.resolved), ("failed", &s.failed)] {
+            let labels = SourceOutcome {
+                source: source.srv.clone(),
+                outcome,
+            };
+            ConstCounter::new(counter(c)).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "engine_dns_refused",
+        "Engines an --engine-dns source named that could not be followed (max-engines, the index's bounds, a pod followed otherwise), counted each round",
+        None,
+        ConstCounter::new(0u64).metric_type(),
+    )?;
+    for (source, s) in sources.iter().zip(stats) {
+        let labels = Source {
+            source: source.srv.clone(),
+        };
+        ConstCounter::new(counter(&s.refused)).encode(family.encode_family(&labels)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "engine_dns_engines",
+        "Engines an --engine-dns source follows now",
+        None,
+        ConstGauge::new(0i64).metric_type(),
+    )?;
+    for (source, s) in sources.iter().zip(stats) {
+        let labels = Source {
+            source: source.srv.clone(),
+        };
+        // Relaxed: a statistic.
+        let n = s.followed.load(Ordering::Relaxed);
+        ConstGauge::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }

@@ -24,6 +24,7 @@ pub mod apply;
 pub mod catalog;
 mod central;
 mod config;
+pub mod dns;
 mod groups;
 mod identity;
 pub mod kept;
@@ -128,6 +129,11 @@ pub struct Engines {
     /// `unsubscribe`), taken before `running`: ops on one pod are applied
     /// one at a time, so the file and the running set agree.
     keeper: Mutex<kept::Keeper>,
+    /// Whether [`Engines::start`] has run: engines found through DNS are
+    /// followed only from then on.
+    started: tokio::sync::watch::Sender<bool>,
+    /// The counters of each `--engine-dns` source, in order.
+    dns: Box<[dns::SourceStats]>,
 }
 
 /// Slots of `max-engines` held in [`Engines::reserved`] for a batch of
@@ -198,6 +204,7 @@ impl Engines {
         let configured = cfg.subscriptions.iter().map(|s| s.pod.clone()).collect();
         let ctx = sockets::Context::new(sockets::max_sockets(&cfg))
             .map_err(|e| StartError::Context(e.to_string()))?;
+        let cfg_dns_stats = cfg.dns.sources.iter().map(|_| Default::default()).collect();
         Ok(Arc::new(Engines {
             index,
             cfg: Arc::new(cfg),
@@ -215,6 +222,8 @@ impl Engines {
             refusals: Default::default(),
             catalog: Default::default(),
             keeper: Mutex::new(kept::Keeper::new(kept, configured)),
+            started: tokio::sync::watch::Sender::new(false),
+            dns: cfg_dns_stats,
         }))
     }
 
@@ -262,6 +271,21 @@ impl Engines {
         subs: Vec<Subscription>,
     ) -> Vec<Result<(), SubscribeError>> {
         let mut keeper = self.keeper.lock();
+        let results = self.subscribe_batch(&subs);
+        let mut followed = subs
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .peekable();
+        if followed.peek().is_some() {
+            keeper.subscribed(crate::clock::now_ms(), followed.map(|(sub, _)| sub));
+        }
+        results
+    }
+
+    /// Follows each of `subs` as [`Engines::subscribe_all`] does, without
+    /// keeping them: call it under the keeper's lock.
+    fn subscribe_batch(self: &Arc<Self>, subs: &[Subscription]) -> Vec<Result<(), SubscribeError>> {
         let reserved = (subs.len() > 1).then(|| {
             // As many new pods as `max_engines` leaves room for, their
             // slots held until the batch ends: a pod registered here and
@@ -271,7 +295,7 @@ impl Engines {
                 let running = self.running.lock();
                 let mut room = self.cfg.max_engines.saturating_sub(running.len());
                 let mut seen = HashSet::new();
-                for sub in &subs {
+                for sub in subs {
                     // A followed pod is registered already.
                     if running.contains_key(&sub.pod) || !seen.insert(&*sub.pod) {
                         continue;
@@ -290,14 +314,6 @@ impl Engines {
         });
         let results: Vec<_> = subs.iter().map(|sub| self.follow(sub.clone())).collect();
         drop(reserved);
-        let mut followed = subs
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .peekable();
-        if followed.peek().is_some() {
-            keeper.subscribed(crate::clock::now_ms(), followed.map(|(sub, _)| sub));
-        }
         results
     }
 
@@ -552,7 +568,9 @@ impl Engines {
             &gone,
             "an engine-fed pod of the snapshot was unsubscribed at run time: dropped",
         );
-        if self.cfg.listen.is_none() {
+        // Engines found through DNS may follow them again: their first
+        // round drops what none follows (`dns`).
+        if self.cfg.listen.is_none() && self.cfg.dns.sources.is_empty() {
             self.drop_unfollowed();
         }
         if let Some(listen) = self.cfg.listen.clone() {
@@ -562,6 +580,7 @@ impl Engines {
             self.spawn("engine-collector".into(), move || collector.run(stop))
                 .map_err(|e| SubscribeError::Thread(e.to_string()))?;
         }
+        self.started.send_replace(true);
         Ok(())
     }
 

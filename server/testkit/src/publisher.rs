@@ -2,7 +2,10 @@
 //! socket bound to a loopback port that sends `[topic, seq, payload]`
 //! messages. An XPUB socket, so that a test can wait for the server's
 //! subscription before it publishes (a PUB socket drops what it sends
-//! before a subscriber is there).
+//! before a subscriber is there). With it, the batches such an engine
+//! sends for a prompt of its own.
+
+use prefix_events::{encode_batch, Batch, Event, Stored};
 
 /// One engine's publisher.
 pub struct Publisher {
@@ -52,4 +55,31 @@ impl Publisher {
         self.subscribed();
         self.publish(0, payload);
     }
+}
+
+/// Engine `i`'s prompt: `blocks` blocks of `block` tokens that no other
+/// engine's prompt shares (token ids `1000 * i + t`).
+pub fn own_prompt(i: usize, blocks: usize, block: usize) -> Vec<u32> {
+    (0..(blocks * block) as u32)
+        .map(|t| i as u32 * 1_000 + t)
+        .collect()
+}
+
+/// One batch storing `tokens` on the GPU as a chain of `block`-token
+/// blocks from the root, as vLLM publishes a prefill (data-parallel rank 0).
+pub fn stored_batch(tokens: Vec<u32>, block: usize) -> Vec<u8> {
+    encode_batch(&Batch {
+        ts: 1.8e9,
+        events: vec![Event::Stored(Stored {
+            hashes: engine_sim::chain_hashes(&tokens, block),
+            parent: None,
+            tokens,
+            block_size: block as u32,
+            medium: Some("GPU".into()),
+            ..Default::default()
+        })],
+        data_parallel_rank: Some(0),
+        unknown_events: 0,
+        bad: None,
+    })
 }
