@@ -15,13 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=${1:-target/release}
+start=$(date +%s)
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
 if ! command -v podman >/dev/null || ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq podman runc skopeo umoci >/dev/null
 fi
-start=$(date +%s)
 tag=$(bash deploy/image/build.sh "$bin")
 # One version everywhere: the binary's (the image's tag), the crates', the
 # Python package's and the manifests' image.
@@ -114,4 +114,4 @@ grep -q image-check <<<"$quic_answer" || { echo "image: QUIC lookup: $quic_answe
 http_answer=$(curl -fsS --cacert "$tmp/cert.pem" --resolve "localhost:$http:127.0.0.1" \
   "https://localhost:$http/v1/lookup" -d "{\"model\":\"m\",\"text\":\"$text\"}")
 grep -q '"pod":"image-check"' <<<"$http_answer" || { echo "image: HTTP lookup: $http_answer" >&2; logs >&2; exit 1; }
-echo "image: started ($mode) as $(podman image inspect --format '{{.Config.User}}' "$tag"); /healthz, QUIC and HTTP lookups answered; $(( $(date +%s) - start )) s"
+echo "image: started ($mode) as $(podman image inspect --format '{{.Config.User}}' "$tag"); /healthz, QUIC and HTTP lookups answered; $(( $(date +%s) - start )) s with the tools' install"
