@@ -13,14 +13,15 @@
 # entrypoint fails it. IMAGE_CHECK=unpacked takes the second way even
 # where containers run.
 set -euo pipefail
+# As root: podman's rootful store and runtime, the unpacked root's owners
+# and chroot all need it.
+[ "$(id -u)" -eq 0 ] || exec sudo -n -E bash "$0" "$@"
 cd "$(dirname "$0")/../.."
 bin=${1:-target/release}
 start=$(date +%s)
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo -n"
 if ! command -v podman >/dev/null || ! command -v umoci >/dev/null || ! command -v skopeo >/dev/null; then
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq podman runc skopeo umoci >/dev/null
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc skopeo umoci >/dev/null
 fi
 tag=$(bash deploy/image/build.sh "$bin")
 # One version everywhere: the binary's (the image's tag), the crates', the
