@@ -743,6 +743,15 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
         holds(&client, &tokens, "pod-c", 3).await
     })
     .await;
+    // The collector's pods take a subscription's steps: the last batch is
+    // recorded with the pod's engine state (snapshots carry it), and its
+    // lag is measured from the batch's timestamp.
+    let engines = server.index.engines();
+    let (_, engine) = engines.iter().find(|(p, _)| p == "pod-c").unwrap();
+    assert!(engine.lock().last_batch().is_some());
+    let stats = server.engines.stats();
+    let (_, pod_c) = stats.iter().find(|(p, _)| p == "pod-c").unwrap();
+    assert_ne!(pod_c.lag_ms.load(std::sync::atomic::Ordering::Relaxed), 0);
     // A message under a topic that is no `kv@<pod>@<model>` at all (vLLM's
     // usual `kv`) reaches the collector and is counted, not dropped unseen.
     let before = server.engines.strays();

@@ -9,25 +9,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_events::{decode_batch, parse_live, parse_topic};
-use prefix_index::{EngineHandle, EngineOp};
-use tokio_util::sync::CancellationToken;
+use prefix_events::{parse_live, parse_topic};
 
 use super::admission::{self, Binding, Check, Refusal, Verdict};
-use super::apply::apply_batch;
-use super::stats::{Problem, SubStats};
-use super::{Engines, StartError, Subscription};
-use prefix_events::follow::{Action, Follower};
+use super::session::{Env, Session};
+use super::stats::Problem;
+use super::{Engines, StartError};
 
 /// One pod met by the collector.
 struct Pod {
-    sub: Subscription,
-    engine: EngineHandle,
-    stats: Arc<SubStats>,
-    follower: Follower<Vec<u8>>,
-    /// Cancelled when the pod is unsubscribed: its engine state is gone,
-    /// and its next message meets it again, as new.
-    gone: CancellationToken,
+    /// Its session, whose `stop` is cancelled when the pod is unsubscribed:
+    /// its engine state is gone, and its next message meets it again, as
+    /// new.
+    session: Session,
     /// Where its messages may come from.
     origin: Binding,
 }
@@ -40,6 +34,8 @@ pub(super) struct Collector {
     /// (`admission`): served by the collector's own thread, between bursts.
     zap: super::sockets::Socket,
     pods: HashMap<String, Pod>,
+    /// What the sessions read: the index and the settings.
+    env: Env,
     /// Views changed since the index was last given them.
     views: super::view::Pending,
 }
@@ -69,11 +65,16 @@ impl Collector {
         if engines.cfg.allow.is_open() && !is_loopback(endpoint) {
             tracing::warn!(%endpoint, "--engine-listen takes events from any host that reaches it: set --engine-allow to the engines' networks (docs/operations.md, \"Security model\")");
         }
+        let env = Env {
+            index: engines.index.clone(),
+            cfg: engines.cfg.clone(),
+        };
         Ok(Collector {
             engines,
             socket,
             zap,
             pods: HashMap::new(),
+            env,
             views: Default::default(),
         })
     }
@@ -84,8 +85,7 @@ impl Collector {
     }
 
     /// Receives until `stop` is cancelled.
-    pub(super) fn run(mut self, stop: CancellationToken) {
-        let mut actions = Vec::new();
+    pub(super) fn run(mut self, stop: tokio_util::sync::CancellationToken) {
         while !stop.is_cancelled() {
             let mut items = [
                 self.socket.as_poll_item(zmq::POLLIN),
@@ -108,9 +108,8 @@ impl Collector {
                 }
                 Ok(_) if !messages => {
                     // Views change with time too (a learning period ends).
-                    let period = self.engines.cfg.learning_period;
                     for p in self.pods.values() {
-                        self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
+                        p.session.publish(&self.env, &mut self.views);
                     }
                     self.views.flush(&self.engines.index, Instant::now());
                     continue;
@@ -128,12 +127,12 @@ impl Collector {
                 let Some((frames, origin)) = self.receive() else {
                     break;
                 };
-                self.message(&frames, origin.as_deref(), &mut actions);
+                self.message(&frames, origin.as_deref());
             }
             self.views.flush(&self.engines.index, Instant::now());
         }
         for pod in self.pods.values() {
-            pod.stats.set_connected(false);
+            pod.session.stats.set_connected(false);
         }
     }
 
@@ -169,12 +168,7 @@ impl Collector {
         Some((frames, origin))
     }
 
-    fn message(
-        &mut self,
-        frames: &[Vec<u8>],
-        origin: Option<&str>,
-        actions: &mut Vec<Action<Vec<u8>>>,
-    ) {
+    fn message(&mut self, frames: &[Vec<u8>], origin: Option<&str>) {
         // Every connection the ZAP handler admitted is named; one it did
         // not is none of the operator's engines.
         let Some(origin) = origin else {
@@ -199,11 +193,15 @@ impl Collector {
             });
             return;
         };
-        if self.pods.get(pod).is_none_or(|p| p.gone.is_cancelled()) {
+        if self
+            .pods
+            .get(pod)
+            .is_none_or(|p| p.session.stop.is_cancelled())
+        {
             // Pods unsubscribed since go first (this one, met again as new,
             // among them): they hold no slot of `max-engines` any more,
             // nor should they here.
-            self.pods.retain(|_, p| !p.gone.is_cancelled());
+            self.pods.retain(|_, p| !p.session.stop.is_cancelled());
             let Some(found) = self.meet(pod, model) else {
                 self.engines.stray(|| {
                     format!("pod {pod:?} is followed otherwise, refused, or past max-engines")
@@ -225,88 +223,26 @@ impl Collector {
                 let what = format!(
                     "refused a message from {origin}: the pod is bound to {bound} (unsubscribe the pod if its engine moved, or --engine-allow-moves)"
                 );
-                if p.stats.problem(Problem::Refused, &what) {
+                if p.session.stats.problem(Problem::Refused, &what) {
                     tracing::warn!(%pod, "{what}");
                 }
                 // It may be the pod's own engine, restarted elsewhere: its
                 // answers cannot be vouched for until its address speaks.
-                p.stats.set_connected(false);
-                let period = self.engines.cfg.learning_period;
-                self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
+                p.session.stats.set_connected(false);
+                p.session.publish(&self.env, &mut self.views);
                 return;
             }
         }
-        p.stats.set_connected(true);
-        p.follower.live(live.seq, live.payload.to_vec(), actions);
-        for action in actions.drain(..) {
-            match action {
-                Action::Apply { seq, payload } => {
-                    match decode_batch(&payload, &self.engines.cfg.decode) {
-                        Ok(batch) => {
-                            let bad = batch.bad.as_ref();
-                            if let Some(what) = bad.and_then(|b| p.stats.bad_events(seq, b)) {
-                                tracing::warn!(pod = %p.sub.pod, "{what}");
-                            }
-                            let out = apply_batch(
-                                &self.engines.index,
-                                &p.sub,
-                                &p.engine,
-                                &batch,
-                                self.engines.cfg.block_aliases,
-                            );
-                            p.stats.applied(seq, &out, 0);
-                        }
-                        Err(e) => {
-                            p.stats.decode_error();
-                            let what = format!("batch {seq}: {e}");
-                            if p.stats.problem(Problem::Decode, &what) {
-                                tracing::warn!(pod = %p.sub.pod, "skipped an engine message: {what}");
-                            }
-                        }
-                    }
-                }
-                Action::Clear(why) => {
-                    p.stats.resynced(why);
-                    let what = format!("resync: {why}");
-                    if p.stats.problem(Problem::Resync, &what) {
-                        tracing::warn!(pod = %p.sub.pod, "{what}; the pod is cleared and learnt again");
-                    }
-                    let mut engine = p.engine.lock();
-                    let _ = self.engines.index.apply(
-                        &mut engine,
-                        &p.sub.pod,
-                        &p.sub.model,
-                        EngineOp::Cleared,
-                    );
-                }
-                // Counted; the `Clear` that deals with it follows.
-                Action::Gap { from, seq } => p.stats.gap(from, seq),
-                // No replay endpoint: the follower never asks.
-                Action::Replay { .. } => {}
-            }
-        }
-        let period = self.engines.cfg.learning_period;
-        self.views.note(&p.sub.pod, &p.stats, period, &p.gone);
+        p.session.stats.set_connected(true);
+        p.session.live(&self.env, live.seq, live.payload.to_vec());
+        p.session.publish(&self.env, &mut self.views);
     }
 
     fn meet(&self, pod: &str, model: &str) -> Option<Pod> {
         let (stats, sub, engine, gone) = self.engines.central_pod(pod, model)?;
-        // Its follower does not resume from a snapshot's last batch.
-        stats.following(None);
         Some(Pod {
-            sub,
-            engine,
-            stats,
-            gone,
+            session: Session::met(sub, engine, stats, gone),
             origin: Binding::new(),
-            follower: Follower::new(
-                false,
-                prefix_events::HeldLimit {
-                    batches: 0,
-                    bytes: 0,
-                },
-                None,
-            ),
         })
     }
 }

@@ -1,7 +1,9 @@
 //! One followed engine between its messages: its follower (what sequence
 //! numbers mean), the replay it wants, and the batches it applies. No
-//! sockets: its shard (`shard`) receives the messages and sends the replay
-//! requests, and hands each message to the session it belongs to.
+//! sockets: its shard (`shard`) receives a subscription's messages and
+//! sends its replay requests, the central collector (`central`) receives
+//! the messages of the pods it meets, and each hands a message to the
+//! session it belongs to. Both doors take the same steps from there.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -37,8 +39,9 @@ pub(super) struct Session {
     /// Cancelled when the subscription ends (or the server stops).
     pub(super) stop: CancellationToken,
     /// Dropped with the session: a subscription replacing this one waits
-    /// for that before it reads where to resume.
-    _alive: std::sync::mpsc::Sender<()>,
+    /// for that before it reads where to resume. None for a pod met by the
+    /// central collector, which nothing replaces in place.
+    _alive: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Session {
@@ -66,7 +69,34 @@ impl Session {
             ask: None,
             deadline: None,
             stop,
-            _alive: alive,
+            _alive: Some(alive),
+        }
+    }
+
+    /// A session for a pod the central collector meets: no replay endpoint
+    /// (a gap or a restart resyncs the pod), and no resuming from a
+    /// snapshot's last batch, since the topic names no engine instance a
+    /// batch number could be trusted from.
+    pub(super) fn met(
+        sub: Subscription,
+        engine: EngineHandle,
+        stats: Arc<SubStats>,
+        stop: CancellationToken,
+    ) -> Session {
+        stats.following(None);
+        let held = prefix_events::HeldLimit {
+            batches: 0,
+            bytes: 0,
+        };
+        Session {
+            sub,
+            engine,
+            stats,
+            follower: Follower::new(false, held, None),
+            ask: None,
+            deadline: None,
+            stop,
+            _alive: None,
         }
     }
 
