@@ -6,12 +6,10 @@
 //! the engine (sequence back to 0, empty cache). After each step, gateway
 //! lookups by token key must match the engine's own cache.
 
+use prefix_testkit::publisher::Publisher;
 use prefix_testkit::server as common;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use prefix_client::Client;
 use prefix_events::{encode_batch, Batch, Event, Removed, Stored};
@@ -60,90 +58,29 @@ fn stored(parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> Event {
     })
 }
 
-type Buffer = Arc<Mutex<Vec<(u64, Vec<u8>)>>>;
-
-/// An engine: its cache (copies per block hash), its publisher and its
-/// replay socket, answered by a thread as vLLM's publisher thread does.
+/// An engine: its cache (copies per block hash), and its sockets (the
+/// test kit's fake engine: a publisher and a replay socket answered by a
+/// thread, as vLLM's publisher thread does).
 struct Engine {
-    publisher: zmq::Socket,
-    buffer: Buffer,
+    sockets: Publisher,
     seq: u64,
     cached: HashMap<u64, u32>,
-    stop: Arc<AtomicBool>,
-    replier: Option<JoinHandle<()>>,
-    endpoints: (String, String),
-}
-
-/// A socket of `kind` bound to `endpoint`. libzmq closes a socket in its
-/// I/O thread: a port a socket before had may be free only a moment after
-/// it is dropped.
-fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &str) -> zmq::Socket {
-    let socket = ctx.socket(kind).unwrap();
-    socket.set_linger(0).unwrap();
-    for _ in 0..250 {
-        match socket.bind(endpoint) {
-            Ok(()) => return socket,
-            Err(zmq::Error::EADDRINUSE) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => panic!("bind {endpoint}: {e}"),
-        }
-    }
-    panic!("{endpoint} stays in use");
-}
-
-/// An engine's publisher: XPUB, a PUB that also tells when a subscriber's
-/// subscription has arrived (verbose: every one, repeats included).
-fn publisher(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
-    let socket = bind(ctx, zmq::XPUB, endpoint);
-    socket.set_xpub_verbose(true).unwrap();
-    socket
 }
 
 impl Engine {
     /// Binds on `endpoints` (`tcp://127.0.0.1:*` twice for new ports).
     fn start(ctx: &zmq::Context, endpoints: (&str, &str)) -> Engine {
-        let publisher = publisher(ctx, endpoints.0);
-        let router = bind(ctx, zmq::ROUTER, endpoints.1);
-        let bound = (
-            publisher.get_last_endpoint().unwrap().unwrap(),
-            router.get_last_endpoint().unwrap().unwrap(),
-        );
-        let buffer = Buffer::default();
-        let stop = Arc::new(AtomicBool::new(false));
-        let (buf, halt) = (buffer.clone(), stop.clone());
-        let replier = std::thread::spawn(move || {
-            while !halt.load(Ordering::Relaxed) {
-                if router.poll(zmq::POLLIN, 50).unwrap() == 0 {
-                    continue;
-                }
-                let frames = router.recv_multipart(0).unwrap();
-                let [id, _, start] = &frames[..] else {
-                    continue;
-                };
-                let start = start.iter().fold(0u64, |a, &b| a << 8 | u64::from(b));
-                let batches: Vec<_> = buf
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|b| b.0 >= start)
-                    .cloned()
-                    .collect();
-                for (seq, payload) in batches {
-                    let msg: [&[u8]; 5] = [id, b"", TOPIC.as_bytes(), &seq.to_be_bytes(), &payload];
-                    router.send_multipart(msg, 0).unwrap();
-                }
-                let end: [&[u8]; 5] = [id, b"", b"", &u64::MAX.to_be_bytes(), b""];
-                router.send_multipart(end, 0).unwrap();
-            }
-        });
         Engine {
-            publisher,
-            buffer,
+            sockets: Publisher::bind_at(ctx, TOPIC, endpoints.0, Some(endpoints.1)),
             seq: 0,
             cached: HashMap::new(),
-            stop,
-            replier: Some(replier),
-            endpoints: bound,
         }
+    }
+
+    /// Its publisher's and replay socket's endpoints.
+    fn endpoints(&self) -> (String, String) {
+        let replay = self.sockets.replay.clone().expect("a replay socket");
+        (self.sockets.endpoint.clone(), replay)
     }
 
     /// The server's subscription to this engine as pod `POD` of model `m`.
@@ -151,48 +88,27 @@ impl Engine {
         Subscription {
             pod: POD.into(),
             model: "m".into(),
-            endpoint: self.endpoints.0.clone(),
-            replay: Some(self.endpoints.1.clone()),
+            endpoint: self.sockets.endpoint.clone(),
+            replay: self.sockets.replay.clone(),
             block_size: BLOCK as u32,
             topic: TOPIC.into(),
             media: vec!["GPU".into()],
         }
     }
 
-    /// Waits until a subscriber's subscription has reached the publisher
-    /// (one not yet waited for): until then a PUB socket drops what it
-    /// sends to it ("slow joiner"), which a test publishing a single batch
-    /// cannot tell from a batch lost on purpose.
+    /// Waits until the server's subscription has reached the publisher.
     fn subscribed(&self) {
-        loop {
-            assert!(
-                self.publisher.poll(zmq::POLLIN, 10_000).unwrap() > 0,
-                "no subscriber within 10 s"
-            );
-            let msg = self.publisher.recv_bytes(0).unwrap();
-            // 1: subscribe; 0: unsubscribe (a subscriber that left).
-            if msg.first() == Some(&1) {
-                return;
-            }
-        }
+        self.sockets.subscribed();
     }
 
-    /// Closes the publisher and binds a new one on its port: to the
-    /// subscribers, a network blip (the same engine, its numbers and its
-    /// buffer as they were).
+    /// A network blip: the same engine, its numbers and buffer as they were.
     fn reconnect(&mut self, ctx: &zmq::Context) {
-        // The old socket goes first: the new one needs its port.
-        let closed = ctx.socket(zmq::PUB).unwrap();
-        drop(std::mem::replace(&mut self.publisher, closed));
-        self.publisher = publisher(ctx, &self.endpoints.0);
+        self.sockets.reconnect(ctx);
     }
 
-    /// Keeps only the newest `keep` batches in the replay buffer, as vLLM's
-    /// bounded one (`buffer_steps` batches) does once more were published.
+    /// Keeps only the newest `keep` batches in the replay buffer.
     fn roll(&self, keep: usize) {
-        let mut buffer = self.buffer.lock().unwrap();
-        let gone = buffer.len().saturating_sub(keep);
-        buffer.drain(..gone);
+        self.sockets.roll(keep);
     }
 
     /// Publishes a batch (or, with `lost`, only buffers it: the PUB socket
@@ -200,11 +116,10 @@ impl Engine {
     fn publish(&mut self, payload: Vec<u8>, lost: bool) {
         let seq = self.seq;
         self.seq += 1;
-        if !lost {
-            let msg: [&[u8]; 3] = [TOPIC.as_bytes(), &seq.to_be_bytes(), &payload];
-            self.publisher.send_multipart(msg, 0).unwrap();
+        match lost {
+            false => self.sockets.publish(seq, &payload),
+            true => self.sockets.keep(seq, &payload),
         }
-        self.buffer.lock().unwrap().push((seq, payload));
     }
 
     /// Caches blocks `from..to` of `tokens` (the ones before are cached).
@@ -240,15 +155,6 @@ impl Engine {
             .iter()
             .take_while(|h| self.cached.get(h).is_some_and(|&c| c > 0))
             .count() as u32
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.replier.take() {
-            let _ = t.join();
-        }
     }
 }
 
@@ -360,7 +266,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     assert_eq!(engine.cached_blocks(&prompts[1]), 6);
 
     // The engine restarts: sequence from 0, nothing cached, same ports.
-    let endpoints = engine.endpoints.clone();
+    let endpoints = engine.endpoints();
     drop(engine);
     let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
     engine.store(&prompts[3], 0, 3, false);
@@ -448,7 +354,7 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
 
     // A new engine on the same ports got past that number while the
     // server was away: its batch 3 is not the one applied.
-    let endpoints = engine.endpoints.clone();
+    let endpoints = engine.endpoints();
     drop(engine);
     let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
     for i in 0..4 {

@@ -5,6 +5,7 @@
 //! heap the server holds per engine (a counting allocator; libzmq's own
 //! allocations, in C++, pass it by).
 
+use engine_sim::sockets::{answer_replay, send_live};
 use prefix_testkit::publisher::{own_prompt, stored_batch};
 use prefix_testkit::server as common;
 
@@ -66,9 +67,9 @@ fn answer_replays(
             zmq::poll(&mut items, 50).unwrap();
             let ready: Vec<bool> = items.iter().map(|i| i.is_readable()).collect();
             for (router, _) in routers.iter().zip(ready).filter(|(_, r)| *r) {
-                while let Ok(frames) = router.recv_multipart(zmq::DONTWAIT) {
-                    let end: [&[u8]; 5] = [&frames[0], b"", b"", &u64::MAX.to_be_bytes(), b""];
-                    router.send_multipart(end, 0).unwrap();
+                while let Ok(request) = router.recv_multipart(zmq::DONTWAIT) {
+                    // Nothing was published before the server asks.
+                    answer_replay(router, &request, b"", []).unwrap();
                     answered += 1;
                 }
             }
@@ -155,8 +156,7 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
     }
     for (i, p) in publishers.iter().enumerate() {
         let topic = format!("kv@e{i}@m");
-        let msg: [&[u8]; 3] = [topic.as_bytes(), &0u64.to_be_bytes(), &batch(i)];
-        p.send_multipart(msg, 0).unwrap();
+        send_live(p, topic.as_bytes(), 0, &batch(i)).unwrap();
     }
     common::eventually("every engine's batch is applied", async || {
         server

@@ -34,6 +34,8 @@
 mod block;
 mod cache;
 mod pods;
+#[cfg(feature = "zmq")]
+pub mod sockets;
 
 pub use block::{block_tokens, chain_hashes, engine_hash, request_tokens, Hashes, BLOCK_TOKENS};
 pub use cache::{Lru, Release};

@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use engine_sim::sockets::{answer_replay, replay_start, send_live};
 
 /// Name prefix of the publishing threads (CPU time is told apart by name).
 pub const PUBLISH_THREAD: &str = "publish-";
@@ -187,9 +188,7 @@ impl Group {
                         let Some(payload) = batches[e].get(seq) else {
                             continue;
                         };
-                        let msg: [&[u8]; 3] =
-                            [topics[e].as_bytes(), &(seq as u64).to_be_bytes(), payload];
-                        socket.send_multipart(msg, 0)?;
+                        send_live(socket, topics[e].as_bytes(), seq as u64, payload)?;
                         // Relaxed: the replay thread reads only this count;
                         // the batches themselves were written before either
                         // thread started.
@@ -274,28 +273,18 @@ impl Replay {
         }
     }
 
-    fn answer(&self, e: usize, router: &zmq::Socket, frames: &[Vec<u8>]) {
-        let [id, _, start] = frames else {
+    fn answer(&self, e: usize, router: &zmq::Socket, request: &[Vec<u8>]) {
+        if replay_start(request).is_none() {
             return;
-        };
-        let Ok(start) = <[u8; 8]>::try_from(&start[..]).map(u64::from_be_bytes) else {
-            return;
-        };
-        let from = usize::try_from(start).unwrap_or(usize::MAX);
+        }
         // Relaxed: see where it is stored.
         let upto = self.published[e].load(Ordering::Relaxed);
-        let topic = self.topics[e].as_bytes();
-        for (seq, payload) in self.batches[e].iter().enumerate().take(upto).skip(from) {
-            let seq = (seq as u64).to_be_bytes();
-            let msg: [&[u8]; 5] = [id, b"", topic, &seq, payload];
-            if router.send_multipart(msg, 0).is_err() {
-                return;
-            }
+        let batches = self.batches[e].iter().take(upto);
+        let numbered = batches.enumerate().map(|(seq, p)| (seq as u64, &p[..]));
+        if answer_replay(router, request, self.topics[e].as_bytes(), numbered).is_ok() {
+            // Relaxed: a count, read on its own.
+            self.answered[e].fetch_add(1, Ordering::Relaxed);
         }
-        let end: [&[u8]; 5] = [id, b"", b"", &u64::MAX.to_be_bytes(), b""];
-        let _ = router.send_multipart(end, 0);
-        // Relaxed: a count, read on its own.
-        self.answered[e].fetch_add(1, Ordering::Relaxed);
     }
 }
 
