@@ -18,7 +18,7 @@ use std::future::Future;
 
 use crate::error::ClientError;
 use crate::wire::{
-    EngineState, EngineSub, Op, PodBlocks, PodDetail, PodTiers, Reply, SampledKey, WireStats,
+    EngineState, Op, PodBlocks, PodDetail, PodTiers, Reply, SampledKey, Subscription, WireStats,
 };
 
 /// Where an [`Index`]'s operations go: one server, or a cluster's replica
@@ -241,7 +241,7 @@ impl<R: Route> Index<R> {
     /// (precise mode), replacing any subscription of the same pod. A writer's
     /// op; refused with `BadSubscription` and the reason when the server
     /// cannot follow it (its block size, its endpoint, `max-engines`).
-    pub async fn subscribe_engine(&self, sub: EngineSub) -> Result<(), ClientError> {
+    pub async fn subscribe_engine(&self, sub: Subscription) -> Result<(), ClientError> {
         done(self.route.one(Op::Subscribe(sub)).await?)
     }
 

@@ -78,7 +78,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{EngineSub, OpKind};
+    use crate::wire::{OpKind, Subscription};
 
     #[test]
     fn subcommands_follow_the_op_table() {
@@ -101,7 +101,7 @@ mod tests {
         let short =
             JsonOp::parse(br#"{"op":"subscribe","pod":"p","model":"m","endpoint":"tcp://h:1"}"#)
                 .unwrap();
-        let want = EngineSub {
+        let want = Subscription {
             pod: "p".into(),
             model: "m".into(),
             endpoint: "tcp://h:1".into(),
@@ -139,7 +139,7 @@ mod tests {
         let JsonOp::Subscribe { engine } = &full.op else {
             panic!("{:?}", full.op)
         };
-        let EngineSub {
+        let Subscription {
             replay,
             block_size,
             topic,

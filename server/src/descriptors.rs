@@ -54,7 +54,7 @@ pub fn needs(cfg: &ServerConfig) -> Needs {
 
 /// What raising the limit gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Raised {
+pub struct OpenFiles {
     /// The soft limit before.
     pub before: u64,
     /// The soft limit now.
@@ -63,7 +63,7 @@ pub struct Raised {
     pub needed: u64,
 }
 
-impl Raised {
+impl OpenFiles {
     /// Whether the limit now covers what was asked for.
     pub fn is_enough(&self) -> bool {
         self.now >= self.needed
@@ -72,7 +72,7 @@ impl Raised {
 
 /// Raises the soft limit on open files to `needed`, or as far as the hard
 /// limit lets it; never lowers it.
-pub fn raise(needed: u64) -> std::io::Result<Raised> {
+pub fn raise_open_files(needed: u64) -> std::io::Result<OpenFiles> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
     // `None` is unlimited.
@@ -80,7 +80,7 @@ pub fn raise(needed: u64) -> std::io::Result<Raised> {
     let hard = limit.maximum.unwrap_or(u64::MAX);
     let want = needed.min(hard);
     if want <= before {
-        return Ok(Raised {
+        return Ok(OpenFiles {
             before,
             now: before,
             needed,
@@ -93,7 +93,7 @@ pub fn raise(needed: u64) -> std::io::Result<Raised> {
             maximum: limit.maximum,
         },
     )?;
-    Ok(Raised {
+    Ok(OpenFiles {
         before,
         now: want,
         needed,
@@ -123,15 +123,15 @@ mod tests {
     fn the_limit_is_raised_within_the_hard_limit_and_never_lowered() {
         // This process's own limit: raising it to what it already is
         // changes nothing; a tiny need never lowers it.
-        let now = raise(0).unwrap();
+        let now = raise_open_files(0).unwrap();
         assert_eq!(now.before, now.now);
         assert!(now.is_enough());
         let hard = rustix::process::getrlimit(rustix::process::Resource::Nofile)
             .maximum
             .unwrap_or(u64::MAX);
-        let up = raise(now.now.saturating_add(1)).unwrap();
+        let up = raise_open_files(now.now.saturating_add(1)).unwrap();
         assert_eq!(up.now, now.now.saturating_add(1).min(hard));
-        let huge = raise(u64::MAX).unwrap();
+        let huge = raise_open_files(u64::MAX).unwrap();
         assert_eq!(huge.now, hard);
         assert_eq!(huge.is_enough(), hard == u64::MAX);
     }

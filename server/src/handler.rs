@@ -28,8 +28,8 @@ use std::time::Instant;
 use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats, View};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineState, EngineSub, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers,
-    PodView, Reply, Request, Response, ResponseWriter, SampledKey, TierReach, WireStats,
+    encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, PodView,
+    Reply, Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, WireStats,
     ANSWER_ROOM, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
@@ -196,7 +196,7 @@ fn not_applied(reply: &Reply, w: &mut impl Replies) -> bool {
 }
 
 /// Starts following `sub`'s engine.
-fn subscribe(engines: &Arc<Engines>, sub: &EngineSub) -> Reply {
+fn subscribe(engines: &Arc<Engines>, sub: &Subscription) -> Reply {
     let started = wire::accept(sub.clone())
         .map_err(SubscribeError::from)
         .and_then(|sub| engines.subscribe(sub));

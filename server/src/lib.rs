@@ -86,13 +86,12 @@ pub use api::{http_status, route, BATCH_PATH};
 pub use busy_poll::BusyPoll;
 pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
-pub use descriptors::{raise as raise_open_files, Raised as OpenFiles};
+pub use descriptors::{raise_open_files, OpenFiles};
 pub use engines::alias::dynamo_seed;
 pub use engines::apply::apply_batch;
-pub use engines::ZMQ_THREADS as ENGINE_ZMQ_THREADS;
 pub use engines::{
-    Allow as EngineAllow, BlockAliases, Engines, Refusal as EngineRefusal, State as EngineStatus,
-    Subscription,
+    BlockAliases, EngineAllow, EngineRefusal, EngineStatus, Engines, Subscription,
+    ENGINE_ZMQ_THREADS,
 };
 pub use handler::Handler;
 pub use http::PROBE_PATHS;
@@ -716,7 +715,7 @@ async fn accept_loop<S: Service>(
 /// first raising the open-file limit to what `cfg` may use.
 pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let needs = descriptors::needs(&cfg);
-    match descriptors::raise(needs.wanted) {
+    match descriptors::raise_open_files(needs.wanted) {
         Ok(r) if r.now < needs.required => {
             return Err(ServerError::OpenFiles {
                 limit: r.now,

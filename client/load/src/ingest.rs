@@ -54,8 +54,7 @@ use prefix_client::Client;
 use prefix_events::{decode_batch, DecodeLimits};
 use prefix_index::{EngineSpec, Index, IndexConfig};
 use prefix_proto::key::hash_token_block_seeded;
-use prefix_proto::{EngineSub, Op, Reply};
-use prefix_server::Subscription;
+use prefix_proto::{Op, Reply, Subscription};
 use prefix_server::{apply_batch, BlockAliases};
 use serde::Serialize;
 
@@ -365,9 +364,9 @@ pub async fn run(trace: &[Request], cfg: &IngestConfig, target: Target) -> anyho
             (Server::Embedded(Box::new(s)), None)
         }
         Target::Remote { client, metrics } => {
-            let subs: Vec<EngineSub> = subs
+            let subs: Vec<Subscription> = subs
                 .iter()
-                .map(|s| EngineSub {
+                .map(|s| Subscription {
                     pod: s.pod.clone(),
                     model: s.model.clone(),
                     endpoint: s.endpoint.clone(),

@@ -202,7 +202,7 @@ pub fn decode_response(payload: &[u8]) -> Result<Response, WireError> {
 mod tests {
     use super::*;
     use crate::frame::{split_frame, Frame, Header};
-    use crate::message::{EngineState, EngineStatus, EngineSub, Op, PodBlocks, WireStats};
+    use crate::message::{EngineState, EngineStatus, Op, PodBlocks, Subscription, WireStats};
 
     fn lookup() -> Request {
         Request::One(Op::Lookup {
@@ -265,7 +265,7 @@ mod tests {
             Reply::Pong,
             WireError::KeyTooLong { len: 9, max: 4 }.to_reply(),
             Reply::Engines(vec![EngineState {
-                sub: EngineSub {
+                sub: Subscription {
                     pod: "a".into(),
                     model: "m".into(),
                     endpoint: "tcp://h:1".into(),

@@ -34,7 +34,7 @@ use thiserror::Error;
 use crate::error::ErrorCode;
 use crate::key;
 use crate::message::{
-    EngineState, EngineSub, Op, OpKind, PodDetail, PodTiers, Reply, Request, WireStats,
+    EngineState, Op, OpKind, PodDetail, PodTiers, Reply, Request, Subscription, WireStats,
 };
 
 /// How text and token ids become block hashes; every gateway of a model
@@ -252,7 +252,7 @@ pub enum JsonOp {
         /// The engine.
         #[serde(flatten)]
         #[cfg_attr(feature = "clap", command(flatten))]
-        engine: EngineSub,
+        engine: Subscription,
     },
     /// Stop following a pod's engine (the pod is removed).
     Unsubscribe {
@@ -681,14 +681,14 @@ impl Fields {
             OpKind::Stats => JsonOp::Stats,
             OpKind::Ping => JsonOp::Ping,
             OpKind::Subscribe => JsonOp::Subscribe {
-                engine: EngineSub {
+                engine: Subscription {
                     pod: need(self.pod, "pod")?,
                     model: need(self.model, "model")?,
                     endpoint: need(self.endpoint, "endpoint")?,
                     replay: self.replay,
-                    block_size: self.block_size.unwrap_or(EngineSub::DEFAULT_BLOCK_SIZE),
+                    block_size: self.block_size.unwrap_or(Subscription::DEFAULT_BLOCK_SIZE),
                     topic: self.topic.unwrap_or_default(),
-                    media: self.media.unwrap_or_else(EngineSub::default_media),
+                    media: self.media.unwrap_or_else(Subscription::default_media),
                 },
             },
             OpKind::Unsubscribe => JsonOp::Unsubscribe {

@@ -9,7 +9,7 @@
 //! - [`frame`]: the 16-byte header and [`FrameReader`], which cuts a
 //!   stream's bytes into whole frames (or one typed [`FrameError`]).
 //! - [`message`]: [`Request`], [`Op`], [`Response`], [`Reply`] (with the
-//!   engine ops' [`EngineSub`], the one description of an engine
+//!   engine ops' [`Subscription`], the one description of an engine
 //!   subscription, and [`EngineState`]), and [`OpKind`], the
 //!   table of operations every other part derives from.
 //! - [`codec`]: payloads to bytes and back, with allocation budgets.
@@ -54,8 +54,8 @@ pub use frame::{
 };
 pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineStatus, EngineSub, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView,
-    Reply, Request, Response, SampledKey, SubscriptionError, Tier, TierReach, WireStats,
-    MAX_SAMPLE, MAX_TAIL,
+    EngineState, EngineStatus, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Reply, Request,
+    Response, SampledKey, Subscription, SubscriptionError, Tier, TierReach, WireStats, MAX_SAMPLE,
+    MAX_TAIL,
 };
 pub use pod_name::PodName;

@@ -1,7 +1,7 @@
 //! The protocol's limits, and the check of one op against them.
 
 use crate::error::WireError;
-use crate::message::{EngineSub, Op};
+use crate::message::{Op, Subscription};
 
 /// The largest `max_frame_bytes` a configuration may set, and the largest
 /// frame a client accepts: 16 MiB.
@@ -81,7 +81,7 @@ impl Limits {
         Ok(())
     }
 
-    fn check_engine(&self, sub: &EngineSub) -> Result<(), WireError> {
+    fn check_engine(&self, sub: &Subscription) -> Result<(), WireError> {
         let field = |field, len, min, max| {
             if (min..=max).contains(&len) {
                 Ok(())
@@ -218,7 +218,7 @@ mod tests {
             ..Limits::default()
         };
         assert_eq!(limits.max_text_len(), 12);
-        let sub = EngineSub {
+        let sub = Subscription {
             pod: "p".into(),
             model: "m".into(),
             endpoint: "tcp://h:1".into(),
@@ -227,7 +227,7 @@ mod tests {
             topic: String::new(),
             media: vec!["GPU".into(), "CPU".into()],
         };
-        let check = |f: &dyn Fn(&mut EngineSub)| {
+        let check = |f: &dyn Fn(&mut Subscription)| {
             let mut s = sub.clone();
             f(&mut s);
             limits.check_op(&Op::Subscribe(s))

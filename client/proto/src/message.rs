@@ -56,7 +56,7 @@ pub enum Op {
     Ping,
     /// Follow an inference engine's KV-cache events (precise mode), replacing
     /// any subscription of the same pod.
-    Subscribe(EngineSub),
+    Subscribe(Subscription),
     /// Stop following a pod's engine; the pod is removed with what it held.
     Unsubscribe {
         /// The pod.
@@ -139,7 +139,7 @@ pub struct SampledKey {
 /// `media=GPU+CPU`.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode, Serialize, Deserialize)]
 #[cfg_attr(feature = "clap", derive(clap::Args))]
-pub struct EngineSub {
+pub struct Subscription {
     /// The pod the engine serves (gateways route to this name).
     #[cfg_attr(feature = "clap", arg(long))]
     pub pod: String,
@@ -161,12 +161,12 @@ pub struct EngineSub {
     )]
     pub replay: Option<String>,
     /// Tokens per engine block (vLLM `--block-size`, SGLang `--page-size`).
-    #[serde(default = "EngineSub::default_block_size")]
+    #[serde(default = "Subscription::default_block_size")]
     #[cfg_attr(
         feature = "clap",
         arg(
             long,
-            default_value_t = EngineSub::DEFAULT_BLOCK_SIZE,
+            default_value_t = Subscription::DEFAULT_BLOCK_SIZE,
             help = "Tokens per engine block (vLLM --block-size, SGLang --page-size)"
         )
     )]
@@ -184,7 +184,7 @@ pub struct EngineSub {
     pub topic: String,
     /// Cache tiers routed on, e.g. `["GPU"]`; events of other tiers (CPU or
     /// storage offloading) are skipped.
-    #[serde(default = "EngineSub::default_media")]
+    #[serde(default = "Subscription::default_media")]
     #[cfg_attr(
         feature = "clap",
         arg(
@@ -197,11 +197,11 @@ pub struct EngineSub {
     pub media: Vec<String>,
 }
 
-impl EngineSub {
+impl Subscription {
     /// The block size when none is given: vLLM's default.
     pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 
-    /// [`EngineSub::DEFAULT_BLOCK_SIZE`], for serde.
+    /// [`Subscription::DEFAULT_BLOCK_SIZE`], for serde.
     fn default_block_size() -> u32 {
         Self::DEFAULT_BLOCK_SIZE
     }
@@ -219,7 +219,7 @@ impl EngineSub {
         model: impl Into<String>,
         endpoint: impl Into<String>,
     ) -> Self {
-        EngineSub {
+        Subscription {
             pod: pod.into(),
             model: model.into(),
             endpoint: endpoint.into(),
@@ -296,14 +296,14 @@ impl EngineSub {
 }
 
 /// Which of a pod's tiers an engine event of a routed medium feeds (see
-/// [`EngineSub::tier`]).
+/// [`Subscription::tier`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
     /// The tier the pod's match is of (the GPU).
     Primary,
     /// A lower tier (CPU memory, storage): counted after the match. Its
     /// index among the subscription's lower tiers
-    /// ([`EngineSub::lower_media`]).
+    /// ([`Subscription::lower_media`]).
     Lower(u32),
 }
 
@@ -318,9 +318,9 @@ pub struct SubscriptionError {
     pub why: String,
 }
 
-/// The text form (see [`EngineSub`]); media are upper-cased, endpoints must
+/// The text form (see [`Subscription`]); media are upper-cased, endpoints must
 /// be `tcp://`.
-impl FromStr for EngineSub {
+impl FromStr for Subscription {
     type Err = SubscriptionError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
@@ -342,20 +342,20 @@ impl FromStr for EngineSub {
             v.filter(|v| !v.is_empty())
                 .ok_or_else(|| err(format!("{k}= is missing")))
         };
-        let sub = EngineSub {
+        let sub = Subscription {
             pod: need(take("pod"), "pod")?,
             model: need(take("model"), "model")?,
             endpoint: need(take("endpoint"), "endpoint")?,
             replay: take("replay").filter(|r| !r.is_empty()),
             block_size: match take("block-size") {
-                None => EngineSub::DEFAULT_BLOCK_SIZE,
+                None => Subscription::DEFAULT_BLOCK_SIZE,
                 Some(b) => b
                     .parse()
                     .map_err(|_| err(format!("block-size={b} is not a number")))?,
             },
             topic: take("topic").unwrap_or_default(),
             media: match take("media") {
-                None => EngineSub::default_media(),
+                None => Subscription::default_media(),
                 Some(m) => m
                     .split('+')
                     .map(|x| x.trim().to_ascii_uppercase())
@@ -372,7 +372,7 @@ impl FromStr for EngineSub {
     }
 }
 
-impl fmt::Display for EngineSub {
+impl fmt::Display for Subscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -395,13 +395,13 @@ impl fmt::Display for EngineSub {
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct EngineState {
     /// The subscription.
-    pub sub: EngineSub,
+    pub sub: Subscription,
     /// What its follower has seen.
     pub status: EngineStatus,
 }
 
 /// What a server's follower of one engine has seen (on the wire, right
-/// after its [`EngineSub`] in an [`EngineState`]).
+/// after its [`Subscription`] in an [`EngineState`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
 pub struct EngineStatus {
     /// Whether the server's socket to the engine is connected.
@@ -849,7 +849,7 @@ mod tests {
             },
             Op::Stats,
             Op::Ping,
-            Op::Subscribe(EngineSub::new("a", "m", "tcp://h:1")),
+            Op::Subscribe(Subscription::new("a", "m", "tcp://h:1")),
             Op::Unsubscribe { pod: "a".into() },
             Op::ListEngines,
             Op::SampleKeys {
@@ -943,12 +943,12 @@ mod tests {
     #[test]
     fn subscriptions_read_and_write_one_text_form() {
         let text = "pod=vllm-0,model=Qwen/Qwen3-8B,endpoint=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,block-size=64,topic=kv,media=GPU+CPU";
-        let sub: EngineSub = text.parse().unwrap();
+        let sub: Subscription = text.parse().unwrap();
         assert_eq!(sub.block_size, 64);
         assert_eq!(sub.media, ["GPU", "CPU"]);
-        assert_eq!(sub.to_string().parse::<EngineSub>().unwrap(), sub);
-        let short: EngineSub = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
-        assert_eq!(short, EngineSub::new("a", "m", "tcp://h:1"));
+        assert_eq!(sub.to_string().parse::<Subscription>().unwrap(), sub);
+        let short: Subscription = "pod=a,model=m,endpoint=tcp://h:1".parse().unwrap();
+        assert_eq!(short, Subscription::new("a", "m", "tcp://h:1"));
         for (bad, why) in [
             ("pod=a,model=m", "endpoint= is missing"),
             ("pod=a,model=m,endpoint=ipc:///x", "not tcp://"),
@@ -962,19 +962,19 @@ mod tests {
                 "not a number",
             ),
         ] {
-            let err = bad.parse::<EngineSub>().unwrap_err().to_string();
+            let err = bad.parse::<Subscription>().unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
         }
     }
 
     #[test]
     fn media_default_to_the_gpu() {
-        let sub = EngineSub::new("a", "m", "tcp://h:1");
+        let sub = Subscription::new("a", "m", "tcp://h:1");
         assert!(sub.routes_medium(Some("gpu")));
         assert!(sub.routes_medium(None));
         assert!(!sub.routes_medium(Some("CPU")));
         assert_eq!(sub.tier(Some("gpu")), Some(Tier::Primary));
-        let tiered = EngineSub {
+        let tiered = Subscription {
             media: vec!["CPU".into(), "GPU".into()],
             ..sub.clone()
         };
@@ -982,13 +982,13 @@ mod tests {
         assert_eq!(tiered.tier(Some("cpu")), Some(Tier::Lower(0)));
         assert_eq!(tiered.tier(Some("DISK")), None);
         assert_eq!(tiered.tier(Some("DEVICE")), Some(Tier::Primary));
-        let three = EngineSub {
+        let three = Subscription {
             media: vec!["GPU".into(), "CPU".into(), "DISK".into()],
             ..sub.clone()
         };
         assert_eq!(three.tier(Some("disk")), Some(Tier::Lower(1)));
         assert_eq!(three.lower_media().collect::<Vec<_>>(), ["CPU", "DISK"]);
-        let cpu_only = EngineSub {
+        let cpu_only = Subscription {
             media: vec!["CPU".into()],
             ..sub.clone()
         };
@@ -998,7 +998,7 @@ mod tests {
 
     #[test]
     fn an_engine_state_is_its_subscription_then_its_status_on_the_wire() {
-        let sub = EngineSub::new("a", "m", "tcp://h:1");
+        let sub = Subscription::new("a", "m", "tcp://h:1");
         let status = EngineStatus {
             last_seq: Some(3),
             last_error: Some("x".into()),

@@ -13,8 +13,8 @@ use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, EngineState, EngineStatus, EngineSub, FrameReader, Incoming, Kind, Limits, Op,
-    PodBlocks, PodDetail, PodView, Reply, Request, Response, WireError, HEADER_LEN,
+    split_frame, EngineState, EngineStatus, FrameReader, Incoming, Kind, Limits, Op, PodBlocks,
+    PodDetail, PodView, Reply, Request, Response, Subscription, WireError, HEADER_LEN,
 };
 use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use proptest::prelude::*;
@@ -103,7 +103,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn engine_sub() -> impl Strategy<Value = EngineSub> {
+fn engine_sub() -> impl Strategy<Value = Subscription> {
     (
         (name(), name(), "tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
         prop::option::of("tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
@@ -112,7 +112,7 @@ fn engine_sub() -> impl Strategy<Value = EngineSub> {
         prop::collection::vec("[A-Z]{1,4}", 0..3),
     )
         .prop_map(
-            |((pod, model, endpoint), replay, block_size, topic, media)| EngineSub {
+            |((pod, model, endpoint), replay, block_size, topic, media)| Subscription {
                 pod,
                 model,
                 endpoint,

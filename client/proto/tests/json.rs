@@ -9,7 +9,7 @@ use std::alloc::System;
 
 use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
-use prefix_proto::{EngineSub, Op, OpKind, Reply};
+use prefix_proto::{Op, OpKind, Reply, Subscription};
 use prefix_testkit::fuzz::cases;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
@@ -45,7 +45,7 @@ fn op() -> impl Strategy<Value = Op> {
             prop::collection::vec(name(), 0..3)
         )
             .prop_map(|(pod, model, endpoint, replay, block_size, topic, media)| {
-                Op::Subscribe(EngineSub {
+                Op::Subscribe(Subscription {
                     pod,
                     model,
                     endpoint,

@@ -90,7 +90,7 @@ fn the_documented_vectors_are_the_codecs_bytes() {
 #[test]
 fn the_documented_vectors_are_the_messages_they_describe() {
     use prefix_proto::{
-        EngineState, EngineStatus, EngineSub, Op, PodBlocks, PodDetail, PodView, Reply, Request,
+        EngineState, EngineStatus, Op, PodBlocks, PodDetail, PodView, Reply, Request, Subscription,
         WireStats,
     };
     let req = |id, r: Request| {
@@ -103,7 +103,7 @@ fn the_documented_vectors_are_the_messages_they_describe() {
         encode_response(id, &r, &mut b);
         b
     };
-    let vllm = EngineSub {
+    let vllm = Subscription {
         pod: "vllm-0".into(),
         model: "m1".into(),
         endpoint: "tcp://10.0.0.5:5557".into(),

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use prefix_client::key;
-use prefix_client::wire::{EngineSub, ErrorCode, Limits, Op, Reply};
+use prefix_client::wire::{ErrorCode, Limits, Op, Reply, Subscription};
 use prefix_client::{
     ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
 };
@@ -571,7 +571,7 @@ impl Client {
     }
 
     /// Follows an inference engine's KV-cache events (precise mode).
-    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=EngineSub::DEFAULT_BLOCK_SIZE, topic=String::new(), media=EngineSub::default_media()))]
+    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=Subscription::DEFAULT_BLOCK_SIZE, topic=String::new(), media=Subscription::default_media()))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_engine(
         &self,
@@ -584,7 +584,7 @@ impl Client {
         topic: String,
         media: Vec<String>,
     ) -> PyResult<()> {
-        let sub = EngineSub {
+        let sub = Subscription {
             pod,
             model,
             endpoint,

@@ -191,7 +191,8 @@ fn everything_changed() -> ServerConfig {
                 server: Some("10.96.0.10:53".parse().unwrap()),
             },
             listen: Some("tcp://0.0.0.0:5557".into()),
-            allow: crate::engines::Allow::parse(&["10.0.0.0/8".into(), "fd00::1".into()]).unwrap(),
+            allow: crate::engines::EngineAllow::parse(&["10.0.0.0/8".into(), "fd00::1".into()])
+                .unwrap(),
             allow_moves: true,
             central_block_size: 64,
             token_block: 8,

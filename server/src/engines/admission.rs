@@ -31,12 +31,12 @@ pub(super) const ENDPOINT: &str = "inproc://zeromq.zap.01";
 
 /// The networks engines may connect from; empty admits anyone.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Allow(Vec<IpNet>);
+pub struct EngineAllow(Vec<IpNet>);
 
-impl Allow {
+impl EngineAllow {
     /// Parses each entry: a network (`10.0.0.0/16`, `fd00::/8`) or one
     /// address; the error is the first entry that is neither.
-    pub fn parse(entries: &[String]) -> Result<Allow, String> {
+    pub fn parse(entries: &[String]) -> Result<EngineAllow, String> {
         entries
             .iter()
             .map(|e| {
@@ -46,10 +46,10 @@ impl Allow {
                     .map_err(|_| e.to_string())
             })
             .collect::<Result<_, _>>()
-            .map(Allow)
+            .map(EngineAllow)
     }
 
-    /// The entries, as given back by [`Allow::parse`].
+    /// The entries, as given back by [`EngineAllow::parse`].
     pub fn entries(&self) -> Vec<String> {
         self.0.iter().map(ToString::to_string).collect()
     }
@@ -80,7 +80,7 @@ pub(super) enum Verdict {
 
 /// The ZAP reply to one request's frames (version, request id, domain,
 /// address, routing id, mechanism, credentials...), and what it decided.
-pub(super) fn answer(request: &[Vec<u8>], allow: &Allow) -> (Vec<Vec<u8>>, Verdict) {
+pub(super) fn answer(request: &[Vec<u8>], allow: &EngineAllow) -> (Vec<Vec<u8>>, Verdict) {
     let id = request.get(1).cloned().unwrap_or_default();
     let reply = |code: &str, text: &str, user: &str| {
         vec![
@@ -170,22 +170,22 @@ impl Binding {
 
 /// Why publishing was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum EngineRefusal {
     /// A connection from outside `--engine-allow`.
     Address = 0,
     /// A message under a pod's topic from another origin than the pod's.
     Moved = 1,
 }
 
-impl Refusal {
+impl EngineRefusal {
     /// Each reason, in label order.
-    pub const ALL: [Refusal; 2] = [Refusal::Address, Refusal::Moved];
+    pub const ALL: [EngineRefusal; 2] = [EngineRefusal::Address, EngineRefusal::Moved];
 
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
-            Refusal::Address => "address",
-            Refusal::Moved => "moved",
+            EngineRefusal::Address => "address",
+            EngineRefusal::Moved => "moved",
         }
     }
 }
@@ -194,14 +194,14 @@ impl Refusal {
 /// `LOG_EVERY` (a flood of one does not hide the other).
 #[derive(Debug, Default)]
 pub(super) struct Refusals {
-    counts: [AtomicU64; Refusal::ALL.len()],
-    logged: [Mutex<Option<Instant>>; Refusal::ALL.len()],
+    counts: [AtomicU64; EngineRefusal::ALL.len()],
+    logged: [Mutex<Option<Instant>>; EngineRefusal::ALL.len()],
 }
 
 impl Refusals {
     /// Counts a refusal, and logs `what` unless one of its reason was
     /// logged lately.
-    pub(super) fn refuse(&self, why: Refusal, what: impl FnOnce() -> String) {
+    pub(super) fn refuse(&self, why: EngineRefusal, what: impl FnOnce() -> String) {
         let n = self.count_one(why);
         if !super::stats::log_due(&mut self.logged[why as usize].lock()) {
             return;
@@ -216,13 +216,13 @@ impl Refusals {
 
     /// Counts a refusal that is logged elsewhere (by its pod); the count so
     /// far.
-    pub(super) fn count_one(&self, why: Refusal) -> u64 {
+    pub(super) fn count_one(&self, why: EngineRefusal) -> u64 {
         // Relaxed: a statistic.
         1 + self.counts[why as usize].fetch_add(1, Ordering::Relaxed)
     }
 
     /// Refusals so far for `why`.
-    pub(super) fn count(&self, why: Refusal) -> u64 {
+    pub(super) fn count(&self, why: EngineRefusal) -> u64 {
         // Relaxed: a statistic.
         self.counts[why as usize].load(Ordering::Relaxed)
     }
@@ -240,7 +240,7 @@ mod tests {
 
     #[test]
     fn the_list_admits_its_networks_and_addresses_only() {
-        let allow = Allow::parse(&[
+        let allow = EngineAllow::parse(&[
             "10.1.0.0/16".into(),
             " 192.168.5.7 ".into(),
             "fd00::/8".into(),
@@ -258,9 +258,9 @@ mod tests {
         ] {
             assert_eq!(allow.admits(ip.parse().unwrap()), admitted, "{ip}");
         }
-        assert!(Allow::default().admits("203.0.113.1".parse().unwrap()));
-        assert!(Allow::parse(&["10.0.0.0/33".into()]).is_err());
-        assert!(Allow::parse(&["pods".into()]).is_err());
+        assert!(EngineAllow::default().admits("203.0.113.1".parse().unwrap()));
+        assert!(EngineAllow::parse(&["10.0.0.0/33".into()]).is_err());
+        assert!(EngineAllow::parse(&["pods".into()]).is_err());
         assert_eq!(
             allow.entries(),
             ["10.1.0.0/16", "192.168.5.7/32", "fd00::/8"]
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn zap_requests_are_answered_by_address() {
-        let allow = Allow::parse(&["10.0.0.0/8".into()]).unwrap();
+        let allow = EngineAllow::parse(&["10.0.0.0/8".into()]).unwrap();
         let (reply, verdict) = answer(&request("10.0.0.5"), &allow);
         assert_eq!(verdict, Verdict::Admitted("10.0.0.5".into()));
         assert_eq!(reply[..5], [&b"1.0"[..], b"7", b"200", b"OK", b"10.0.0.5"]);
@@ -299,7 +299,7 @@ mod tests {
                 Verdict::Refused(odd.into())
             );
         }
-        let open = Allow::default();
+        let open = EngineAllow::default();
         let (reply, verdict) = answer(&request("fe80::1%eth0"), &open);
         assert_eq!(verdict, Verdict::Admitted("fe80::1%eth0".into()));
         assert_eq!(&reply[4][..], b"fe80::1%eth0");

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use prefix_events::{parse_live, parse_topic};
 
-use super::admission::{self, Binding, Check, Refusal, Verdict};
+use super::admission::{self, Binding, Check, EngineRefusal, Verdict};
 use super::session::{Env, Session};
 use super::stats::Problem;
 use super::{Engines, StartError};
@@ -142,9 +142,11 @@ impl Collector {
             let (reply, verdict) = admission::answer(&request, &self.engines.cfg.allow);
             match verdict {
                 Verdict::Admitted(_) => {}
-                Verdict::Refused(address) => self.engines.refusals.refuse(Refusal::Address, || {
-                    format!("a connection from {address}, outside --engine-allow")
-                }),
+                Verdict::Refused(address) => {
+                    self.engines.refusals.refuse(EngineRefusal::Address, || {
+                        format!("a connection from {address}, outside --engine-allow")
+                    })
+                }
                 Verdict::Malformed => {
                     tracing::warn!("engine collector: a ZAP request it does not understand")
                 }
@@ -172,7 +174,7 @@ impl Collector {
         // Every connection the ZAP handler admitted is named; one it did
         // not is none of the operator's engines.
         let Some(origin) = origin else {
-            self.engines.refusals.refuse(Refusal::Address, || {
+            self.engines.refusals.refuse(EngineRefusal::Address, || {
                 "a message from a connection the ZAP handler did not admit".into()
             });
             return;
@@ -219,7 +221,7 @@ impl Collector {
                 tracing::info!(%pod, %from, to = origin, "an engine-fed pod moved to another address");
             }
             Check::Foreign { bound } => {
-                self.engines.refusals.count_one(Refusal::Moved);
+                self.engines.refusals.count_one(EngineRefusal::Moved);
                 let what = format!(
                     "refused a message from {origin}: the pod is bound to {bound} (unsubscribe the pod if its engine moved, or --engine-allow-moves)"
                 );

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::admission::Allow;
+use super::admission::EngineAllow;
 use super::dns::DnsConfig;
 use super::{Ratio, Subscription};
 use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
@@ -160,7 +160,7 @@ pub struct EngineConfig {
     pub listen: Option<String>,
     /// Where engines may connect to the central collector from (empty:
     /// anywhere).
-    pub allow: Allow,
+    pub allow: EngineAllow,
     /// Whether a pod met through the central collector may move to
     /// another address (else it is bound to its first one).
     pub allow_moves: bool,
@@ -219,7 +219,7 @@ impl Default for EngineConfig {
             // Open, as the port is off by default: an operator who opens
             // it is warned at start when the list is empty and the address
             // is not loopback.
-            allow: Allow::default(),
+            allow: EngineAllow::default(),
             allow_moves: false,
             // vLLM's default block size.
             central_block_size: 16,
@@ -399,7 +399,7 @@ impl EngineSettings {
             },
             allow: match self.engine_allow {
                 None => d.allow,
-                Some(list) => Allow::parse(&list).or_else(|bad| {
+                Some(list) => EngineAllow::parse(&list).or_else(|bad| {
                     invalid(
                         "engine-allow",
                         &bad,

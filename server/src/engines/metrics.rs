@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Unit;
 
-use super::{Engines, Refusal, SubStats};
+use super::{EngineRefusal, Engines, SubStats};
 use prefix_events::follow::Resync;
 use prefix_index::View;
 
@@ -175,7 +175,7 @@ impl Collector for EngineCollector {
             None,
             ConstCounter::new(0u64).metric_type(),
         )?;
-        for why in Refusal::ALL {
+        for why in EngineRefusal::ALL {
             let labels = Reason {
                 reason: why.label(),
             };

@@ -50,21 +50,18 @@ use prefix_proto::key::hash_token_block_seeded;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 
-pub use admission::{Allow, Refusal};
+pub use admission::{EngineAllow, EngineRefusal};
 pub use config::{BlockAliases, EngineConfig, EngineSettings};
-pub use sockets::THREADS as ZMQ_THREADS;
+pub use sockets::ENGINE_ZMQ_THREADS;
 pub use stats::SubStats;
 
-/// What a subscription's follower has seen, for `list-engines`: the
-/// protocol's [`EngineStatus`](prefix_proto::EngineStatus), read from a
-/// `SubStats`.
-pub use prefix_proto::EngineStatus as State;
-/// One engine to follow: the protocol's [`EngineSub`](prefix_proto::EngineSub),
-/// the one description of a subscription (its wire, JSON and text forms,
-/// `--engine` included, are the protocol crate's).
-pub use prefix_proto::EngineSub as Subscription;
 /// Why a subscription is refused as written (its text form, its fields).
 pub use prefix_proto::SubscriptionError;
+/// What a subscription's follower has seen, for `list-engines` (read from
+/// a `SubStats`), and one engine to follow: the protocol's, the one
+/// description of each (their wire, JSON and text forms, `--engine`
+/// included, are the protocol crate's).
+pub use prefix_proto::{EngineStatus, Subscription};
 
 /// Why a subscription is not followed.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -492,7 +489,7 @@ impl Engines {
     }
 
     /// Every subscription and its state, by pod name.
-    pub fn list(&self) -> Vec<(Subscription, State)> {
+    pub fn list(&self) -> Vec<(Subscription, EngineStatus)> {
         self.running
             .lock()
             .values()
@@ -650,7 +647,7 @@ impl Engines {
     }
 
     /// Connections and messages the central collector refused for `why`.
-    pub fn refused(&self, why: Refusal) -> u64 {
+    pub fn refused(&self, why: EngineRefusal) -> u64 {
         self.refusals.count(why)
     }
 

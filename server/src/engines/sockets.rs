@@ -13,7 +13,7 @@ use std::sync::Arc;
 use super::EngineConfig;
 
 /// The name libzmq's threads of precise mode's context carry.
-pub const THREADS: &str = "engine-zmq";
+pub const ENGINE_ZMQ_THREADS: &str = "engine-zmq";
 
 /// A libzmq context; each [`Socket`] made from it holds it alive.
 #[derive(Clone)]
@@ -86,7 +86,7 @@ impl Context {
     }
 
     /// Starts libzmq's I/O and reaper threads, once, before the first
-    /// socket (which would start them): from a thread named [`THREADS`].
+    /// socket (which would start them): from a thread named [`ENGINE_ZMQ_THREADS`].
     /// libzmq as built here names no thread, and a new thread takes its
     /// creator's name, so libzmq's threads are told apart by it (CPU time
     /// per thread, `top`).
@@ -94,7 +94,7 @@ impl Context {
         *self.raw.1.get_or_init(|| {
             let ctx = self.clone();
             std::thread::Builder::new()
-                .name(THREADS.into())
+                .name(ENGINE_ZMQ_THREADS.into())
                 .spawn(move || ctx.raw_socket(zmq::PAIR).map(drop))
                 .map_err(|_| zmq::Error::EAGAIN)?
                 .join()
@@ -236,7 +236,7 @@ mod tests {
     #[test]
     fn a_sized_context_holds_more_sockets_than_the_default() {
         // Each socket holds a descriptor (its mailbox).
-        crate::descriptors::raise(4_000).unwrap();
+        crate::descriptors::raise_open_files(4_000).unwrap();
         let ctx = Context::new(1_500).unwrap();
         let sockets: Vec<_> = (0..1_200).map(|_| ctx.socket(zmq::SUB).unwrap()).collect();
         assert_eq!(sockets.len(), 1_200);

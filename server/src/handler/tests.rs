@@ -223,8 +223,8 @@ fn a_reader_may_do_what_the_op_table_marks_as_reading_only() {
     ));
 }
 
-fn engine_sub(pod: &str, block_size: u32) -> EngineSub {
-    EngineSub {
+fn engine_sub(pod: &str, block_size: u32) -> Subscription {
+    Subscription {
         pod: pod.into(),
         model: "m".into(),
         // Nothing listens there: the subscription's thread keeps
@@ -289,7 +289,7 @@ fn engines_are_subscribed_listed_and_unsubscribed() {
     assert_eq!(list[0].sub, sub);
     assert_eq!((list[0].status.last_seq, list[0].status.events), (None, 0));
     // The same pod again replaces its subscription.
-    let other = EngineSub {
+    let other = Subscription {
         topic: "kv".into(),
         ..sub.clone()
     };
@@ -318,14 +318,14 @@ fn a_subscription_the_server_cannot_follow_is_refused_with_its_reason() {
         unreachable!()
     };
     assert!(message.contains("engine block of 24 tokens"), "{message}");
-    let ipc = EngineSub {
+    let ipc = Subscription {
         endpoint: "ipc:///tmp/kv".into(),
         ..engine_sub("a", 16)
     };
     let reply = one(&h, Op::Subscribe(ipc), w);
     assert_eq!(error_code(&reply), Some(ErrorCode::BadSubscription));
     assert!(format!("{reply:?}").contains("is not tcp://"), "{reply:?}");
-    let no_media = EngineSub {
+    let no_media = Subscription {
         media: vec![],
         ..engine_sub("a", 16)
     };

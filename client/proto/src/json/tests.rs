@@ -32,7 +32,7 @@ fn full(kind: OpKind) -> JsonOp {
         OpKind::Stats => JsonOp::Stats,
         OpKind::Ping => JsonOp::Ping,
         OpKind::Subscribe => JsonOp::Subscribe {
-            engine: EngineSub {
+            engine: Subscription {
                 pod: "p".into(),
                 model: "m".into(),
                 endpoint: "tcp://h:1".into(),

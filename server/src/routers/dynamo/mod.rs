@@ -31,7 +31,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
 use prefix_proto::json::{KeySource, TokenIdentity};
-use prefix_proto::{EngineState, EngineSub, ErrorCode, Op, PodTiers, Reply, Request};
+use prefix_proto::{EngineState, ErrorCode, Op, PodTiers, Reply, Request, Subscription};
 use serde_json::{json, Value};
 
 use crate::api::{http_status, read_body, run_job, Api, Conn, NotRun, Unread};
@@ -111,8 +111,8 @@ impl Worker {
 
 /// The worker ranks of the followed subscriptions, with their
 /// subscriptions.
-fn workers(catalog: &Catalog) -> Vec<(Worker, &EngineSub)> {
-    let mut all: Vec<(Worker, &EngineSub)> = catalog
+fn workers(catalog: &Catalog) -> Vec<(Worker, &Subscription)> {
+    let mut all: Vec<(Worker, &Subscription)> = catalog
         .subs
         .values()
         .filter_map(|s| Some((Worker::of_pod(&s.pod)?, &**s)))
@@ -388,7 +388,7 @@ async fn do_register(
             ));
         }
     }
-    let sub = EngineSub {
+    let sub = Subscription {
         pod: worker.pod(),
         model: r.model_name,
         endpoint: r.endpoint,
@@ -423,7 +423,7 @@ async fn do_unregister(
     let instance = r.instance_id.text();
     let _one = d.registering.lock().await;
     let catalog = catalog_of(api)?;
-    let of_instance: Vec<(Worker, &EngineSub)> = workers(&catalog)
+    let of_instance: Vec<(Worker, &Subscription)> = workers(&catalog)
         .into_iter()
         .filter(|(w, _)| w.instance == instance)
         .collect();
