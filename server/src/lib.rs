@@ -90,7 +90,7 @@ pub use descriptors::{raise_open_files, OpenFiles};
 pub use engines::alias::dynamo_seed;
 pub use engines::apply::apply_batch;
 pub use engines::{
-    BlockAliases, EngineAllow, EngineRefusal, EngineStatus, Engines, Subscription,
+    engine_spec, BlockAliases, EngineAllow, EngineRefusal, EngineStatus, Engines, Subscription,
     ENGINE_ZMQ_THREADS,
 };
 pub use handler::Handler;

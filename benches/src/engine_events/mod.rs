@@ -46,8 +46,8 @@ use criterion::{BenchmarkGroup, Criterion};
 use engine_sim::{request_tokens, Pods, Release, Step, BLOCK_TOKENS as ENGINE_BLOCK};
 use prefix_events::encode::Layout;
 use prefix_events::{decode_batch, DecodeLimits, Event, RawExtraKey, Removed, Stored};
-use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index, IndexConfig, Match};
-use prefix_proto::key::{hash_token_block_seeded, token_key};
+use prefix_index::{Applied, EngineHandle, EngineOp, Index, IndexConfig, Match};
+use prefix_proto::key::token_key;
 use prefix_server::Subscription;
 use prefix_server::{apply_batch, BlockAliases};
 
@@ -281,11 +281,7 @@ impl Ours {
     /// An empty index with the pods `names` registered.
     pub fn new(names: &[String]) -> Self {
         let index = Index::new(IndexConfig::default());
-        let spec = EngineSpec {
-            engine_block: ENGINE_BLOCK as u32,
-            our_block: ENGINE_BLOCK as u32,
-            hash: hash_token_block_seeded,
-        };
+        let spec = prefix_server::engine_spec(ENGINE_BLOCK as u32, ENGINE_BLOCK as u32);
         let engines = names
             .iter()
             .map(|n| {

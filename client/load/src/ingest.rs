@@ -52,8 +52,7 @@ use anyhow::Context;
 use engine_sim::BLOCK_TOKENS;
 use prefix_client::Client;
 use prefix_events::{decode_batch, DecodeLimits};
-use prefix_index::{EngineSpec, Index, IndexConfig};
-use prefix_proto::key::hash_token_block_seeded;
+use prefix_index::{Index, IndexConfig};
 use prefix_proto::{Op, Reply, Subscription};
 use prefix_server::{apply_batch, BlockAliases};
 use serde::Serialize;
@@ -655,11 +654,7 @@ fn in_process(plan: &Plan, subs: &[Subscription]) -> anyhow::Result<InProcess> {
         max_pods: u32::try_from(subs.len())?.max(IndexConfig::default().max_pods),
         ..IndexConfig::default()
     });
-    let spec = EngineSpec {
-        engine_block: BLOCK_TOKENS as u32,
-        our_block: BLOCK_TOKENS as u32,
-        hash: hash_token_block_seeded,
-    };
+    let spec = prefix_server::engine_spec(BLOCK_TOKENS as u32, BLOCK_TOKENS as u32);
     let handles = subs
         .iter()
         .map(|s| index.engine(&s.pod, spec))

@@ -158,8 +158,8 @@ impl Outcome {
 #[cfg(test)]
 mod tests {
     use prefix_events::{Removed, Stored};
-    use prefix_index::{EngineSpec, IndexConfig};
-    use prefix_proto::key::{hash_token_block_seeded, token_key};
+    use prefix_index::IndexConfig;
+    use prefix_proto::key::token_key;
 
     use super::*;
 
@@ -197,11 +197,7 @@ mod tests {
     fn adapters_are_models_and_other_tiers_stay_out() {
         let index = Index::new(IndexConfig::default());
         let s = sub();
-        let spec = EngineSpec {
-            engine_block: 16,
-            our_block: 16,
-            hash: hash_token_block_seeded,
-        };
+        let spec = crate::engines::engine_spec(16, 16);
         let engine = index.engine(&s.pod, spec).unwrap();
         let tokens: Vec<u32> = (0..32).collect();
         let batch = Batch {
@@ -282,11 +278,7 @@ mod tests {
             media: vec!["GPU".into(), "CPU".into()],
             ..sub()
         };
-        let spec = EngineSpec {
-            engine_block: 16,
-            our_block: 16,
-            hash: hash_token_block_seeded,
-        };
+        let spec = crate::engines::engine_spec(16, 16);
         let engine = index.engine(&s.pod, spec).unwrap();
         let tokens: Vec<u32> = (0..64).collect();
         let removed = |h: u64, medium: &str| {

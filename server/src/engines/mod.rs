@@ -63,6 +63,18 @@ pub use prefix_proto::SubscriptionError;
 /// included, are the protocol crate's).
 pub use prefix_proto::{EngineStatus, Subscription};
 
+/// The index's description of an engine of `engine_block` tokens a block
+/// whose blocks are hashed into the gateways' blocks of `our_block` tokens
+/// by the gateways' rule: how the server, and the benches and the load
+/// tester that play it, describe every engine to the index.
+pub fn engine_spec(engine_block: u32, our_block: u32) -> EngineSpec {
+    EngineSpec {
+        engine_block,
+        our_block,
+        hash: hash_token_block_seeded,
+    }
+}
+
 /// Why a subscription is not followed.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SubscribeError {
@@ -242,11 +254,7 @@ impl Engines {
 
     /// The index's description of an engine of `block_size` tokens a block.
     pub fn spec(&self, block_size: u32) -> EngineSpec {
-        EngineSpec {
-            engine_block: block_size,
-            our_block: self.cfg.token_block,
-            hash: hash_token_block_seeded,
-        }
+        engine_spec(block_size, self.cfg.token_block)
     }
 
     /// Starts following `sub` (replacing a subscription of the same pod):

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use prefix_events::{decode_batch, encode_batch, Batch, DecodeLimits, Event, Removed, Stored};
-use prefix_index::{EngineHandle, EngineOp, EngineSpec, Index, IndexConfig};
-use prefix_proto::key::{hash_token_block_seeded, token_key};
+use prefix_index::{EngineHandle, EngineOp, Index, IndexConfig};
+use prefix_proto::key::token_key;
 use proptest::prelude::*;
 
 use super::apply::apply_batch;
@@ -183,11 +183,7 @@ struct Server {
 impl Server {
     fn new() -> Server {
         let index = Index::new(IndexConfig::default());
-        let spec = EngineSpec {
-            engine_block: BLOCK as u32,
-            our_block: BLOCK as u32,
-            hash: hash_token_block_seeded,
-        };
+        let spec = crate::engines::engine_spec(BLOCK as u32, BLOCK as u32);
         let sub: Subscription = "pod=e,model=m,endpoint=tcp://h:1,replay=tcp://h:2"
             .parse()
             .unwrap();

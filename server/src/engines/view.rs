@@ -221,11 +221,7 @@ mod tests {
                 .collect();
             names.into_iter().find(|(p, _)| p == pod).map(|(_, v)| v)
         };
-        let spec = prefix_index::EngineSpec {
-            engine_block: 16,
-            our_block: 16,
-            hash: prefix_proto::key::hash_token_block_seeded,
-        };
+        let spec = crate::engines::engine_spec(16, 16);
         for pod in ["a", "b"] {
             index.engine(pod, spec).unwrap();
             // A gateway's insert: speculative while the view is exact.

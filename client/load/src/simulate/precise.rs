@@ -23,8 +23,8 @@ use std::sync::Arc;
 use anyhow::Context;
 use engine_sim::{block_tokens, Step, BLOCK_TOKENS};
 use prefix_events::Event;
-use prefix_index::{Applied, EngineHandle, EngineOp, EngineSpec, Index};
-use prefix_proto::key::{hash_token_block, hash_token_block_seeded};
+use prefix_index::{Applied, EngineHandle, EngineOp, Index};
+use prefix_proto::key::hash_token_block;
 
 /// The gateways' token key of a trace key: one `hash_token_block` per block.
 pub fn token_key(key: &[u64]) -> Vec<u64> {
@@ -69,11 +69,7 @@ impl Feeder {
         pods: &[String],
         delay_ms: u64,
     ) -> anyhow::Result<Feeder> {
-        let spec = EngineSpec {
-            engine_block: BLOCK_TOKENS as u32,
-            our_block: BLOCK_TOKENS as u32,
-            hash: hash_token_block_seeded,
-        };
+        let spec = prefix_server::engine_spec(BLOCK_TOKENS as u32, BLOCK_TOKENS as u32);
         let pods = pods
             .iter()
             .map(|p| Ok((p.clone(), index.engine(p, spec)?)))
