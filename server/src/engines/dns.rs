@@ -319,7 +319,7 @@ pub(crate) async fn run(engines: Arc<Engines>, stop: CancellationToken) {
                 Err(_) => Err(format!("no answer within {:?}", cfg.interval)),
             });
         }
-        round = round.apply(&cfg.sources, answers).await;
+        round.apply(&cfg.sources, answers).await;
     }
 }
 
@@ -339,10 +339,10 @@ impl Round {
     /// Follows what `answers` (one per source: its engines, or why it
     /// failed) say.
     async fn apply(
-        mut self,
+        &mut self,
         sources: &[DnsSource],
         answers: Vec<Result<Vec<Subscription>, String>>,
-    ) -> Round {
+    ) {
         let engines = self.engines.clone();
         let stats = engines.dns_stats();
         let mut found: BTreeMap<String, (usize, Subscription)> = BTreeMap::new();
@@ -379,7 +379,7 @@ impl Round {
         }
         let changes = plan(&self.made, &found);
         if !changes.follow.is_empty() || !changes.drop.is_empty() || !self.settled {
-            self = self.change(changes, all_answered).await;
+            self.change(changes, all_answered).await;
         }
         let mut followed = vec![0i64; sources.len()];
         for (i, _) in self.made.values() {
@@ -389,12 +389,11 @@ impl Round {
             // Relaxed: a statistic.
             s.followed.store(n, Ordering::Relaxed);
         }
-        self
     }
 
     /// Makes and drops the subscriptions of `changes` (on the blocking
     /// pool: a subscription waits for the engine state it replaces).
-    async fn change(mut self, changes: Changes, all_answered: bool) -> Round {
+    async fn change(&mut self, changes: Changes, all_answered: bool) {
         let engines = self.engines.clone();
         let settle = all_answered && !self.settled;
         let made = self.made.clone();
@@ -408,7 +407,7 @@ impl Round {
             (changes, dropped, followed)
         });
         let Ok((changes, dropped, followed)) = task.await else {
-            return self;
+            return;
         };
         for (sub, gone) in changes.drop.iter().zip(dropped) {
             self.made.remove(&sub.pod);
@@ -439,7 +438,6 @@ impl Round {
             }
         }
         self.settled |= settle;
-        self
     }
 
     /// Logs why `pod` is not followed, once for each new reason.
