@@ -142,7 +142,7 @@ fn config(
     ca: Option<PathBuf>,
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
-    server_name: String,
+    server_name: &str,
     deadline: f64,
     connect_timeout: f64,
     idle_timeout: f64,
@@ -158,7 +158,7 @@ fn config(
     };
     Ok(ClientConfig {
         tls,
-        server_name,
+        server_name: server_name.into(),
         deadline: seconds("deadline", deadline)?,
         connect_timeout: seconds("connect_timeout", connect_timeout)?,
         idle_timeout: seconds("idle_timeout", idle_timeout)?,
@@ -318,64 +318,75 @@ impl Index {
     }
 }
 
-#[pymethods]
-impl Index {
+/// The methods of [`Index`], each defined once and made twice: `name`
+/// blocks the calling thread (the GIL released) and `name_async` returns
+/// an asyncio awaitable, both running the same future. Each definition
+/// gives its Python signature, its arguments, what it answers and, after
+/// `=>`, how the awaitable hands the answer to Python ([`awaitable`], or
+/// [`awaitable_none`] for a call that answers `None`), then a block that
+/// makes the future.
+macro_rules! calls {
+    ($(
+        $(#[doc = $doc:literal])*
+        $(#[pyo3($($sig:tt)*)])?
+        fn $name:ident, $name_async:ident(
+            &$self:ident $(, $arg:ident: $ty:ty)* $(,)?
+        ) -> $out:ty => $hand:ident $make:block
+    )*) => {
+        #[pymethods]
+        impl Index {
+            $(
+                $(#[doc = $doc])*
+                $(#[pyo3($($sig)*)])?
+                #[allow(clippy::too_many_arguments)]
+                fn $name(&$self, py: Python<'_>, $($arg: $ty),*) -> PyResult<$out> {
+                    block(py, $make)
+                }
+
+                #[doc = concat!("Awaitable [`Index::", stringify!($name), "`].")]
+                $(#[pyo3($($sig)*)])?
+                #[allow(clippy::too_many_arguments)]
+                fn $name_async<'py>(
+                    &$self,
+                    py: Python<'py>,
+                    $($arg: $ty),*
+                ) -> PyResult<Bound<'py, PyAny>> {
+                    $hand(py, $make)
+                }
+            )*
+        }
+    };
+}
+
+calls! {
     /// Each pod's matched leading blocks of `key` (block hashes).
     #[pyo3(signature = (model, key, candidates=None))]
-    fn lookup(
+    fn lookup, lookup_async(
         &self,
-        py: Python<'_>,
         model: String,
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
-    ) -> PyResult<LookupResult> {
-        block(py, lookup(self.index()?, model, key, candidates))
-    }
-
-    /// Awaitable [`Index::lookup`].
-    #[pyo3(signature = (model, key, candidates=None))]
-    fn lookup_async<'py>(
-        &self,
-        py: Python<'py>,
-        model: String,
-        key: Vec<u64>,
-        candidates: Option<Vec<String>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, lookup(self.index()?, model, key, candidates))
+    ) -> LookupResult => awaitable {
+        lookup(self.index()?, model, key, candidates)
     }
 
     /// Lookups of several keys in one request: what a gateway placing many
     /// prompts at once sends, at a fraction of the per-call cost.
     #[pyo3(signature = (model, keys, candidates=None))]
-    fn lookup_many(
+    fn lookup_many, lookup_many_async(
         &self,
-        py: Python<'_>,
         model: String,
         keys: Vec<Vec<u64>>,
         candidates: Option<Vec<String>>,
-    ) -> PyResult<Vec<LookupResult>> {
-        block(py, lookup_many(self.index()?, model, keys, candidates))
-    }
-
-    /// Awaitable [`Index::lookup_many`].
-    #[pyo3(signature = (model, keys, candidates=None))]
-    fn lookup_many_async<'py>(
-        &self,
-        py: Python<'py>,
-        model: String,
-        keys: Vec<Vec<u64>>,
-        candidates: Option<Vec<String>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, lookup_many(self.index()?, model, keys, candidates))
+    ) -> Vec<LookupResult> => awaitable {
+        lookup_many(self.index()?, model, keys, candidates)
     }
 
     /// A lookup by token ids, hashed here in blocks of `block_tokens`,
     /// with the request's identity ([`token_key`]).
     #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn lookup_tokens(
+    fn lookup_tokens, lookup_tokens_async(
         &self,
-        py: Python<'_>,
         model: String,
         tokens: Vec<u32>,
         candidates: Option<Vec<String>>,
@@ -383,125 +394,61 @@ impl Index {
         cache_salt: Option<String>,
         mm_items: Option<Vec<(String, u32, u32)>>,
         prompt_embeds: Option<Vec<Vec<u8>>>,
-    ) -> PyResult<LookupResult> {
+    ) -> LookupResult => awaitable {
         let id = identity(cache_salt, mm_items, prompt_embeds);
         let key = key::token_key_with(&tokens, block_tokens, &id);
-        block(py, lookup(self.index()?, model, key, candidates))
-    }
-
-    /// Awaitable [`Index::lookup_tokens`].
-    #[pyo3(signature = (model, tokens, candidates=None, block_tokens=16, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
-    #[allow(clippy::too_many_arguments)]
-    fn lookup_tokens_async<'py>(
-        &self,
-        py: Python<'py>,
-        model: String,
-        tokens: Vec<u32>,
-        candidates: Option<Vec<String>>,
-        block_tokens: usize,
-        cache_salt: Option<String>,
-        mm_items: Option<Vec<(String, u32, u32)>>,
-        prompt_embeds: Option<Vec<Vec<u8>>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let id = identity(cache_salt, mm_items, prompt_embeds);
-        let key = key::token_key_with(&tokens, block_tokens, &id);
-        awaitable(py, lookup(self.index()?, model, key, candidates))
+        lookup(self.index()?, model, key, candidates)
     }
 
     /// As `lookup`, each pod with the run of blocks a lower cache tier
     /// holds after its match and how far its answer can be trusted.
     #[pyo3(signature = (model, key, candidates=None))]
-    fn lookup_detail(
+    fn lookup_detail, lookup_detail_async(
         &self,
-        py: Python<'_>,
         model: String,
         key: Vec<u64>,
         candidates: Option<Vec<String>>,
-    ) -> PyResult<DetailResult> {
-        block(py, lookup_detail(self.index()?, model, key, candidates))
-    }
-
-    /// Awaitable [`Index::lookup_detail`].
-    #[pyo3(signature = (model, key, candidates=None))]
-    fn lookup_detail_async<'py>(
-        &self,
-        py: Python<'py>,
-        model: String,
-        key: Vec<u64>,
-        candidates: Option<Vec<String>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        awaitable(py, lookup_detail(self.index()?, model, key, candidates))
+    ) -> DetailResult => awaitable {
+        lookup_detail(self.index()?, model, key, candidates)
     }
 
     /// Records that `pod` holds every prefix of `key`.
-    fn insert(&self, py: Python<'_>, model: String, key: Vec<u64>, pod: String) -> PyResult<()> {
-        let ix = self.index()?;
-        block(py, async move { ix.insert(&model, &key, &pod).await })
-    }
-
-    /// Awaitable [`Index::insert`].
-    fn insert_async<'py>(
+    fn insert, insert_async(
         &self,
-        py: Python<'py>,
         model: String,
         key: Vec<u64>,
         pod: String,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> () => awaitable_none {
         let ix = self.index()?;
-        awaitable_none(py, async move { ix.insert(&model, &key, &pod).await })
+        async move { ix.insert(&model, &key, &pod).await }
     }
 
     /// Forgets a pod everywhere; whether it was there.
-    fn remove_pod(&self, py: Python<'_>, pod: String) -> PyResult<bool> {
+    fn remove_pod, remove_pod_async(&self, pod: String) -> bool => awaitable {
         let ix = self.index()?;
-        block(py, async move { ix.remove_pod(&pod).await })
-    }
-
-    /// Awaitable [`Index::remove_pod`].
-    fn remove_pod_async<'py>(&self, py: Python<'py>, pod: String) -> PyResult<Bound<'py, PyAny>> {
-        let ix = self.index()?;
-        awaitable(py, async move { ix.remove_pod(&pod).await })
+        async move { ix.remove_pod(&pod).await }
     }
 
     /// Sets a pod's KV-cache capacity in blocks.
-    fn set_pod_capacity(&self, py: Python<'_>, pod: String, blocks: u64) -> PyResult<()> {
-        let ix = self.index()?;
-        block(py, async move { ix.set_pod_capacity(&pod, blocks).await })
-    }
-
-    /// Awaitable [`Index::set_pod_capacity`].
-    fn set_pod_capacity_async<'py>(
+    fn set_pod_capacity, set_pod_capacity_async(
         &self,
-        py: Python<'py>,
         pod: String,
         blocks: u64,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> () => awaitable_none {
         let ix = self.index()?;
-        awaitable_none(py, async move { ix.set_pod_capacity(&pod, blocks).await })
+        async move { ix.set_pod_capacity(&pod, blocks).await }
     }
 
     /// Index statistics (summed over a cluster's servers).
-    fn stats(&self, py: Python<'_>) -> PyResult<Stats> {
+    fn stats, stats_async(&self) -> Stats => awaitable {
         let ix = self.index()?;
-        block(py, async move { ix.stats().await.map(Stats) })
-    }
-
-    /// Awaitable [`Index::stats`].
-    fn stats_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let ix = self.index()?;
-        awaitable(py, async move { ix.stats().await.map(Stats) })
+        async move { ix.stats().await.map(Stats) }
     }
 
     /// A round trip to the server (every server of a cluster).
-    fn ping(&self, py: Python<'_>) -> PyResult<()> {
+    fn ping, ping_async(&self) -> () => awaitable_none {
         let ix = self.index()?;
-        block(py, async move { ix.ping().await })
-    }
-
-    /// Awaitable [`Index::ping`].
-    fn ping_async<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let ix = self.index()?;
-        awaitable_none(py, async move { ix.ping().await })
+        async move { ix.ping().await }
     }
 }
 
@@ -530,7 +477,7 @@ impl Client {
     /// `limits` gives a server's own (`{"max_key_blocks": 4096}` for
     /// `--max-key-blocks 4096`).
     #[new]
-    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
+    #[pyo3(signature = (address, *, ca=None, cert=None, key=None, server_name="localhost", deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -538,7 +485,7 @@ impl Client {
         ca: Option<PathBuf>,
         cert: Option<PathBuf>,
         key: Option<PathBuf>,
-        server_name: String,
+        server_name: &str,
         deadline: f64,
         connect_timeout: f64,
         idle_timeout: f64,
@@ -571,7 +518,7 @@ impl Client {
     }
 
     /// Follows an inference engine's KV-cache events (precise mode).
-    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=Subscription::DEFAULT_BLOCK_SIZE, topic=String::new(), media=Subscription::default_media()))]
+    #[pyo3(signature = (pod, model, endpoint, *, replay=None, block_size=16, topic="", media=Subscription::default_media()))]
     #[allow(clippy::too_many_arguments)]
     fn subscribe_engine(
         &self,
@@ -581,7 +528,7 @@ impl Client {
         endpoint: String,
         replay: Option<String>,
         block_size: u32,
-        topic: String,
+        topic: &str,
         media: Vec<String>,
     ) -> PyResult<()> {
         let sub = Subscription {
@@ -590,7 +537,7 @@ impl Client {
             endpoint,
             replay,
             block_size,
-            topic,
+            topic: topic.into(),
             media,
         };
         let c = self.client()?;
@@ -641,7 +588,7 @@ impl Cluster {
     /// reads from one, failing over). The other arguments are [`Client`]'s.
     /// Connects to every server before returning.
     #[new]
-    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost".to_string(), deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
+    #[pyo3(signature = (servers, *, replicas=1, ca=None, cert=None, key=None, server_name="localhost", deadline=0.002, connect_timeout=5.0, idle_timeout=5.0, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -650,7 +597,7 @@ impl Cluster {
         ca: Option<PathBuf>,
         cert: Option<PathBuf>,
         key: Option<PathBuf>,
-        server_name: String,
+        server_name: &str,
         deadline: f64,
         connect_timeout: f64,
         idle_timeout: f64,
@@ -707,10 +654,18 @@ impl Cluster {
     }
 }
 
+// Python signatures show a default only when it is a literal: these are
+// the defaults of the key rules and of a subscription, written out.
+const _: () = assert!(
+    key::TEXT_BLOCK_BYTES == 64
+        && key::TOKEN_BLOCK_TOKENS == 16
+        && Subscription::DEFAULT_BLOCK_SIZE == 16
+);
+
 /// The key of a text prompt: one hash per full `block_bytes` bytes of its
 /// UTF-8 encoding.
 #[pyfunction]
-#[pyo3(signature = (text, block_bytes=key::TEXT_BLOCK_BYTES))]
+#[pyo3(signature = (text, block_bytes=64))]
 fn text_key(text: &str, block_bytes: usize) -> Vec<u64> {
     key::text_key(text, block_bytes)
 }
@@ -720,7 +675,7 @@ fn text_key(text: &str, block_bytes: usize) -> Vec<u64> {
 /// `cache_salt`, its multimodal items as `(identifier, offset, length)` in
 /// token positions, and its per-block prompt-embeds digests.
 #[pyfunction]
-#[pyo3(signature = (tokens, block_tokens=key::TOKEN_BLOCK_TOKENS, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
+#[pyo3(signature = (tokens, block_tokens=16, *, cache_salt=None, mm_items=None, prompt_embeds=None))]
 fn token_key(
     tokens: Vec<u32>,
     block_tokens: usize,

@@ -83,46 +83,44 @@ impl From<WireDetail> for DetailResult {
     }
 }
 
+/// Read-only attributes of a class over a wire value (its `.0`), each
+/// read by an expression of that value, and the class's `repr`.
+macro_rules! getters {
+    ($class:ty, |$v:ident| { $($name:ident: $ty:ty = $read:expr,)* } repr $repr:expr) => {
+        #[pymethods]
+        impl $class {
+            $(
+                #[getter]
+                fn $name(&self) -> $ty {
+                    let $v = &self.0;
+                    $read
+                }
+            )*
+
+            fn __repr__(&self) -> String {
+                let $v = &self.0;
+                $repr
+            }
+        }
+    };
+}
+
 /// Index statistics: the protocol's [`WireStats`], read through getters.
 #[pyclass(frozen, module = "prefix_index")]
 #[derive(Debug, Clone)]
 pub struct Stats(pub(crate) WireStats);
 
-#[pymethods]
-impl Stats {
-    #[getter]
-    fn models(&self) -> u64 {
-        self.0.models
-    }
-    #[getter]
-    fn pods(&self) -> u64 {
-        self.0.pods
-    }
-    #[getter]
-    fn nodes(&self) -> u64 {
-        self.0.nodes
-    }
-    #[getter]
-    fn tree_blocks(&self) -> u64 {
-        self.0.tree_blocks
-    }
-    #[getter]
-    fn entries(&self) -> u64 {
-        self.0.entries
-    }
-    #[getter]
-    fn bytes(&self) -> u64 {
-        self.0.bytes
-    }
-
-    fn __repr__(&self) -> String {
-        let s = &self.0;
-        format!(
-            "Stats {{ models: {}, pods: {}, nodes: {}, tree_blocks: {}, entries: {}, bytes: {} }}",
-            s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes
-        )
-    }
-}
+getters!(Stats, |s| {
+    models: u64 = s.models,
+    pods: u64 = s.pods,
+    nodes: u64 = s.nodes,
+    tree_blocks: u64 = s.tree_blocks,
+    entries: u64 = s.entries,
+    bytes: u64 = s.bytes,
+} repr format!(
+    "Stats {{ models: {}, pods: {}, nodes: {}, tree_blocks: {}, entries: {}, bytes: {} }}",
+    s.models, s.pods, s.nodes, s.tree_blocks, s.entries, s.bytes
+));
 
 /// One engine subscription and its state: the protocol's
 /// [`wire::EngineState`], its subscription's fields and its status's read
@@ -131,82 +129,23 @@ impl Stats {
 #[derive(Debug, Clone)]
 pub struct EngineState(pub(crate) wire::EngineState);
 
-#[pymethods]
-impl EngineState {
-    #[getter]
-    fn pod(&self) -> &str {
-        &self.0.sub.pod
-    }
-    #[getter]
-    fn model(&self) -> &str {
-        &self.0.sub.model
-    }
-    #[getter]
-    fn endpoint(&self) -> &str {
-        &self.0.sub.endpoint
-    }
-    #[getter]
-    fn replay(&self) -> Option<&str> {
-        self.0.sub.replay.as_deref()
-    }
-    #[getter]
-    fn block_size(&self) -> u32 {
-        self.0.sub.block_size
-    }
-    #[getter]
-    fn topic(&self) -> &str {
-        &self.0.sub.topic
-    }
-    #[getter]
-    fn media(&self) -> Vec<String> {
-        self.0.sub.media.clone()
-    }
-    #[getter]
-    fn connected(&self) -> bool {
-        self.0.status.connected
-    }
-    #[getter]
-    fn last_seq(&self) -> Option<u64> {
-        self.0.status.last_seq
-    }
-    #[getter]
-    fn events(&self) -> u64 {
-        self.0.status.events
-    }
-    #[getter]
-    fn blocks_stored(&self) -> u64 {
-        self.0.status.blocks_stored
-    }
-    #[getter]
-    fn blocks_removed(&self) -> u64 {
-        self.0.status.blocks_removed
-    }
-    #[getter]
-    fn resyncs(&self) -> u64 {
-        self.0.status.resyncs
-    }
-    #[getter]
-    fn replays(&self) -> u64 {
-        self.0.status.replays
-    }
-    #[getter]
-    fn orphaned(&self) -> u64 {
-        self.0.status.orphaned
-    }
-    #[getter]
-    fn decode_errors(&self) -> u64 {
-        self.0.status.decode_errors
-    }
-    #[getter]
-    fn lag_ms(&self) -> i64 {
-        self.0.status.lag_ms
-    }
-    #[getter]
-    fn last_error(&self) -> Option<&str> {
-        self.0.status.last_error.as_deref()
-    }
-
-    fn __repr__(&self) -> String {
-        format!("{:?}", self.0)
-    }
-}
+getters!(EngineState, |e| {
+    pod: &str = &e.sub.pod,
+    model: &str = &e.sub.model,
+    endpoint: &str = &e.sub.endpoint,
+    replay: Option<&str> = e.sub.replay.as_deref(),
+    block_size: u32 = e.sub.block_size,
+    topic: &str = &e.sub.topic,
+    media: Vec<String> = e.sub.media.clone(),
+    connected: bool = e.status.connected,
+    last_seq: Option<u64> = e.status.last_seq,
+    events: u64 = e.status.events,
+    blocks_stored: u64 = e.status.blocks_stored,
+    blocks_removed: u64 = e.status.blocks_removed,
+    resyncs: u64 = e.status.resyncs,
+    replays: u64 = e.status.replays,
+    orphaned: u64 = e.status.orphaned,
+    decode_errors: u64 = e.status.decode_errors,
+    lag_ms: i64 = e.status.lag_ms,
+    last_error: Option<&str> = e.status.last_error.as_deref(),
+} repr format!("{e:?}"));

@@ -1,6 +1,26 @@
 """Types of the native module (PyO3 over the Rust client)."""
 
-from typing import Awaitable, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Awaitable, Iterable, Mapping, Optional, Sequence, Tuple, final
+
+from typing_extensions import disjoint_base
+
+__all__ = [
+    "Index",
+    "Client",
+    "Cluster",
+    "LookupResult",
+    "DetailResult",
+    "Stats",
+    "EngineState",
+    "text_key",
+    "token_key",
+    "PrefixIndexError",
+    "DeadlineExceeded",
+    "Disconnected",
+    "ServerError",
+    "InvalidRequest",
+    "ConnectFailed",
+]
 
 class PrefixIndexError(Exception):
     """Every error of this package."""
@@ -26,6 +46,7 @@ class InvalidRequest(PrefixIndexError):
 class ConnectFailed(PrefixIndexError):
     """The client could not be set up or connect."""
 
+@final
 class LookupResult:
     key_blocks: int
     """Blocks in the key the server looked up."""
@@ -33,6 +54,7 @@ class LookupResult:
     """``(pod, blocks)`` for every pod holding at least one leading block,
     by blocks descending, then pod name."""
 
+@final
 class DetailResult:
     key_blocks: int
     """Blocks in the key the server looked up."""
@@ -44,6 +66,7 @@ class DetailResult:
     ``"exact"``, ``"learning"``, ``"replaying"``, ``"disconnected"``,
     ``"speculative"``)."""
 
+@final
 class Stats:
     models: int
     pods: int
@@ -52,6 +75,7 @@ class Stats:
     entries: int
     bytes: int
 
+@final
 class EngineState:
     pod: str
     model: str
@@ -72,6 +96,7 @@ class EngineState:
     lag_ms: int
     last_error: Optional[str]
 
+@disjoint_base
 class Index:
     """The calls of Client and Cluster, each blocking and awaitable."""
 
@@ -132,13 +157,14 @@ class Index:
     def ping(self) -> None: ...
     def ping_async(self) -> Awaitable[None]: ...
 
+@final
 class Client(Index):
     """A connection to one server, at ``address``: ``host:port``, an IP
     address or a name resolved again before every reconnection (a restarted
     pod may come back at another address)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         address: str,
         *,
         ca: Optional[str] = None,
@@ -149,7 +175,7 @@ class Client(Index):
         connect_timeout: float = 5.0,
         idle_timeout: float = 5.0,
         limits: Optional[Mapping[str, int]] = None,
-    ) -> None: ...
+    ) -> Client: ...
     def subscribe_engine(
         self,
         pod: str,
@@ -159,13 +185,14 @@ class Client(Index):
         replay: Optional[str] = None,
         block_size: int = 16,
         topic: str = "",
-        media: Sequence[str] = ("GPU",),
+        media: Sequence[str] = ...,  # ("GPU",)
     ) -> None: ...
     def unsubscribe_engine(self, pod: str) -> bool: ...
     def list_engines(self) -> list[EngineState]: ...
     def is_connected(self) -> bool: ...
     def close(self) -> None: ...
 
+@final
 class Cluster(Index):
     """Several servers, each model on ``replicas`` of them by rendezvous
     hashing: writes go to all of them, reads to one, failing over.
@@ -173,8 +200,8 @@ class Cluster(Index):
     ``host:port`` address, a name resolved again before every
     reconnection."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         servers: Iterable[Tuple[str, str]],
         *,
         replicas: int = 1,
@@ -186,7 +213,7 @@ class Cluster(Index):
         connect_timeout: float = 5.0,
         idle_timeout: float = 5.0,
         limits: Optional[Mapping[str, int]] = None,
-    ) -> None: ...
+    ) -> Cluster: ...
     def server_for(self, model: str) -> str: ...
     def replicas_of(self, model: str) -> list[str]: ...
 
