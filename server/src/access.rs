@@ -28,7 +28,7 @@ use std::str::FromStr;
 use rustls_pki_types::CertificateDer;
 use x509_parser::prelude::{FromDer, X509Certificate};
 
-use crate::config::value::ConfigError;
+use crate::config::declare::{list, settings};
 
 /// One way of naming a client certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,67 +190,28 @@ impl Roles {
     }
 }
 
-/// What a user may set of the roles (see [`crate::config::Settings`]).
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct RoleSettings {
-    /// A client identity that may only look up (and ask stats, ping):
-    /// sha256:<hex> or cn:<common name>. Repeat the flag; in the
-    /// environment separate them with ';'. Needs --client-ca.
-    #[arg(long = "reader", env = "PREFIX_INDEX_READERS", value_delimiter = ';')]
-    pub readers: Option<Vec<String>>,
-    /// A client identity that may also insert, remove pods and set
-    /// capacities (same forms as --reader). With either list set, clients
-    /// matching neither may do nothing.
-    #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
-    pub writers: Option<Vec<String>>,
-    /// A client identity that may look up and take this server's snapshot:
-    /// the certificate the other replicas present (same forms as --reader).
-    #[arg(
-        long = "peer-identity",
-        env = "PREFIX_INDEX_PEER_IDENTITIES",
-        value_delimiter = ';'
-    )]
-    pub peer_identities: Option<Vec<String>>,
-}
-
-impl RoleSettings {
-    /// The roles these settings name (none by default: every connected
-    /// client may write).
-    pub fn resolve(self) -> Result<Roles, ConfigError> {
-        Ok(Roles {
-            readers: identities("reader", self.readers)?,
-            writers: identities("writer", self.writers)?,
-            peers: identities("peer-identity", self.peer_identities)?,
-        })
+settings! {
+    /// What a user may set of the roles (see [`crate::config::Settings`]).
+    pub struct RoleSettings {
+        /// A client identity that may only look up (and ask stats, ping):
+        /// sha256:<hex> or cn:<common name>. Repeat the flag; in the
+        /// environment separate them with ';'. Needs --client-ca.
+        #[arg(long = "reader", env = "PREFIX_INDEX_READERS", value_delimiter = ';')]
+        readers: Vec<String> = list => roles.readers,
+        /// A client identity that may also insert, remove pods and set
+        /// capacities (same forms as --reader). With either list set, clients
+        /// matching neither may do nothing.
+        #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
+        writers: Vec<String> = list => roles.writers,
+        /// A client identity that may look up and take this server's snapshot:
+        /// the certificate the other replicas present (same forms as --reader).
+        #[arg(
+            long = "peer-identity",
+            env = "PREFIX_INDEX_PEER_IDENTITIES",
+            value_delimiter = ';'
+        )]
+        peer_identities: Vec<String> = list => roles.peers,
     }
-}
-
-impl From<&Roles> for RoleSettings {
-    fn from(r: &Roles) -> Self {
-        let names = |ids: &[Identity]| {
-            (!ids.is_empty()).then(|| ids.iter().map(ToString::to_string).collect())
-        };
-        RoleSettings {
-            readers: names(&r.readers),
-            writers: names(&r.writers),
-            peer_identities: names(&r.peers),
-        }
-    }
-}
-
-/// Parses a list of client identities.
-fn identities(name: &'static str, list: Option<Vec<String>>) -> Result<Vec<Identity>, ConfigError> {
-    list.unwrap_or_default()
-        .into_iter()
-        .map(|s| {
-            s.parse().map_err(|_| ConfigError::Invalid {
-                name,
-                value: s,
-                why: "expected sha256:<64 hex digits> or cn:<common name>",
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,36 +1,35 @@
 //! The limits of one request: its frame or body, its batch and candidates,
 //! and when it is heavy enough to leave the async workers.
 
-use prefix_proto::{Limits, MAX_FRAME_CEILING};
-use serde::{Deserialize, Serialize};
-
+use super::declare::{plain, settings};
 use super::value::{invalid, ConfigError};
+use prefix_proto::{Limits, MAX_FRAME_CEILING};
 
-/// What a user may set of the request limits (see [`super::Settings`]).
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct LimitSettings {
-    /// Largest request payload in bytes (at most 16 MiB).
-    #[arg(long, env = "PREFIX_INDEX_MAX_FRAME_BYTES")]
-    pub max_frame_bytes: Option<u32>,
-    /// Largest HTTP/JSON request body in bytes; larger ones are refused
-    /// (413) before they are parsed.
-    #[arg(long, env = "PREFIX_INDEX_HTTP_MAX_BODY_BYTES")]
-    pub http_max_body_bytes: Option<usize>,
-    /// Most ops in one batch.
-    #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
-    pub max_batch: Option<usize>,
-    /// Most candidate pods in one lookup.
-    #[arg(long, env = "PREFIX_INDEX_MAX_CANDIDATES")]
-    pub max_candidates: Option<usize>,
-    /// Frames whose keys total more blocks than this run on the blocking pool,
-    /// so they do not hold up other connections.
-    #[arg(long, env = "PREFIX_INDEX_INLINE_BLOCKS")]
-    pub inline_blocks: Option<usize>,
-    /// Heavy requests (see --inline-blocks) one connection may have running
-    /// at once; past it, its streams stop reading until one finishes.
-    #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
-    pub max_in_flight: Option<usize>,
+settings! {
+    /// What a user may set of the request limits (see [`super::Settings`]).
+    pub struct LimitSettings {
+        /// Largest request payload in bytes (at most 16 MiB).
+        #[arg(long, env = "PREFIX_INDEX_MAX_FRAME_BYTES")]
+        max_frame_bytes: u32 = plain => limits.max_frame_bytes,
+        /// Largest HTTP/JSON request body in bytes; larger ones are refused
+        /// (413) before they are parsed.
+        #[arg(long, env = "PREFIX_INDEX_HTTP_MAX_BODY_BYTES")]
+        http_max_body_bytes: usize = plain => limits.http_max_body_bytes,
+        /// Most ops in one batch.
+        #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
+        max_batch: usize = plain => limits.max_batch,
+        /// Most candidate pods in one lookup.
+        #[arg(long, env = "PREFIX_INDEX_MAX_CANDIDATES")]
+        max_candidates: usize = plain => limits.max_candidates,
+        /// Frames whose keys total more blocks than this run on the blocking pool,
+        /// so they do not hold up other connections.
+        #[arg(long, env = "PREFIX_INDEX_INLINE_BLOCKS")]
+        inline_blocks: usize = plain => limits.inline_blocks,
+        /// Heavy requests (see --inline-blocks) one connection may have running
+        /// at once; past it, its streams stop reading until one finishes.
+        #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
+        max_in_flight: usize = plain => limits.max_in_flight,
+    }
 }
 
 /// The request limits a server enforces (the key and name limits are the
@@ -69,34 +68,6 @@ impl Default for LimitsConfig {
             max_candidates: wire.max_candidates,
             inline_blocks: 16_384,
             max_in_flight: 16,
-        }
-    }
-}
-
-impl LimitSettings {
-    /// The limits these settings describe, defaults filled in.
-    pub fn resolve(self) -> LimitsConfig {
-        let d = LimitsConfig::default();
-        LimitsConfig {
-            max_frame_bytes: self.max_frame_bytes.unwrap_or(d.max_frame_bytes),
-            http_max_body_bytes: self.http_max_body_bytes.unwrap_or(d.http_max_body_bytes),
-            max_batch: self.max_batch.unwrap_or(d.max_batch),
-            max_candidates: self.max_candidates.unwrap_or(d.max_candidates),
-            inline_blocks: self.inline_blocks.unwrap_or(d.inline_blocks),
-            max_in_flight: self.max_in_flight.unwrap_or(d.max_in_flight),
-        }
-    }
-}
-
-impl From<&LimitsConfig> for LimitSettings {
-    fn from(c: &LimitsConfig) -> Self {
-        LimitSettings {
-            max_frame_bytes: Some(c.max_frame_bytes),
-            http_max_body_bytes: Some(c.http_max_body_bytes),
-            max_batch: Some(c.max_batch),
-            max_candidates: Some(c.max_candidates),
-            inline_blocks: Some(c.inline_blocks),
-            max_in_flight: Some(c.max_in_flight),
         }
     }
 }

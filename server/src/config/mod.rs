@@ -5,9 +5,12 @@
 //! as flags and TOML keys); [`ServerConfig`] is the resolved configuration the
 //! server runs with. Every limit the server enforces is a field here.
 //!
-//! Each subsystem owns its part, in one file: its settings (flags, TOML
-//! keys, help), its resolved configuration with each default and the reason
-//! for it, and its `validate()`. The transport, the request limits and the
+//! Each subsystem owns its part, in one file: its settings table
+//! ([`declare`]'s `settings!`: per setting its help, flag, environment
+//! variable, written form and place in [`ServerConfig`], from which the
+//! settings struct and both directions of the mapping are made), its
+//! resolved configuration with each default and the reason for it, and its
+//! `validate()`. The transport, the request limits and the
 //! index are in this module's files; precise mode's in
 //! `engines/config.rs`, the replicas' in `replica/config.rs`, the roles' in
 //! `access.rs`. This file composes them and checks what spans two.
@@ -22,6 +25,7 @@ pub use crate::access::{Identity, RoleSettings, Roles};
 pub use crate::engines::{EngineConfig, EngineSettings};
 pub use crate::replica::config::{ReplicaConfig, ReplicaSettings};
 
+pub(crate) mod declare;
 mod index;
 mod limits;
 mod transport;
@@ -35,7 +39,7 @@ pub use value::{ConfigError, HumanDuration};
 /// What a user may set. Flags override the environment, which overrides the
 /// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
 ///
-/// Each field is one setting, declared once, in its subsystem's settings:
+/// Each field is one setting, declared once, in its subsystem's table:
 /// its name is the TOML key (in kebab-case) and, upper-cased behind
 /// `PREFIX_INDEX_`, the environment variable; the flag is the same name
 /// (singular for the repeatable `--reader`, `--writer`, `--peer` and
@@ -227,19 +231,16 @@ impl Settings {
 
     /// The configuration these settings describe, defaults filled in.
     pub fn resolve(self) -> Result<ServerConfig, ConfigError> {
-        let (index, upkeep) = self.index.resolve();
-        let cfg = ServerConfig {
-            data_dir: self
-                .data_dir
-                .unwrap_or_else(|| ServerConfig::default().data_dir),
-            transport: self.transport.resolve()?,
-            limits: self.limits.resolve(),
-            index,
-            upkeep,
-            roles: self.roles.resolve()?,
-            replicas: self.replicas.resolve(),
-            engines: self.engines.resolve()?,
-        };
+        let mut cfg = ServerConfig::default();
+        if let Some(dir) = self.data_dir {
+            cfg.data_dir = dir;
+        }
+        self.transport.put(&mut cfg)?;
+        self.limits.put(&mut cfg)?;
+        self.index.put(&mut cfg)?;
+        self.roles.put(&mut cfg)?;
+        self.replicas.put(&mut cfg)?;
+        self.engines.put(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -252,12 +253,12 @@ impl From<&ServerConfig> for Settings {
     fn from(cfg: &ServerConfig) -> Self {
         Settings {
             data_dir: Some(cfg.data_dir.clone()),
-            transport: TransportSettings::from(&cfg.transport),
-            limits: LimitSettings::from(&cfg.limits),
-            index: IndexSettings::from_configs(&cfg.index, &cfg.upkeep),
-            roles: RoleSettings::from(&cfg.roles),
-            replicas: ReplicaSettings::from(&cfg.replicas),
-            engines: EngineSettings::from(&cfg.engines),
+            transport: TransportSettings::of(cfg),
+            limits: LimitSettings::of(cfg),
+            index: IndexSettings::of(cfg),
+            roles: RoleSettings::of(cfg),
+            replicas: ReplicaSettings::of(cfg),
+            engines: EngineSettings::of(cfg),
         }
     }
 }

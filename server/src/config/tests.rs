@@ -405,3 +405,20 @@ fn the_operations_doc_matches_the_settings() {
     documented.sort();
     assert_eq!(documented, all, "every setting is documented once");
 }
+
+#[test]
+fn a_certificate_without_its_key_is_refused() {
+    for text in [r#"cert = "c.pem""#, r#"key = "k.pem""#] {
+        let s = Settings::from_toml(text, Path::new("t.toml")).unwrap();
+        let err = s.resolve().unwrap_err().to_string();
+        assert!(err.contains("cert/key"), "{text}: {err}");
+    }
+    let both = Settings::from_toml("cert = \"c.pem\"\nkey = \"k.pem\"", Path::new("t.toml"));
+    assert_eq!(
+        both.unwrap().resolve().unwrap().transport.tls,
+        CertSource::Files {
+            cert: "c.pem".into(),
+            key: "k.pem".into()
+        }
+    );
+}

@@ -6,83 +6,135 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use super::declare::{address_or_off, duration, duration_or_off, optional, plain, settings};
+use super::value::{invalid, ConfigError, HumanDuration};
 
-use super::value::{
-    address_or_off, address_written, duration, duration_or_off, invalid, written_or_off,
-    ConfigError, HumanDuration,
-};
+settings! {
+    /// What a user may set of the transport (see [`super::Settings`]).
+    pub struct TransportSettings {
+        /// QUIC (UDP) address to serve on.
+        #[arg(long, env = "PREFIX_INDEX_LISTEN")]
+        listen: SocketAddr = plain => transport.listen,
+        /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
+        #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
+        metrics_listen: String = address_or_off => transport.metrics_listen,
+        /// TCP address of the HTTP/JSON API (HTTP/1.1 and HTTP/2 over TLS, the
+        /// same certificates and roles as QUIC; docs/http.md); "off" disables it.
+        #[arg(long, env = "PREFIX_INDEX_HTTP_LISTEN")]
+        http_listen: String = address_or_off => transport.http_listen,
+        /// Serve --http-listen as plain HTTP (HTTP/1.1, and HTTP/2 with prior
+        /// knowledge for gRPC), without TLS: only inside a network that
+        /// encrypts and authenticates on its own (a service mesh with mutual
+        /// TLS). Every client that reaches the port may then read and write;
+        /// refused with --client-ca. See docs/operations.md, "Security model".
+        #[arg(
+            long,
+            env = "PREFIX_INDEX_HTTP_PLAINTEXT",
+            num_args = 0..=1,
+            default_missing_value = "true"
+        )]
+        http_plaintext: bool = plain => transport.http_plaintext,
+        /// PEM certificate chain to serve; with --key. Without both, a
+        /// self-signed certificate is made and written to <data-dir>/cert.pem.
+        #[arg(long, env = "PREFIX_INDEX_CERT", requires = "key")]
+        cert: PathBuf = cert_file => transport.tls,
+        /// PEM private key of --cert.
+        #[arg(long, env = "PREFIX_INDEX_KEY", requires = "cert")]
+        key: PathBuf = key_file => transport.tls,
+        /// PEM CA certificates: when set, only clients presenting a certificate
+        /// signed by one of them may connect (mutual TLS).
+        #[arg(long, env = "PREFIX_INDEX_CLIENT_CA")]
+        client_ca: PathBuf = optional => transport.client_ca,
+        /// Concurrent client connections; more are refused.
+        #[arg(long, env = "PREFIX_INDEX_MAX_CONNECTIONS")]
+        max_connections: usize = plain => transport.max_connections,
+        /// Concurrent streams per connection.
+        #[arg(long, env = "PREFIX_INDEX_MAX_STREAMS")]
+        max_streams: u32 = plain => transport.max_streams,
+        /// Close connections silent for this long.
+        #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
+        idle_timeout: HumanDuration = duration => transport.idle_timeout,
+        /// How long a request may take to arrive once it has begun: an HTTP
+        /// request's body after its headers, a QUIC frame after its first byte,
+        /// and a TLS handshake on the HTTP listener. Past it the request is
+        /// refused and its connection (HTTP) or stream (QUIC) closed.
+        #[arg(long, env = "PREFIX_INDEX_READ_TIMEOUT")]
+        read_timeout: HumanDuration = duration => transport.read_timeout,
+        /// How long an answer may wait for the client to take it: past it a
+        /// QUIC stream is reset, an HTTP connection closed.
+        #[arg(long, env = "PREFIX_INDEX_WRITE_TIMEOUT")]
+        write_timeout: HumanDuration = duration => transport.write_timeout,
+        /// Bytes a connection may send ahead of what the server has read (its
+        /// QUIC receive window): the memory one connection can make the server
+        /// buffer.
+        #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
+        connection_window: u32 = plain => transport.connection_window,
+        /// Keep the workers polling the network for this long after the last
+        /// read instead of sleeping: lower latency when requests come one at a
+        /// time, for every worker's core at 100% while they come and for this
+        /// long after. For servers with cores of their own (see
+        /// docs/operations.md); "0s" is off.
+        #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
+        busy_poll: HumanDuration = duration_or_off => transport.busy_poll,
+        /// On shutdown, how long in-flight requests may take to finish.
+        #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
+        drain_timeout: HumanDuration = duration => transport.drain_timeout,
+        /// On shutdown, past the drain, how long connections get to close and
+        /// the server's tasks to end before it stops anyway.
+        #[arg(long, env = "PREFIX_INDEX_CLOSE_TIMEOUT")]
+        close_timeout: HumanDuration = duration => transport.close_timeout,
+    }
+}
 
-/// What a user may set of the transport (see [`super::Settings`]).
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct TransportSettings {
-    /// QUIC (UDP) address to serve on.
-    #[arg(long, env = "PREFIX_INDEX_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
-    #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
-    pub metrics_listen: Option<String>,
-    /// TCP address of the HTTP/JSON API (HTTP/1.1 and HTTP/2 over TLS, the
-    /// same certificates and roles as QUIC; docs/http.md); "off" disables it.
-    #[arg(long, env = "PREFIX_INDEX_HTTP_LISTEN")]
-    pub http_listen: Option<String>,
-    /// Serve --http-listen as plain HTTP (HTTP/1.1, and HTTP/2 with prior
-    /// knowledge for gRPC), without TLS: only inside a network that
-    /// encrypts and authenticates on its own (a service mesh with mutual
-    /// TLS). Every client that reaches the port may then read and write;
-    /// refused with --client-ca. See docs/operations.md, "Security model".
-    #[arg(long, env = "PREFIX_INDEX_HTTP_PLAINTEXT", num_args = 0..=1, default_missing_value = "true")]
-    pub http_plaintext: Option<bool>,
-    /// PEM certificate chain to serve; with --key. Without both, a
-    /// self-signed certificate is made and written to <data-dir>/cert.pem.
-    #[arg(long, env = "PREFIX_INDEX_CERT", requires = "key")]
-    pub cert: Option<PathBuf>,
-    /// PEM private key of --cert.
-    #[arg(long, env = "PREFIX_INDEX_KEY", requires = "cert")]
-    pub key: Option<PathBuf>,
-    /// PEM CA certificates: when set, only clients presenting a certificate
-    /// signed by one of them may connect (mutual TLS).
-    #[arg(long, env = "PREFIX_INDEX_CLIENT_CA")]
-    pub client_ca: Option<PathBuf>,
-    /// Concurrent client connections; more are refused.
-    #[arg(long, env = "PREFIX_INDEX_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
-    /// Concurrent streams per connection.
-    #[arg(long, env = "PREFIX_INDEX_MAX_STREAMS")]
-    pub max_streams: Option<u32>,
-    /// Close connections silent for this long.
-    #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
-    pub idle_timeout: Option<HumanDuration>,
-    /// How long a request may take to arrive once it has begun: an HTTP
-    /// request's body after its headers, a QUIC frame after its first byte,
-    /// and a TLS handshake on the HTTP listener. Past it the request is
-    /// refused and its connection (HTTP) or stream (QUIC) closed.
-    #[arg(long, env = "PREFIX_INDEX_READ_TIMEOUT")]
-    pub read_timeout: Option<HumanDuration>,
-    /// How long an answer may wait for the client to take it: past it a
-    /// QUIC stream is reset, an HTTP connection closed.
-    #[arg(long, env = "PREFIX_INDEX_WRITE_TIMEOUT")]
-    pub write_timeout: Option<HumanDuration>,
-    /// Bytes a connection may send ahead of what the server has read (its
-    /// QUIC receive window): the memory one connection can make the server
-    /// buffer.
-    #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
-    pub connection_window: Option<u32>,
-    /// Keep the workers polling the network for this long after the last
-    /// read instead of sleeping: lower latency when requests come one at a
-    /// time, for every worker's core at 100% while they come and for this
-    /// long after. For servers with cores of their own (see
-    /// docs/operations.md); "0s" is off.
-    #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
-    pub busy_poll: Option<HumanDuration>,
-    /// On shutdown, how long in-flight requests may take to finish.
-    #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
-    pub drain_timeout: Option<HumanDuration>,
-    /// On shutdown, past the drain, how long connections get to close and
-    /// the server's tasks to end before it stops anyway.
-    #[arg(long, env = "PREFIX_INDEX_CLOSE_TIMEOUT")]
-    pub close_timeout: Option<HumanDuration>,
+/// The certificate's file and its key's: each one half of
+/// [`CertSource::Files`] (the other given with it; `validate` refuses one
+/// alone).
+mod cert_file {
+    use std::path::PathBuf;
+
+    use super::{CertSource, ConfigError};
+
+    pub fn put(_: &'static str, path: PathBuf, tls: &mut CertSource) -> Result<(), ConfigError> {
+        set(tls, |cert, _| *cert = path);
+        Ok(())
+    }
+
+    pub fn written(tls: &CertSource) -> Option<PathBuf> {
+        written_files(tls).map(|(cert, _)| cert)
+    }
+
+    /// `tls` as the files it names (both empty where it named none), each
+    /// changed by `change`.
+    pub(super) fn set(tls: &mut CertSource, change: impl FnOnce(&mut PathBuf, &mut PathBuf)) {
+        let (mut cert, mut key) = written_files(tls).unwrap_or_default();
+        change(&mut cert, &mut key);
+        *tls = CertSource::Files { cert, key };
+    }
+
+    /// The files `tls` names, if it names any.
+    pub(super) fn written_files(tls: &CertSource) -> Option<(PathBuf, PathBuf)> {
+        match tls {
+            CertSource::Files { cert, key } => Some((cert.clone(), key.clone())),
+            CertSource::SelfSigned => None,
+        }
+    }
+}
+
+/// The private key's file: the other half of [`CertSource::Files`].
+mod key_file {
+    use std::path::PathBuf;
+
+    use super::cert_file::{set, written_files};
+    use super::{CertSource, ConfigError};
+
+    pub fn put(_: &'static str, path: PathBuf, tls: &mut CertSource) -> Result<(), ConfigError> {
+        set(tls, |_, key| *key = path);
+        Ok(())
+    }
+
+    pub fn written(tls: &CertSource) -> Option<PathBuf> {
+        written_files(tls).map(|(_, key)| key)
+    }
 }
 
 /// Where the server's certificate comes from.
@@ -181,67 +233,14 @@ impl Default for TransportConfig {
     }
 }
 
-impl TransportSettings {
-    /// The transport these settings describe, defaults filled in.
-    pub fn resolve(self) -> Result<TransportConfig, ConfigError> {
-        let d = TransportConfig::default();
-        Ok(TransportConfig {
-            listen: self.listen.unwrap_or(d.listen),
-            metrics_listen: address_or_off(
-                "metrics-listen",
-                self.metrics_listen.as_deref(),
-                d.metrics_listen,
-            )?,
-            http_listen: address_or_off("http-listen", self.http_listen.as_deref(), d.http_listen)?,
-            http_plaintext: self.http_plaintext.unwrap_or(d.http_plaintext),
-            tls: match (self.cert, self.key) {
-                (Some(cert), Some(key)) => CertSource::Files { cert, key },
-                _ => CertSource::SelfSigned,
-            },
-            client_ca: self.client_ca,
-            max_connections: self.max_connections.unwrap_or(d.max_connections),
-            max_streams: self.max_streams.unwrap_or(d.max_streams),
-            idle_timeout: duration(self.idle_timeout, d.idle_timeout),
-            read_timeout: duration(self.read_timeout, d.read_timeout),
-            write_timeout: duration(self.write_timeout, d.write_timeout),
-            connection_window: self.connection_window.unwrap_or(d.connection_window),
-            busy_poll: duration_or_off(self.busy_poll, d.busy_poll),
-            drain_timeout: duration(self.drain_timeout, d.drain_timeout),
-            close_timeout: duration(self.close_timeout, d.close_timeout),
-        })
-    }
-}
-
-impl From<&TransportConfig> for TransportSettings {
-    fn from(c: &TransportConfig) -> Self {
-        let (cert, key) = match &c.tls {
-            CertSource::Files { cert, key } => (Some(cert.clone()), Some(key.clone())),
-            CertSource::SelfSigned => (None, None),
-        };
-        TransportSettings {
-            listen: Some(c.listen),
-            metrics_listen: address_written(c.metrics_listen),
-            http_listen: address_written(c.http_listen),
-            http_plaintext: Some(c.http_plaintext),
-            cert,
-            key,
-            client_ca: c.client_ca.clone(),
-            max_connections: Some(c.max_connections),
-            max_streams: Some(c.max_streams),
-            idle_timeout: Some(HumanDuration(c.idle_timeout)),
-            read_timeout: Some(HumanDuration(c.read_timeout)),
-            write_timeout: Some(HumanDuration(c.write_timeout)),
-            connection_window: Some(c.connection_window),
-            busy_poll: written_or_off(c.busy_poll),
-            drain_timeout: Some(HumanDuration(c.drain_timeout)),
-            close_timeout: Some(HumanDuration(c.close_timeout)),
-        }
-    }
-}
-
 impl TransportConfig {
     /// Checks every value's range.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let CertSource::Files { cert, key } = &self.tls {
+            if cert.as_os_str().is_empty() || key.as_os_str().is_empty() {
+                return invalid("cert/key", &"one of them", "give both, or neither");
+            }
+        }
         if self.max_connections == 0 || self.max_streams == 0 {
             return invalid("max-connections/max-streams", &0, "must be at least 1");
         }

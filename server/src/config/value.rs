@@ -2,7 +2,6 @@
 //! them, addresses that may be "off", and the error of a value that does
 //! not fit.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -71,19 +70,22 @@ pub enum ConfigError {
         /// What is wrong with the value.
         why: String,
     },
-    /// An engine subscription does not parse.
-    #[error("engine = {value}: {why}")]
-    Engine {
-        /// The text.
+    /// An item of a list setting (an engine, a peer, an identity) does
+    /// not parse.
+    #[error("{name} = {value}: {why}")]
+    Item {
+        /// The setting.
+        name: String,
+        /// The item.
         value: String,
-        /// What is wrong.
+        /// What is wrong with it.
         why: String,
     },
     /// A value is out of range.
     #[error("{name} = {value}: {why}")]
     Invalid {
-        /// The setting.
-        name: &'static str,
+        /// The setting (its TOML key, or several, with '/').
+        name: String,
         /// Its value.
         value: String,
         /// The rule it breaks.
@@ -91,58 +93,29 @@ pub enum ConfigError {
     },
 }
 
-/// The error of setting `name` at `value`, which breaks `why`.
+/// The error of setting `name` (its TOML key) at `value`, which breaks
+/// `why`.
 pub(crate) fn invalid<T>(
     name: &'static str,
     value: &dyn ToString,
     why: &'static str,
 ) -> Result<T, ConfigError> {
     Err(ConfigError::Invalid {
-        name,
+        name: name.into(),
         value: value.to_string(),
         why,
     })
 }
 
-/// A duration setting, or its default.
-pub(crate) fn duration(set: Option<HumanDuration>, default: Duration) -> Duration {
-    set.map_or(default, |h| h.0)
-}
-
-/// A duration setting where `0s` means off, or its default.
-pub(crate) fn duration_or_off(
-    set: Option<HumanDuration>,
-    default: Option<Duration>,
-) -> Option<Duration> {
-    match set {
-        None => default,
-        Some(h) if h.0.is_zero() => None,
-        Some(h) => Some(h.0),
-    }
-}
-
-/// How a duration that may be off is written back: `0s` for off.
-pub(crate) fn written_or_off(d: Option<Duration>) -> Option<HumanDuration> {
-    Some(HumanDuration(d.unwrap_or(Duration::ZERO)))
-}
-
-/// An address setting where "off" means none, or its default.
-pub(crate) fn address_or_off(
-    name: &'static str,
-    set: Option<&str>,
-    default: Option<SocketAddr>,
-) -> Result<Option<SocketAddr>, ConfigError> {
-    match set {
-        None => Ok(default),
-        Some("off") => Ok(None),
-        Some(s) => s
-            .parse()
-            .map(Some)
-            .or_else(|_| invalid(name, &s, "not an address (host:port) or \"off\"")),
-    }
-}
-
-/// How an address that may be off is written back.
-pub(crate) fn address_written(a: Option<SocketAddr>) -> Option<String> {
-    Some(a.map_or("off".into(), |a| a.to_string()))
+/// [`invalid`] for the setting whose field is `field` (in snake_case).
+pub(crate) fn invalid_setting<T>(
+    field: &'static str,
+    value: &dyn ToString,
+    why: &'static str,
+) -> Result<T, ConfigError> {
+    Err(ConfigError::Invalid {
+        name: field.replace('_', "-"),
+        value: value.to_string(),
+        why,
+    })
 }

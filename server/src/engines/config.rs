@@ -8,128 +8,180 @@ use serde::{Deserialize, Serialize};
 use super::admission::EngineAllow;
 use super::dns::DnsConfig;
 use super::{Ratio, Subscription};
-use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
+use crate::config::declare::{duration, list, optional, plain, settings};
+use crate::config::value::{invalid, ConfigError, HumanDuration};
 
-/// What a user may set of precise mode (see [`crate::config::Settings`]).
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct EngineSettings {
-    /// An engine to follow (precise mode): pod=<name>,model=<model>,
-    /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
-    /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
-    /// in the environment separate them with ';'. See docs/events.md.
-    #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
-    pub engines: Option<Vec<String>>,
-    /// Engines found through DNS: srv=<SRV name>,model=<model>, and
-    /// optionally replay-port=<port>, block-size=<tokens>, topic=<topic>,
-    /// media=GPU+CPU. Every record of the SRV name (a headless Service's
-    /// named port: _kv-events._tcp.vllm.<namespace>.svc.cluster.local) is
-    /// an engine, its pod named by the target's first label. Resolved
-    /// every --engine-dns-interval; engines that appear are subscribed,
-    /// those gone unsubscribed. Repeat the flag; in the environment
-    /// separate them with ';'. See docs/events.md.
-    #[arg(
-        long = "engine-dns",
-        env = "PREFIX_INDEX_ENGINE_DNS",
-        value_delimiter = ';'
-    )]
-    pub engine_dns: Option<Vec<String>>,
-    /// How often the --engine-dns names are resolved again.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_INTERVAL")]
-    pub engine_dns_interval: Option<HumanDuration>,
-    /// The DNS server (ip:port) --engine-dns asks, instead of the system's
-    /// (/etc/resolv.conf).
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_SERVER")]
-    pub engine_dns_server: Option<std::net::SocketAddr>,
-    /// Bind a SUB socket here (tcp://host:port) for engines that connect to
-    /// the server and publish with topics kv@<pod>@<model>; "off" for none.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
-    pub engine_listen: Option<String>,
-    /// A network (10.0.0.0/16) or address engines may connect to
-    /// --engine-listen from; connections from elsewhere are refused before
-    /// any message is read. Repeat the flag; in the environment separate
-    /// them with ';'. None given: any host that reaches the port.
-    #[arg(
-        long = "engine-allow",
-        env = "PREFIX_INDEX_ENGINE_ALLOW",
-        value_delimiter = ';'
-    )]
-    pub engine_allow: Option<Vec<String>>,
-    /// Let a pod met through --engine-listen move to another address:
-    /// without it, a pod's topic is bound to the address of its first
-    /// message until the pod is unsubscribed, and messages under it from
-    /// elsewhere are refused.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_ALLOW_MOVES", num_args = 0..=1, default_missing_value = "true")]
-    pub engine_allow_moves: Option<bool>,
-    /// Block size in tokens of the engines that connect to --engine-listen.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
-    pub engine_block_size: Option<u32>,
-    /// Tokens per block of the gateways' token keys; engine blocks are
-    /// hashed into blocks of this size.
-    #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
-    pub token_block: Option<u32>,
-    /// Also key engine blocks by another indexer's hashes: "dynamo" (NVIDIA
-    /// Dynamo's local block hashes, for /query_by_hash and
-    /// /query_tiered_by_hash), "engine" (each engine's own block hashes,
-    /// for SGLang's router: MatchExternalKvPrefix) or "none". Costs memory
-    /// per engine block; see docs/routers.md.
-    #[arg(long, env = "PREFIX_INDEX_BLOCK_ALIASES")]
-    pub block_aliases: Option<BlockAliases>,
-    /// Most engines followed at once (configured, subscribed at run time,
-    /// or met through --engine-listen).
-    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
-    pub max_engines: Option<usize>,
-    /// Threads that follow the engines, each polling its share of their
-    /// sockets.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_THREADS")]
-    pub engine_threads: Option<usize>,
-    /// Most replays under way at once, over all engines; each holds a
-    /// socket and a connection to its engine while it runs, and a replay
-    /// past the bound waits for one to end.
-    #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_REPLAYS")]
-    pub max_engine_replays: Option<usize>,
-    /// How long a replay may take before the pod is cleared and learnt
-    /// again instead.
-    #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
-    pub replay_timeout: Option<HumanDuration>,
-    /// Live batches held back while a replay runs; past it, the pod is
-    /// cleared and learnt again.
-    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
-    pub max_held_batches: Option<usize>,
-    /// Bytes of live batches held back while a replay runs; past it, the
-    /// pod is cleared and learnt again.
-    #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
-    pub max_held_bytes: Option<usize>,
-    /// Most events in one engine batch; a larger batch is skipped as a
-    /// decode error.
-    #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
-    pub max_batch_events: Option<usize>,
-    /// Most block hashes in one engine event; a larger event is skipped
-    /// alone as a decode error.
-    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
-    pub max_event_hashes: Option<usize>,
-    /// Most token ids in one engine event; a larger event is skipped alone
-    /// as a decode error.
-    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
-    pub max_event_tokens: Option<usize>,
-    /// Largest engine event message in bytes; libzmq drops a connection
-    /// that sends a larger one (the gap is then replayed or resynced).
-    #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
-    pub max_event_bytes: Option<usize>,
-    /// Engine messages buffered per engine connection while its thread is
-    /// busy; past it libzmq drops them (a gap, replayed or resynced).
-    #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
-    pub max_queued_events: Option<usize>,
-    /// How often each engine thread wakes when nothing arrives, to notice
-    /// the shutdown and a replay's deadline.
-    #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
-    pub engine_poll: Option<HumanDuration>,
-    /// How long an engine-fed pod reports its view as "learning" after a
-    /// resync (or after joining a running engine) when nothing proves it
-    /// exact sooner: an estimate of how long the engine's cache takes to
-    /// turn over.
-    #[arg(long, env = "PREFIX_INDEX_LEARNING_PERIOD")]
-    pub learning_period: Option<HumanDuration>,
+settings! {
+    /// What a user may set of precise mode (see [`crate::config::Settings`]).
+    pub struct EngineSettings {
+        /// An engine to follow (precise mode): pod=<name>,model=<model>,
+        /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
+        /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
+        /// in the environment separate them with ';'. See docs/events.md.
+        #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
+        engines: Vec<String> = list => engines.subscriptions,
+        /// Engines found through DNS: srv=<SRV name>,model=<model>, and
+        /// optionally replay-port=<port>, block-size=<tokens>, topic=<topic>,
+        /// media=GPU+CPU. Every record of the SRV name (a headless Service's
+        /// named port: _kv-events._tcp.vllm.<namespace>.svc.cluster.local) is
+        /// an engine, its pod named by the target's first label. Resolved
+        /// every --engine-dns-interval; engines that appear are subscribed,
+        /// those gone unsubscribed. Repeat the flag; in the environment
+        /// separate them with ';'. See docs/events.md.
+        #[arg(
+            long = "engine-dns",
+            env = "PREFIX_INDEX_ENGINE_DNS",
+            value_delimiter = ';'
+        )]
+        engine_dns: Vec<String> = list => engines.dns.sources,
+        /// How often the --engine-dns names are resolved again.
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_INTERVAL")]
+        engine_dns_interval: HumanDuration = duration => engines.dns.interval,
+        /// The DNS server (ip:port) --engine-dns asks, instead of the system's
+        /// (/etc/resolv.conf).
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_SERVER")]
+        engine_dns_server: std::net::SocketAddr = optional => engines.dns.server,
+        /// Bind a SUB socket here (tcp://host:port) for engines that connect to
+        /// the server and publish with topics kv@<pod>@<model>; "off" for none.
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
+        engine_listen: String = collector_listen => engines.listen,
+        /// A network (10.0.0.0/16) or address engines may connect to
+        /// --engine-listen from; connections from elsewhere are refused before
+        /// any message is read. Repeat the flag; in the environment separate
+        /// them with ';'. None given: any host that reaches the port.
+        #[arg(
+            long = "engine-allow",
+            env = "PREFIX_INDEX_ENGINE_ALLOW",
+            value_delimiter = ';'
+        )]
+        engine_allow: Vec<String> = collector_allow => engines.allow,
+        /// Let a pod met through --engine-listen move to another address:
+        /// without it, a pod's topic is bound to the address of its first
+        /// message until the pod is unsubscribed, and messages under it from
+        /// elsewhere are refused.
+        #[arg(
+            long,
+            env = "PREFIX_INDEX_ENGINE_ALLOW_MOVES",
+            num_args = 0..=1,
+            default_missing_value = "true"
+        )]
+        engine_allow_moves: bool = plain => engines.allow_moves,
+        /// Block size in tokens of the engines that connect to --engine-listen.
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
+        engine_block_size: u32 = plain => engines.central_block_size,
+        /// Tokens per block of the gateways' token keys; engine blocks are
+        /// hashed into blocks of this size.
+        #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
+        token_block: u32 = plain => engines.token_block,
+        /// Also key engine blocks by another indexer's hashes: "dynamo" (NVIDIA
+        /// Dynamo's local block hashes, for /query_by_hash and
+        /// /query_tiered_by_hash), "engine" (each engine's own block hashes,
+        /// for SGLang's router: MatchExternalKvPrefix) or "none". Costs memory
+        /// per engine block; see docs/routers.md.
+        #[arg(long, env = "PREFIX_INDEX_BLOCK_ALIASES")]
+        block_aliases: BlockAliases = plain => engines.block_aliases,
+        /// Most engines followed at once (configured, subscribed at run time,
+        /// or met through --engine-listen).
+        #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
+        max_engines: usize = plain => engines.max_engines,
+        /// Threads that follow the engines, each polling its share of their
+        /// sockets.
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_THREADS")]
+        engine_threads: usize = plain => engines.threads,
+        /// Most replays under way at once, over all engines; each holds a
+        /// socket and a connection to its engine while it runs, and a replay
+        /// past the bound waits for one to end.
+        #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_REPLAYS")]
+        max_engine_replays: usize = plain => engines.max_replays,
+        /// How long a replay may take before the pod is cleared and learnt
+        /// again instead.
+        #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
+        replay_timeout: HumanDuration = duration => engines.replay_timeout,
+        /// Live batches held back while a replay runs; past it, the pod is
+        /// cleared and learnt again.
+        #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
+        max_held_batches: usize = plain => engines.max_held_batches,
+        /// Bytes of live batches held back while a replay runs; past it, the
+        /// pod is cleared and learnt again.
+        #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
+        max_held_bytes: usize = plain => engines.max_held_bytes,
+        /// Most events in one engine batch; a larger batch is skipped as a
+        /// decode error.
+        #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
+        max_batch_events: usize = plain => engines.decode.max_events,
+        /// Most block hashes in one engine event; a larger event is skipped
+        /// alone as a decode error.
+        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
+        max_event_hashes: usize = plain => engines.decode.max_hashes,
+        /// Most token ids in one engine event; a larger event is skipped alone
+        /// as a decode error.
+        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
+        max_event_tokens: usize = plain => engines.decode.max_tokens,
+        /// Largest engine event message in bytes; libzmq drops a connection
+        /// that sends a larger one (the gap is then replayed or resynced).
+        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
+        max_event_bytes: usize = plain => engines.max_message_bytes,
+        /// Engine messages buffered per engine connection while its thread is
+        /// busy; past it libzmq drops them (a gap, replayed or resynced).
+        #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
+        max_queued_events: usize = plain => engines.max_queued_messages,
+        /// How often each engine thread wakes when nothing arrives, to notice
+        /// the shutdown and a replay's deadline.
+        #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
+        engine_poll: HumanDuration = duration => engines.poll,
+        /// How long an engine-fed pod reports its view as "learning" after a
+        /// resync (or after joining a running engine) when nothing proves it
+        /// exact sooner: an estimate of how long the engine's cache takes to
+        /// turn over.
+        #[arg(long, env = "PREFIX_INDEX_LEARNING_PERIOD")]
+        learning_period: HumanDuration = duration => engines.learning_period,
+    }
+}
+
+/// The central collector's address: `tcp://host:port`, or `off`.
+mod collector_listen {
+    use crate::config::value::invalid_setting;
+    use crate::config::ConfigError;
+
+    pub fn put(
+        name: &'static str,
+        written: String,
+        value: &mut Option<String>,
+    ) -> Result<(), ConfigError> {
+        *value = match written.as_str() {
+            "off" => None,
+            l if l.starts_with("tcp://") => Some(written),
+            l => return invalid_setting(name, &l, "not tcp://host:port or \"off\""),
+        };
+        Ok(())
+    }
+
+    pub fn written(value: &Option<String>) -> Option<String> {
+        Some(value.clone().unwrap_or_else(|| "off".into()))
+    }
+}
+
+/// Where engines may connect to the central collector from: networks
+/// and addresses; none given, anywhere.
+mod collector_allow {
+    use super::EngineAllow;
+    use crate::config::value::invalid_setting;
+    use crate::config::ConfigError;
+
+    pub fn put(
+        name: &'static str,
+        written: Vec<String>,
+        value: &mut EngineAllow,
+    ) -> Result<(), ConfigError> {
+        *value = EngineAllow::parse(&written).or_else(|bad| {
+            invalid_setting(name, &bad, "not a network (10.0.0.0/16) or an address")
+        })?;
+        Ok(())
+    }
+
+    pub fn written(value: &EngineAllow) -> Option<Vec<String>> {
+        (!value.is_open()).then(|| value.entries())
+    }
 }
 
 /// Which other indexer's hashes engine blocks are also keyed by
@@ -378,104 +430,4 @@ impl EngineConfig {
         }
         Ok(())
     }
-}
-
-impl EngineSettings {
-    /// The configuration these settings describe, defaults filled in.
-    pub fn resolve(self) -> Result<EngineConfig, ConfigError> {
-        let d = EngineConfig::default();
-        Ok(EngineConfig {
-            subscriptions: parsed(self.engines)?,
-            dns: DnsConfig {
-                sources: parsed(self.engine_dns)?,
-                interval: duration(self.engine_dns_interval, d.dns.interval),
-                server: self.engine_dns_server.or(d.dns.server),
-            },
-            listen: match self.engine_listen.as_deref() {
-                None => d.listen,
-                Some("off") => None,
-                Some(l) if l.starts_with("tcp://") => Some(l.into()),
-                Some(l) => return invalid("engine-listen", &l, "not tcp://host:port or \"off\""),
-            },
-            allow: match self.engine_allow {
-                None => d.allow,
-                Some(list) => EngineAllow::parse(&list).or_else(|bad| {
-                    invalid(
-                        "engine-allow",
-                        &bad,
-                        "not a network (10.0.0.0/16) or an address",
-                    )
-                })?,
-            },
-            allow_moves: self.engine_allow_moves.unwrap_or(d.allow_moves),
-            central_block_size: self.engine_block_size.unwrap_or(d.central_block_size),
-            token_block: self.token_block.unwrap_or(d.token_block),
-            block_aliases: self.block_aliases.unwrap_or(d.block_aliases),
-            replay_timeout: duration(self.replay_timeout, d.replay_timeout),
-            max_held_batches: self.max_held_batches.unwrap_or(d.max_held_batches),
-            max_held_bytes: self.max_held_bytes.unwrap_or(d.max_held_bytes),
-            decode: prefix_events::DecodeLimits {
-                max_events: self.max_batch_events.unwrap_or(d.decode.max_events),
-                max_hashes: self.max_event_hashes.unwrap_or(d.decode.max_hashes),
-                max_tokens: self.max_event_tokens.unwrap_or(d.decode.max_tokens),
-            },
-            max_engines: self.max_engines.unwrap_or(d.max_engines),
-            threads: self.engine_threads.unwrap_or(d.threads),
-            max_replays: self.max_engine_replays.unwrap_or(d.max_replays),
-            max_message_bytes: self.max_event_bytes.unwrap_or(d.max_message_bytes),
-            max_queued_messages: self.max_queued_events.unwrap_or(d.max_queued_messages),
-            poll: duration(self.engine_poll, d.poll),
-            learning_period: duration(self.learning_period, d.learning_period),
-        })
-    }
-}
-
-impl From<&EngineConfig> for EngineSettings {
-    fn from(c: &EngineConfig) -> Self {
-        EngineSettings {
-            engines: (!c.subscriptions.is_empty())
-                .then(|| c.subscriptions.iter().map(ToString::to_string).collect()),
-            engine_dns: (!c.dns.sources.is_empty())
-                .then(|| c.dns.sources.iter().map(ToString::to_string).collect()),
-            engine_dns_interval: Some(HumanDuration(c.dns.interval)),
-            engine_dns_server: c.dns.server,
-            engine_listen: Some(c.listen.clone().unwrap_or_else(|| "off".into())),
-            engine_allow: (!c.allow.is_open()).then(|| c.allow.entries()),
-            engine_allow_moves: Some(c.allow_moves),
-            engine_block_size: Some(c.central_block_size),
-            token_block: Some(c.token_block),
-            block_aliases: Some(c.block_aliases),
-            max_engines: Some(c.max_engines),
-            engine_threads: Some(c.threads),
-            max_engine_replays: Some(c.max_replays),
-            replay_timeout: Some(HumanDuration(c.replay_timeout)),
-            max_held_batches: Some(c.max_held_batches),
-            max_held_bytes: Some(c.max_held_bytes),
-            max_batch_events: Some(c.decode.max_events),
-            max_event_hashes: Some(c.decode.max_hashes),
-            max_event_tokens: Some(c.decode.max_tokens),
-            max_event_bytes: Some(c.max_message_bytes),
-            max_queued_events: Some(c.max_queued_messages),
-            engine_poll: Some(HumanDuration(c.poll)),
-            learning_period: Some(HumanDuration(c.learning_period)),
-        }
-    }
-}
-
-/// Parses a list of engine subscriptions or sources, each in its text
-/// form.
-fn parsed<T>(list: Option<Vec<String>>) -> Result<Vec<T>, ConfigError>
-where
-    T: std::str::FromStr<Err = super::SubscriptionError>,
-{
-    list.unwrap_or_default()
-        .into_iter()
-        .map(|s| {
-            s.parse()
-                .map_err(|e: super::SubscriptionError| ConfigError::Engine {
-                    value: s,
-                    why: e.to_string(),
-                })
-        })
-        .collect()
 }

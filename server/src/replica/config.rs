@@ -4,80 +4,79 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use crate::config::declare::{duration, list, optional, plain, settings};
+use crate::config::value::{invalid, ConfigError, HumanDuration};
 
-use crate::config::value::{duration, invalid, ConfigError, HumanDuration};
-
-/// What a user may set of the replicas (see [`crate::config::Settings`]).
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ReplicaSettings {
-    /// Another replica of this index (host:port of its QUIC listener), asked
-    /// for its snapshot when this server starts cold. Repeat the flag; in the
-    /// environment separate them with ';'. Tried in the order given.
-    #[arg(long = "peer", env = "PREFIX_INDEX_PEERS", value_delimiter = ';')]
-    pub peers: Option<Vec<String>>,
-    /// CA certificate (PEM) the peers' certificates are checked against;
-    /// default: --client-ca, else the server's own certificate.
-    #[arg(long, env = "PREFIX_INDEX_PEER_CA")]
-    pub peer_ca: Option<PathBuf>,
-    /// The name the peers' certificates are checked for; default: the host
-    /// of each --peer.
-    #[arg(long, env = "PREFIX_INDEX_PEER_SERVER_NAME")]
-    pub peer_server_name: Option<String>,
-    /// A snapshot of its own older than this does not count: the server
-    /// fills itself from a peer instead.
-    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
-    pub bootstrap_max_age: Option<HumanDuration>,
-    /// How long filling from peers may take in all (connections, transfers,
-    /// restores) before the server starts from its own snapshot, however
-    /// old, or empty: all replicas may be starting at once.
-    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
-    pub bootstrap_timeout: Option<HumanDuration>,
-    /// Pause between rounds of asking every peer for its snapshot.
-    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_RETRY")]
-    pub bootstrap_retry: Option<HumanDuration>,
-    /// Most time one connection attempt to a peer may take.
-    #[arg(long, env = "PREFIX_INDEX_PEER_CONNECT_TIMEOUT")]
-    pub peer_connect_timeout: Option<HumanDuration>,
-    /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
-    #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
-    pub max_snapshot_bytes: Option<u64>,
-    /// Writes held while a peer's snapshot is being restored (applied right
-    /// after it), in key blocks (1,024 for a pod-table change); past it,
-    /// writes are refused `Unavailable`.
-    #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
-    pub bootstrap_queue: Option<usize>,
-    /// How long sending this server's snapshot to one peer may take before
-    /// the transfer is cut (it holds the index's memory from being freed).
-    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
-    pub snapshot_send_timeout: Option<HumanDuration>,
-    /// Bytes of a snapshot being sent handed from its writer to the
-    /// connection at a time.
-    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECE_BYTES")]
-    pub snapshot_piece_bytes: Option<usize>,
-    /// Pieces of a snapshot being sent queued for the connection; one
-    /// transfer holds this many plus two.
-    #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECES")]
-    pub snapshot_pieces: Option<usize>,
-    /// How long a replica filled from a peer's snapshot keeps applying the
-    /// writes the peer applied after it (its tail), and how long a server
-    /// keeps its writes for a peer that stopped asking for them.
-    #[arg(long, env = "PREFIX_INDEX_TAIL_WINDOW")]
-    pub tail_window: Option<HumanDuration>,
-    /// Writes a server keeps for peers following its tail, in key blocks
-    /// (1,024 for a pod-table change); past it the oldest are dropped and
-    /// a peer behind them is told it lost them.
-    #[arg(long, env = "PREFIX_INDEX_TAIL_QUEUE")]
-    pub tail_queue: Option<usize>,
-    /// Pause between rounds of repair: keys sampled from each peer, looked
-    /// up on both, and what the peer holds and this server lacks copied.
-    #[arg(long, env = "PREFIX_INDEX_REPAIR_INTERVAL")]
-    pub repair_interval: Option<HumanDuration>,
-    /// Keys sampled from each peer per round of repair (at most 256); 0
-    /// turns repair off.
-    #[arg(long, env = "PREFIX_INDEX_REPAIR_KEYS")]
-    pub repair_keys: Option<u32>,
+settings! {
+    /// What a user may set of the replicas (see [`crate::config::Settings`]).
+    pub struct ReplicaSettings {
+        /// Another replica of this index (host:port of its QUIC listener), asked
+        /// for its snapshot when this server starts cold. Repeat the flag; in the
+        /// environment separate them with ';'. Tried in the order given.
+        #[arg(long = "peer", env = "PREFIX_INDEX_PEERS", value_delimiter = ';')]
+        peers: Vec<String> = list => replicas.peers,
+        /// CA certificate (PEM) the peers' certificates are checked against;
+        /// default: --client-ca, else the server's own certificate.
+        #[arg(long, env = "PREFIX_INDEX_PEER_CA")]
+        peer_ca: PathBuf = optional => replicas.peer_ca,
+        /// The name the peers' certificates are checked for; default: the host
+        /// of each --peer.
+        #[arg(long, env = "PREFIX_INDEX_PEER_SERVER_NAME")]
+        peer_server_name: String = optional => replicas.peer_server_name,
+        /// A snapshot of its own older than this does not count: the server
+        /// fills itself from a peer instead.
+        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
+        bootstrap_max_age: HumanDuration = duration => replicas.max_age,
+        /// How long filling from peers may take in all (connections, transfers,
+        /// restores) before the server starts from its own snapshot, however
+        /// old, or empty: all replicas may be starting at once.
+        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
+        bootstrap_timeout: HumanDuration = duration => replicas.timeout,
+        /// Pause between rounds of asking every peer for its snapshot.
+        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_RETRY")]
+        bootstrap_retry: HumanDuration = duration => replicas.retry,
+        /// Most time one connection attempt to a peer may take.
+        #[arg(long, env = "PREFIX_INDEX_PEER_CONNECT_TIMEOUT")]
+        peer_connect_timeout: HumanDuration = duration => replicas.connect_timeout,
+        /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
+        #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
+        max_snapshot_bytes: u64 = plain => replicas.max_snapshot_bytes,
+        /// Writes held while a peer's snapshot is being restored (applied right
+        /// after it), in key blocks (1,024 for a pod-table change); past it,
+        /// writes are refused `Unavailable`.
+        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
+        bootstrap_queue: usize = plain => replicas.queue,
+        /// How long sending this server's snapshot to one peer may take before
+        /// the transfer is cut (it holds the index's memory from being freed).
+        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
+        snapshot_send_timeout: HumanDuration = duration => replicas.send_timeout,
+        /// Bytes of a snapshot being sent handed from its writer to the
+        /// connection at a time.
+        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECE_BYTES")]
+        snapshot_piece_bytes: usize = plain => replicas.send_piece_bytes,
+        /// Pieces of a snapshot being sent queued for the connection; one
+        /// transfer holds this many plus two.
+        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECES")]
+        snapshot_pieces: usize = plain => replicas.send_pieces,
+        /// How long a replica filled from a peer's snapshot keeps applying the
+        /// writes the peer applied after it (its tail), and how long a server
+        /// keeps its writes for a peer that stopped asking for them.
+        #[arg(long, env = "PREFIX_INDEX_TAIL_WINDOW")]
+        tail_window: HumanDuration = duration => replicas.tail_window,
+        /// Writes a server keeps for peers following its tail, in key blocks
+        /// (1,024 for a pod-table change); past it the oldest are dropped and
+        /// a peer behind them is told it lost them.
+        #[arg(long, env = "PREFIX_INDEX_TAIL_QUEUE")]
+        tail_queue: usize = plain => replicas.tail_queue,
+        /// Pause between rounds of repair: keys sampled from each peer, looked
+        /// up on both, and what the peer holds and this server lacks copied.
+        #[arg(long, env = "PREFIX_INDEX_REPAIR_INTERVAL")]
+        repair_interval: HumanDuration = duration => replicas.repair_interval,
+        /// Keys sampled from each peer per round of repair (at most 256); 0
+        /// turns repair off.
+        #[arg(long, env = "PREFIX_INDEX_REPAIR_KEYS")]
+        repair_keys: u32 = plain => replicas.repair_keys,
+    }
 }
 
 /// The other replicas, and how a cold start fills itself from them.
@@ -170,55 +169,6 @@ impl Default for ReplicaConfig {
             tail_queue: 4 << 20,
             repair_interval: Duration::from_secs(1),
             repair_keys: 256,
-        }
-    }
-}
-
-impl ReplicaSettings {
-    /// The replica configuration these settings describe, defaults filled
-    /// in.
-    pub fn resolve(self) -> ReplicaConfig {
-        let d = ReplicaConfig::default();
-        ReplicaConfig {
-            peers: self.peers.unwrap_or_default(),
-            peer_ca: self.peer_ca,
-            peer_server_name: self.peer_server_name,
-            max_age: duration(self.bootstrap_max_age, d.max_age),
-            timeout: duration(self.bootstrap_timeout, d.timeout),
-            retry: duration(self.bootstrap_retry, d.retry),
-            connect_timeout: duration(self.peer_connect_timeout, d.connect_timeout),
-            max_snapshot_bytes: self.max_snapshot_bytes.unwrap_or(d.max_snapshot_bytes),
-            queue: self.bootstrap_queue.unwrap_or(d.queue),
-            send_timeout: duration(self.snapshot_send_timeout, d.send_timeout),
-            send_piece_bytes: self.snapshot_piece_bytes.unwrap_or(d.send_piece_bytes),
-            send_pieces: self.snapshot_pieces.unwrap_or(d.send_pieces),
-            tail_window: duration(self.tail_window, d.tail_window),
-            tail_queue: self.tail_queue.unwrap_or(d.tail_queue),
-            repair_interval: duration(self.repair_interval, d.repair_interval),
-            repair_keys: self.repair_keys.unwrap_or(d.repair_keys),
-        }
-    }
-}
-
-impl From<&ReplicaConfig> for ReplicaSettings {
-    fn from(c: &ReplicaConfig) -> Self {
-        ReplicaSettings {
-            peers: (!c.peers.is_empty()).then(|| c.peers.clone()),
-            peer_ca: c.peer_ca.clone(),
-            peer_server_name: c.peer_server_name.clone(),
-            bootstrap_max_age: Some(HumanDuration(c.max_age)),
-            bootstrap_timeout: Some(HumanDuration(c.timeout)),
-            bootstrap_retry: Some(HumanDuration(c.retry)),
-            peer_connect_timeout: Some(HumanDuration(c.connect_timeout)),
-            max_snapshot_bytes: Some(c.max_snapshot_bytes),
-            bootstrap_queue: Some(c.queue),
-            snapshot_send_timeout: Some(HumanDuration(c.send_timeout)),
-            snapshot_piece_bytes: Some(c.send_piece_bytes),
-            snapshot_pieces: Some(c.send_pieces),
-            tail_window: Some(HumanDuration(c.tail_window)),
-            tail_queue: Some(c.tail_queue),
-            repair_interval: Some(HumanDuration(c.repair_interval)),
-            repair_keys: Some(c.repair_keys),
         }
     }
 }
