@@ -20,10 +20,10 @@
 //!   again after a resync, replaying, disconnected); a match that rests on
 //!   a gateway's insert the engine has not confirmed says so too.
 
-use std::collections::HashMap;
-
-use crate::engine::PINNED;
+use prefix_proto::PodView;
 use smallvec::SmallVec;
+
+use crate::precise::PINNED;
 
 use crate::groups::{hidden_name, lower_lane};
 use crate::index::{Index, Reader};
@@ -31,68 +31,8 @@ use crate::node_ref::NodeRef;
 use crate::pods::PodId;
 use crate::reclaim::Pin;
 use crate::shared::{forget_pods, Shared};
+use crate::states::{PodState, StateMap};
 use crate::tree::Match;
-
-/// How far a pod's answer can be trusted right now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum View {
-    /// Fed by gateways' inserts: what was routed there, not what the
-    /// engine says it holds.
-    Gateway,
-    /// Engine-fed and followed event by event: the engine's cache.
-    Exact,
-    /// Engine-fed and learning again from the live stream after events
-    /// were lost with no replay to fill them (a gap, an engine restart seen
-    /// late, a replay that failed): the engine may hold blocks the index
-    /// does not know, so the match may be short.
-    Learning,
-    /// A replay of missed events is running: the index is behind the
-    /// engine.
-    Replaying,
-    /// The engine's event socket is not connected: its events since are
-    /// not known.
-    Disconnected,
-    /// The match's last blocks rest on a gateway's insert the engine has not
-    /// confirmed (the speculative TTL): the engine may not be computing them.
-    Speculative,
-}
-
-impl View {
-    /// Every view, in the order of their codes.
-    pub const ALL: [View; 6] = [
-        View::Gateway,
-        View::Exact,
-        View::Learning,
-        View::Replaying,
-        View::Disconnected,
-        View::Speculative,
-    ];
-
-    /// A short label (metrics, JSON).
-    pub fn label(self) -> &'static str {
-        match self {
-            View::Gateway => "gateway",
-            View::Exact => "exact",
-            View::Learning => "learning",
-            View::Replaying => "replaying",
-            View::Disconnected => "disconnected",
-            View::Speculative => "speculative",
-        }
-    }
-}
-
-/// What an engine-fed pod's follower and its lower tiers tell lookups.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct PodState {
-    /// The follower's view; `None` until it says (taken as exact).
-    view: Option<View>,
-    /// How many of the pod's lower tiers have held blocks: one past the
-    /// highest tier index stored to (their hidden pods).
-    tiers: u8,
-}
-
-/// Engine-fed pods' states by name.
-pub(crate) type StateMap = HashMap<Box<str>, PodState, ahash::RandomState>;
 
 /// One pod's detailed answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,8 +45,8 @@ pub struct DetailMatch {
     /// The run of blocks after those that a lower tier holds.
     pub lower: u32,
     /// How far the answer can be trusted.
-    pub view: View,
-    /// For a gateway-fed pod ([`View::Gateway`]), milliseconds since its
+    pub view: PodView,
+    /// For a gateway-fed pod ([`PodView::Gateway`]), milliseconds since its
     /// entry on the last block it matches was last written (how near it is
     /// to its TTL); 0 for every other view.
     pub age: u64,
@@ -151,10 +91,10 @@ pub struct Detailed {
 
 impl Index {
     /// Says how far `pod`'s answers can be trusted: what its engine's
-    /// follower knows ([`View::Exact`], [`View::Learning`],
-    /// [`View::Replaying`], [`View::Disconnected`]). Detailed lookups
+    /// follower knows ([`PodView::Exact`], [`PodView::Learning`],
+    /// [`PodView::Replaying`], [`PodView::Disconnected`]). Detailed lookups
     /// report it; a pod never set is exact.
-    pub fn set_view(&self, pod: &str, view: View) {
+    pub fn set_view(&self, pod: &str, view: PodView) {
         self.update_state(pod, |s| s.view = Some(view));
     }
 
@@ -163,7 +103,7 @@ impl Index {
     /// thousands of pods changing at once (a fleet's engines connecting)
     /// copy it once here where [`Index::set_view`] each would copy it each
     /// time.
-    pub fn set_views<'a>(&self, views: impl IntoIterator<Item = (&'a str, View)>) {
+    pub fn set_views<'a>(&self, views: impl IntoIterator<Item = (&'a str, PodView)>) {
         let pin = self.pin();
         let _w = self.sh.states_writer.lock();
         let current = self.sh.states.get(&pin);
@@ -367,7 +307,7 @@ impl OnPath<'_, '_> {
                 pod,
                 blocks,
                 lower: 0,
-                view: View::Gateway,
+                view: PodView::Gateway,
                 age: written.map_or(0, |t| self.now.saturating_sub(t)),
             };
         }
@@ -376,12 +316,12 @@ impl OnPath<'_, '_> {
             .and_then(|n| self.states.get(n))
             .copied()
             .unwrap_or_default();
-        let mut view = state.view.unwrap_or(View::Exact);
-        if matches!(view, View::Exact | View::Learning)
+        let mut view = state.view.unwrap_or(PodView::Exact);
+        if matches!(view, PodView::Exact | PodView::Learning)
             && blocks > 0
             && self.entry(pod.0, blocks - 1).is_some_and(|t| t != PINNED)
         {
-            view = View::Speculative;
+            view = PodView::Speculative;
         }
         // A hybrid pod's lower tiers are not modelled (see `docs`).
         if let (Some(name), false) = (name, state.tiers == 0 || sh.pods.is_hybrid(pod.0)) {

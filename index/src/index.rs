@@ -6,9 +6,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::config::IndexConfig;
-use crate::engine::Registry;
 use crate::error::{InsertError, PodError};
 use crate::pods::PodId;
+use crate::precise::Registry;
 use crate::reclaim::{Pin, Published};
 use crate::shared::Shared;
 use crate::stats::{Counters, Stats};
@@ -31,7 +31,7 @@ pub struct Index {
     models: Published<ModelMap>,
     model_writer: Mutex<()>,
     sweeper: Mutex<Sweeper>,
-    /// Engine-fed pods and their engine state (`engine` module).
+    /// Engine-fed pods and their engine state (`precise` module).
     pub(crate) engines: Registry,
 }
 

@@ -109,21 +109,23 @@ mod aliases;
 mod children;
 pub mod config;
 mod detail;
-pub mod engine;
 pub mod error;
 mod groups;
 mod index;
 mod node;
 mod node_ref;
 mod pods;
+pub mod precise;
 mod reclaim;
 mod sets;
 mod shared;
 mod slots;
 pub mod snapshot;
+mod states;
 mod stats;
 pub mod sweep;
 mod sync;
+mod translate;
 mod tree;
 mod walk;
 
@@ -131,14 +133,14 @@ mod walk;
 mod loom_tests;
 
 pub use config::IndexConfig;
-pub use detail::{DetailMatch, Detailed, TierMatch, Tiered, View};
-pub use engine::{
-    Alias, Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED,
-};
+pub use detail::{DetailMatch, Detailed, TierMatch, Tiered};
 pub use error::{EngineError, InsertError, PodError};
 pub use groups::{Group, GroupKind, MAX_LOWER_TIERS};
 pub use index::{Index, Lookup, Reader};
 pub use pods::PodId;
+pub use precise::{
+    Alias, Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED,
+};
 pub use sets::{SetError, MAX_SETS};
 pub use snapshot::{RestoreSummary, Snapshot, SnapshotError, WriteSummary};
 pub use stats::Stats;

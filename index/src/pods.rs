@@ -55,7 +55,7 @@ struct Slot {
     align: AtomicU32,
 }
 
-/// The pod's blocks come from its engine's events (`crate::engine`): its
+/// The pod's blocks come from its engine's events (`crate::precise`): its
 /// gateway inserts are speculative and it has no capacity of its own.
 const PRECISE: u8 = 1;
 /// The pod may hold a node below one it does not hold (an engine removed a

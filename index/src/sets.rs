@@ -15,11 +15,11 @@
 //!
 //! Snapshots keep sets (`crate::snapshot`, `SetBlocks`).
 
-use crate::engine::PINNED;
 use crate::error::InsertError;
 use crate::groups::{hidden_name, HIDDEN_MARK};
 use crate::index::{Index, Reader};
 use crate::pods::PodId;
+use crate::precise::PINNED;
 
 /// The most sets one pod may have.
 pub const MAX_SETS: u32 = 16;

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 
 use crate::config::IndexConfig;
-use crate::detail::StateMap;
 use crate::groups::GroupTable;
 use crate::pods::Pods;
 use crate::reclaim::{Epoch, Pin, Published};
+use crate::states::StateMap;
 use crate::stats::Counters;
 use crate::sync::Mutex;
 

@@ -92,7 +92,7 @@ pub struct Stats {
     pub evicted: u64,
     /// (pod, block) pairs removed because their pod was removed.
     pub purged: u64,
-    /// Engine block records of engine-fed pods (see the `engine` module),
+    /// Engine block records of engine-fed pods (see the `precise` module),
     /// and the room a store in progress has taken for the new records of
     /// its event: what `max_engine_blocks` bounds.
     pub engine_blocks: u64,

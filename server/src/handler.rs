@@ -25,12 +25,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats, View};
+use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
-    encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, PodView,
-    Reply, Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, WireStats,
-    ANSWER_ROOM, MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, Reply,
+    Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, WireStats, ANSWER_ROOM,
+    MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -250,18 +250,6 @@ fn names(candidates: &Option<Vec<String>>) -> Option<SmallVec<[&str; 16]>> {
     candidates
         .as_ref()
         .map(|c| c.iter().map(String::as_str).collect())
-}
-
-/// A view as the protocol carries it.
-fn wire_view(view: View) -> PodView {
-    match view {
-        View::Gateway => PodView::Gateway,
-        View::Exact => PodView::Exact,
-        View::Learning => PodView::Learning,
-        View::Replaying => PodView::Replaying,
-        View::Disconnected => PodView::Disconnected,
-        View::Speculative => PodView::Speculative,
-    }
 }
 
 /// The refusal of an op the client may not do, if it may not.
@@ -484,7 +472,7 @@ impl Handler {
                             pod: reader.pod_name(m.pod)?.into(),
                             blocks: m.blocks,
                             lower_blocks: m.lower,
-                            view: wire_view(m.view),
+                            view: m.view,
                             age_ms: m.age,
                         })
                     })

@@ -29,7 +29,7 @@
 use std::sync::Arc;
 
 use prefix_client::{Client, TlsConfig};
-use prefix_index::{Index, View};
+use prefix_index::Index;
 use prefix_proto::{Op, PodView, Reply, SampledKey};
 use tokio_util::sync::CancellationToken;
 
@@ -81,7 +81,7 @@ pub fn copy_missing(
             }
             let pod = theirs.pod.as_str();
             let mine = here.iter().find(|m| reader.pod_name(m.pod) == Some(pod));
-            if mine.is_some_and(|m| m.view != View::Gateway || m.blocks >= theirs.blocks) {
+            if mine.is_some_and(|m| m.view != PodView::Gateway || m.blocks >= theirs.blocks) {
                 continue;
             }
             let written = asked.saturating_sub(theirs.age_ms);

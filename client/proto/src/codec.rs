@@ -11,9 +11,10 @@
 use bincode::{Decode, Encode};
 
 use crate::error::WireError;
-use crate::frame::{Kind, HEADER_LEN, MAGIC, VERSION};
+use crate::header::{Kind, HEADER_LEN, MAGIC};
 use crate::limits::Limits;
 use crate::message::{Reply, Request, Response};
+use crate::version::VERSION;
 
 /// The most bytes bincode may reserve while decoding one payload, whatever its
 /// length fields say: 64 MiB, four times the largest `max_frame_bytes` we accept.
@@ -201,7 +202,7 @@ pub fn decode_response(payload: &[u8]) -> Result<Response, WireError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::frame::{split_frame, Frame, Header};
+    use crate::header::{split_frame, Frame, Header};
     use crate::message::{EngineState, EngineStatus, Op, PodBlocks, Subscription, WireStats};
 
     fn lookup() -> Request {

@@ -2,8 +2,8 @@
 
 use thiserror::Error;
 
-use crate::frame::VERSION;
 use crate::message::Reply;
+use crate::version::VERSION;
 
 /// Error codes carried in [`Reply::Error`], in `STOP_SENDING` and in QUIC
 /// close frames. Numbers are stable: a code is never reused for another

@@ -37,11 +37,13 @@
 pub mod codec;
 mod error;
 pub mod frame;
+mod header;
 pub mod json;
 pub mod key;
 mod limits;
 pub mod message;
 mod pod_name;
+mod version;
 
 pub use codec::{
     decode_budget, decode_request, decode_response, encode_error, encode_request, encode_response,

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use crate::engine::{EngineOp, EngineSpec};
-use crate::{DetailMatch, EngineHandle, Index, IndexConfig, Snapshot, View};
+use prefix_proto::PodView;
+
+use crate::precise::{EngineOp, EngineSpec};
+use crate::{DetailMatch, EngineHandle, Index, IndexConfig, Snapshot};
 
 /// Engine blocks and ours: 4 tokens.
 const BLOCK: u32 = 4;
@@ -99,7 +101,7 @@ fn remove(index: &Index, e: &EngineHandle, tier: Tier, blocks: &[usize]) {
 }
 
 /// The detailed answer as (pod, blocks, lower, view).
-fn detail(index: &Index) -> Vec<(String, u32, u32, View)> {
+fn detail(index: &Index) -> Vec<(String, u32, u32, PodView)> {
     let r = index.reader();
     r.lookup_detail("m", &key(), None, T0)
         .matches
@@ -116,7 +118,7 @@ fn detail(index: &Index) -> Vec<(String, u32, u32, View)> {
         .collect()
 }
 
-fn row(pod: &str, blocks: u32, lower: u32, view: View) -> (String, u32, u32, View) {
+fn row(pod: &str, blocks: u32, lower: u32, view: PodView) -> (String, u32, u32, PodView) {
     (pod.to_string(), blocks, lower, view)
 }
 
@@ -125,22 +127,22 @@ fn a_lower_tier_is_counted_after_the_gpus_match_and_apart_from_it() {
     let (index, e) = setup();
     store(&index, &e, Tier::Gpu, 0, N, true);
     store(&index, &e, Tier::Lower(0), 0, N, true);
-    assert_eq!(detail(&index), [row("pod", 10, 0, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 10, 0, PodView::Exact)]);
     // The GPU evicts the tail; the CPU still holds it.
     remove(&index, &e, Tier::Gpu, &[9, 8, 7, 6]);
     assert_eq!(
         index.lookup("m", &key(), None, T0),
         [("pod".to_string(), 6)]
     );
-    assert_eq!(detail(&index), [row("pod", 6, 4, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 6, 4, PodView::Exact)]);
     // The lower run ends where the lower tier lacks a block.
     remove(&index, &e, Tier::Lower(0), &[8]);
-    assert_eq!(detail(&index), [row("pod", 6, 2, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 6, 2, PodView::Exact)]);
     // The GPU loses everything: the pod is answered by its lower tier
     // alone, and the plain answer has nothing.
     remove(&index, &e, Tier::Gpu, &[5, 4, 3, 2, 1, 0]);
     assert!(index.lookup("m", &key(), None, T0).is_empty());
-    assert_eq!(detail(&index), [row("pod", 0, 8, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 0, 8, PodView::Exact)]);
     // Candidates that leave it out leave it out.
     let r = index.reader();
     assert!(r
@@ -174,7 +176,7 @@ fn each_lower_tier_reaches_as_far_as_it_and_the_tiers_before_it_hold() {
     remove(&index, &e, Tier::Lower(1), &[4, 5, 8]);
     assert_eq!(tiers(&index), [("pod".to_string(), 4, vec![6, 10])]);
     // The detailed answer counts the run any lower tier holds.
-    assert_eq!(detail(&index), [row("pod", 4, 6, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 4, 6, PodView::Exact)]);
     // The disk loses block 6: the CPU still reaches 6, the disk 6 too.
     remove(&index, &e, Tier::Lower(1), &[6]);
     assert_eq!(tiers(&index), [("pod".to_string(), 4, vec![6, 6])]);
@@ -207,7 +209,7 @@ fn a_lower_tiers_placeholders_are_found_by_hash() {
     // vLLM's placeholders: hashes without tokens.
     store(&index, &e, Tier::Lower(0), 4, N, false);
     remove(&index, &e, Tier::Gpu, &[9, 8, 7, 6, 5, 4]);
-    assert_eq!(detail(&index), [row("pod", 4, 6, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 4, 6, PodView::Exact)]);
 }
 
 #[test]
@@ -223,7 +225,7 @@ fn a_clear_and_a_dropped_engine_take_the_lower_tier_too() {
     }
     assert!(detail(&index).is_empty());
     store(&index, &e, Tier::Lower(0), 0, N, true);
-    assert_eq!(detail(&index), [row("pod", 0, 10, View::Exact)]);
+    assert_eq!(detail(&index), [row("pod", 0, 10, PodView::Exact)]);
     assert!(index.drop_engine_pod("pod"));
     assert!(detail(&index).is_empty());
 }
@@ -242,7 +244,7 @@ fn a_snapshot_keeps_the_lower_tier() {
     });
     let sum = Snapshot::parse(&bytes).unwrap().restore(&fresh, T0);
     assert_eq!(sum.refused, 0);
-    assert_eq!(detail(&fresh), [row("pod", 7, 3, View::Exact)]);
+    assert_eq!(detail(&fresh), [row("pod", 7, 3, PodView::Exact)]);
 }
 
 #[test]
@@ -253,28 +255,28 @@ fn views_say_how_far_each_answer_holds() {
     assert_eq!(
         detail(&index),
         [
-            row("gw", 10, 0, View::Gateway),
-            row("pod", 6, 0, View::Exact)
+            row("gw", 10, 0, PodView::Gateway),
+            row("pod", 6, 0, PodView::Exact)
         ]
     );
-    index.set_view("pod", View::Learning);
-    assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Learning));
-    index.set_view("pod", View::Disconnected);
-    assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Disconnected));
+    index.set_view("pod", PodView::Learning);
+    assert_eq!(detail(&index)[1], row("pod", 6, 0, PodView::Learning));
+    index.set_view("pod", PodView::Disconnected);
+    assert_eq!(detail(&index)[1], row("pod", 6, 0, PodView::Disconnected));
     // Set with others in one step, the last of a pod's views holds.
     index.set_views([
-        ("pod", View::Replaying),
-        ("other", View::Learning),
-        ("pod", View::Learning),
+        ("pod", PodView::Replaying),
+        ("other", PodView::Learning),
+        ("pod", PodView::Learning),
     ]);
-    assert_eq!(detail(&index)[1], row("pod", 6, 0, View::Learning));
-    index.set_view("pod", View::Exact);
+    assert_eq!(detail(&index)[1], row("pod", 6, 0, PodView::Learning));
+    index.set_view("pod", PodView::Exact);
     // A gateway's insert past the engine's blocks: speculative until the
     // engine confirms it.
     index.insert("m", &key(), "pod", T0).unwrap();
-    assert_eq!(detail(&index)[1], row("pod", 10, 0, View::Speculative));
+    assert_eq!(detail(&index)[1], row("pod", 10, 0, PodView::Speculative));
     store(&index, &e, Tier::Gpu, 6, N, true);
-    assert_eq!(detail(&index)[1], row("pod", 10, 0, View::Exact));
+    assert_eq!(detail(&index)[1], row("pod", 10, 0, PodView::Exact));
 }
 
 #[test]
@@ -294,6 +296,6 @@ fn a_gateway_pods_answer_says_how_long_ago_its_last_block_was_written() {
         (m.view, m.blocks, m.age)
     };
     // The fourth block was last written 5 s ago (the second, 1 s ago).
-    assert_eq!(age("gw"), (View::Gateway, 4, 5_000));
-    assert_eq!(age("pod"), (View::Exact, 10, 0));
+    assert_eq!(age("gw"), (PodView::Gateway, 4, 5_000));
+    assert_eq!(age("pod"), (PodView::Exact, 10, 0));
 }

@@ -1,7 +1,12 @@
 use std::time::Duration;
 
+use std::io::Write;
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::write::Hashing;
 use super::*;
-use crate::IndexConfig;
+use crate::{Index, IndexConfig};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -134,7 +139,7 @@ fn every_truncation_and_every_flipped_byte_is_refused() {
 
 /// Signs arbitrary records the way a writer would, to reach the checks
 /// behind the checksum.
-fn signed(records: &[RecordRef<'_>]) -> Vec<u8> {
+fn signed(records: &[Record<'_>]) -> Vec<u8> {
     let mut w = Hashing {
         inner: Vec::new(),
         hash: Xxh3::new(),
@@ -152,32 +157,34 @@ fn signed(records: &[RecordRef<'_>]) -> Vec<u8> {
 
 #[test]
 fn well_signed_nonsense_is_refused_with_a_reason() {
-    let header = RecordRef::Header {
+    let header = || Record::Header {
         version: VERSION,
         written_at: T0,
         default_capacity: 1,
     };
-    let pod = RecordRef::Pod {
-        name: "p",
+    let pod = || Record::Pod {
+        name: Stored::of("p"),
         capacity: 1,
     };
-    let model = RecordRef::Model { name: "m" };
-    let node = |parent, entries| RecordRef::Node {
-        parent,
-        edge: &[1, 2],
-        entries,
+    let model = || Record::Model {
+        name: Stored::of("m"),
     };
-    let end = |nodes| RecordRef::End {
+    let node = |parent, entries| Record::Node {
+        parent,
+        edge: Stored::of(&[1, 2]),
+        entries: Stored::of(entries),
+    };
+    let end = |nodes| Record::End {
         pods: 1,
         models: 1,
         nodes,
     };
     let good = [(0, T0)];
-    let cases: Vec<(Vec<RecordRef<'_>>, &str)> = vec![
-        (vec![pod, end(0)], "no header"),
+    let cases: Vec<(Vec<Record<'_>>, &str)> = vec![
+        (vec![pod(), end(0)], "no header"),
         (
             vec![
-                RecordRef::Header {
+                Record::Header {
                     version: 9,
                     written_at: 0,
                     default_capacity: 0,
@@ -186,16 +193,19 @@ fn well_signed_nonsense_is_refused_with_a_reason() {
             ],
             "version 9",
         ),
-        (vec![header, pod, model, node(ROOT, &good)], "no end record"),
         (
-            vec![header, pod, model, node(ROOT, &[(5, T0)]), end(1)],
+            vec![header(), pod(), model(), node(ROOT, &good)],
+            "no end record",
+        ),
+        (
+            vec![header(), pod(), model(), node(ROOT, &[(5, T0)]), end(1)],
             "unknown pod",
         ),
         (
             vec![
-                header,
-                pod,
-                model,
+                header(),
+                pod(),
+                model(),
                 node(ROOT, &good),
                 node(3, &good),
                 end(2),
@@ -203,11 +213,11 @@ fn well_signed_nonsense_is_refused_with_a_reason() {
             "not in pre-order",
         ),
         (
-            vec![header, pod, model, node(ROOT, &good), end(7)],
+            vec![header(), pod(), model(), node(ROOT, &good), end(7)],
             "counts differ",
         ),
         (
-            vec![header, pod, node(ROOT, &good), end(1)],
+            vec![header(), pod(), node(ROOT, &good), end(1)],
             "before any model",
         ),
     ];
@@ -215,21 +225,29 @@ fn well_signed_nonsense_is_refused_with_a_reason() {
         let err = Snapshot::parse(&signed(&records)).unwrap_err();
         assert!(err.to_string().contains(why), "{why}: got {err}");
     }
-    let engines = |engines, blocks| RecordRef::Engines { engines, blocks };
-    let engine = RecordRef::Engine {
-        pod: "e",
+    let engines = |engines, blocks| Record::Engines { engines, blocks };
+    let engine = || Record::Engine {
+        pod: Stored::of("e"),
         engine_block: 16,
         our_block: 16,
         last_batch: None,
     };
-    let more: Vec<(Vec<RecordRef<'_>>, &str)> = vec![
-        (vec![header, pod, model, end(0)], "no engine count"),
+    let more: Vec<(Vec<Record<'_>>, &str)> = vec![
+        (vec![header(), pod(), model(), end(0)], "no engine count"),
         (
-            vec![header, pod, model, engines(1, 0), end(0)],
+            vec![header(), pod(), model(), engines(1, 0), end(0)],
             "engine counts differ",
         ),
         (
-            vec![header, pod, model, engine, engine, engines(2, 0), end(0)],
+            vec![
+                header(),
+                pod(),
+                model(),
+                engine(),
+                engine(),
+                engines(2, 0),
+                end(0),
+            ],
             "an engine-fed pod twice",
         ),
     ];
@@ -238,16 +256,16 @@ fn well_signed_nonsense_is_refused_with_a_reason() {
         assert!(err.to_string().contains(why), "{why}: got {err}");
     }
     // Version 1 had no engines and no engine count.
-    let v1 = RecordRef::Header {
+    let v1 = || Record::Header {
         version: 1,
         written_at: T0,
         default_capacity: 31_250,
     };
-    assert!(Snapshot::parse(&signed(&[v1, pod, model, end(0)])).is_ok());
+    assert!(Snapshot::parse(&signed(&[v1(), pod(), model(), end(0)])).is_ok());
     let fine = signed(&[
-        header,
-        pod,
-        model,
+        header(),
+        pod(),
+        model(),
         node(ROOT, &good),
         node(0, &good),
         engines(0, 0),

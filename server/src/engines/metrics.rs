@@ -13,7 +13,7 @@ use prometheus_client::registry::Unit;
 
 use super::{EngineRefusal, Engines, SubStats};
 use prefix_events::follow::Resync;
-use prefix_index::View;
+use prefix_proto::PodView;
 
 /// The server's engine subscriptions, once they exist (metrics are made
 /// before them).
@@ -56,7 +56,7 @@ struct PodReason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct PodView {
+struct ViewLabels {
     pod: String,
     view: &'static str,
 }
@@ -262,18 +262,18 @@ impl Collector for EngineCollector {
             None,
             ConstGauge::new(0i64).metric_type(),
         )?;
-        const VIEWS: [View; 4] = [
-            View::Exact,
-            View::Learning,
-            View::Replaying,
-            View::Disconnected,
+        const VIEWS: [PodView; 4] = [
+            PodView::Exact,
+            PodView::Learning,
+            PodView::Replaying,
+            PodView::Disconnected,
         ];
         for (pod, stats) in &all {
             let now = stats.view();
             for view in VIEWS {
-                let labels = PodView {
+                let labels = ViewLabels {
                     pod: pod.clone(),
-                    view: view.label(),
+                    view: view.name(),
                 };
                 let on = i64::from(now == Some(view));
                 ConstGauge::new(on).encode(family.encode_family(&labels)?)?;

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use prefix_index::{Applied, View};
+use prefix_index::Applied;
 use prefix_proto::EngineStatus;
+use prefix_proto::PodView;
 
 use super::apply::Outcome;
 use super::view::ViewTracker;
@@ -247,13 +248,13 @@ impl SubStats {
 
     /// The pod's view if it changed since it was last taken (learning
     /// lasting at most `period`); taken so (see `view::Pending`).
-    pub fn changed_view(&self, period: Duration) -> Option<View> {
+    pub fn changed_view(&self, period: Duration) -> Option<PodView> {
         self.view.lock().changed(Instant::now(), period)
     }
 
     /// The view last taken for the index (it reaches lookups within
     /// `view::Pending::EVERY`).
-    pub fn view(&self) -> Option<View> {
+    pub fn view(&self) -> Option<PodView> {
         self.view.lock().published()
     }
 

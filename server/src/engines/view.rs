@@ -1,5 +1,5 @@
 //! How far an engine-fed pod's answers can be trusted, from what its
-//! follower sees, without I/O: the [`View`] detailed lookups report.
+//! follower sees, without I/O: the [`PodView`] detailed lookups report.
 //!
 //! - **Exact** once the follower has seen the engine's cache from a known
 //!   state: a batch numbered 0 (an engine instance from its start, its
@@ -17,7 +17,7 @@
 
 use std::time::{Duration, Instant};
 
-use prefix_index::View;
+use prefix_proto::PodView;
 use tokio_util::sync::CancellationToken;
 
 /// What the follower has proven about the pod's blocks.
@@ -39,7 +39,7 @@ pub struct ViewTracker {
     replaying: bool,
     connected: bool,
     /// The view last given to the index.
-    published: Option<View>,
+    published: Option<PodView>,
 }
 
 impl ViewTracker {
@@ -93,28 +93,28 @@ impl ViewTracker {
     }
 
     /// The view at `now`, learning lasting at most `period`.
-    pub fn view(&self, now: Instant, period: Duration) -> View {
+    pub fn view(&self, now: Instant, period: Duration) -> PodView {
         if !self.connected {
-            return View::Disconnected;
+            return PodView::Disconnected;
         }
         if self.replaying {
-            return View::Replaying;
+            return PodView::Replaying;
         }
         match self.base {
-            Base::Exact => View::Exact,
-            Base::Learning { since, .. } if now.duration_since(since) >= period => View::Exact,
-            Base::Learning { .. } => View::Learning,
+            Base::Exact => PodView::Exact,
+            Base::Learning { since, .. } if now.duration_since(since) >= period => PodView::Exact,
+            Base::Learning { .. } => PodView::Learning,
         }
     }
 
     /// The view last published.
-    pub fn published(&self) -> Option<View> {
+    pub fn published(&self) -> Option<PodView> {
         self.published
     }
 
     /// The view at `now` if it differs from the one last published, which
     /// it becomes.
-    pub fn changed(&mut self, now: Instant, period: Duration) -> Option<View> {
+    pub fn changed(&mut self, now: Instant, period: Duration) -> Option<PodView> {
         let view = self.view(now, period);
         (self.published != Some(view)).then(|| {
             self.published = Some(view);
@@ -133,7 +133,7 @@ impl ViewTracker {
 /// dropped, or handed to the subscription that replaced it.
 #[derive(Debug, Default)]
 pub struct Pending {
-    views: Vec<(String, View, CancellationToken)>,
+    views: Vec<(String, PodView, CancellationToken)>,
     /// When views were last given.
     last: Option<Instant>,
 }
@@ -227,7 +227,7 @@ mod tests {
             // A gateway's insert: speculative while the view is exact.
             index.insert("m", &[1], pod, now).unwrap();
         }
-        assert_eq!(view("a"), Some(View::Speculative));
+        assert_eq!(view("a"), Some(PodView::Speculative));
         let (on, ended) = (CancellationToken::new(), CancellationToken::new());
         ended.cancel();
         let (a, b) = (
@@ -243,14 +243,14 @@ mod tests {
         assert_eq!(pending.wait_ms(t0, 100), 0);
         pending.flush(&index, t0);
         assert!(pending.views.is_empty());
-        assert_eq!(view("a"), Some(View::Disconnected));
-        assert_eq!(view("b"), Some(View::Speculative));
+        assert_eq!(view("a"), Some(PodView::Disconnected));
+        assert_eq!(view("b"), Some(PodView::Speculative));
         // The next change waits out the interval.
         a.set_connected(true);
         pending.note("a", &a, PERIOD, &on);
         let soon = t0 + Pending::EVERY / 4;
         pending.flush(&index, soon);
-        assert_eq!(view("a"), Some(View::Disconnected));
+        assert_eq!(view("a"), Some(PodView::Disconnected));
         let wait = pending.wait_ms(soon, 100);
         assert!(
             wait > 0 && wait <= Pending::EVERY.as_millis() as i64,
@@ -261,7 +261,7 @@ mod tests {
             1
         );
         pending.flush(&index, t0 + Pending::EVERY);
-        assert_eq!(view("a"), Some(View::Speculative));
+        assert_eq!(view("a"), Some(PodView::Speculative));
     }
 
     #[test]
@@ -269,22 +269,22 @@ mod tests {
         let t0 = Instant::now();
         // From batch 0: the engine's whole life.
         let mut v = connected(false, t0);
-        assert_eq!(v.view(t0, PERIOD), View::Learning);
+        assert_eq!(v.view(t0, PERIOD), PodView::Learning);
         v.applied(0, false, t0);
-        assert_eq!(v.view(t0, PERIOD), View::Exact);
+        assert_eq!(v.view(t0, PERIOD), PodView::Exact);
         // Joined late: learning, until a clear or the period.
         let mut v = connected(false, t0);
         v.applied(41, false, t0);
-        assert_eq!(v.view(t0, PERIOD), View::Learning);
+        assert_eq!(v.view(t0, PERIOD), PodView::Learning);
         v.applied(42, true, t0);
-        assert_eq!(v.view(t0, PERIOD), View::Exact);
+        assert_eq!(v.view(t0, PERIOD), PodView::Exact);
         let mut v = connected(false, t0);
         v.applied(41, false, t0);
-        assert_eq!(v.view(t0 + PERIOD, PERIOD), View::Exact);
+        assert_eq!(v.view(t0 + PERIOD, PERIOD), PodView::Exact);
         // Restored from a snapshot: its next batch continues it.
         let mut v = connected(true, t0);
         v.applied(41, false, t0);
-        assert_eq!(v.view(t0, PERIOD), View::Exact);
+        assert_eq!(v.view(t0, PERIOD), PodView::Exact);
     }
 
     #[test]
@@ -294,20 +294,20 @@ mod tests {
         let mut v = connected(false, t0);
         v.applied(0, false, t0);
         v.resynced(t1);
-        assert_eq!(v.view(t1, PERIOD), View::Learning);
-        assert_eq!(v.view(t1 + PERIOD, PERIOD), View::Exact);
+        assert_eq!(v.view(t1, PERIOD), PodView::Learning);
+        assert_eq!(v.view(t1 + PERIOD, PERIOD), PodView::Exact);
         // A restart's replay from 0 proves it again.
         v.set_replaying(true);
-        assert_eq!(v.view(t1, PERIOD), View::Replaying);
+        assert_eq!(v.view(t1, PERIOD), PodView::Replaying);
         v.applied(0, false, t1);
         v.set_replaying(false);
-        assert_eq!(v.view(t1, PERIOD), View::Exact);
+        assert_eq!(v.view(t1, PERIOD), PodView::Exact);
         v.set_connected(false);
-        assert_eq!(v.view(t1, PERIOD), View::Disconnected);
+        assert_eq!(v.view(t1, PERIOD), PodView::Disconnected);
         // Published once per change.
-        assert_eq!(v.changed(t1, PERIOD), Some(View::Disconnected));
+        assert_eq!(v.changed(t1, PERIOD), Some(PodView::Disconnected));
         assert_eq!(v.changed(t1, PERIOD), None);
         v.set_connected(true);
-        assert_eq!(v.changed(t1, PERIOD), Some(View::Exact));
+        assert_eq!(v.changed(t1, PERIOD), Some(PodView::Exact));
     }
 }

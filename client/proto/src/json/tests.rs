@@ -1,3 +1,5 @@
+use serde_json::{json, Value};
+
 use super::*;
 
 use crate::message::PodBlocks;

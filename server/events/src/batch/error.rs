@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::msgpack::ReadError;
+use crate::msgpack::{ReadError, Reader};
 
 /// Where in a payload a decoding error is: the event (its 0-based position in
 /// the batch's `events` array, unknown events included), the field, and the
@@ -137,6 +137,26 @@ pub enum DecodeError {
     /// engines' msgspec decoder refuses trailing bytes too).
     #[error("{extra} trailing bytes after the batch")]
     TrailingBytes { extra: usize },
+}
+
+/// The length of the list at `r`, refused with [`DecodeError::Limit`] past
+/// `max` (the [`super::DecodeLimits`] field named `limit`).
+pub(super) fn list_len(
+    r: &mut Reader<'_>,
+    at: Location,
+    limit: &'static str,
+    max: usize,
+) -> Result<usize, DecodeError> {
+    let n = r.array_len().map_err(|e| at.err(e))?;
+    if n > max {
+        return Err(DecodeError::Limit {
+            at,
+            limit,
+            len: n,
+            max,
+        });
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use compact_str::CompactString;
 use smallvec::SmallVec;
 
+use super::error::list_len;
 use super::extra::extra_keys;
 use super::{BadEvents, DecodeError, DecodeLimits, Event, Location, Removed, Stored};
 use crate::msgpack::{utf8, IntOrBin, Reader, Shape};
@@ -406,26 +407,6 @@ fn stored_position_7(
         e => e,
     })?;
     Ok((name, None))
-}
-
-/// The length of the list at `r`, refused with [`DecodeError::Limit`] past
-/// `max` (the [`DecodeLimits`] field named `limit`).
-pub(super) fn list_len(
-    r: &mut Reader<'_>,
-    at: Location,
-    limit: &'static str,
-    max: usize,
-) -> Result<usize, DecodeError> {
-    let n = r.array_len().map_err(|e| at.err(e))?;
-    if n > max {
-        return Err(DecodeError::Limit {
-            at,
-            limit,
-            len: n,
-            max,
-        });
-    }
-    Ok(n)
 }
 
 /// A list of block hashes (one is held inline: see [`Removed::hashes`]).

@@ -3,7 +3,7 @@
 
 use smallvec::SmallVec;
 
-use super::event::list_len;
+use super::error::list_len;
 use super::{DecodeError, DecodeLimits, Location, RawExtraKey};
 use crate::msgpack::{Reader, Scalar, Shape};
 

@@ -159,7 +159,7 @@ fn engine_pods_dropped_at_once_go_as_one_by_one() {
         let e = index.engine(pod, spec(4)).unwrap();
         stored(&e, pod, p);
         // Not the view a pod starts with.
-        index.set_view(pod, crate::View::Learning);
+        index.set_view(pod, prefix_proto::PodView::Learning);
         handles.push(e);
     }
     assert_eq!(
@@ -184,8 +184,8 @@ fn engine_pods_dropped_at_once_go_as_one_by_one() {
         let found = r.lookup_detail("m", &key(p, 2), None, T0).matches;
         found.iter().map(|m| (m.blocks, m.view)).collect::<Vec<_>>()
     };
-    assert_eq!(view(0), [(2, crate::View::Exact)]);
-    assert_eq!(view(1), [(2, crate::View::Learning)]);
+    assert_eq!(view(0), [(2, prefix_proto::PodView::Exact)]);
+    assert_eq!(view(1), [(2, prefix_proto::PodView::Learning)]);
 }
 
 #[test]

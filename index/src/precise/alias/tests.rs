@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::engine::{Alias, EngineOp, EngineSpec};
+use crate::precise::{Alias, EngineOp, EngineSpec};
 use crate::{EngineHandle, Index, IndexConfig, Snapshot};
 
 const T0: u64 = 1_700_000_000_000;

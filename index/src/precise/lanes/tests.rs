@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::engine::{Applied, EngineOp, EngineSpec};
 use crate::groups::{Group, GroupKind};
+use crate::precise::{Applied, EngineOp, EngineSpec};
 use crate::{EngineHandle, Index, IndexConfig, PodError, Snapshot};
 
 /// Our block: 4 tokens.
