@@ -3,45 +3,12 @@
 //! check) answered, on stderr in words for what never reached an answer.
 
 use prefix_testkit::server as common;
+use prefix_testkit::server::client_bin;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use prefix_testkit::tls::{Ca, Roles};
-
-/// The `prefix-client` binary of this build profile, brought up to date
-/// first (a test of this package alone would otherwise find a stale one).
-fn client_bin() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let mut build = Command::new(env!("CARGO"));
-            build.args([
-                "build",
-                "-q",
-                "-p",
-                "prefix-client",
-                "--bin",
-                "prefix-client",
-            ]);
-            if !cfg!(debug_assertions) {
-                build.arg("--release");
-            }
-            let status = build
-                .current_dir(env!("CARGO_MANIFEST_DIR"))
-                .status()
-                .unwrap();
-            assert!(status.success(), "building prefix-client failed");
-            // target/<profile>/deps/<this test> → target/<profile>/prefix-client
-            let exe = std::env::current_exe().unwrap();
-            exe.parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .join("prefix-client")
-        })
-        .clone()
-}
 
 struct Run {
     code: i32,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use prefix_testkit::server as common;
+use prefix_testkit::server::client_bin;
 
 /// Where the copies live.
 fn surface_dir() -> PathBuf {
@@ -61,35 +62,6 @@ fn output(bin: &Path, args: &[&str]) -> String {
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{} {args:?} failed", bin.display());
     String::from_utf8(out.stdout).unwrap()
-}
-
-/// The `prefix-client` binary of this build profile, brought up to date
-/// first (a test of this package alone would otherwise find a stale one).
-fn client_bin() -> PathBuf {
-    let mut build = Command::new(env!("CARGO"));
-    build.args([
-        "build",
-        "-q",
-        "-p",
-        "prefix-client",
-        "--bin",
-        "prefix-client",
-    ]);
-    if !cfg!(debug_assertions) {
-        build.arg("--release");
-    }
-    let status = build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .unwrap();
-    assert!(status.success(), "building prefix-client failed");
-    // target/<profile>/deps/<this test> → target/<profile>/prefix-client
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("prefix-client")
 }
 
 /// The subcommands a `--help` lists under "Commands:", `help` aside.

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use probe::{count_from_env, eventually, http_get, metric, resident_bytes};
-pub use process::{free_ports, Proc};
+pub use process::{client_bin, free_ports, Proc};
 
 /// A server running in this process, on the current tokio runtime.
 pub struct TestServer {

@@ -15,6 +15,41 @@ pub struct Proc {
     pub dir: PathBuf,
 }
 
+/// The `prefix-client` binary of the test's build profile, brought up to
+/// date first (a test of one package alone would otherwise find a stale
+/// one), once per test process.
+pub fn client_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let mut build = Command::new(env!("CARGO"));
+            build.args([
+                "build",
+                "-q",
+                "-p",
+                "prefix-client",
+                "--bin",
+                "prefix-client",
+            ]);
+            if !cfg!(debug_assertions) {
+                build.arg("--release");
+            }
+            let status = build
+                .current_dir(env!("CARGO_MANIFEST_DIR"))
+                .status()
+                .unwrap();
+            assert!(status.success(), "building prefix-client failed");
+            // target/<profile>/deps/<the test> → target/<profile>/prefix-client
+            let exe = std::env::current_exe().unwrap();
+            exe.parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("prefix-client")
+        })
+        .clone()
+}
+
 /// A free UDP port for QUIC and a free TCP port for metrics on
 /// `127.0.0.1`, for a process that must keep them over restarts.
 pub fn free_ports() -> (SocketAddr, SocketAddr) {
