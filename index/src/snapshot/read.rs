@@ -64,7 +64,7 @@ struct Reading {
 }
 
 impl Reading {
-    /// A record of the pods and trees.
+    /// A record of the pods, the trees or the pods' sets.
     fn tree(&mut self, record: Record<'static>) -> Result<(), SnapshotError> {
         let snap = &mut self.snap;
         match record {

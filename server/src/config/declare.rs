@@ -163,7 +163,7 @@ pub(crate) mod seconds {
 pub(crate) mod address_or_off {
     use std::net::SocketAddr;
 
-    use crate::config::value::invalid_setting;
+    use crate::config::value::invalid;
     use crate::config::ConfigError;
 
     pub fn put(
@@ -171,13 +171,13 @@ pub(crate) mod address_or_off {
         written: String,
         value: &mut Option<SocketAddr>,
     ) -> Result<(), ConfigError> {
-        *value =
-            match written.as_str() {
-                "off" => None,
-                s => Some(s.parse().or_else(|_| {
-                    invalid_setting(name, &s, "not an address (host:port) or \"off\"")
-                })?),
-            };
+        *value = match written.as_str() {
+            "off" => None,
+            s => Some(
+                s.parse()
+                    .or_else(|_| invalid(name, &s, "not an address (host:port) or \"off\""))?,
+            ),
+        };
         Ok(())
     }
 

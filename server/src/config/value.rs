@@ -93,28 +93,16 @@ pub enum ConfigError {
     },
 }
 
-/// The error of setting `name` (its TOML key) at `value`, which breaks
-/// `why`.
+/// The error of setting `name` at `value`, which breaks `why`. `name` is
+/// its TOML key, or its field's name (snake_case), which is written as the
+/// key.
 pub(crate) fn invalid<T>(
     name: &'static str,
     value: &dyn ToString,
     why: &'static str,
 ) -> Result<T, ConfigError> {
     Err(ConfigError::Invalid {
-        name: name.into(),
-        value: value.to_string(),
-        why,
-    })
-}
-
-/// [`invalid`] for the setting whose field is `field` (in snake_case).
-pub(crate) fn invalid_setting<T>(
-    field: &'static str,
-    value: &dyn ToString,
-    why: &'static str,
-) -> Result<T, ConfigError> {
-    Err(ConfigError::Invalid {
-        name: field.replace('_', "-"),
+        name: name.replace('_', "-"),
         value: value.to_string(),
         why,
     })

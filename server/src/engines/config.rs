@@ -140,7 +140,7 @@ settings! {
 
 /// The central collector's address: `tcp://host:port`, or `off`.
 mod collector_listen {
-    use crate::config::value::invalid_setting;
+    use crate::config::value::invalid;
     use crate::config::ConfigError;
 
     pub fn put(
@@ -151,7 +151,7 @@ mod collector_listen {
         *value = match written.as_str() {
             "off" => None,
             l if l.starts_with("tcp://") => Some(written),
-            l => return invalid_setting(name, &l, "not tcp://host:port or \"off\""),
+            l => return invalid(name, &l, "not tcp://host:port or \"off\""),
         };
         Ok(())
     }
@@ -165,7 +165,7 @@ mod collector_listen {
 /// and addresses; none given, anywhere.
 mod collector_allow {
     use super::EngineAllow;
-    use crate::config::value::invalid_setting;
+    use crate::config::value::invalid;
     use crate::config::ConfigError;
 
     pub fn put(
@@ -173,9 +173,8 @@ mod collector_allow {
         written: Vec<String>,
         value: &mut EngineAllow,
     ) -> Result<(), ConfigError> {
-        *value = EngineAllow::parse(&written).or_else(|bad| {
-            invalid_setting(name, &bad, "not a network (10.0.0.0/16) or an address")
-        })?;
+        *value = EngineAllow::parse(&written)
+            .or_else(|bad| invalid(name, &bad, "not a network (10.0.0.0/16) or an address"))?;
         Ok(())
     }
 
