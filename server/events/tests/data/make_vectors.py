@@ -354,6 +354,28 @@ def tokens(start: int, n: int) -> list[int]:
     return [(start + i * 7919 + widths[i % 4]) % 200_000 for i in range(n)]
 
 
+def v33_stored(hashes: list[Any], parent: Any, token_ids: list[int], **fields: Any) -> V33Stored:
+    """A vLLM 0.33 store of 16-token blocks in the GPU pool without LoRA,
+    but for what `fields` set."""
+    plain = {"block_size": 16, "lora_id": None, "medium": "GPU", "lora_name": None}
+    return V33Stored(
+        block_hashes=hashes, parent_block_hash=parent, token_ids=token_ids, **{**plain, **fields}
+    )
+
+
+def sg_stored(hashes: list[int], parent: Optional[int], token_ids: list[int], **fields: Any) -> SgStored:
+    """An SGLang 0.5.23 store of one-token blocks without LoRA, but for
+    what `fields` set."""
+    return SgStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=token_ids,
+        block_size=1,
+        lora_id=None,
+        **fields,
+    )
+
+
 def main() -> None:
     ts = 1_757_500_000.123_456_7
 
@@ -367,24 +389,19 @@ def main() -> None:
         V33Batch(
             ts,
             [
-                V33Stored(
-                    block_hashes=h[:3],
-                    parent_block_hash=None,
-                    token_ids=tokens(0, 48),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
+                v33_stored(
+                    h[:3],
+                    None,
+                    tokens(0, 48),
                     extra_keys=[None, None, None],
                     group_idx=0,
                     kv_cache_spec_kind="full_attention",
                 ),
                 V33Removed(block_hashes=[h[0]], medium="GPU", group_idx=0),
-                V33Stored(
-                    block_hashes=h[3:],
-                    parent_block_hash=h[2],
-                    token_ids=tokens(48, 32),
-                    block_size=16,
+                v33_stored(
+                    h[3:],
+                    h[2],
+                    tokens(48, 32),
                     lora_id=7,
                     medium="CPU",
                     lora_name="sql-adapter",
@@ -412,14 +429,10 @@ def main() -> None:
         V33Batch(
             ts + 1,
             [
-                V33Stored(
-                    block_hashes=d[1:],
-                    parent_block_hash=d[0],
-                    token_ids=tokens(16, 32),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
+                v33_stored(
+                    d[1:],
+                    d[0],
+                    tokens(16, 32),
                     extra_keys=[None, None],
                     group_idx=0,
                     kv_cache_spec_kind="full_attention",
@@ -438,15 +451,7 @@ def main() -> None:
         V33Batch(
             ts + 2,
             [
-                V33Stored(
-                    block_hashes=x,
-                    parent_block_hash=None,
-                    token_ids=tokens(0, 32),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                ),
+                v33_stored(x, None, tokens(0, 32)),
                 V33Removed(block_hashes=x[::-1], medium=None),
             ],
             3,
@@ -462,15 +467,7 @@ def main() -> None:
             [
                 V33Removed(block_hashes=[h[4]], medium="GPU", group_idx=0),
                 V33Future(block_hashes=[h[1], h[2]], pinned_by=[("req-1", 2), ("req-2", 3)]),
-                V33Stored(
-                    block_hashes=[h[4]],
-                    parent_block_hash=h[3],
-                    token_ids=tokens(64, 16),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                ),
+                v33_stored([h[4]], h[3], tokens(64, 16)),
                 V33Future(block_hashes=[], pinned_by=[]),
             ],
             1,
@@ -518,20 +515,11 @@ def main() -> None:
         SgBatch(
             ts + 6,
             [
-                SgStored(
-                    block_hashes=s[:4],
-                    parent_block_hash=None,
-                    token_ids=tokens(0, 4),
-                    block_size=1,
-                    lora_id=None,
-                    medium=StorageMedium.GPU,
-                ),
-                SgStored(
-                    block_hashes=s[4:],
-                    parent_block_hash=s[3],
-                    token_ids=tokens(4, 2),
-                    block_size=1,
-                    lora_id=None,
+                sg_stored(s[:4], None, tokens(0, 4), medium=StorageMedium.GPU),
+                sg_stored(
+                    s[4:],
+                    s[3],
+                    tokens(4, 2),
                     medium=StorageMedium.CPU,
                     cache_salt="tenant-a",
                     session_id="sess-1",
@@ -590,15 +578,7 @@ def main() -> None:
         V33MapBatch(
             ts + 9,
             [
-                V33Stored(
-                    block_hashes=[h[0]],
-                    parent_block_hash=None,
-                    token_ids=tokens(0, 16),
-                    block_size=16,
-                    lora_id=None,
-                    medium="GPU",
-                    lora_name=None,
-                ),
+                v33_stored([h[0]], None, tokens(0, 16)),
             ],
             4,
         ),
