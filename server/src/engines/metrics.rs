@@ -6,9 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock, Weak};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
 use super::{EngineRefusal, Engines, SubStats};
@@ -66,6 +67,35 @@ type Read = fn(&SubStats) -> u64;
 fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
     // Relaxed: a statistic.
     c.load(Ordering::Relaxed)
+}
+
+/// Encodes one family of labelled samples: its name and help, its unit if
+/// it has one, and each sample's labels and value.
+fn labelled<L: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    (name, help, unit): (&str, &str, Option<&Unit>),
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, unit, kind)?;
+    for (labels, metric) in samples {
+        metric.encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// The samples of a family of counters.
+fn counters<L>(
+    samples: impl IntoIterator<Item = (L, u64)>,
+) -> impl Iterator<Item = (L, ConstCounter<u64>)> {
+    samples.into_iter().map(|(l, n)| (l, ConstCounter::new(n)))
+}
+
+/// The samples of a family of gauges.
+fn gauges<L, N>(
+    samples: impl IntoIterator<Item = (L, N)>,
+) -> impl Iterator<Item = (L, ConstGauge<N>)> {
+    samples.into_iter().map(|(l, n)| (l, ConstGauge::new(n)))
 }
 
 /// (name, help, value) of every per-pod counter.
@@ -169,34 +199,24 @@ impl Collector for EngineCollector {
             strays.metric_type(),
         )?;
         strays.encode(family)?;
-        let mut family = encoder.encode_descriptor(
-            "engine_refused",
-            "Publishing to --engine-listen refused, by reason: address (a connection from outside --engine-allow), moved (a message under a pod's topic from another address than the pod's)",
-            None,
-            ConstCounter::new(0u64).metric_type(),
+        labelled(
+            &mut encoder,
+            ("engine_refused", "Publishing to --engine-listen refused, by reason: address (a connection from outside --engine-allow), moved (a message under a pod's topic from another address than the pod's)", None),
+            MetricType::Counter,
+            counters(EngineRefusal::ALL.map(|why| (Reason { reason: why.label() }, engines.refused(why)))),
         )?;
-        for why in EngineRefusal::ALL {
-            let labels = Reason {
-                reason: why.label(),
-            };
-            ConstCounter::new(engines.refused(why)).encode(family.encode_family(&labels)?)?;
-        }
         let standing = engines.standing(0);
-        let mut family = encoder.encode_descriptor(
-            "engine_subscriptions",
-            "Engines followed, by state: connected, disconnected, failing (its socket could not be opened or connected; the reason is the pod's last_error in list-engines)",
-            None,
-            ConstGauge::new(0i64).metric_type(),
-        )?;
         let disconnected = standing.followed - standing.connected - standing.failing;
-        for (state, n) in [
-            ("connected", standing.connected),
-            ("disconnected", disconnected),
-            ("failing", standing.failing),
-        ] {
-            let labels = State { state };
-            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
-        }
+        labelled(
+            &mut encoder,
+            ("engine_subscriptions", "Engines followed, by state: connected, disconnected, failing (its socket could not be opened or connected; the reason is the pod's last_error in list-engines)", None),
+            MetricType::Gauge,
+            gauges([
+                ("connected", standing.connected),
+                ("disconnected", disconnected),
+                ("failing", standing.failing),
+            ].map(|(state, n)| (State { state }, n as i64))),
+        )?;
         let running = ConstGauge::new(engines.replays_running() as i64);
         let family = encoder.encode_descriptor(
             "engine_replays_running",
@@ -207,60 +227,60 @@ impl Collector for EngineCollector {
         running.encode(family)?;
         dns(&engines, &mut encoder)?;
         let all = engines.stats();
+        let pod = |pod: &String| Pod { pod: pod.clone() };
         for (name, help, read) in COUNTERS {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                ConstCounter::new(0u64).metric_type(),
+            let samples = all.iter().map(|(p, stats)| (pod(p), read(stats)));
+            labelled(
+                &mut encoder,
+                (name, help, None),
+                MetricType::Counter,
+                counters(samples),
             )?;
-            for (pod, stats) in &all {
-                let labels = Pod { pod: pod.clone() };
-                ConstCounter::new(read(stats)).encode(family.encode_family(&labels)?)?;
-            }
         }
-        let mut family = encoder.encode_descriptor(
-            "engine_resyncs",
-            "Pods cleared and learnt again, by reason",
-            None,
-            ConstCounter::new(0u64).metric_type(),
+        let resyncs = all.iter().flat_map(|(pod, stats)| {
+            let reasons = Resync::LABELS.iter().zip(&stats.resyncs);
+            reasons.map(|(reason, c)| {
+                (
+                    PodReason {
+                        pod: pod.clone(),
+                        reason,
+                    },
+                    counter(c),
+                )
+            })
+        });
+        labelled(
+            &mut encoder,
+            (
+                "engine_resyncs",
+                "Pods cleared and learnt again, by reason",
+                None,
+            ),
+            MetricType::Counter,
+            counters(resyncs),
         )?;
-        for (pod, stats) in &all {
-            for (reason, c) in Resync::LABELS.iter().zip(&stats.resyncs) {
-                let labels = PodReason {
-                    pod: pod.clone(),
-                    reason,
-                };
-                ConstCounter::new(counter(c)).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        let mut family = encoder.encode_descriptor(
-            "engine_connected",
-            "Whether the engine's PUB socket is connected (1) or not (0)",
-            None,
-            ConstGauge::new(0i64).metric_type(),
+        // Relaxed, both: a statistic.
+        let up = |s: &SubStats| i64::from(s.connected.load(Ordering::Relaxed));
+        let lag = |s: &SubStats| s.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0;
+        labelled(
+            &mut encoder,
+            (
+                "engine_connected",
+                "Whether the engine's PUB socket is connected (1) or not (0)",
+                None,
+            ),
+            MetricType::Gauge,
+            gauges(all.iter().map(|(p, stats)| (pod(p), up(stats)))),
         )?;
-        for (pod, stats) in &all {
-            // Relaxed: a statistic.
-            let up = i64::from(stats.connected.load(Ordering::Relaxed));
-            ConstGauge::new(up).encode(family.encode_family(&Pod { pod: pod.clone() })?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "engine_lag",
-            "Time from an engine's batch timestamp to its arrival, for the last batch",
-            Some(&Unit::Seconds),
-            ConstGauge::new(0.0f64).metric_type(),
-        )?;
-        for (pod, stats) in &all {
-            // Relaxed: a statistic.
-            let lag = stats.lag_ms.load(Ordering::Relaxed) as f64 / 1000.0;
-            ConstGauge::new(lag).encode(family.encode_family(&Pod { pod: pod.clone() })?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "engine_view",
-            "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected), 0 for the others",
-            None,
-            ConstGauge::new(0i64).metric_type(),
+        labelled(
+            &mut encoder,
+            (
+                "engine_lag",
+                "Time from an engine's batch timestamp to its arrival, for the last batch",
+                Some(&Unit::Seconds),
+            ),
+            MetricType::Gauge,
+            gauges(all.iter().map(|(p, stats)| (pod(p), lag(stats)))),
         )?;
         const VIEWS: [PodView; 4] = [
             PodView::Exact,
@@ -268,18 +288,22 @@ impl Collector for EngineCollector {
             PodView::Replaying,
             PodView::Disconnected,
         ];
-        for (pod, stats) in &all {
+        let views = all.iter().flat_map(|(pod, stats)| {
             let now = stats.view();
-            for view in VIEWS {
+            VIEWS.map(|view| {
                 let labels = ViewLabels {
                     pod: pod.clone(),
                     view: view.name(),
                 };
-                let on = i64::from(now == Some(view));
-                ConstGauge::new(on).encode(family.encode_family(&labels)?)?;
-            }
-        }
-        Ok(())
+                (labels, i64::from(now == Some(view)))
+            })
+        });
+        labelled(
+            &mut encoder,
+            ("engine_view", "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected), 0 for the others", None),
+            MetricType::Gauge,
+            gauges(views),
+        )
     }
 }
 
@@ -291,46 +315,41 @@ fn dns(engines: &Engines, encoder: &mut DescriptorEncoder) -> Result<(), std::fm
         return Ok(());
     }
     let stats = engines.dns_stats();
-    let mut family = encoder.encode_descriptor(
-        "engine_dns_lookups",
-        "Lookups of an --engine-dns source, by outcome: resolved (records or none), failed (what it follows is kept)",
-        None,
-        ConstCounter::new(0u64).metric_type(),
-    )?;
-    for (source, s) in sources.iter().zip(stats) {
-        for (outcome, c) in [("resolved", &s.resolved), ("failed", &s.failed)] {
+    let each = || sources.iter().zip(stats);
+    let source = |s: &super::dns::DnsSource| Source {
+        source: s.srv.clone(),
+    };
+    let lookups = each().flat_map(|(src, s)| {
+        [("resolved", &s.resolved), ("failed", &s.failed)].map(|(outcome, c)| {
             let labels = SourceOutcome {
-                source: source.srv.clone(),
+                source: src.srv.clone(),
                 outcome,
             };
-            ConstCounter::new(counter(c)).encode(family.encode_family(&labels)?)?;
-        }
-    }
-    let mut family = encoder.encode_descriptor(
-        "engine_dns_refused",
-        "Engines an --engine-dns source named that could not be followed (max-engines, the index's bounds, a pod followed otherwise), counted each round",
-        None,
-        ConstCounter::new(0u64).metric_type(),
+            (labels, counter(c))
+        })
+    });
+    labelled(
+        encoder,
+        ("engine_dns_lookups", "Lookups of an --engine-dns source, by outcome: resolved (records or none), failed (what it follows is kept)", None),
+        MetricType::Counter,
+        counters(lookups),
     )?;
-    for (source, s) in sources.iter().zip(stats) {
-        let labels = Source {
-            source: source.srv.clone(),
-        };
-        ConstCounter::new(counter(&s.refused)).encode(family.encode_family(&labels)?)?;
-    }
-    let mut family = encoder.encode_descriptor(
-        "engine_dns_engines",
-        "Engines an --engine-dns source follows now",
-        None,
-        ConstGauge::new(0i64).metric_type(),
+    labelled(
+        encoder,
+        ("engine_dns_refused", "Engines an --engine-dns source named that could not be followed (max-engines, the index's bounds, a pod followed otherwise), counted each round", None),
+        MetricType::Counter,
+        counters(each().map(|(src, s)| (source(src), counter(&s.refused)))),
     )?;
-    for (source, s) in sources.iter().zip(stats) {
-        let labels = Source {
-            source: source.srv.clone(),
-        };
-        // Relaxed: a statistic.
-        let n = s.followed.load(Ordering::Relaxed);
-        ConstGauge::new(n).encode(family.encode_family(&labels)?)?;
-    }
-    Ok(())
+    // Relaxed: a statistic.
+    let followed = |s: &super::dns::SourceStats| s.followed.load(Ordering::Relaxed);
+    labelled(
+        encoder,
+        (
+            "engine_dns_engines",
+            "Engines an --engine-dns source follows now",
+            None,
+        ),
+        MetricType::Gauge,
+        gauges(each().map(|(src, s)| (source(src), followed(s)))),
+    )
 }

@@ -229,8 +229,12 @@ fn answer(status: u16, body: impl serde::Serialize) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn refused(r: Refused) -> Response {
-    answer(r.status, r.body())
+/// A refusal is answered as Dynamo answers errors, so that a route can
+/// return `Result<Response, Refused>` and refuse with `?`.
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        answer(self.status, self.body())
+    }
 }
 
 /// An error reply of our own as Dynamo's error answer.
@@ -321,21 +325,9 @@ async fn register(
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    match do_register(&d, &conn, &headers, body).await {
-        Ok(()) => answer(201, json!({ "status": "ok" })),
-        Err(r) => refused(r),
-    }
-}
-
-async fn do_register(
-    d: &Dynamo,
-    conn: &Conn,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(), Refused> {
+) -> Result<Response, Refused> {
     let api = &d.api;
-    let r: wire::Register = body_of(api, headers, body).await?;
+    let r: wire::Register = body_of(api, &headers, body).await?;
     let instance = r.instance_id.text();
     if instance.is_empty() || instance.contains(['/', '\0']) || r.routing_group.contains('\0') {
         return Err(Refused::new(
@@ -397,7 +389,8 @@ async fn do_register(
         topic: String::new(),
         media: MEDIA.iter().map(|m| (*m).into()).collect(),
     };
-    apply_one(api, conn, Op::Subscribe(sub)).await.map(drop)
+    apply_one(api, &conn, Op::Subscribe(sub)).await?;
+    Ok(answer(201, json!({ "status": "ok" })))
 }
 
 async fn unregister(
@@ -405,21 +398,9 @@ async fn unregister(
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    match do_unregister(&d, &conn, &headers, body).await {
-        Ok(()) => answer(200, json!({ "status": "ok" })),
-        Err(r) => refused(r),
-    }
-}
-
-async fn do_unregister(
-    d: &Dynamo,
-    conn: &Conn,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(), Refused> {
+) -> Result<Response, Refused> {
     let api = &d.api;
-    let r: wire::Unregister = body_of(api, headers, body).await?;
+    let r: wire::Unregister = body_of(api, &headers, body).await?;
     let instance = r.instance_id.text();
     let _one = d.registering.lock().await;
     let catalog = catalog_of(api)?;
@@ -456,25 +437,23 @@ async fn do_unregister(
         .into_iter()
         .map(|pod| Op::Unsubscribe { pod })
         .collect();
-    for reply in apply(api, conn, ops).await? {
+    for reply in apply(api, &conn, ops).await? {
         if let Reply::Error { .. } = reply {
             return Err(reply_error(&reply));
         }
     }
-    Ok(())
+    Ok(answer(200, json!({ "status": "ok" })))
 }
 
 async fn list_workers(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
     UrlQuery(filter): UrlQuery<wire::WorkerFilter>,
-) -> Response {
-    let states = match apply_one(&d.api, &conn, Op::ListEngines).await {
-        Ok(Reply::Engines(states)) => states,
-        Ok(other) => return refused(reply_error(&other)),
-        Err(r) => return refused(r),
-    };
-    answer(200, workers_json(&states, &filter))
+) -> Result<Response, Refused> {
+    match apply_one(&d.api, &conn, Op::ListEngines).await? {
+        Reply::Engines(states) => Ok(answer(200, workers_json(&states, &filter))),
+        other => Err(reply_error(&other)),
+    }
 }
 
 /// `GET /workers`'s answer: a bare array, one object per instance.
@@ -583,44 +562,42 @@ async fn query(
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
+) -> Result<Response, Refused> {
     let api = &d.api;
-    let asked = async {
-        let q: wire::Query = body_of(api, &headers, body).await?;
-        let partition = d.partition(&q.model_name, &q.routing_group)?;
-        let block_size = partition.block_size;
-        if q.block_size.is_some_and(|b| b != block_size) {
-            return Err(Refused::new(
-                400,
-                format!(
-                    "block_size {:?}: this partition's blocks are of {block_size} tokens",
-                    q.block_size
-                ),
-            ));
-        }
-        let source = KeySource {
-            tokens: Some(q.token_ids),
-            identity: TokenIdentity {
-                cache_salt: q.cache_salt.filter(|s| !s.is_empty()),
-                ..TokenIdentity::default()
-            },
-            ..KeySource::default()
-        };
-        let key = source
-            .into_key(&api.keys)
-            .map_err(|e| Refused::new(400, e.to_string()))?;
-        // An adapter's blocks are a model of their own.
-        let model = q
-            .lora_name
-            .filter(|l| !l.is_empty())
-            .unwrap_or(q.model_name);
-        let found = tiers(api, &conn, model, key).await?;
-        Ok(matches(&found, &partition.pods))
-    };
-    match asked.await {
-        Ok(m) => answer(200, wire::score_response(&m, api.keys.block_tokens as u32)),
-        Err(r) => refused(r),
+    let q: wire::Query = body_of(api, &headers, body).await?;
+    let partition = d.partition(&q.model_name, &q.routing_group)?;
+    let block_size = partition.block_size;
+    if q.block_size.is_some_and(|b| b != block_size) {
+        return Err(Refused::new(
+            400,
+            format!(
+                "block_size {:?}: this partition's blocks are of {block_size} tokens",
+                q.block_size
+            ),
+        ));
     }
+    let source = KeySource {
+        tokens: Some(q.token_ids),
+        identity: TokenIdentity {
+            cache_salt: q.cache_salt.filter(|s| !s.is_empty()),
+            ..TokenIdentity::default()
+        },
+        ..KeySource::default()
+    };
+    let key = source
+        .into_key(&api.keys)
+        .map_err(|e| Refused::new(400, e.to_string()))?;
+    // An adapter's blocks are a model of their own.
+    let model = q
+        .lora_name
+        .filter(|l| !l.is_empty())
+        .unwrap_or(q.model_name);
+    let found = tiers(api, &conn, model, key).await?;
+    let m = matches(&found, &partition.pods);
+    Ok(answer(
+        200,
+        wire::score_response(&m, api.keys.block_tokens as u32),
+    ))
 }
 
 /// `/query_by_hash` and `/query_tiered_by_hash`: the partition's matches of
@@ -686,14 +663,10 @@ async fn query_by_hash(
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    match by_hash(&d, &conn, &headers, body).await {
-        Ok((m, _)) => answer(
-            200,
-            wire::score_response(&m, d.api.keys.block_tokens as u32),
-        ),
-        Err(r) => refused(r),
-    }
+) -> Result<Response, Refused> {
+    let (m, _) = by_hash(&d, &conn, &headers, body).await?;
+    let block_tokens = d.api.keys.block_tokens as u32;
+    Ok(answer(200, wire::score_response(&m, block_tokens)))
 }
 
 async fn query_tiered_by_hash(
@@ -701,14 +674,10 @@ async fn query_tiered_by_hash(
     Extension(conn): Extension<Arc<Conn>>,
     headers: HeaderMap,
     body: Body,
-) -> Response {
-    match by_hash(&d, &conn, &headers, body).await {
-        Ok((m, block_size)) => {
-            let ours = (block_size / (d.api.keys.block_tokens as u32).max(1)).max(1);
-            answer(200, wire::tiered_response(&m, block_size, ours))
-        }
-        Err(r) => refused(r),
-    }
+) -> Result<Response, Refused> {
+    let (m, block_size) = by_hash(&d, &conn, &headers, body).await?;
+    let ours = (block_size / (d.api.keys.block_tokens as u32).max(1)).max(1);
+    Ok(answer(200, wire::tiered_response(&m, block_size, ours)))
 }
 
 #[cfg(test)]

@@ -135,100 +135,103 @@ async fn run<T: Send + 'static>(
     }
 }
 
+impl Service {
+    /// Serves one call: the client's role checked by `may`, the request
+    /// checked by `check` (which says how many blocks of work it is), then
+    /// `f` run as [`run`] runs work, once this replica has its answers.
+    async fn serve<Q: Send + 'static, T: Send + 'static>(
+        &self,
+        request: Request<Q>,
+        may: fn(&Access) -> Result<(), Status>,
+        check: impl FnOnce(&Q) -> Result<usize, Status>,
+        f: impl FnOnce(&Service, Q) -> Result<T, Status> + Send + 'static,
+    ) -> Result<Response<T>, Status> {
+        let conn = conn(&request)?;
+        may(&conn.access)?;
+        let q = request.into_inner();
+        let blocks = check(&q)?;
+        let me = self.clone();
+        let answer = run(&self.api, &conn, blocks, move || {
+            filled(&me.api)?;
+            f(&me, q)
+        })
+        .await?;
+        Ok(Response::new(answer))
+    }
+
+    /// Checks a query's hashes (see [`sets::check_query`]); they are its
+    /// blocks of work.
+    fn query_blocks(&self, hashes: &[i64]) -> Result<usize, Status> {
+        sets::check_query(hashes, self.api.handler.limits.max_key_blocks)?;
+        Ok(hashes.len())
+    }
+}
+
 #[tonic::async_trait]
 impl KvIndexer for Service {
     async fn apply_external_kv_batch(
         &self,
         request: Request<ApplyExternalKvBatchRequest>,
     ) -> Result<Response<ApplyExternalKvBatchResponse>, Status> {
-        let conn = conn(&request)?;
-        may_write(&conn.access)?;
-        let batch = request.into_inner();
         let l = &self.api.handler.limits;
         let limits = sets::Limits {
             actions: l.max_batch,
             hashes: l.max_key_blocks,
             name: l.max_name_len,
         };
-        sets::check(&batch, &limits)?;
-        let blocks = batch.actions.iter().map(|a| a.hashes.len().max(1)).sum();
-        let me = self.clone();
-        run(&self.api, &conn, blocks, move || {
-            filled(&me.api)?;
+        let check = |batch: &ApplyExternalKvBatchRequest| {
+            sets::check(batch, &limits)?;
+            Ok(batch.actions.iter().map(|a| a.hashes.len().max(1)).sum())
+        };
+        self.serve(request, may_write, check, |me, batch| {
             me.workers.update(&batch);
-            let index = &me.api.handler.index;
-            sets::apply(index, &batch, &me.hits)?;
-            Ok(())
+            sets::apply(&me.api.handler.index, &batch, &me.hits)?;
+            Ok(ApplyExternalKvBatchResponse {})
         })
-        .await?;
-        Ok(Response::new(ApplyExternalKvBatchResponse {}))
+        .await
     }
 
     async fn match_external_kv(
         &self,
         request: Request<MatchExternalKvRequest>,
     ) -> Result<Response<MatchExternalKvResponse>, Status> {
-        let conn = conn(&request)?;
-        may_read(&conn.access)?;
-        let q = request.into_inner();
-        sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
-        let me = self.clone();
-        let answer = run(&self.api, &conn, q.hashes.len(), move || {
-            filled(&me.api)?;
+        let check = |q: &MatchExternalKvRequest| self.query_blocks(&q.hashes);
+        self.serve(request, may_read, check, |me, q| {
             let workers = me.workers.get();
-            Ok(prefix::match_all(
-                &me.api.handler.index,
-                &workers,
-                &me.hits,
-                &q,
-            ))
+            let index = &me.api.handler.index;
+            Ok(prefix::match_all(index, &workers, &me.hits, &q))
         })
-        .await?;
-        Ok(Response::new(answer))
+        .await
     }
 
     async fn match_external_kv_prefix(
         &self,
         request: Request<MatchExternalKvPrefixRequest>,
     ) -> Result<Response<MatchExternalKvPrefixResponse>, Status> {
-        let conn = conn(&request)?;
-        may_read(&conn.access)?;
-        let q = request.into_inner();
-        if q.hashes.is_empty() {
-            return Err(Status::invalid_argument("hashes must not be empty"));
-        }
-        let me = self.clone();
-        let answer = run(&self.api, &conn, q.hashes.len(), move || {
-            filled(&me.api)?;
+        let check = |q: &MatchExternalKvPrefixRequest| match q.hashes.len() {
+            0 => Err(Status::invalid_argument("hashes must not be empty")),
+            n => Ok(n),
+        };
+        self.serve(request, may_read, check, |me, q| {
             let workers = me.workers.get();
             let engines = me.api.handler.engines.as_ref();
             let by_engine = engines
                 .is_some_and(|e| e.config().block_aliases == crate::engines::BlockAliases::Engine);
-            Ok(prefix::match_prefix(
-                &me.api.handler.index,
-                &workers,
-                by_engine,
-                &q,
-            ))
+            let index = &me.api.handler.index;
+            Ok(prefix::match_prefix(index, &workers, by_engine, &q))
         })
-        .await?;
-        Ok(Response::new(answer))
+        .await
     }
 
     async fn get_external_kv_hit_counts(
         &self,
         request: Request<GetExternalKvHitCountsRequest>,
     ) -> Result<Response<GetExternalKvHitCountsResponse>, Status> {
-        let conn = conn(&request)?;
-        may_read(&conn.access)?;
-        let q = request.into_inner();
-        sets::check_query(&q.hashes, self.api.handler.limits.max_key_blocks)?;
-        let me = self.clone();
-        let entries = run(&self.api, &conn, q.hashes.len(), move || {
-            filled(&me.api)?;
-            Ok(me.hits.counts(&me.api.handler.index, &q.hashes))
+        let check = |q: &GetExternalKvHitCountsRequest| self.query_blocks(&q.hashes);
+        self.serve(request, may_read, check, |me, q| {
+            let entries = me.hits.counts(&me.api.handler.index, &q.hashes);
+            Ok(GetExternalKvHitCountsResponse { entries })
         })
-        .await?;
-        Ok(Response::new(GetExternalKvHitCountsResponse { entries }))
+        .await
     }
 }
