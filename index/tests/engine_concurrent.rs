@@ -8,9 +8,12 @@
 //! split each other's edges) and remove their tails deepest first, in runs
 //! of several blocks (released as one when the batch ends).
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::fnv::{hash, seeded};
 use prefix_index::{EngineOp, EngineSpec, Index, IndexConfig};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -22,18 +25,6 @@ const LEN: usize = 24;
 const ENGINES: [&str; 3] = ["e0", "e1", "e2"];
 const BATCHES: usize = 20_000;
 const NOW: u64 = 1_700_000_000_000;
-
-fn hash(tokens: &[u32]) -> u64 {
-    seeded(tokens, 0)
-}
-
-/// [`hash`] under an identity seed (seed 0: [`hash`]).
-fn seeded(tokens: &[u32], seed: u64) -> u64 {
-    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
-        (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    });
-    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
-}
 
 /// Prompt `p`'s tokens: every prompt shares its first 8 blocks, each group
 /// of four its next 8.

@@ -8,18 +8,11 @@ const T0: u64 = 1_700_000_000_000;
 /// The default bound on block size ratios.
 const MAX_RATIO: u32 = 1024;
 
-/// A stand-in for the gateways' rule: any fixed function of the tokens.
-fn hash(tokens: &[u32]) -> u64 {
-    seeded(tokens, 0)
-}
-
-/// [`hash`] under an identity seed (seed 0: [`hash`]).
-fn seeded(tokens: &[u32], seed: u64) -> u64 {
-    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
-        (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    });
-    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
-}
+/// A stand-in for the gateways' rule, shared with the integration tests
+/// (and the tests of `alias`).
+#[path = "../../tests/common/fnv.rs"]
+mod fnv;
+pub(super) use fnv::{hash, seeded};
 
 fn spec(engine_block: u32) -> EngineSpec {
     EngineSpec {
@@ -29,11 +22,26 @@ fn spec(engine_block: u32) -> EngineSpec {
     }
 }
 
-fn index() -> Index {
+/// An index whose gateway entries live a minute (the tests of `lanes` and
+/// `alias` use it too).
+pub(super) fn index() -> Index {
     Index::new(IndexConfig {
         ttl: Duration::from_secs(60),
         ..IndexConfig::default()
     })
+}
+
+/// An index with one engine-fed pod, "pod", of engine blocks of
+/// `engine_block` tokens.
+fn engine_fed(engine_block: u32) -> (Index, EngineHandle) {
+    let index = index();
+    let e = index.engine("pod", spec(engine_block)).unwrap();
+    (index, e)
+}
+
+/// The answer that names "pod" alone, matching `blocks` blocks.
+fn pod(blocks: u32) -> Vec<(String, u32)> {
+    vec![("pod".to_string(), blocks)]
 }
 
 /// `blocks` blocks of 4 tokens, block `i` of prompt `p` being `[p, i, i, i]`.
@@ -49,6 +57,33 @@ fn matched(index: &Index, key: &[u64], now: u64) -> Vec<(String, u32)> {
     index.lookup("m", key, None, now)
 }
 
+/// A store of plain blocks: no seeds, named in no other indexer's hashes
+/// (the tests of `lanes` and `alias` use it too).
+pub(super) fn stored_op<'a>(
+    parent: Option<u64>,
+    hashes: &'a [u64],
+    toks: &'a [u32],
+) -> EngineOp<'a> {
+    seeded_op(parent, hashes, toks, &[])
+}
+
+/// A store of blocks with identity seeds, named in no other indexer's
+/// hashes.
+fn seeded_op<'a>(
+    parent: Option<u64>,
+    hashes: &'a [u64],
+    toks: &'a [u32],
+    seeds: &'a [u64],
+) -> EngineOp<'a> {
+    EngineOp::Stored {
+        parent,
+        hashes,
+        tokens: toks,
+        seeds,
+        alias: crate::Alias::None,
+    }
+}
+
 fn store(
     index: &Index,
     e: &EngineHandle,
@@ -56,13 +91,7 @@ fn store(
     hashes: &[u64],
     toks: &[u32],
 ) -> Applied {
-    let op = EngineOp::Stored {
-        parent,
-        hashes,
-        tokens: toks,
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let op = stored_op(parent, hashes, toks);
     index.apply(&mut e.lock(), "pod", "m", op).unwrap()
 }
 
@@ -146,13 +175,8 @@ fn engine_pods_dropped_at_once_go_as_one_by_one() {
     let mut handles = Vec::new();
     let stored = |e: &EngineHandle, pod: &str, p: u32| {
         let toks = tokens(p, 2);
-        let op = EngineOp::Stored {
-            parent: None,
-            hashes: &[10 * u64::from(p) + 1, 10 * u64::from(p) + 2],
-            tokens: &toks,
-            seeds: &[],
-            alias: crate::Alias::None,
-        };
+        let hashes = [10 * u64::from(p) + 1, 10 * u64::from(p) + 2];
+        let op = stored_op(None, &hashes, &toks);
         index.apply(&mut e.lock(), pod, "m", op).unwrap();
     };
     for (p, pod) in (0..).zip(["a", "b", "c"]) {
@@ -190,18 +214,11 @@ fn engine_pods_dropped_at_once_go_as_one_by_one() {
 
 #[test]
 fn a_model_has_records_only_while_it_holds_one() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     let models = |e: &EngineHandle| e.lock().models.len();
     // Empty stores under ever new adapter names record nothing.
     for i in 0..100 {
-        let op = EngineOp::Stored {
-            parent: None,
-            hashes: &[],
-            tokens: &[],
-            seeds: &[],
-            alias: crate::Alias::None,
-        };
+        let op = stored_op(None, &[], &[]);
         let adapter = format!("adapter-{i}");
         let done = index.apply(&mut e.lock(), "pod", &adapter, op).unwrap();
         assert_eq!(done.stored, 0);
@@ -216,58 +233,49 @@ fn a_model_has_records_only_while_it_holds_one() {
     assert_eq!(index.stats().engine_blocks, 0);
     // And the model comes back with its next store.
     store(&index, &e, None, &[1], &tokens(1, 1));
-    assert_eq!(matched(&index, &key(1, 2), T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &key(1, 2), T0), pod(1));
 }
 
 #[test]
 fn stored_blocks_match_by_token_key_and_never_expire() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     let a = store(&index, &e, None, &[100, 101, 102], &tokens(7, 3));
     assert_eq!(a.stored, 3);
     let k = key(7, 5);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &k, T0), pod(3));
     // Far past every TTL: the engine, not a clock, says when it goes.
-    assert_eq!(
-        matched(&index, &k, T0 + 3_600_000),
-        [("pod".to_string(), 3)]
-    );
+    assert_eq!(matched(&index, &k, T0 + 3_600_000), pod(3));
     index.sweep(T0 + 3_600_000, usize::MAX);
-    assert_eq!(
-        matched(&index, &k, T0 + 3_600_000),
-        [("pod".to_string(), 3)]
-    );
+    assert_eq!(matched(&index, &k, T0 + 3_600_000), pod(3));
     // A child of a known block extends the match.
     store(&index, &e, Some(102), &[103], &tokens(7, 4)[12..]);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 4)]);
+    assert_eq!(matched(&index, &k, T0), pod(4));
 }
 
 #[test]
 fn a_block_stays_held_while_a_copy_remains() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1, 2], &tokens(1, 2));
     store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
     let k = key(1, 2);
     assert_eq!(remove(&index, &e, &[2]).released, 0);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &k, T0), pod(2));
     assert!(remove(&index, &e, &[2]).released > 0);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &k, T0), pod(1));
     let again = remove(&index, &e, &[2, 99]);
     assert_eq!((again.removed, again.unknown), (0, 2));
 }
 
 #[test]
 fn a_removed_middle_block_cuts_the_match_until_stored_again() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4));
     let k = key(1, 4);
     remove(&index, &e, &[2]);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &k, T0), pod(1));
     // Blocks 3 and 4 are still cached: storing 2 again brings them back.
     store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 4)]);
+    assert_eq!(matched(&index, &k, T0), pod(4));
     // Removing the first block ends every match through it.
     remove(&index, &e, &[1]);
     assert!(matched(&index, &k, T0).is_empty());
@@ -275,8 +283,7 @@ fn a_removed_middle_block_cuts_the_match_until_stored_again() {
 
 #[test]
 fn a_batch_releases_a_tail_first_run_at_its_end_and_keeps_branches_below() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     // Prompt 1 is blocks 1..=4; prompt 2 shares its first two blocks
     // and goes on with block 5 (its tokens differ from there).
     store(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4));
@@ -287,7 +294,7 @@ fn a_batch_releases_a_tail_first_run_at_its_end_and_keeps_branches_below() {
     let mut t5 = tokens(1, 2);
     t5.extend_from_slice(&tokens(2, 3)[8..]);
     store(&index, &e, Some(2), &[5], &t5[8..]);
-    assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &k2, T0), pod(3));
     let k1 = key(1, 4);
     let before = index.stats().nodes;
     let mut engine = e.lock();
@@ -299,23 +306,22 @@ fn a_batch_releases_a_tail_first_run_at_its_end_and_keeps_branches_below() {
         // Held, not yet released: lookups still see the run.
         assert_eq!((got.removed, got.released), (1, 0));
     }
-    assert_eq!(matched(&index, &k1, T0), [("pod".to_string(), 4)]);
+    assert_eq!(matched(&index, &k1, T0), pod(4));
     assert_eq!(batch.finish().unwrap().released, 3);
     drop(engine);
-    assert_eq!(matched(&index, &k1, T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &k1, T0), pod(1));
     // Block 5 is still cached below the removed block 2: a gap, so the
     // pod's match on prompt 2 ends before it.
-    assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &k2, T0), pod(1));
     // The run's emptied nodes went at once.
     assert!(index.stats().nodes <= before);
     store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
-    assert_eq!(matched(&index, &k2, T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &k2, T0), pod(3));
 }
 
 #[test]
 fn cleared_pods_hold_nothing_and_stay_registered() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1, 2], &tokens(1, 2));
     let a = index
         .apply(&mut e.lock(), "pod", "m", EngineOp::Cleared)
@@ -325,13 +331,12 @@ fn cleared_pods_hold_nothing_and_stay_registered() {
     assert_eq!(e.lock().blocks(), 0);
     assert_eq!(index.stats().engine_blocks, 0);
     store(&index, &e, None, &[1], &tokens(1, 1));
-    assert_eq!(matched(&index, &key(1, 2), T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &key(1, 2), T0), pod(1));
 }
 
 #[test]
 fn gateway_inserts_for_engine_fed_pods_are_speculative() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1], &tokens(1, 1));
     let k = key(1, 3);
     index.insert("m", &k, "pod", T0).unwrap();
@@ -354,21 +359,14 @@ fn gateway_inserts_for_engine_fed_pods_are_speculative() {
 
 #[test]
 fn wide_engine_blocks_are_several_of_ours() {
-    let index = index();
-    let e = index.engine("pod", spec(8)).unwrap();
+    let (index, e) = engine_fed(8);
     store(&index, &e, None, &[1, 2], &tokens(1, 4));
     let k = key(1, 4);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 4)]);
+    assert_eq!(matched(&index, &k, T0), pod(4));
     remove(&index, &e, &[2]);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &k, T0), pod(2));
     // Token counts that do not fill the blocks are refused whole.
-    let bad = EngineOp::Stored {
-        parent: None,
-        hashes: &[5],
-        tokens: &[1, 2, 3],
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let bad = stored_op(None, &[5], &[1, 2, 3]);
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", bad),
         Err(EngineError::TokenCount { .. })
@@ -377,16 +375,15 @@ fn wide_engine_blocks_are_several_of_ours() {
 
 #[test]
 fn pages_make_one_block_when_all_are_held() {
-    let index = index();
-    let e = index.engine("pod", spec(1)).unwrap();
+    let (index, e) = engine_fed(1);
     let toks = tokens(3, 2);
     let hashes: Vec<u64> = (10..18).collect();
     // Seven pages: one whole block of ours.
     store(&index, &e, None, &hashes[..7], &toks[..7]);
     let k = key(3, 2);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&index, &k, T0), pod(1));
     store(&index, &e, Some(16), &hashes[7..], &toks[7..]);
-    assert_eq!(matched(&index, &k, T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &k, T0), pod(2));
     // Any page of a block gone: the block is gone.
     remove(&index, &e, &[13]);
     assert!(matched(&index, &k, T0).is_empty());
@@ -394,8 +391,7 @@ fn pages_make_one_block_when_all_are_held() {
 
 #[test]
 fn stores_under_unknown_parents_are_counted_not_placed() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     let a = store(&index, &e, Some(77), &[1], &tokens(1, 1));
     assert_eq!(a.orphaned, 1);
     assert!(matched(&index, &key(1, 1), T0).is_empty());
@@ -405,26 +401,24 @@ fn stores_under_unknown_parents_are_counted_not_placed() {
 
 #[test]
 fn a_parent_stored_after_its_child_keeps_it() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     // The child first (an orphan), then its parent, then a grandchild.
     store(&index, &e, Some(1), &[2], &tokens(1, 2)[4..]);
     store(&index, &e, None, &[1], &tokens(1, 1));
     store(&index, &e, Some(2), &[3], &tokens(1, 3)[8..]);
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(3));
     // The parent goes; its record stays, so the grandchild's removal
     // still finds its path.
     remove(&index, &e, &[1]);
     assert!(matched(&index, &key(1, 3), T0).is_empty());
     assert!(remove(&index, &e, &[3]).released > 0);
     store(&index, &e, None, &[1], &tokens(1, 1));
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(2));
 }
 
 #[test]
 fn a_block_stored_again_under_another_parent_is_placed_where_it_was_recorded() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     let (a, x, y) = (1, 2, 3);
     store(&index, &e, None, &[a], &tokens(1, 1));
     store(&index, &e, Some(a), &[x, y], &tokens(1, 3)[4..]);
@@ -437,15 +431,14 @@ fn a_block_stored_again_under_another_parent_is_placed_where_it_was_recorded() {
     // it was first stored under, so `x` is held again under `a`, not
     // under the chain that ends at `b`.
     store(&index, &e, Some(b), &[x], &tokens(1, 2)[4..]);
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(3));
     let through_b = [key(1, 1)[0], hash(&[2, 1, 1, 1]), key(1, 2)[1]];
-    assert_eq!(matched(&index, &through_b, T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &through_b, T0), pod(2));
 }
 
 #[test]
 fn a_block_named_after_a_new_one_in_its_event_is_placed_where_it_was_recorded() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     let (a, x, y, b, c) = (1, 2, 3, 4, 5);
     store(&index, &e, None, &[a], &tokens(1, 1));
     store(&index, &e, Some(a), &[x, y], &tokens(1, 3)[4..]);
@@ -458,7 +451,7 @@ fn a_block_named_after_a_new_one_in_its_event_is_placed_where_it_was_recorded() 
     let mut toks = vec![2, 1, 1, 1];
     toks.extend_from_slice(&tokens(1, 2)[4..]);
     store(&index, &e, Some(a), &[b, x], &toks);
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 3)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(3));
 }
 
 #[test]
@@ -484,7 +477,7 @@ fn a_store_that_extends_the_last_chain_past_the_key_limit_is_too_deep() {
     // Extends the chain just walked, to 4 blocks: not placed, not cut.
     let a = store(&index, &e, Some(2), &[3, 4], &tokens(1, 4)[8..]);
     assert_eq!((a.stored, a.too_deep), (2, 1));
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(2));
 }
 
 #[test]
@@ -506,13 +499,8 @@ fn a_run_that_could_not_be_released_dies_with_its_engine() {
             .apply("m", EngineOp::Removed { hashes: &[2] })
             .unwrap();
         // The run goes first and fails; the store is still recorded.
-        let op = EngineOp::Stored {
-            parent: Some(1),
-            hashes: &[3],
-            tokens: &tokens(2, 2)[4..],
-            seeds: &[],
-            alias: crate::Alias::None,
-        };
+        let toks = tokens(2, 2);
+        let op = stored_op(Some(1), &[3], &toks[4..]);
         assert!(batch.apply("m", op).is_err());
         assert!(batch.finish().is_err());
     }
@@ -530,8 +518,7 @@ fn a_run_that_could_not_be_released_dies_with_its_engine() {
 
 #[test]
 fn snapshots_keep_engine_records_and_their_gaps() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4));
     let branch = [tokens(1, 2), vec![9; 4]].concat();
     store(&index, &e, Some(2), &[5], &branch[8..]);
@@ -552,15 +539,12 @@ fn snapshots_keep_engine_records_and_their_gaps() {
             matched(&index, &k, T0 + 10)
         );
     }
-    assert_eq!(matched(&restored, &key(1, 4), T0), [("pod".to_string(), 1)]);
+    assert_eq!(matched(&restored, &key(1, 4), T0), pod(1));
     // Events after the restart find their parents.
     let e = restored.engine("pod", spec(4)).unwrap();
     store(&restored, &e, Some(1), &[2], &tokens(1, 2)[4..]);
-    assert_eq!(matched(&restored, &key(1, 4), T0), [("pod".to_string(), 4)]);
-    assert_eq!(
-        matched(&restored, &branch_key, T0),
-        [("pod".to_string(), 3)]
-    );
+    assert_eq!(matched(&restored, &key(1, 4), T0), pod(4));
+    assert_eq!(matched(&restored, &branch_key, T0), pod(3));
 }
 
 /// A restore that refuses one model's records (a lower limit now) leaves
@@ -568,16 +552,10 @@ fn snapshots_keep_engine_records_and_their_gaps() {
 /// no batch applied.
 #[test]
 fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1], &tokens(1, 1));
-    let op = EngineOp::Stored {
-        parent: None,
-        hashes: &[7, 8, 9],
-        tokens: &tokens(3, 3),
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let toks = tokens(3, 3);
+    let op = stored_op(None, &[7, 8, 9], &toks);
     index.apply(&mut e.lock(), "pod", "n", op).unwrap();
     e.lock().set_last_batch(Some((41, 5)));
     let mut bytes = Vec::new();
@@ -605,8 +583,7 @@ fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
 
 #[test]
 fn snapshot_records_that_do_not_fit_the_block_sizes_are_refused() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     // Engine blocks of our size hold one hash of ours each: a record
     // with many (a damaged or forged snapshot) is refused whole.
     for data in [
@@ -639,8 +616,7 @@ fn snapshot_records_that_do_not_fit_the_block_sizes_are_refused() {
 
 #[test]
 fn a_dropped_engine_changes_nothing_any_more() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     store(&index, &e, None, &[1], &tokens(1, 1));
     assert!(index.drop_engine_pod("pod"));
     // A subscription thread still running applies one more batch.
@@ -658,20 +634,15 @@ fn engine_records_are_bounded() {
         ..IndexConfig::default()
     });
     let e = index.engine("pod", spec(4)).unwrap();
-    let op = EngineOp::Stored {
-        parent: None,
-        hashes: &[1, 2, 3],
-        tokens: &tokens(1, 3),
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let toks = tokens(1, 3);
+    let op = stored_op(None, &[1, 2, 3], &toks);
     assert!(matches!(
         index.apply(&mut e.lock(), "pod", "m", op),
         Err(EngineError::Full { max: 2 })
     ));
     assert_eq!(index.stats().engine_blocks, 2);
     // The two recorded are held, and matched.
-    assert_eq!(matched(&index, &key(1, 3), T0), [("pod".to_string(), 2)]);
+    assert_eq!(matched(&index, &key(1, 3), T0), pod(2));
 }
 
 /// Room a store or a restore takes and does not use (a hash named
@@ -686,13 +657,7 @@ fn room_taken_and_not_used_goes_back() {
     });
     let store = |pod: &str, parent, hashes: &[u64], tokens: &[u32]| {
         let e = index.engine(pod, spec(4)).unwrap();
-        let op = EngineOp::Stored {
-            parent,
-            hashes,
-            tokens,
-            seeds: &[],
-            alias: crate::Alias::None,
-        };
+        let op = stored_op(parent, hashes, tokens);
         let got = index.apply(&mut e.lock(), pod, "m", op).map(drop);
         let held = e.lock().blocks() as u64;
         (got, index.stats().engine_blocks, held)
@@ -751,13 +716,8 @@ fn pods_storing_at_once_never_pass_the_bound_together() {
                     for event in 0u64.. {
                         let first = (round << 32) | (p << 24) | (event << 8);
                         let hashes: Vec<u64> = (first..first + 16).collect();
-                        let op = EngineOp::Stored {
-                            parent: None,
-                            hashes: &hashes,
-                            tokens: &tokens(event as u32, 16),
-                            seeds: &[],
-                            alias: crate::Alias::None,
-                        };
+                        let toks = tokens(event as u32, 16);
+                        let op = stored_op(None, &hashes, &toks);
                         if index.apply(&mut e.lock(), &pod, "m", op).is_err() {
                             break;
                         }
@@ -783,13 +743,8 @@ fn one_engine_cannot_take_the_others_room() {
     });
     let greedy = index.engine("greedy", spec(4)).unwrap();
     let other = index.engine("other", spec(4)).unwrap();
-    let op = EngineOp::Stored {
-        parent: None,
-        hashes: &[1, 2, 3],
-        tokens: &tokens(1, 3),
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let toks = tokens(1, 3);
+    let op = stored_op(None, &[1, 2, 3], &toks);
     assert!(matches!(
         index.apply(&mut greedy.lock(), "greedy", "m", op),
         Err(EngineError::PodFull { max: 2 })
@@ -801,13 +756,8 @@ fn one_engine_cannot_take_the_others_room() {
     ));
     assert_eq!(greedy.lock().blocks(), 2);
     assert_eq!(greedy.lock().models.len(), 1);
-    let op = EngineOp::Stored {
-        parent: None,
-        hashes: &[7, 8],
-        tokens: &tokens(2, 2),
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let toks = tokens(2, 2);
+    let op = stored_op(None, &[7, 8], &toks);
     index.apply(&mut other.lock(), "other", "m", op).unwrap();
     assert_eq!(index.stats().engine_blocks, 4);
 }
@@ -820,14 +770,12 @@ fn store_seeded(
     toks: &[u32],
     seeds: &[u64],
 ) -> Result<Applied, EngineError> {
-    let op = EngineOp::Stored {
-        parent,
-        hashes,
-        tokens: toks,
-        seeds,
-        alias: crate::Alias::None,
-    };
-    index.apply(&mut e.lock(), "pod", "m", op)
+    index.apply(
+        &mut e.lock(),
+        "pod",
+        "m",
+        seeded_op(parent, hashes, toks, seeds),
+    )
 }
 
 /// The key of prompt `p` with block `i` seeded by `seeds[i]` (0 past it).
@@ -841,12 +789,10 @@ fn seeded_key(p: u32, blocks: u32, seeds: &[u64]) -> Vec<u64> {
 
 #[test]
 fn seeded_blocks_match_only_keys_with_their_seeds() {
-    let index = index();
-    let e = index.engine("pod", spec(4)).unwrap();
+    let (index, e) = engine_fed(4);
     // A salt on the first block, an item on the third.
     let seeds = [7, 0, 9, 0];
     store_seeded(&index, &e, None, &[1, 2, 3, 4], &tokens(1, 4), &seeds).unwrap();
-    let pod = |n| vec![("pod".to_string(), n)];
     assert_eq!(matched(&index, &seeded_key(1, 4, &seeds), T0), pod(4));
     assert!(matched(&index, &key(1, 4), T0).is_empty());
     // Another item on the third block: the blocks before it.
@@ -866,13 +812,8 @@ fn seeded_blocks_match_only_keys_with_their_seeds() {
     ));
     // Engine blocks of two of ours: a seed per block of ours.
     let wide = index.engine("wide", spec(8)).unwrap();
-    let op = EngineOp::Stored {
-        parent: None,
-        hashes: &[11, 12],
-        tokens: &tokens(3, 4),
-        seeds: &[5, 0, 0, 6],
-        alias: crate::Alias::None,
-    };
+    let toks = tokens(3, 4);
+    let op = seeded_op(None, &[11, 12], &toks, &[5, 0, 0, 6]);
     index.apply(&mut wide.lock(), "wide", "m", op).unwrap();
     assert_eq!(
         index.lookup("m", &seeded_key(3, 4, &[5, 0, 0, 6]), None, T0),
@@ -886,8 +827,7 @@ fn seeded_blocks_match_only_keys_with_their_seeds() {
 
 #[test]
 fn a_group_of_pages_takes_its_first_pages_seed_and_keeps_it_in_snapshots() {
-    let index = index();
-    let e = index.engine("pod", spec(1)).unwrap();
+    let (index, e) = engine_fed(1);
     let toks = tokens(4, 3);
     let hashes: Vec<u64> = (20..32).collect();
     // The sequence's first page is salted; a page of the third block holds
@@ -896,7 +836,6 @@ fn a_group_of_pages_takes_its_first_pages_seed_and_keeps_it_in_snapshots() {
     seeds[0] = 7;
     seeds[9] = 9;
     store_seeded(&index, &e, None, &hashes, &toks, &seeds).unwrap();
-    let pod = |n| vec![("pod".to_string(), n)];
     let salted = seeded_key(4, 3, &[7]);
     assert_eq!(matched(&index, &salted, T0), pod(2));
     assert!(matched(&index, &key(4, 3), T0).is_empty());

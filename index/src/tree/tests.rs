@@ -366,18 +366,10 @@ fn an_insert_from_a_depth_holds_those_blocks_alone_and_keeps_the_others() {
     let key: Vec<u64> = (100..110).collect();
     let pin = index.pin();
     let tree = index.tree_or_create("m", &pin).unwrap();
-    let a = index
-        .sh
-        .pods
-        .intern("a", 64, &index.sh.epoch, &pin)
-        .unwrap()
-        .0;
-    let b = index
-        .sh
-        .pods
-        .intern("b", 64, &index.sh.epoch, &pin)
-        .unwrap()
-        .0;
+    let [a, b] = ["a", "b"].map(|pod| {
+        let id = index.sh.pods.intern(pod, 64, &index.sh.epoch, &pin);
+        id.unwrap().0
+    });
     // Into an empty tree: the blocks above are made without entries.
     tree.insert_from(&index.sh, &key[..6], 4, a, T0, &pin)
         .unwrap();

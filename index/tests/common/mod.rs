@@ -5,6 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+pub mod fnv;
+
 /// Every prefix of every inserted key, with each pod's last-used time.
 #[derive(Default)]
 pub struct Model {

@@ -2,29 +2,13 @@
 //! records, released with them, inherited along salted sequences, and kept
 //! by snapshots.
 
-use std::time::Duration;
-
+use crate::precise::tests::{index, seeded};
 use crate::precise::{Alias, EngineOp, EngineSpec};
-use crate::{EngineHandle, Index, IndexConfig, Snapshot};
+use crate::{EngineHandle, Index, Snapshot};
 
 const T0: u64 = 1_700_000_000_000;
 
-/// Any fixed function of the tokens and a seed, as the gateways' rule.
-fn seeded(tokens: &[u32], seed: u64) -> u64 {
-    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &t| {
-        (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    });
-    h ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31)
-}
-
 const OURS: u32 = 4;
-
-fn index() -> Index {
-    Index::new(IndexConfig {
-        ttl: Duration::from_secs(60),
-        ..IndexConfig::default()
-    })
-}
 
 fn engine(index: &Index, pod: &str, engine_block: u32) -> EngineHandle {
     let spec = EngineSpec {
@@ -33,6 +17,25 @@ fn engine(index: &Index, pod: &str, engine_block: u32) -> EngineHandle {
         hash: seeded,
     };
     index.engine(pod, spec).unwrap()
+}
+
+/// An index with one engine-fed pod, "a", of engine blocks of
+/// `engine_block` tokens.
+fn engine_a(engine_block: u32) -> (Index, EngineHandle) {
+    let index = index();
+    let e = engine(&index, "a", engine_block);
+    (index, e)
+}
+
+/// [`engine_a`] of our block size, having stored the first two of prompt
+/// `p`'s four blocks (hashes 1 and 2) under a salted `seed`, which the
+/// sequence's later stores inherit; and prompt `p`'s tokens.
+fn salted_start(p: u32, seed: u64) -> (Index, EngineHandle, Vec<u32>) {
+    let (index, e) = engine_a(OURS);
+    let toks = tokens(p, 4, OURS);
+    let salted = Alias::Tokens { seed, salted: true };
+    store(&index, &e, "a", None, &[1, 2], &toks[..8], salted);
+    (index, e, toks)
 }
 
 /// Prompt `p`'s tokens: `blocks` blocks of `per` tokens.
@@ -88,8 +91,7 @@ const DYN: Alias = Alias::Tokens {
 
 #[test]
 fn a_key_of_aliases_finds_the_pods_holding_its_blocks_until_they_go() {
-    let index = index();
-    let e = engine(&index, "a", OURS);
+    let (index, e) = engine_a(OURS);
     let toks = tokens(1, 5, OURS);
     let hashes: Vec<u64> = (1..=5).collect();
     store(&index, &e, "a", None, &hashes, &toks, DYN);
@@ -147,15 +149,8 @@ fn shared_blocks_are_named_while_any_engine_records_them() {
 
 #[test]
 fn a_salted_sequence_passes_its_seed_on_to_later_stores() {
-    let index = index();
-    let e = engine(&index, "a", OURS);
-    let toks = tokens(3, 4, OURS);
-    let salted = Alias::Tokens {
-        seed: 99,
-        salted: true,
-    };
     // The request's first store names the salt; the next one does not.
-    store(&index, &e, "a", None, &[1, 2], &toks[..8], salted);
+    let (index, e, toks) = salted_start(3, 99);
     store(&index, &e, "a", Some(2), &[3, 4], &toks[8..], DYN);
     let n = names(&toks, OURS, 99);
     assert_eq!(matched(&index, &n).1, [("a".to_string(), 4)]);
@@ -175,8 +170,7 @@ fn a_salted_sequence_passes_its_seed_on_to_later_stores() {
 
 #[test]
 fn an_engine_block_of_several_of_ours_translates_to_all_of_them() {
-    let index = index();
-    let e = engine(&index, "a", 3 * OURS);
+    let (index, e) = engine_a(3 * OURS);
     let toks = tokens(4, 3, 3 * OURS);
     store(&index, &e, "a", None, &[1, 2, 3], &toks, DYN);
     let n = names(&toks, 3 * OURS, 1337);
@@ -194,8 +188,7 @@ fn an_engine_block_of_several_of_ours_translates_to_all_of_them() {
 
 #[test]
 fn pages_smaller_than_our_blocks_are_not_named() {
-    let index = index();
-    let e = engine(&index, "a", 1);
+    let (index, e) = engine_a(1);
     let toks = tokens(5, 8, 1);
     let hashes: Vec<u64> = (1..=8).collect();
     let mut parent = None;
@@ -208,14 +201,7 @@ fn pages_smaller_than_our_blocks_are_not_named() {
 
 #[test]
 fn a_snapshot_keeps_the_names_and_the_seeds_children_inherit() {
-    let index = index();
-    let e = engine(&index, "a", OURS);
-    let toks = tokens(6, 4, OURS);
-    let salted = Alias::Tokens {
-        seed: 7,
-        salted: true,
-    };
-    store(&index, &e, "a", None, &[1, 2], &toks[..8], salted);
+    let (index, _e, toks) = salted_start(6, 7);
     let mut bytes = Vec::new();
     index.write_snapshot(&mut bytes, T0).unwrap();
     let restored = self::index();
@@ -231,8 +217,7 @@ fn a_snapshot_keeps_the_names_and_the_seeds_children_inherit() {
 
 #[test]
 fn the_model_of_a_key_of_aliases_is_found_by_its_first_name() {
-    let index = index();
-    let e = engine(&index, "a", OURS);
+    let (index, e) = engine_a(OURS);
     let toks = tokens(7, 2, OURS);
     let op = EngineOp::Stored {
         parent: None,

@@ -3,31 +3,17 @@
 //! snapshots, skipping stores).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use proptest::prelude::*;
 
 use crate::groups::{Group, GroupKind};
+use crate::precise::tests::{hash, index, seeded, stored_op};
 use crate::precise::{Applied, EngineOp, EngineSpec};
-use crate::{EngineHandle, Index, IndexConfig, PodError, Snapshot};
+use crate::{EngineHandle, Index, PodError, Snapshot};
 
 /// Our block: 4 tokens.
 const OURS: u32 = 4;
 const T0: u64 = 1_700_000_000_000;
-
-fn hash(tokens: &[u32], seed: u64) -> u64 {
-    let h = tokens.iter().fold(0xcbf2_9ce4_8422_2325, |h, &t| {
-        (h ^ u64::from(t)).wrapping_mul(0x100_0000_01b3)
-    });
-    h ^ seed
-}
-
-fn index() -> Index {
-    Index::new(IndexConfig {
-        ttl: Duration::from_secs(60),
-        ..IndexConfig::default()
-    })
-}
 
 /// Two prompts of `n` engine blocks of `r` of ours each: prompt 1 shares
 /// its first `shared` blocks with prompt 0. Block `i`'s tokens and engine
@@ -65,7 +51,7 @@ impl Prompts {
             .collect::<Vec<_>>()
             .chunks(OURS as usize)
             .take(blocks)
-            .map(|c| hash(c, 0))
+            .map(hash)
             .collect()
     }
 }
@@ -215,7 +201,7 @@ fn run(
             EngineSpec {
                 engine_block: block_size,
                 our_block: OURS,
-                hash,
+                hash: seeded,
             },
         )
         .unwrap();
@@ -233,13 +219,7 @@ fn run(
                     let keep = kept(*kind, len, block_size);
                     let hashes: Vec<u64> =
                         keep.clone().map(|i| prompts.engine_hash(p, i)).collect();
-                    let op = EngineOp::Stored {
-                        parent: None,
-                        hashes: &hashes,
-                        tokens: &tokens,
-                        seeds: &[],
-                        alias: crate::Alias::None,
-                    };
+                    let op = stored_op(None, &hashes, &tokens);
                     let group = Group {
                         idx: g as u32,
                         kind: *kind,
@@ -321,20 +301,21 @@ proptest! {
     }
 }
 
+/// The engine-fed pod "pod", engine blocks of 4 tokens.
+fn engine(index: &Index) -> EngineHandle {
+    let spec = EngineSpec {
+        engine_block: 4,
+        our_block: OURS,
+        hash: seeded,
+    };
+    index.engine("pod", spec).unwrap()
+}
+
 /// One full group and one sliding window of 32 tokens over blocks of 16
 /// (two blocks): the case.
 fn hybrid() -> (Index, EngineHandle, Prompts) {
     let index = index();
-    let e = index
-        .engine(
-            "pod",
-            EngineSpec {
-                engine_block: 4,
-                our_block: OURS,
-                hash,
-            },
-        )
-        .unwrap();
+    let e = engine(&index);
     (
         index,
         e,
@@ -344,6 +325,24 @@ fn hybrid() -> (Index, EngineHandle, Prompts) {
             shared: 0,
         },
     )
+}
+
+/// [`hybrid`], the full group holding all ten blocks and the window those
+/// of `window`.
+fn hybrid_stored(window: std::ops::Range<usize>) -> (Index, EngineHandle, Prompts) {
+    let (index, e, p) = hybrid();
+    store_all(&index, &e, &p, FULL, 0..10);
+    store_all(&index, &e, &p, WINDOW, window);
+    (index, e, p)
+}
+
+/// The pod's groups are gone: a gateway's insert under its name makes it a
+/// plain pod again, which answers as any once its engine's handle is
+/// dropped.
+fn assert_a_plain_pod_again(index: &Index, e: EngineHandle, p: &Prompts) {
+    index.insert("m", &p.key(0, 4), "pod", T0).unwrap();
+    drop(e);
+    assert_eq!(answer(index, p), [("pod".to_string(), 4)]);
 }
 
 const FULL: Group = Group {
@@ -365,18 +364,7 @@ fn store_all(
 ) -> Applied {
     let tokens: Vec<u32> = (0..p.n).flat_map(|i| p.tokens(0, i)).collect();
     let hashes: Vec<u64> = keep.map(|i| p.engine_hash(0, i)).collect();
-    apply(
-        index,
-        e,
-        group,
-        EngineOp::Stored {
-            parent: None,
-            hashes: &hashes,
-            tokens: &tokens,
-            seeds: &[],
-            alias: crate::Alias::None,
-        },
-    )
+    apply(index, e, group, stored_op(None, &hashes, &tokens))
 }
 
 fn answer(index: &Index, p: &Prompts) -> Vec<(String, u32)> {
@@ -385,9 +373,7 @@ fn answer(index: &Index, p: &Prompts) -> Vec<(String, u32)> {
 
 #[test]
 fn a_window_that_lost_the_last_blocks_cuts_the_hit_where_it_still_covers() {
-    let (index, e, p) = hybrid();
-    store_all(&index, &e, &p, FULL, 0..10);
-    store_all(&index, &e, &p, WINDOW, 0..10);
+    let (index, e, p) = hybrid_stored(0..10);
     assert_eq!(answer(&index, &p), [("pod".to_string(), 10)]);
     let evict = |i: usize| {
         let h = p.engine_hash(0, i);
@@ -424,13 +410,7 @@ fn a_window_first_whose_store_skips_blocks_is_found_through_the_full_group() {
     let all: Vec<u64> = (0..10).map(|i| p.engine_hash(0, i)).collect();
     let mut engine = e.lock();
     let mut batch = index.batch(&mut engine, "pod");
-    let op = |hashes| EngineOp::Stored {
-        parent: None,
-        hashes,
-        tokens: &tokens,
-        seeds: &[],
-        alias: crate::Alias::None,
-    };
+    let op = |hashes| stored_op(None, hashes, &tokens);
     let a = batch.apply_group(window_first, "m", op(&all[8..])).unwrap();
     assert_eq!(a.stored, 0);
     let b = batch.apply_group(full_second, "m", op(&all)).unwrap();
@@ -450,9 +430,7 @@ fn a_window_first_whose_store_skips_blocks_is_found_through_the_full_group() {
 
 #[test]
 fn groups_live_in_hidden_pods_no_caller_can_name() {
-    let (index, e, p) = hybrid();
-    store_all(&index, &e, &p, FULL, 0..10);
-    store_all(&index, &e, &p, WINDOW, 8..10);
+    let (index, e, p) = hybrid_stored(8..10);
     assert_eq!(index.stats().pods, 1);
     let hidden = "pod\u{0}1";
     assert_eq!(
@@ -467,9 +445,7 @@ fn groups_live_in_hidden_pods_no_caller_can_name() {
     // Removing the pod removes its groups: a pod of that name is then a
     // gateway's plain pod again.
     assert!(index.remove_pod("pod"));
-    index.insert("m", &p.key(0, 4), "pod", T0).unwrap();
-    drop(e);
-    assert_eq!(answer(&index, &p), [("pod".to_string(), 4)]);
+    assert_a_plain_pod_again(&index, e, &p);
 }
 
 /// A hybrid engine-fed pod dropped (its engine unsubscribed) takes its
@@ -477,9 +453,7 @@ fn groups_live_in_hidden_pods_no_caller_can_name() {
 /// then a gateway's plain pod again.
 #[test]
 fn a_dropped_hybrid_pod_takes_its_groups() {
-    let (index, e, p) = hybrid();
-    store_all(&index, &e, &p, FULL, 0..10);
-    store_all(&index, &e, &p, WINDOW, 8..10);
+    let (index, e, p) = hybrid_stored(8..10);
     let hidden = "pod\u{0}1";
     assert!(index.is_grouped("pod"));
     assert!(index.sh.pods.id(hidden, &index.pin()).is_some());
@@ -487,16 +461,12 @@ fn a_dropped_hybrid_pod_takes_its_groups() {
     assert!(!index.is_grouped("pod"));
     assert!(index.sh.pods.id(hidden, &index.pin()).is_none());
     assert!(answer(&index, &p).is_empty());
-    index.insert("m", &p.key(0, 4), "pod", T0).unwrap();
-    drop(e);
-    assert_eq!(answer(&index, &p), [("pod".to_string(), 4)]);
+    assert_a_plain_pod_again(&index, e, &p);
 }
 
 #[test]
 fn a_clear_empties_every_group_and_the_kinds_stay_known() {
-    let (index, e, p) = hybrid();
-    store_all(&index, &e, &p, FULL, 0..10);
-    store_all(&index, &e, &p, WINDOW, 8..10);
+    let (index, e, p) = hybrid_stored(8..10);
     apply(&index, &e, FULL, EngineOp::Cleared);
     assert!(answer(&index, &p).is_empty());
     // The full group alone stores again: the window holds nothing, so
@@ -532,26 +502,14 @@ fn groups_past_the_bound_are_refused() {
     let mut engine = e.lock();
     let err = index
         .batch(&mut engine, "pod")
-        .apply_group(
-            far,
-            "m",
-            EngineOp::Stored {
-                parent: None,
-                hashes: &[1],
-                tokens: &tokens,
-                seeds: &[],
-                alias: crate::Alias::None,
-            },
-        )
+        .apply_group(far, "m", stored_op(None, &[1], &tokens))
         .unwrap_err();
     assert_eq!(err, crate::EngineError::Group { idx: 32, max: 32 });
 }
 
 #[test]
 fn a_snapshot_keeps_each_groups_blocks() {
-    let (index, e, p) = hybrid();
-    store_all(&index, &e, &p, FULL, 0..10);
-    store_all(&index, &e, &p, WINDOW, 0..10);
+    let (index, e, p) = hybrid_stored(0..10);
     for i in [9, 8, 2] {
         let h = p.engine_hash(0, i);
         apply(&index, &e, WINDOW, EngineOp::Removed { hashes: &[h] });
@@ -564,16 +522,7 @@ fn a_snapshot_keeps_each_groups_blocks() {
     assert_eq!(sum.refused, 0);
     assert_eq!(answer(&fresh, &p), [("pod".to_string(), 8)]);
     // The window's blocks are the window's again: losing 7 cuts to 7.
-    let e2 = fresh
-        .engine(
-            "pod",
-            EngineSpec {
-                engine_block: 4,
-                our_block: OURS,
-                hash,
-            },
-        )
-        .unwrap();
+    let e2 = engine(&fresh);
     let h = p.engine_hash(0, 7);
     apply(&fresh, &e2, WINDOW, EngineOp::Removed { hashes: &[h] });
     assert_eq!(answer(&fresh, &p), [("pod".to_string(), 7)]);
