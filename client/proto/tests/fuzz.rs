@@ -13,10 +13,11 @@ use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, EngineState, EngineStatus, FrameReader, Incoming, Kind, Limits, Op, PodBlocks,
-    PodDetail, PodView, Reply, Request, Response, Subscription, WireError, HEADER_LEN,
+    split_frame, EngineState, EngineStatus, FrameReader, Incoming, Kind, Limits, Op, OpKind,
+    PodBlocks, PodDetail, PodView, Reply, Request, Response, Subscription, WireError, HEADER_LEN,
 };
 use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
+use prefix_testkit::ops;
 use proptest::prelude::*;
 
 /// The system allocator, recording the largest request (tests read and reset
@@ -61,16 +62,7 @@ fn name() -> impl Strategy<Value = String> {
 fn op() -> impl Strategy<Value = Op> {
     let key = prop::collection::vec(any::<u64>(), 0..40);
     prop_oneof![
-        (
-            name(),
-            key.clone(),
-            prop::option::of(prop::collection::vec(name(), 0..4))
-        )
-            .prop_map(|(model, key, candidates)| Op::Lookup {
-                model,
-                key,
-                candidates
-            }),
+        ops::lookup(OpKind::Lookup, name, 0..40),
         (name(), key, name()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
         name().prop_map(|pod| Op::RemovePod { pod }),
         (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
@@ -80,26 +72,8 @@ fn op() -> impl Strategy<Value = Op> {
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
         (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
-        (
-            name(),
-            prop::collection::vec(any::<u64>(), 0..40),
-            prop::option::of(prop::collection::vec(name(), 0..4))
-        )
-            .prop_map(|(model, key, candidates)| Op::LookupDetail {
-                model,
-                key,
-                candidates
-            }),
-        (
-            name(),
-            prop::collection::vec(any::<u64>(), 0..40),
-            prop::option::of(prop::collection::vec(name(), 0..4))
-        )
-            .prop_map(|(model, key, candidates)| Op::LookupTiers {
-                model,
-                key,
-                candidates
-            }),
+        ops::lookup(OpKind::LookupDetail, name, 0..40),
+        ops::lookup(OpKind::LookupTiers, name, 0..40),
     ]
 }
 

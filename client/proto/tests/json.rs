@@ -11,6 +11,7 @@ use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
 use prefix_proto::{Op, OpKind, Reply, Subscription};
 use prefix_testkit::fuzz::cases;
+use prefix_testkit::ops;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -23,13 +24,8 @@ fn name() -> impl Strategy<Value = String> {
 
 fn op() -> impl Strategy<Value = Op> {
     let key = prop::collection::vec(any::<u64>(), 0..20);
-    let candidates = prop::option::of(prop::collection::vec(name(), 0..4));
     prop_oneof![
-        (name(), key.clone(), candidates).prop_map(|(model, key, candidates)| Op::Lookup {
-            model,
-            key,
-            candidates
-        }),
+        ops::lookup(OpKind::Lookup, name, 0..20),
         (name(), key, name()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
         name().prop_map(|pod| Op::RemovePod { pod }),
         (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
@@ -58,26 +54,8 @@ fn op() -> impl Strategy<Value = Op> {
         name().prop_map(|pod| Op::Unsubscribe { pod }),
         Just(Op::ListEngines),
         (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
-        (
-            name(),
-            prop::collection::vec(any::<u64>(), 0..40),
-            prop::option::of(prop::collection::vec(name(), 0..4))
-        )
-            .prop_map(|(model, key, candidates)| Op::LookupDetail {
-                model,
-                key,
-                candidates
-            }),
-        (
-            name(),
-            prop::collection::vec(any::<u64>(), 0..40),
-            prop::option::of(prop::collection::vec(name(), 0..4))
-        )
-            .prop_map(|(model, key, candidates)| Op::LookupTiers {
-                model,
-                key,
-                candidates
-            }),
+        ops::lookup(OpKind::LookupDetail, name, 0..40),
+        ops::lookup(OpKind::LookupTiers, name, 0..40),
         (prop::option::of(any::<u64>()), any::<u32>())
             .prop_map(|(from, max)| Op::Tail { from, max }),
     ]

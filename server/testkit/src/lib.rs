@@ -10,6 +10,8 @@
 //! - `fuzz` ([`fuzz`]): [`fuzz::Mutation`]s that flip, cut and splice a
 //!   valid input, and [`fuzz::cases`], the `FUZZ_CASES` knob. Needs nothing
 //!   of ours.
+//! - `ops` ([`ops`]): proptest strategies for the protocol's operations
+//!   ([`ops::lookup`]), which prefix-proto's fuzzers share.
 //! - `tls` ([`tls`]): a [`tls::Ca`] that signs client certificates, the
 //!   [`tls::Roles`] a mutual-TLS test gives its gateways, and
 //!   [`tls::fingerprint`]. Needs nothing of ours.
@@ -32,6 +34,8 @@
 
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
+#[cfg(feature = "ops")]
+pub mod ops;
 #[cfg(feature = "publisher")]
 pub mod publisher;
 #[cfg(feature = "server")]
