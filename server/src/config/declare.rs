@@ -1,39 +1,78 @@
 //! How a subsystem declares its settings: once each, in a [`settings!`]
 //! table that makes the settings struct (flags, environment variables and
-//! TOML keys through clap and serde, every field optional) and both ways
-//! between it and the resolved [`super::ServerConfig`]: a set setting is
-//! put in its place there, and a configuration is written back as the
-//! settings that give it.
+//! TOML keys through clap and serde, every field optional), both ways
+//! between it and the resolved [`super::ServerConfig`], each value's
+//! check and, where the subsystem's configuration is this crate's, that
+//! struct and its `Default`.
 //!
 //! A setting's written form (what a user types) and its resolved value
 //! differ for some: its *kind* is the module that maps one to the other,
 //! with `put(name, written, &mut value)` and `written(&value)`. The kinds
 //! every subsystem uses are here; a subsystem keeps its own beside its
-//! table.
+//! table. So are the [`Rule`]s a value is checked by.
 
-/// Declares a subsystem's settings: the struct (its doc comment and name,
-/// then one entry per setting) and, per setting, its `--help` text (the
-/// doc comment), its flag and environment variable (`#[arg]`), its written
-/// form, its kind and the place of its value in `ServerConfig`:
+use std::ops::{RangeFrom, RangeInclusive};
+use std::time::Duration;
+
+use super::value::{invalid, ConfigError};
+
+/// Declares a subsystem's settings. First the settings struct (its doc
+/// comment, its name and its place in `ServerConfig`), then one entry per
+/// setting: its `--help` text (the doc comment), its flag and environment
+/// variable (`#[arg]`), its written form and kind, its field in the
+/// subsystem's configuration with, where this table makes that struct,
+/// the field's type and default (the reason for it in a comment above),
+/// and the [`Rule`] its value keeps:
 ///
 /// ```text
-/// /// Most ops in one batch.
-/// #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
-/// max_batch: usize = plain => limits.max_batch,
+/// /// Heavy requests one connection may have running at once.
+/// #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
+/// // Enough to keep both blocking-pool cores busy from one client.
+/// max_in_flight: usize = plain => max_in_flight: usize = 16, check 1..=65_536,
 /// ```
 ///
-/// The setting's TOML key is its name in kebab-case. Its default, with the
-/// reason for it, is the resolved configuration's `Default`.
+/// The setting's TOML key is its name in kebab-case. A field may be one
+/// level down (`dns.interval`); two settings may set one field (the first
+/// gives its type). When the table ends with the configuration struct
+/// (its doc comment, name and the fields no single setting sets, which
+/// take their types' defaults), it makes that struct too.
 macro_rules! settings {
+    (@config $settings:ident $fields:tt) => {}; // another crate's configuration
+    (
+        @config $settings:ident { $($name:ident $field:ident $(: $ty:ty = $default:expr)?,)* }
+        $(#[doc = $doc:literal])*
+        pub struct $config:ident { $($(#[doc = $other_doc:literal])* $other:ident: $other_ty:ty,)* }
+    ) => {
+        $(#[doc = $doc])*
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct $config {
+            $($(
+                #[doc = concat!("See [`", stringify!($settings), "::", stringify!($name), "`].")]
+                pub $field: $ty,
+            )?)*
+            $($(#[doc = $other_doc])* pub $other: $other_ty,)*
+        }
+
+        impl Default for $config {
+            fn default() -> Self {
+                $config {
+                    $($($field: $default,)?)*
+                    $($other: Default::default(),)*
+                }
+            }
+        }
+    };
     (
         $(#[doc = $doc:literal])*
-        pub struct $settings:ident {
+        pub struct $settings:ident => $group:ident {
             $(
                 $(#[doc = $help:literal])*
                 #[arg($($arg:tt)*)]
-                $name:ident: $form:ty = $kind:ident => $($place:ident).+,
+                $name:ident: $form:ty = $kind:ident => $field:ident $(.$sub:ident)?
+                    $(: $ty:ty = $default:expr)? $(, check $check:expr)?,
             )*
         }
+        $($config:tt)*
     ) => {
         $(#[doc = $doc])*
         #[derive(
@@ -56,7 +95,8 @@ macro_rules! settings {
             ) -> Result<(), $crate::config::ConfigError> {
                 $(
                     if let Some(written) = self.$name {
-                        $kind::put(stringify!($name), written, &mut cfg.$($place).+)?;
+                        let value = &mut cfg.$group.$field $(.$sub)?;
+                        $kind::put(stringify!($name), written, value)?;
                     }
                 )*
                 Ok(())
@@ -65,14 +105,102 @@ macro_rules! settings {
             /// The settings that give `cfg`'s values.
             pub fn of(cfg: &$crate::config::ServerConfig) -> Self {
                 $settings {
-                    $($name: $kind::written(&cfg.$($place).+),)*
+                    $($name: $kind::written(&cfg.$group.$field $(.$sub)?),)*
                 }
             }
+
+            /// Checks each value in `cfg` by its setting's rule.
+            pub(crate) fn check(
+                cfg: &$crate::config::ServerConfig,
+            ) -> Result<(), $crate::config::ConfigError> {
+                $(
+                    #[allow(unused_variables)] // by settings without a rule
+                    let value = &cfg.$group.$field $(.$sub)?;
+                    $($crate::config::declare::Rule::check(&$check, stringify!($name), value)?;)?
+                )*
+                Ok(())
+            }
+        }
+
+        $crate::config::declare::settings! {
+            @config $settings { $($name $field $(: $ty = $default)?,)* } $($config)*
         }
     };
 }
 
 pub(crate) use settings;
+
+/// What a setting's value must be.
+pub(crate) trait Rule<T> {
+    /// `Ok` if `value` keeps the rule, else the error of setting `name` at it.
+    fn check(&self, name: &'static str, value: &T) -> Result<(), ConfigError>;
+}
+
+/// How a range's bounds and a refused value are written in errors.
+pub(crate) trait Bound: PartialOrd + Default {
+    fn bound(&self) -> String;
+    fn value(&self) -> String;
+}
+
+impl Bound for Duration {
+    fn bound(&self) -> String {
+        humantime::format_duration(*self).to_string()
+    }
+    fn value(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+macro_rules! integer_bound {
+    ($($t:ty),*) => {$(
+        impl Bound for $t {
+            fn bound(&self) -> String {
+                self.to_string()
+            }
+            fn value(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+integer_bound!(u32, u64, usize);
+
+impl<T: Bound> Rule<T> for RangeInclusive<T> {
+    fn check(&self, name: &'static str, value: &T) -> Result<(), ConfigError> {
+        if self.contains(value) {
+            return Ok(());
+        }
+        let why = format!("must be {} to {}", self.start().bound(), self.end().bound());
+        invalid(name, &value.value(), why)
+    }
+}
+
+impl<T: Bound> Rule<T> for RangeFrom<T> {
+    fn check(&self, name: &'static str, value: &T) -> Result<(), ConfigError> {
+        if self.contains(value) {
+            return Ok(());
+        }
+        invalid(
+            name,
+            &value.value(),
+            format!("must be at least {}", self.start.bound()),
+        )
+    }
+}
+
+/// Not zero, else the error of setting `.0` at `.1`, which breaks `.2`:
+/// settings refused together (as `max-connections/max-streams = 0`) share
+/// one.
+pub(crate) struct NotZero(pub &'static str, pub &'static str, pub &'static str);
+
+impl<T: Bound> Rule<T> for NotZero {
+    fn check(&self, _: &'static str, value: &T) -> Result<(), ConfigError> {
+        if *value != T::default() {
+            return Ok(());
+        }
+        invalid(self.0, &self.1, self.2)
+    }
+}
 
 /// A value written as it is held.
 pub(crate) mod plain {
@@ -202,16 +330,14 @@ pub(crate) mod list {
         T: FromStr,
         T::Err: Display,
     {
-        *value = written
-            .into_iter()
-            .map(|s| {
-                s.parse().map_err(|e: T::Err| ConfigError::Item {
-                    name: name.replace('_', "-"),
-                    value: s,
-                    why: e.to_string(),
-                })
+        let item = |s: String| {
+            s.parse().map_err(|e: T::Err| ConfigError::Item {
+                name: name.replace('_', "-"),
+                value: s,
+                why: e.to_string(),
             })
-            .collect::<Result<_, _>>()?;
+        };
+        *value = written.into_iter().map(item).collect::<Result<_, _>>()?;
         Ok(())
     }
 

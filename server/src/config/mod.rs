@@ -31,7 +31,7 @@ mod limits;
 mod transport;
 pub(crate) mod value;
 
-pub use index::{IndexSettings, Upkeep};
+pub use index::{IndexSettings, Upkeep, UpkeepSettings};
 pub use limits::{LimitSettings, LimitsConfig};
 pub use transport::{CertSource, TransportConfig, TransportSettings};
 pub use value::{ConfigError, HumanDuration};
@@ -61,10 +61,14 @@ pub struct Settings {
     #[command(flatten)]
     #[serde(flatten)]
     pub limits: LimitSettings,
-    /// The index's bounds and policies, the sweep and snapshots.
+    /// The index's bounds and policies.
     #[command(flatten)]
     #[serde(flatten)]
     pub index: IndexSettings,
+    /// The sweep and snapshots.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub upkeep: UpkeepSettings,
     /// Roles of client certificates.
     #[command(flatten)]
     #[serde(flatten)]
@@ -238,6 +242,7 @@ impl Settings {
         self.transport.put(&mut cfg)?;
         self.limits.put(&mut cfg)?;
         self.index.put(&mut cfg)?;
+        self.upkeep.put(&mut cfg)?;
         self.roles.put(&mut cfg)?;
         self.replicas.put(&mut cfg)?;
         self.engines.put(&mut cfg)?;
@@ -256,6 +261,7 @@ impl From<&ServerConfig> for Settings {
             transport: TransportSettings::of(cfg),
             limits: LimitSettings::of(cfg),
             index: IndexSettings::of(cfg),
+            upkeep: UpkeepSettings::of(cfg),
             roles: RoleSettings::of(cfg),
             replicas: ReplicaSettings::of(cfg),
             engines: EngineSettings::of(cfg),
@@ -275,12 +281,17 @@ impl ServerConfig {
         }
     }
 
-    /// Checks every value's range: each subsystem's, then what spans two.
+    /// Checks every value: each setting's rule, then what spans two.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        TransportSettings::check(self)?;
         self.transport.validate()?;
-        self.limits.validate()?;
-        index::validate(&self.index, &self.upkeep)?;
+        LimitSettings::check(self)?;
+        IndexSettings::check(self)?;
+        UpkeepSettings::check(self)?;
+        ReplicaSettings::check(self)?;
         self.replicas.validate()?;
+        EngineSettings::check(self)?;
+        RoleSettings::check(self)?;
         self.engines.validate(self.index.max_block_ratio)?;
         if self.roles.enabled() && self.transport.client_ca.is_none() {
             return value::invalid(

@@ -89,7 +89,7 @@ pub enum ConfigError {
         /// Its value.
         value: String,
         /// The rule it breaks.
-        why: &'static str,
+        why: String,
     },
 }
 
@@ -99,11 +99,11 @@ pub enum ConfigError {
 pub(crate) fn invalid<T>(
     name: &'static str,
     value: &dyn ToString,
-    why: &'static str,
+    why: impl Into<String>,
 ) -> Result<T, ConfigError> {
     Err(ConfigError::Invalid {
         name: name.replace('_', "-"),
         value: value.to_string(),
-        why,
+        why: why.into(),
     })
 }

@@ -8,18 +8,31 @@ use serde::{Deserialize, Serialize};
 use super::admission::EngineAllow;
 use super::dns::DnsConfig;
 use super::{Ratio, Subscription};
-use crate::config::declare::{duration, list, optional, plain, settings};
+use crate::config::declare::{duration, list, optional, plain, settings, NotZero};
 use crate::config::value::{invalid, ConfigError, HumanDuration};
+
+/// Settings refused together when one is zero.
+const ONE: NotZero = NotZero(
+    "token-block/max-held-batches/max-engines/max-engine-replays",
+    "0",
+    "must be at least 1",
+);
+/// The same of the bounds on a decoded batch.
+const DECODE: NotZero = NotZero(
+    "max-batch-events/max-event-hashes/max-event-tokens",
+    "0",
+    "must be at least 1",
+);
 
 settings! {
     /// What a user may set of precise mode (see [`crate::config::Settings`]).
-    pub struct EngineSettings {
+    pub struct EngineSettings => engines {
         /// An engine to follow (precise mode): pod=<name>,model=<model>,
         /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
         /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
         /// in the environment separate them with ';'. See docs/events.md.
         #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
-        engines: Vec<String> = list => engines.subscriptions,
+        engines: Vec<String> = list => subscriptions: Vec<Subscription> = Vec::new(),
         /// Engines found through DNS: srv=<SRV name>,model=<model>, and
         /// optionally replay-port=<port>, block-size=<tokens>, topic=<topic>,
         /// media=GPU+CPU. Every record of the SRV name (a headless Service's
@@ -33,18 +46,19 @@ settings! {
             env = "PREFIX_INDEX_ENGINE_DNS",
             value_delimiter = ';'
         )]
-        engine_dns: Vec<String> = list => engines.dns.sources,
+        engine_dns: Vec<String> = list => dns.sources,
         /// How often the --engine-dns names are resolved again.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_INTERVAL")]
-        engine_dns_interval: HumanDuration = duration => engines.dns.interval,
+        engine_dns_interval: HumanDuration = duration => dns.interval,
+            check Duration::from_millis(100)..=Duration::from_secs(3600),
         /// The DNS server (ip:port) --engine-dns asks, instead of the system's
         /// (/etc/resolv.conf).
         #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_SERVER")]
-        engine_dns_server: std::net::SocketAddr = optional => engines.dns.server,
+        engine_dns_server: std::net::SocketAddr = optional => dns.server,
         /// Bind a SUB socket here (tcp://host:port) for engines that connect to
         /// the server and publish with topics kv@<pod>@<model>; "off" for none.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
-        engine_listen: String = collector_listen => engines.listen,
+        engine_listen: String = collector_listen => listen: Option<String> = None,
         /// A network (10.0.0.0/16) or address engines may connect to
         /// --engine-listen from; connections from elsewhere are refused before
         /// any message is read. Repeat the flag; in the environment separate
@@ -54,7 +68,10 @@ settings! {
             env = "PREFIX_INDEX_ENGINE_ALLOW",
             value_delimiter = ';'
         )]
-        engine_allow: Vec<String> = collector_allow => engines.allow,
+        // Open, as the port is off by default: an operator who opens it is
+        // warned at start when the list is empty and the address is not
+        // loopback.
+        engine_allow: Vec<String> = collector_allow => allow: EngineAllow = EngineAllow::default(),
         /// Let a pod met through --engine-listen move to another address:
         /// without it, a pod's topic is bound to the address of its first
         /// message until the pod is unsubscribed, and messages under it from
@@ -65,76 +82,118 @@ settings! {
             num_args = 0..=1,
             default_missing_value = "true"
         )]
-        engine_allow_moves: bool = plain => engines.allow_moves,
+        engine_allow_moves: bool = plain => allow_moves: bool = false,
         /// Block size in tokens of the engines that connect to --engine-listen.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
-        engine_block_size: u32 = plain => engines.central_block_size,
+        // vLLM's default block size.
+        engine_block_size: u32 = plain => central_block_size: u32 = 16,
         /// Tokens per block of the gateways' token keys; engine blocks are
         /// hashed into blocks of this size.
         #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
-        token_block: u32 = plain => engines.token_block,
+        token_block: u32 = plain
+            => token_block: u32 = prefix_proto::key::TOKEN_BLOCK_TOKENS as u32, check ONE,
         /// Also key engine blocks by another indexer's hashes: "dynamo" (NVIDIA
         /// Dynamo's local block hashes, for /query_by_hash and
         /// /query_tiered_by_hash), "engine" (each engine's own block hashes,
         /// for SGLang's router: MatchExternalKvPrefix) or "none". Costs memory
         /// per engine block; see docs/routers.md.
         #[arg(long, env = "PREFIX_INDEX_BLOCK_ALIASES")]
-        block_aliases: BlockAliases = plain => engines.block_aliases,
+        // None: each named block costs the index an entry in a table of
+        // names (docs/routers.md has the figures), and only a router written
+        // for another indexer asks by them.
+        block_aliases: BlockAliases = plain => block_aliases: BlockAliases = BlockAliases::None,
         /// Most engines followed at once (configured, subscribed at run time,
         /// or met through --engine-listen).
         #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
-        max_engines: usize = plain => engines.max_engines,
+        max_engines: usize = plain => max_engines: usize = 1_024, check ONE,
         /// Threads that follow the engines, each polling its share of their
         /// sockets.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_THREADS")]
-        engine_threads: usize = plain => engines.threads,
+        // Decoding and applying take one core at most a few engines' worth
+        // of batches each; two threads keep up with a busy fleet on a small
+        // machine and leave the rest to lookups.
+        engine_threads: usize = plain => threads: usize = 2, check 1..=64,
         /// Most replays under way at once, over all engines; each holds a
         /// socket and a connection to its engine while it runs, and a replay
         /// past the bound waits for one to end.
         #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_REPLAYS")]
-        max_engine_replays: usize = plain => engines.max_replays,
+        // A replay is asked on every (re)connection: a fleet starting at
+        // once asks thousands, answered this many at a time.
+        max_engine_replays: usize = plain => max_replays: usize = 64, check ONE,
         /// How long a replay may take before the pod is cleared and learnt
         /// again instead.
         #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
-        replay_timeout: HumanDuration = duration => engines.replay_timeout,
+        // vLLM answers a replay request within its publisher loop's 100 ms
+        // tick; 5 s allows for a buffer of thousands of batches.
+        replay_timeout: HumanDuration = duration => replay_timeout: Duration =
+            Duration::from_secs(5),
+            check NotZero("replay-timeout", "0s", "must be positive"),
         /// Live batches held back while a replay runs; past it, the pod is
         /// cleared and learnt again.
         #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
-        max_held_batches: usize = plain => engines.max_held_batches,
+        // vLLM's replay buffer holds 10,000 batches: a replay can bring no
+        // more than that many, nor need more held back.
+        max_held_batches: usize = plain => max_held_batches: usize = 10_000, check ONE,
         /// Bytes of live batches held back while a replay runs; past it, the
         /// pod is cleared and learnt again.
         #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
-        max_held_bytes: usize = plain => engines.max_held_bytes,
+        // Seconds of a busy engine's batches (tens of KiB each) while a
+        // replay runs; with max-event-bytes, the bound on what one engine's
+        // replay holds whatever it sends.
+        max_held_bytes: usize = plain => max_held_bytes: usize = 256 << 20,
         /// Most events in one engine batch; a larger batch is skipped as a
         /// decode error.
         #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
-        max_batch_events: usize = plain => engines.decode.max_events,
+        max_batch_events: usize = plain => decode.max_events, check DECODE,
         /// Most block hashes in one engine event; a larger event is skipped
         /// alone as a decode error.
         #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
-        max_event_hashes: usize = plain => engines.decode.max_hashes,
+        max_event_hashes: usize = plain => decode.max_hashes, check DECODE,
         /// Most token ids in one engine event; a larger event is skipped alone
         /// as a decode error.
         #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
-        max_event_tokens: usize = plain => engines.decode.max_tokens,
+        max_event_tokens: usize = plain => decode.max_tokens, check DECODE,
         /// Largest engine event message in bytes; libzmq drops a connection
         /// that sends a larger one (the gap is then replayed or resynced).
         #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
-        max_event_bytes: usize = plain => engines.max_message_bytes,
+        // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
+        // 0.5 MiB; 4 MiB leaves room for steps of many requests.
+        max_event_bytes: usize = plain => max_message_bytes: usize = 4 << 20, check 1024..,
         /// Engine messages buffered per engine connection while its thread is
         /// busy; past it libzmq drops them (a gap, replayed or resynced).
         #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
-        max_queued_events: usize = plain => engines.max_queued_messages,
+        // Seconds of a busy engine's batches (one per scheduler step); with
+        // the message bound, at most 4 GiB from a hostile peer, a few MiB
+        // from a real one.
+        max_queued_events: usize = plain
+            => max_queued_messages: usize = 1_000, check 1..=i32::MAX as usize,
         /// How often each engine thread wakes when nothing arrives, to notice
         /// the shutdown and a replay's deadline.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
-        engine_poll: HumanDuration = duration => engines.poll,
+        // A stopped server waits at most this for its engine threads, and a
+        // replay's deadline is kept to within it; idle engines cost no
+        // wake-ups of their own.
+        engine_poll: HumanDuration = duration => poll: Duration = Duration::from_millis(100),
+            check Duration::from_millis(1)..=Duration::from_secs(10),
         /// How long an engine-fed pod reports its view as "learning" after a
         /// resync (or after joining a running engine) when nothing proves it
         /// exact sooner: an estimate of how long the engine's cache takes to
         /// turn over.
         #[arg(long, env = "PREFIX_INDEX_LEARNING_PERIOD")]
-        learning_period: HumanDuration = duration => engines.learning_period,
+        // A busy engine's GPU cache (tens of thousands of blocks) turns over
+        // within minutes; an idle one's may not, and its pods then answer
+        // short of what it holds, never more.
+        learning_period: HumanDuration = duration
+            => learning_period: Duration = Duration::from_secs(300),
+    }
+    /// Precise mode's configuration (see `ServerConfig::engines`).
+    pub struct EngineConfig {
+        /// Engines found through DNS (the defaults' reasons in [`DnsConfig`]).
+        dns: DnsConfig,
+        /// Bounds on one decoded batch: events, and hashes and token ids per
+        /// event. A batch over the first is skipped whole, an event over the
+        /// others alone, as decode errors.
+        decode: prefix_events::DecodeLimits,
     }
 }
 
@@ -199,121 +258,6 @@ pub enum BlockAliases {
     Engine,
 }
 
-/// Precise mode's configuration (see `ServerConfig::engines`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Engines followed from the start.
-    pub subscriptions: Vec<Subscription>,
-    /// Engines found through DNS.
-    pub dns: DnsConfig,
-    /// Where the central collector binds its SUB socket (engines connect
-    /// to it with topics `kv@<pod>@<model>`), or none.
-    pub listen: Option<String>,
-    /// Where engines may connect to the central collector from (empty:
-    /// anywhere).
-    pub allow: EngineAllow,
-    /// Whether a pod met through the central collector may move to
-    /// another address (else it is bound to its first one).
-    pub allow_moves: bool,
-    /// Block size of engines met through the central collector.
-    pub central_block_size: u32,
-    /// Tokens per block of the gateways' token keys: what engine blocks are
-    /// hashed into.
-    pub token_block: u32,
-    /// Which other indexer's hashes engine blocks are also keyed by.
-    /// Default none: each named block costs the index an entry in a table
-    /// of names (`docs/routers.md` has the figures), and only a router
-    /// written for another indexer asks by them.
-    pub block_aliases: BlockAliases,
-    /// How long a replay may take before the pod is resynced instead.
-    pub replay_timeout: Duration,
-    /// Live batches held back during a replay; past it, resync.
-    pub max_held_batches: usize,
-    /// Their payloads' bytes; past it, resync.
-    pub max_held_bytes: usize,
-    /// Bounds on one decoded batch: events, and hashes and token ids per
-    /// event. A batch over the first is skipped whole, an event over the
-    /// others alone, as decode errors.
-    pub decode: prefix_events::DecodeLimits,
-    /// Most engine subscriptions (configured, added at run time and met by
-    /// the central collector).
-    pub max_engines: usize,
-    /// Threads following the subscriptions (`shard`), each polling its
-    /// share of their sockets.
-    pub threads: usize,
-    /// Most replays under way at once over all subscriptions, each with a
-    /// socket of its own while it runs.
-    pub max_replays: usize,
-    /// Largest event message accepted, in bytes: libzmq drops a connection
-    /// that sends a larger one.
-    pub max_message_bytes: usize,
-    /// Messages libzmq buffers per engine connection while its thread is
-    /// busy (its receive high-water mark); past it libzmq drops them (a
-    /// gap).
-    /// An engine's buffered bytes are at most this times
-    /// `max_message_bytes`.
-    pub max_queued_messages: usize,
-    /// How long an engine thread waits for a message before it looks at
-    /// the shutdown and its replays' deadlines again.
-    pub poll: Duration,
-    /// How long a pod's view stays "learning" when nothing proves it exact
-    /// sooner (`super::view`).
-    pub learning_period: Duration,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            subscriptions: Vec::new(),
-            dns: DnsConfig::default(),
-            listen: None,
-            // Open, as the port is off by default: an operator who opens
-            // it is warned at start when the list is empty and the address
-            // is not loopback.
-            allow: EngineAllow::default(),
-            allow_moves: false,
-            // vLLM's default block size.
-            central_block_size: 16,
-            token_block: prefix_proto::key::TOKEN_BLOCK_TOKENS as u32,
-            block_aliases: BlockAliases::None,
-            // vLLM answers a replay request within its publisher loop's
-            // 100 ms tick; 5 s allows for a buffer of thousands of batches.
-            replay_timeout: Duration::from_secs(5),
-            // vLLM's replay buffer holds 10,000 batches: a replay can bring
-            // no more than that many, nor need more held back.
-            max_held_batches: 10_000,
-            // Seconds of a busy engine's batches (tens of KiB each) while
-            // a replay runs; with `max_message_bytes`, the bound on what one
-            // engine's replay holds whatever it sends.
-            max_held_bytes: 256 << 20,
-            decode: prefix_events::DecodeLimits::default(),
-            max_engines: 1_024,
-            // Decoding and applying take one core at most a few engines'
-            // worth of batches each; two threads keep up with a busy fleet
-            // on a small machine and leave the rest to lookups.
-            threads: 2,
-            // A replay is asked on every (re)connection: a fleet starting
-            // at once asks thousands, answered this many at a time.
-            max_replays: 64,
-            // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
-            // 0.5 MiB; 4 MiB leaves room for steps of many requests.
-            max_message_bytes: 4 << 20,
-            // Seconds of a busy engine's batches (one per scheduler step);
-            // with the message bound, at most 4 GiB from a hostile peer,
-            // a few MiB from a real one.
-            max_queued_messages: 1_000,
-            // A stopped server waits at most this for its engine threads,
-            // and a replay's deadline is kept to within it; idle engines
-            // cost no wake-ups of their own.
-            poll: Duration::from_millis(100),
-            // A busy engine's GPU cache (tens of thousands of blocks)
-            // turns over within minutes; an idle one's may not, and its
-            // pods then answer short of what it holds, never more.
-            learning_period: Duration::from_secs(300),
-        }
-    }
-}
-
 impl EngineConfig {
     /// How much a replay may hold back of the live stream.
     pub fn held_limit(&self) -> prefix_events::HeldLimit {
@@ -328,33 +272,10 @@ impl EngineConfig {
         i64::try_from(self.poll.as_millis()).unwrap_or(i64::MAX)
     }
 
-    /// Checks every value's range, and that the engines' block sizes fit
-    /// the gateways' within `max_ratio` (the index's `max_block_ratio`).
+    /// Checks what the table's rules cannot: that the engines' block sizes
+    /// fit the gateways' within `max_ratio` (the index's `max_block_ratio`),
+    /// and that no two engines or sources name one pod or SRV name.
     pub fn validate(&self, max_ratio: u32) -> Result<(), ConfigError> {
-        if self.token_block == 0
-            || self.max_held_batches == 0
-            || self.max_engines == 0
-            || self.max_replays == 0
-        {
-            return invalid(
-                "token-block/max-held-batches/max-engines/max-engine-replays",
-                &0,
-                "must be at least 1",
-            );
-        }
-        if self.threads == 0 || self.threads > 64 {
-            return invalid("engine-threads", &self.threads, "must be 1 to 64");
-        }
-        if self.replay_timeout.is_zero() {
-            return invalid("replay-timeout", &"0s", "must be positive");
-        }
-        if self.poll < Duration::from_millis(1) || self.poll > Duration::from_secs(10) {
-            return invalid(
-                "engine-poll",
-                &format!("{:?}", self.poll),
-                "must be 1ms to 10s",
-            );
-        }
         if self.max_held_bytes < self.max_message_bytes {
             return invalid(
                 "max-held-bytes",
@@ -362,36 +283,7 @@ impl EngineConfig {
                 "must be at least max-event-bytes",
             );
         }
-        let d = &self.decode;
-        if d.max_events == 0 || d.max_hashes == 0 || d.max_tokens == 0 {
-            return invalid(
-                "max-batch-events/max-event-hashes/max-event-tokens",
-                &0,
-                "must be at least 1",
-            );
-        }
-        if self.max_message_bytes < 1024 {
-            return invalid(
-                "max-event-bytes",
-                &self.max_message_bytes,
-                "must be at least 1024",
-            );
-        }
-        if self.max_queued_messages == 0 || self.max_queued_messages > i32::MAX as usize {
-            return invalid(
-                "max-queued-events",
-                &self.max_queued_messages,
-                "must be 1 to 2147483647",
-            );
-        }
         let dns = &self.dns;
-        if dns.interval < Duration::from_millis(100) || dns.interval > Duration::from_secs(3600) {
-            return invalid(
-                "engine-dns-interval",
-                &format!("{:?}", dns.interval),
-                "must be 100ms to 1h",
-            );
-        }
         let templates = dns.sources.iter().map(|s| &s.template);
         let sizes = self.subscriptions.iter().chain(templates.clone());
         let sizes = sizes.map(|s| s.block_size);
