@@ -785,41 +785,29 @@ mod tests {
     }
 
     #[test]
-    fn too_many_held_bytes_end_the_replay() {
-        // Room for the batch that starts the replay and one more.
+    fn too_many_held_bytes_or_batches_end_the_replay() {
+        // Room for the batch that starts the replay and one more: in bytes,
+        // then in batches.
         let size = p(0, 5).len();
-        let limit = HeldLimit {
+        let bytes = HeldLimit {
             batches: 100,
             bytes: 2 * size,
         };
-        let mut f = F::new(true, limit, at(0));
-        assert_eq!(
-            live(&mut f, &[1, 5, 6, 7]),
-            [
-                "apply 1",
-                "gap 2..5",
-                "replay 2",
-                "clear replay_overflow",
-                "apply 7"
-            ]
-        );
-        assert!(!f.replaying());
-    }
-
-    #[test]
-    fn too_many_held_batches_end_the_replay() {
-        let mut f = F::new(true, held(2), at(0));
-        assert_eq!(
-            live(&mut f, &[1, 5, 6, 7]),
-            [
-                "apply 1",
-                "gap 2..5",
-                "replay 2",
-                "clear replay_overflow",
-                "apply 7"
-            ]
-        );
-        assert!(!f.replaying());
+        for limit in [bytes, held(2)] {
+            let mut f = F::new(true, limit, at(0));
+            assert_eq!(
+                live(&mut f, &[1, 5, 6, 7]),
+                [
+                    "apply 1",
+                    "gap 2..5",
+                    "replay 2",
+                    "clear replay_overflow",
+                    "apply 7"
+                ],
+                "{limit:?}"
+            );
+            assert!(!f.replaying(), "{limit:?}");
+        }
     }
 
     #[test]

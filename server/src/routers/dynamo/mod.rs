@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query as UrlQuery, State};
+use axum::extract::{FromRequest, Query as UrlQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -248,6 +248,22 @@ fn reply_error(reply: &Reply) -> Refused {
     }
 }
 
+/// A route's body, read as the API reads any body (its size and time
+/// limits) and parsed as `T` with Dynamo's statuses for what is wrong.
+struct Parsed<T>(T);
+
+impl<T: for<'de> serde::Deserialize<'de>> FromRequest<Arc<Dynamo>> for Parsed<T> {
+    type Rejection = Refused;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        d: &Arc<Dynamo>,
+    ) -> Result<Self, Refused> {
+        let (parts, body) = request.into_parts();
+        body_of(&d.api, &parts.headers, body).await.map(Parsed)
+    }
+}
+
 /// Reads the body and parses it as `T`.
 async fn body_of<T: for<'de> serde::Deserialize<'de>>(
     api: &Api,
@@ -323,11 +339,9 @@ fn catalog_of(api: &Api) -> Result<Arc<Catalog>, Refused> {
 async fn register(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
-    headers: HeaderMap,
-    body: Body,
+    Parsed(r): Parsed<wire::Register>,
 ) -> Result<Response, Refused> {
     let api = &d.api;
-    let r: wire::Register = body_of(api, &headers, body).await?;
     let instance = r.instance_id.text();
     if instance.is_empty() || instance.contains(['/', '\0']) || r.routing_group.contains('\0') {
         return Err(Refused::new(
@@ -396,11 +410,9 @@ async fn register(
 async fn unregister(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
-    headers: HeaderMap,
-    body: Body,
+    Parsed(r): Parsed<wire::Unregister>,
 ) -> Result<Response, Refused> {
     let api = &d.api;
-    let r: wire::Unregister = body_of(api, &headers, body).await?;
     let instance = r.instance_id.text();
     let _one = d.registering.lock().await;
     let catalog = catalog_of(api)?;
@@ -560,11 +572,9 @@ async fn tiers(
 async fn query(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
-    headers: HeaderMap,
-    body: Body,
+    Parsed(q): Parsed<wire::Query>,
 ) -> Result<Response, Refused> {
     let api = &d.api;
-    let q: wire::Query = body_of(api, &headers, body).await?;
     let partition = d.partition(&q.model_name, &q.routing_group)?;
     let block_size = partition.block_size;
     if q.block_size.is_some_and(|b| b != block_size) {
@@ -602,14 +612,8 @@ async fn query(
 
 /// `/query_by_hash` and `/query_tiered_by_hash`: the partition's matches of
 /// Dynamo's block hashes, and its block size.
-async fn by_hash(
-    d: &Dynamo,
-    conn: &Conn,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(Matches, u32), Refused> {
+async fn by_hash(d: &Dynamo, conn: &Conn, q: wire::QueryByHash) -> Result<(Matches, u32), Refused> {
     let api = &d.api;
-    let q: wire::QueryByHash = body_of(api, headers, body).await?;
     if q.cache_salt.is_some() {
         return Err(Refused::new(
             400,
@@ -661,10 +665,9 @@ fn translate(api: &Api, model: &str, names: &[u64]) -> (Option<String>, Vec<u64>
 async fn query_by_hash(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
-    headers: HeaderMap,
-    body: Body,
+    Parsed(q): Parsed<wire::QueryByHash>,
 ) -> Result<Response, Refused> {
-    let (m, _) = by_hash(&d, &conn, &headers, body).await?;
+    let (m, _) = by_hash(&d, &conn, q).await?;
     let block_tokens = d.api.keys.block_tokens as u32;
     Ok(answer(200, wire::score_response(&m, block_tokens)))
 }
@@ -672,10 +675,9 @@ async fn query_by_hash(
 async fn query_tiered_by_hash(
     State(d): State<Arc<Dynamo>>,
     Extension(conn): Extension<Arc<Conn>>,
-    headers: HeaderMap,
-    body: Body,
+    Parsed(q): Parsed<wire::QueryByHash>,
 ) -> Result<Response, Refused> {
-    let (m, block_size) = by_hash(&d, &conn, &headers, body).await?;
+    let (m, block_size) = by_hash(&d, &conn, q).await?;
     let ours = (block_size / (d.api.keys.block_tokens as u32).max(1)).max(1);
     Ok(answer(200, wire::tiered_response(&m, block_size, ours)))
 }
