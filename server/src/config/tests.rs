@@ -422,3 +422,157 @@ fn a_certificate_without_its_key_is_refused() {
         }
     );
 }
+
+/// Every value a setting's rule refuses is refused in the same words: the
+/// setting (or the settings refused together), the value and the rule.
+#[test]
+fn refused_values_say_why() {
+    for (text, message) in [
+        ("max-frame-bytes = 63", "max-frame-bytes = 63: must be 64 to 16777216"),
+        ("http-max-body-bytes = 1023", "http-max-body-bytes = 1023: must be 1024 to 67108864"),
+        ("max-batch = 0", "max-batch = 0: must be at least 1"),
+        ("max-in-flight = 65537", "max-in-flight = 65537: must be 1 to 65536"),
+        ("max-pods = 0", "max-pods = 0: must be 1 to 1048575"),
+        ("max-key-blocks = 0", "max-key-blocks = 0: must be at least 1"),
+        ("max-name-len = 0", "max-name-len = 0: must be at least 1"),
+        ("max-block-ratio = 0", "max-block-ratio = 0: must be at least 1"),
+        ("max-engine-groups = 65", "max-engine-groups = 65: must be 1 to 64"),
+        ("ttl = 0", "ttl = 0: must be at least 1 second"),
+        ("sweep-interval = \"0s\"", "sweep-interval/sweep-budget = 0: must be positive"),
+        ("sweep-budget = 0", "sweep-interval/sweep-budget = 0: must be positive"),
+        ("max-connections = 0", "max-connections/max-streams = 0: must be at least 1"),
+        ("max-streams = 0", "max-connections/max-streams = 0: must be at least 1"),
+        ("idle-timeout = \"500ms\"", "idle-timeout = 500ms: must be at least 1s"),
+        ("read-timeout = \"50ms\"", "read-timeout = 50ms: must be at least 100ms"),
+        ("write-timeout = \"50ms\"", "write-timeout = 50ms: must be at least 100ms"),
+        ("connection-window = 1000", "connection-window = 1000: must be at least 65536"),
+        ("bootstrap-queue = 0", "bootstrap-queue/bootstrap-timeout/snapshot-send-timeout = 0: must be positive"),
+        ("bootstrap-timeout = \"0s\"", "bootstrap-queue/bootstrap-timeout/snapshot-send-timeout = 0: must be positive"),
+        ("snapshot-send-timeout = \"0s\"", "bootstrap-queue/bootstrap-timeout/snapshot-send-timeout = 0: must be positive"),
+        ("bootstrap-retry = \"0s\"", "bootstrap-retry/peer-connect-timeout = 0s: must be positive"),
+        ("peer-connect-timeout = \"0s\"", "bootstrap-retry/peer-connect-timeout = 0s: must be positive"),
+        ("snapshot-piece-bytes = 100", "snapshot-piece-bytes = 100: must be 4096 to 67108864"),
+        ("snapshot-pieces = 1025", "snapshot-pieces = 1025: must be 1 to 1024"),
+        ("tail-queue = 0", "tail-queue/repair-interval = 0: must be positive"),
+        ("repair-interval = \"0s\"", "tail-queue/repair-interval = 0: must be positive"),
+        ("tail-window = \"500ms\"", "tail-window = 500ms: must be at least 1s"),
+        ("repair-keys = 257", "repair-keys = 257: must be 0 to 256"),
+        ("max-snapshot-bytes = 1000", "max-snapshot-bytes = 1000: must be at least 1048576"),
+        ("peers = [\"nowhere\"]", "peer = nowhere: not host:port"),
+        ("token-block = 0", "token-block/max-held-batches/max-engines/max-engine-replays = 0: must be at least 1"),
+        ("max-engines = 0", "token-block/max-held-batches/max-engines/max-engine-replays = 0: must be at least 1"),
+        ("engine-threads = 65", "engine-threads = 65: must be 1 to 64"),
+        ("replay-timeout = \"0s\"", "replay-timeout = 0s: must be positive"),
+        ("engine-poll = \"11s\"", "engine-poll = 11s: must be 1ms to 10s"),
+        ("max-held-bytes = 2048", "max-held-bytes = 2048: must be at least max-event-bytes"),
+        ("max-event-tokens = 0", "max-batch-events/max-event-hashes/max-event-tokens = 0: must be at least 1"),
+        ("max-event-bytes = 1000", "max-event-bytes = 1000: must be at least 1024"),
+        ("max-queued-events = 0", "max-queued-events = 0: must be 1 to 2147483647"),
+        ("engine-dns-interval = \"10ms\"", "engine-dns-interval = 10ms: must be 100ms to 1h"),
+        ("engine-listen = \"udp://x\"", "engine-listen = udp://x: not tcp://host:port or \"off\""),
+        ("metrics-listen = \"x\"", "metrics-listen = x: not an address (host:port) or \"off\""),
+        ("readers = [\"cn:r\"]", "reader/writer/peer-identity = set: roles name client certificates: they need --client-ca (mutual TLS)"),
+    ] {
+        let settings = Settings::from_toml(text, Path::new("t.toml")).unwrap();
+        assert_eq!(settings.resolve().unwrap_err().to_string(), message, "{text}");
+    }
+}
+
+/// The variable that tells this test's children which layers to give.
+const LAYERS: &str = "CONFIG_TESTS_LAYERS";
+
+/// The configuration a layer is named for: `a`, every setting changed;
+/// `p`, the same with plain HTTP; `d`, the defaults; `-`, none.
+fn layer_config(of: &str) -> Option<ServerConfig> {
+    Some(match of {
+        "a" => everything_changed(),
+        "p" => ServerConfig {
+            transport: TransportConfig {
+                http_plaintext: true,
+                client_ca: None,
+                ..everything_changed().transport
+            },
+            roles: Roles::default(),
+            ..everything_changed()
+        },
+        "d" => ServerConfig::default(),
+        _ => return None,
+    })
+}
+
+/// The settings of layer `of` that have a value, as written.
+fn layer(of: &str) -> Vec<(String, String)> {
+    let all = layer_config(of).map(|cfg| Settings::describe(&cfg));
+    let all = all.unwrap_or_default().into_iter();
+    all.filter(|(_, value)| value != "none").collect()
+}
+
+/// Flag over environment over file over default, for every setting at once:
+/// each of the three layers gives every setting the value of one
+/// configuration (or none), and the configuration resolved takes each from
+/// the highest layer that gives it. clap reads the environment itself, so
+/// each case runs in a child process of this test, given its variables.
+#[test]
+fn flags_override_environment_override_file_override_defaults() {
+    use clap::{Args as _, FromArgMatches as _};
+    let cmd = Settings::augment_args(clap::Command::new("t"));
+    let arg = |key: &str| {
+        let id = key.replace('-', "_");
+        cmd.get_arguments()
+            .find(|a| a.get_id() == id.as_str())
+            .unwrap()
+    };
+    if let Ok(case) = std::env::var(LAYERS) {
+        // In the child: `case` names the flags', the environment's (already
+        // set) and the file's layer.
+        let [flags, _, file]: [&str; 3] = case.split(',').collect::<Vec<_>>().try_into().unwrap();
+        let mut argv = vec!["t".to_string()];
+        for (key, value) in layer(flags) {
+            argv.extend([format!("--{}", arg(&key).get_long().unwrap()), value]);
+        }
+        let matches = cmd.clone().try_get_matches_from(argv).unwrap();
+        let flags_and_env = Settings::from_arg_matches(&matches).unwrap();
+        let text = layer_config(file).map(|c| toml::to_string(&Settings::from(&c)).unwrap());
+        let file = Settings::from_toml(&text.unwrap_or_default(), Path::new("t.toml")).unwrap();
+        let cfg = flags_and_env.or(file).resolve().unwrap();
+        let mut layers: Vec<_> = case.split(',').map(layer).collect();
+        layers.push(layer("d"));
+        for (key, value) in Settings::describe(&cfg) {
+            let given = layers
+                .iter()
+                .find_map(|l| l.iter().find(|(k, _)| *k == key).map(|(_, v)| v.clone()));
+            assert_eq!(value, given.unwrap_or("none".into()), "{key} in {case}");
+        }
+        return;
+    }
+    let test = "config::tests::flags_override_environment_override_file_override_defaults";
+    for of in ["a", "p"] {
+        let cases = [
+            format!("-,-,{of}"),
+            format!("-,{of},d"),
+            format!("-,d,{of}"),
+            format!("{of},d,-"),
+            format!("d,{of},-"),
+            format!("{of},d,d"),
+        ];
+        for case in cases {
+            let env_layer = case.split(',').nth(1).unwrap_or("-");
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+            child
+                .args([test, "--exact", "--nocapture"])
+                .env(LAYERS, &case);
+            for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("PREFIX_INDEX_")) {
+                child.env_remove(key);
+            }
+            for (key, value) in layer(env_layer) {
+                child.env(arg(&key).get_env().unwrap(), value);
+            }
+            let out = child.output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && said.contains("1 passed"),
+                "{case}: {said}"
+            );
+        }
+    }
+}
