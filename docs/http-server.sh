@@ -1,5 +1,23 @@
 # Sourced by the scripts that run a client against a real prefix-server's
-# HTTP/JSON API (examples/go/run.sh, openapi/check.sh).
+# HTTP/JSON API (examples/go/run.sh, openapi/check.sh,
+# conformance/sglang/check.sh).
+#
+# make_work_dir makes a temporary directory, `work`, and has the script's
+# exit stop the server start_http_server started (if it did) and remove
+# the directory.
+make_work_dir() {
+  work="$(mktemp -d)"
+  server_pid=""
+  trap stop_and_clean_up EXIT
+}
+
+stop_and_clean_up() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
 #
 # start_http_server BINARY DATA_DIR [FLAGS...] starts BINARY on loopback
 # ports it picks itself, with its data (and self-signed cert.pem) in

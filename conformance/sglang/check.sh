@@ -10,16 +10,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 proto_dir="$(realpath "$here/../../server/proto")"
 server_bin="$(realpath "${1:-$here/../../target/release/prefix-server}")"
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. "$here/../../docs/http-server.sh"
+make_work_dir
 
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q --disable-pip-version-check \
@@ -28,7 +20,6 @@ python3 -m venv "$work/venv"
   --python_out="$work" --grpc_python_out="$work" \
   --descriptor_set_out="$work/kv_indexer.pb" "$proto_dir/kv_indexer.proto"
 
-. "$here/../../docs/http-server.sh"
 data="$work/data"
 mkdir "$data"
 # Plain HTTP/2, as the router and the bridge speak; the engine's own hashes

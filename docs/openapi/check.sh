@@ -9,16 +9,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 spec="$(realpath "$here/../openapi.json")"
 server_bin="$(realpath "${1:-$here/../../target/release/prefix-server}")"
 
-work="$(mktemp -d)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+. "$here/../http-server.sh"
+make_work_dir
 
 # Both tools pinned: a new release may read the description differently,
 # which should be a change of its own, not a CI failure out of nowhere.
@@ -41,7 +33,6 @@ openapi-python-client generate --path "$spec" --config "$work/generator.json" \
 
 # No --client-ca: no roles, so a client without a certificate may do
 # everything. Small limits, so that the refusals check.py asks for are small.
-. "$here/../http-server.sh"
 data="$work/data"
 mkdir "$data"
 start_http_server "$server_bin" "$data" --max-key-blocks 8 --max-batch 16
