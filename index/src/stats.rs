@@ -105,6 +105,21 @@ pub struct Stats {
     pub alias_bytes: u64,
 }
 
+/// The index's size, as a `Stats` reply carries it: the protocol's
+/// statistics are the first six of these.
+impl From<Stats> for prefix_proto::WireStats {
+    fn from(s: Stats) -> Self {
+        prefix_proto::WireStats {
+            models: s.models,
+            pods: s.pods,
+            nodes: s.nodes,
+            tree_blocks: s.tree_blocks,
+            entries: s.entries,
+            bytes: s.bytes,
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;

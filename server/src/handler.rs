@@ -25,11 +25,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader, Stats};
+use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader};
 use prefix_proto::json::JsonWriter;
 use prefix_proto::{
     encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, Reply,
-    Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, WireStats, ANSWER_ROOM,
+    Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, ANSWER_ROOM,
     MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
@@ -213,18 +213,6 @@ fn list_engines(engines: &Arc<Engines>) -> Reply {
         list.map(|(sub, status)| EngineState { sub, status })
             .collect(),
     )
-}
-
-/// The index's statistics as a `Stats` reply carries them.
-fn wire_stats(s: Stats) -> WireStats {
-    WireStats {
-        models: s.models,
-        pods: s.pods,
-        nodes: s.nodes,
-        tree_blocks: s.tree_blocks,
-        entries: s.entries,
-        bytes: s.bytes,
-    }
 }
 
 /// One frame's lookups per model: (model, key blocks, best matched blocks),
@@ -452,7 +440,7 @@ impl Handler {
                 Ok(()) => Reply::Done,
                 Err(e) => pod_error(&e),
             },
-            Op::Stats => Reply::Stats(wire_stats(self.index.stats())),
+            Op::Stats => Reply::Stats(self.index.stats().into()),
             Op::Ping => Reply::Pong,
             Op::Subscribe(sub) => self.with_engines(|e| subscribe(e, sub)),
             Op::Unsubscribe { pod } => self.with_engines(|e| Reply::Removed(e.unsubscribe(pod))),
