@@ -5,15 +5,12 @@
 //! as flags and TOML keys); [`ServerConfig`] is the resolved configuration the
 //! server runs with. Every limit the server enforces is a field here.
 //!
-//! Each subsystem owns its part, in one file: its settings table
-//! ([`declare`]'s `settings!`: per setting its help, flag, environment
-//! variable, written form and place in [`ServerConfig`], from which the
-//! settings struct and both directions of the mapping are made), its
-//! resolved configuration with each default and the reason for it, and its
-//! `validate()`. The transport, the request limits and the
-//! index are in this module's files; precise mode's in
-//! `engines/config.rs`, the replicas' in `replica/config.rs`, the roles' in
-//! `access.rs`. This file composes them and checks what spans two.
+//! Each subsystem declares its settings once, in its `settings!` (`declare.rs`)
+//! table: per setting its help, flag, environment variable, written form,
+//! field, default with the reason for it, and rule. The transport, the
+//! request limits and the index are in this module's files; precise mode's
+//! in `engines/config.rs`, the replicas' in `replica/config.rs`, the roles'
+//! in `access.rs`. This file composes them and checks what spans two.
 
 use std::path::{Path, PathBuf};
 
@@ -39,14 +36,11 @@ pub use value::{ConfigError, HumanDuration};
 /// What a user may set. Flags override the environment, which overrides the
 /// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
 ///
-/// Each field is one setting, declared once, in its subsystem's table:
-/// its name is the TOML key (in kebab-case) and, upper-cased behind
-/// `PREFIX_INDEX_`, the environment variable; the flag is the same name
-/// (singular for the repeatable `--reader`, `--writer`, `--peer` and
-/// `--engine`); its doc comment is the `--help` text. Defaults and the
-/// reasons for them live in each subsystem's configuration's `Default`
-/// alone: `--help` shows them through [`Settings::with_defaults`], and tests
-/// hold the mapping both ways and `docs/operations.md` to them.
+/// Each field is one setting: its name is the TOML key (in kebab-case) and,
+/// upper-cased behind `PREFIX_INDEX_`, the environment variable; the flag is
+/// the same name (singular for the repeatable `--reader`, `--writer`,
+/// `--peer` and `--engine`); its doc comment is the `--help` text, which
+/// shows its default through [`Settings::with_defaults`].
 #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Settings {
