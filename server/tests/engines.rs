@@ -6,13 +6,13 @@
 //! the engine (sequence back to 0, empty cache). After each step, gateway
 //! lookups by token key must match the engine's own cache.
 
-use prefix_testkit::publisher::Publisher;
+use prefix_testkit::publisher::{payload, Publisher};
 use prefix_testkit::server as common;
 
 use std::collections::HashMap;
 
 use prefix_client::Client;
-use prefix_events::{encode_batch, Batch, Event, Removed, Stored};
+use prefix_events::{Event, Removed, Stored};
 use prefix_proto::key::token_key;
 use prefix_server::Subscription;
 
@@ -33,17 +33,6 @@ fn prompt(p: u32, blocks: usize) -> Vec<u32> {
 /// The engine's hashes of `tokens`, chained as vLLM's are.
 fn hashes(tokens: &[u32]) -> Vec<u64> {
     engine_sim::chain_hashes(tokens, BLOCK)
-}
-
-/// One event's payload, as vLLM 0.33 encodes it.
-fn payload(event: Event) -> Vec<u8> {
-    encode_batch(&Batch {
-        ts: 1.8e9,
-        events: vec![event],
-        data_parallel_rank: Some(0),
-        unknown_events: 0,
-        bad: None,
-    })
 }
 
 fn stored(parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> Event {
@@ -77,10 +66,19 @@ impl Engine {
         }
     }
 
-    /// Its publisher's and replay socket's endpoints.
-    fn endpoints(&self) -> (String, String) {
+    /// Binds on new loopback ports.
+    fn bind(ctx: &zmq::Context) -> Engine {
+        let any = "tcp://127.0.0.1:*";
+        Engine::start(ctx, (any, any))
+    }
+
+    /// The engine restarted: sequence from 0, nothing cached, its sockets
+    /// bound again on the same ports.
+    fn restarted(self, ctx: &zmq::Context) -> Engine {
         let replay = self.sockets.replay.clone().expect("a replay socket");
-        (self.sockets.endpoint.clone(), replay)
+        let endpoints = (self.sockets.endpoint.clone(), replay);
+        drop(self);
+        Engine::start(ctx, (&endpoints.0, &endpoints.1))
     }
 
     /// The server's subscription to this engine as pod `POD` of model `m`.
@@ -133,7 +131,7 @@ impl Engine {
         for h in &hs[from..to] {
             *self.cached.entry(*h).or_default() += 1;
         }
-        self.publish(payload(event), lost);
+        self.publish(payload(vec![event]), lost);
     }
 
     /// Evicts block `i` of `tokens`.
@@ -146,7 +144,7 @@ impl Engine {
             medium: Some("GPU".into()),
             group: None,
         });
-        self.publish(payload(event), lost);
+        self.publish(payload(vec![event]), lost);
     }
 
     /// Leading blocks of `tokens` the engine could reuse.
@@ -175,24 +173,57 @@ async fn agrees(client: &Client, engine: &Engine, prompts: &[Vec<u32>]) -> bool 
     true
 }
 
-/// A server that follows `sub`, with its data (and snapshot, written only
+/// Waits until the server answers for each prompt as the engine's cache
+/// holds.
+async fn until_agrees(what: &str, client: &Client, engine: &Engine, prompts: &[Vec<u32>]) {
+    common::eventually(what, async || agrees(client, engine, prompts).await).await;
+}
+
+/// A new engine, the server's subscription to it, and a data directory
+/// for servers that follow it across restarts.
+fn to_follow(ctx: &zmq::Context) -> (Engine, Subscription, tempfile::TempDir) {
+    let engine = Engine::bind(ctx);
+    let sub = engine.subscription();
+    (engine, sub, tempfile::tempdir().unwrap())
+}
+
+/// A server that follows `subs`, with its data (and snapshot, written only
 /// at shutdown) in `data`, so that a restart keeps what it learnt.
-fn following(data: &tempfile::TempDir, sub: &Subscription) -> prefix_server::ServerConfig {
+fn following(data: &tempfile::TempDir, subs: &[Subscription]) -> prefix_server::ServerConfig {
     let mut cfg = common::config(data);
     cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
-    cfg.engines.subscriptions = vec![sub.clone()];
+    cfg.engines.subscriptions = subs.to_vec();
     cfg
+}
+
+/// Starts a server on `cfg`, whose data directory the caller keeps for
+/// the next start.
+async fn restartable(cfg: prefix_server::ServerConfig) -> common::TestServer {
+    common::start_with(cfg, tempfile::tempdir().unwrap()).await
+}
+
+async fn stop(server: common::TestServer, client: Client) {
+    client.close().await;
+    server.shutdown().await;
+}
+
+/// The pods the server follows, by name.
+fn followed(server: &common::TestServer) -> Vec<String> {
+    let mut pods: Vec<_> = server
+        .engines_list()
+        .into_iter()
+        .map(|(s, _)| s.pod)
+        .collect();
+    pods.sort();
+    pods
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let ctx = zmq::Context::new();
-    let any = "tcp://127.0.0.1:*";
-    let mut engine = Engine::start(&ctx, (any, any));
-    let sub = engine.subscription();
-    let data = tempfile::tempdir().unwrap();
-    let config = |sub: &Subscription| following(&data, sub);
-    let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
+    let (mut engine, sub, data) = to_follow(&ctx);
+    let config = |sub: &Subscription| following(&data, std::slice::from_ref(sub));
+    let server = restartable(config(&sub)).await;
     let client = server.client().await;
     let prompts: Vec<Vec<u32>> = (1..=4).map(|p| prompt(p, 6)).collect();
 
@@ -200,10 +231,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     // first batch the server sees makes it replay the engine's buffer.
     engine.store(&prompts[0], 0, 4, false);
     engine.store(&prompts[1], 2, 5, false);
-    common::eventually("the first stores arrive", async || {
-        agrees(&client, &engine, &prompts).await
-    })
-    .await;
+    until_agrees("the first stores arrive", &client, &engine, &prompts).await;
     assert_eq!(engine.cached_blocks(&prompts[1]), 5);
 
     // A lost batch: the next one reveals the gap, the replay fills it (the
@@ -217,10 +245,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     engine.subscribed();
     engine.evict(&prompts[0], 3, true);
     engine.store(&prompts[2], 2, 6, false);
-    common::eventually("the gap is replayed", async || {
-        agrees(&client, &engine, &prompts).await
-    })
-    .await;
+    until_agrees("the gap is replayed", &client, &engine, &prompts).await;
     assert_eq!(engine.cached_blocks(&prompts[0]), 3);
     let gaps = gaps + 1.0;
     assert_eq!(
@@ -247,10 +272,9 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     );
 
     // The server restarts; what the engine does meanwhile is in its buffer.
-    client.close().await;
-    server.shutdown().await;
+    stop(server, client).await;
     engine.store(&prompts[1], 5, 6, false);
-    let server = common::start_with(config(&sub), tempfile::tempdir().unwrap()).await;
+    let server = restartable(config(&sub)).await;
     // It resumes from the snapshot's last batch, and lists it.
     common::eventually("the batch it resumes from is listed", async || {
         server.engines_list()[0].1.last_seq.is_some()
@@ -259,16 +283,17 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     let client = server.client().await;
     engine.subscribed();
     engine.store(&prompts[3], 2, 3, false);
-    common::eventually("events after the restart find their parents", async || {
-        agrees(&client, &engine, &prompts).await
-    })
+    until_agrees(
+        "events after the restart find their parents",
+        &client,
+        &engine,
+        &prompts,
+    )
     .await;
     assert_eq!(engine.cached_blocks(&prompts[1]), 6);
 
     // The engine restarts: sequence from 0, nothing cached, same ports.
-    let endpoints = engine.endpoints();
-    drop(engine);
-    let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
+    let mut engine = engine.restarted(&ctx);
     engine.store(&prompts[3], 0, 3, false);
     engine.store(&prompts[3], 3, 4, false);
     // Batches published before the server's socket reconnects are lost to
@@ -291,8 +316,7 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
     assert_eq!(common::metric(http, &pod("engine_connected")).await, 1.0);
     let restarts = format!("prefix_index_engine_resyncs_total{{pod=\"{POD}\",reason=\"restart\"}}");
     assert!(common::metric(http, &restarts).await >= 1.0);
-    client.close().await;
-    server.shutdown().await;
+    stop(server, client).await;
 }
 
 /// After a restart of the server, an engine whose replay buffer rolled
@@ -303,23 +327,17 @@ async fn the_server_follows_an_engine_through_gaps_and_both_restarts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
     let ctx = zmq::Context::new();
-    let any = "tcp://127.0.0.1:*";
-    let mut engine = Engine::start(&ctx, (any, any));
-    let sub = engine.subscription();
-    let data = tempfile::tempdir().unwrap();
-    let config = || following(&data, &sub);
+    let (mut engine, sub, data) = to_follow(&ctx);
+    let config = || following(&data, std::slice::from_ref(&sub));
     let resyncs = |reason: &str| {
         format!("prefix_index_engine_resyncs_total{{pod=\"{POD}\",reason=\"{reason}\"}}")
     };
     let prompts: Vec<Vec<u32>> = (1..=4).map(|p| prompt(p, 4)).collect();
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let server = restartable(config()).await;
     let client = server.client().await;
     engine.subscribed();
     engine.store(&prompts[0], 0, 4, false);
-    common::eventually("the engine is followed", async || {
-        agrees(&client, &engine, &prompts).await
-    })
-    .await;
+    until_agrees("the engine is followed", &client, &engine, &prompts).await;
     client.close().await;
     // The snapshot holds batch 0 as the last one applied.
     server.shutdown().await;
@@ -330,7 +348,7 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
         engine.store(p, 0, 4, false);
     }
     engine.roll(1);
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let server = restartable(config()).await;
     let http = server.metrics_addr.unwrap();
     common::eventually("the short replay is told", async || {
         common::metric(http, &resyncs("replay_too_short")).await == 1.0
@@ -338,9 +356,12 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
     .await;
     assert_eq!(common::metric(http, &resyncs("restart")).await, 0.0);
     let client = server.client().await;
-    common::eventually("the engine's buffer is learnt", async || {
-        agrees(&client, &engine, &prompts[3..]).await
-    })
+    until_agrees(
+        "the engine's buffer is learnt",
+        &client,
+        &engine,
+        &prompts[3..],
+    )
     .await;
     let states = server.engines_list();
     let said = states[0].1.last_error.as_deref().unwrap_or_default();
@@ -354,14 +375,12 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
 
     // A new engine on the same ports got past that number while the
     // server was away: its batch 3 is not the one applied.
-    let endpoints = engine.endpoints();
-    drop(engine);
-    let mut engine = Engine::start(&ctx, (&endpoints.0, &endpoints.1));
+    let mut engine = engine.restarted(&ctx);
     for i in 0..4 {
         engine.store(&prompts[0], i, i + 1, false);
     }
     engine.store(&prompts[1], 2, 3, false);
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let server = restartable(config()).await;
     let http = server.metrics_addr.unwrap();
     common::eventually("the new engine is told", async || {
         common::metric(http, &resyncs("restart")).await == 1.0
@@ -372,12 +391,8 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
         0.0
     );
     let client = server.client().await;
-    common::eventually("the new engine is learnt", async || {
-        agrees(&client, &engine, &prompts).await
-    })
-    .await;
-    client.close().await;
-    server.shutdown().await;
+    until_agrees("the new engine is learnt", &client, &engine, &prompts).await;
+    stop(server, client).await;
 }
 
 /// An engine-fed pod of the snapshot that nothing follows any more is
@@ -388,31 +403,12 @@ async fn a_replay_buffer_rolled_past_the_snapshot_is_no_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     let ctx = zmq::Context::new();
-    let any = "tcp://127.0.0.1:*";
-    let mut engine = Engine::start(&ctx, (any, any));
-    let sub = engine.subscription();
-    let data = tempfile::tempdir().unwrap();
-    let config = |subs: &[Subscription]| {
-        let mut cfg = common::config(&data);
-        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
-        cfg.engines.subscriptions = subs.to_vec();
-        cfg
-    };
+    let (mut engine, sub, data) = to_follow(&ctx);
+    let config = |subs: &[Subscription]| following(&data, subs);
     let start = async |subs: &[Subscription]| {
-        let server = common::start_with(config(subs), tempfile::tempdir().unwrap()).await;
+        let server = restartable(config(subs)).await;
         let client = server.client().await;
         (server, client)
-    };
-    let stop = async |server: common::TestServer, client: Client| {
-        client.close().await;
-        server.shutdown().await;
-    };
-    let followed = |server: &common::TestServer| -> Vec<String> {
-        server
-            .engines_list()
-            .into_iter()
-            .map(|(s, _)| s.pod)
-            .collect()
     };
     let prompts: Vec<Vec<u32>> = (1..=2).map(|p| prompt(p, 4)).collect();
 
@@ -420,9 +416,12 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     let (server, client) = start(std::slice::from_ref(&sub)).await;
     engine.subscribed();
     engine.store(&prompts[0], 0, 3, false);
-    common::eventually("the configured engine is followed", async || {
-        agrees(&client, &engine, &prompts).await
-    })
+    until_agrees(
+        "the configured engine is followed",
+        &client,
+        &engine,
+        &prompts,
+    )
     .await;
     stop(server, client).await;
     let (server, client) = start(&[]).await;
@@ -441,9 +440,12 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     client.subscribe_engine(sub.clone()).await.unwrap();
     engine.subscribed();
     engine.store(&prompts[1], 2, 3, false);
-    common::eventually("the run-time subscription is followed", async || {
-        agrees(&client, &engine, &prompts).await
-    })
+    until_agrees(
+        "the run-time subscription is followed",
+        &client,
+        &engine,
+        &prompts,
+    )
     .await;
     stop(server, client).await;
     let (server, client) = start(&[]).await;
@@ -451,9 +453,12 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     engine.subscribed();
     engine.store(&prompts[0], 3, 4, false);
     engine.store(&prompts[1], 3, 4, false);
-    common::eventually("events after the restart find their parents", async || {
-        agrees(&client, &engine, &prompts).await
-    })
+    until_agrees(
+        "events after the restart find their parents",
+        &client,
+        &engine,
+        &prompts,
+    )
     .await;
     assert_eq!(engine.cached_blocks(&prompts[0]), 4);
 
@@ -475,16 +480,13 @@ async fn run_time_subscriptions_outlive_a_restart_and_unfollowed_pods_go() {
     client.subscribe_engine(sub.clone()).await.unwrap();
     engine.subscribed();
     engine.store(&prompts[1], 0, 1, false);
-    common::eventually("the pod is learnt again", async || {
-        agrees(&client, &engine, &prompts).await
-    })
-    .await;
+    until_agrees("the pod is learnt again", &client, &engine, &prompts).await;
     stop(server, client).await;
     let kept = format!("{{\"unsubscribed\": [\"{POD}\"]}}");
     std::fs::write(data.path().join("subscriptions.json"), kept).unwrap();
     let mut cfg = config(std::slice::from_ref(&sub));
-    cfg.engines.listen = Some(any.into());
-    let server = common::start_with(cfg, tempfile::tempdir().unwrap()).await;
+    cfg.engines.listen = Some("tcp://127.0.0.1:*".into());
+    let server = restartable(cfg).await;
     assert!(followed(&server).is_empty());
     assert!(server.index.engines().is_empty());
     server.shutdown().await;
@@ -500,8 +502,7 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     use prefix_proto::{ErrorCode, Op, Reply};
     let data = tempfile::tempdir().unwrap();
     let config = || {
-        let mut cfg = common::config(&data);
-        cfg.upkeep.snapshot_interval = Some(std::time::Duration::from_secs(3600));
+        let mut cfg = following(&data, &[]);
         cfg.engines.max_engines = 3;
         cfg
     };
@@ -511,7 +512,7 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
         Op::Subscribe(text.parse::<Subscription>().unwrap())
     };
     let ok = "tcp://127.0.0.1:9";
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    let server = restartable(config()).await;
     let client = server.client().await;
     let mut bad = sub("bad", ok);
     if let Op::Subscribe(s) = &mut bad {
@@ -552,20 +553,10 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
         Some(ErrorCode::BadSubscription as u16),
         "{replies:?}"
     );
-    let followed = |server: &common::TestServer| -> Vec<String> {
-        let mut pods: Vec<_> = server
-            .engines_list()
-            .into_iter()
-            .map(|(s, _)| s.pod)
-            .collect();
-        pods.sort();
-        pods
-    };
     assert_eq!(followed(&server), ["a", "b", "c"]);
     assert_eq!(server.index.stats().pods, 3);
-    client.close().await;
-    server.shutdown().await;
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    stop(server, client).await;
+    let server = restartable(config()).await;
     assert_eq!(followed(&server), ["a", "b", "c"]);
     // Unsubscriptions in a row: each answered whether its pod was
     // followed, as one by one.
@@ -599,9 +590,8 @@ async fn subscriptions_in_one_batch_are_answered_in_order_and_kept() {
     );
     assert_eq!(followed(&server), ["b"]);
     assert_eq!(server.index.stats().pods, 1);
-    client.close().await;
-    server.shutdown().await;
-    let server = common::start_with(config(), tempfile::tempdir().unwrap()).await;
+    stop(server, client).await;
+    let server = restartable(config()).await;
     assert_eq!(followed(&server), ["b"]);
     server.shutdown().await;
 }
@@ -638,7 +628,7 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
     // The subscription reaches the publisher after the connection: publish
     // until the server has the blocks.
     common::eventually("the connecting engine is followed", async || {
-        let good = payload(stored(None, &hs, &tokens));
+        let good = payload(vec![stored(None, &hs, &tokens)]);
         let stray: [&[u8]; 3] = [b"kv@", &0u64.to_be_bytes(), b"\x90"];
         publisher.send_multipart(stray, 0).unwrap();
         let garbage: [&[u8]; 3] = [topic, &seq.to_be_bytes(), b"\xc1\xc1"];
@@ -681,22 +671,14 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
     // Unsubscribed, the pod's blocks go; its next messages meet it again,
     // as a pod learnt anew (its old blocks are not there to find).
     assert!(server.engines.unsubscribe("pod-c"));
-    let holds = async |tokens: &[u32], blocks: u32| {
-        let got = client
-            .lookup("m", &token_key(tokens, BLOCK), None)
-            .await
-            .unwrap();
-        got.matches
-            .iter()
-            .any(|m| m.pod.as_str() == "pod-c" && m.blocks == blocks)
-    };
+    let holds = async |tokens: &[u32], blocks: u32| holds(&client, tokens, "pod-c", blocks).await;
     assert!(!holds(&tokens, 3).await);
     let again = prompt(2, 2);
     let again_hs = hashes(&again);
     common::eventually(
         "the engine is met again after its unsubscription",
         async || {
-            let good = payload(stored(None, &again_hs, &again));
+            let good = payload(vec![stored(None, &again_hs, &again)]);
             let good: [&[u8]; 3] = [topic, &seq.to_be_bytes(), &good];
             publisher.send_multipart(good, 0).unwrap();
             seq += 1;
@@ -726,8 +708,7 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
         .await
         .unwrap();
     assert!(got.matches.is_empty(), "{:?}", got.matches);
-    client.close().await;
-    server.shutdown().await;
+    stop(server, client).await;
 }
 
 /// Central mode's doors: a connection from outside `--engine-allow` is
@@ -757,7 +738,7 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
     };
     let (engine, outsider, neighbour) = (from("127.0.0.1"), from("127.0.0.3"), from("127.0.0.2"));
     let send = |s: &zmq::Socket, topic: &str, seq: u64, event: Event| {
-        let body = payload(event);
+        let body = payload(vec![event]);
         let frames: [&[u8]; 3] = [topic.as_bytes(), &seq.to_be_bytes(), &body];
         s.send_multipart(frames, 0).unwrap();
     };
@@ -821,8 +802,7 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
     })
     .await;
     assert!(server.engines_list()[0].1.connected);
-    client.close().await;
-    server.shutdown().await;
+    stop(server, client).await;
 }
 
 /// Precise mode under replicas: a gateway's `Cluster` with R = 2 over three
@@ -833,8 +813,7 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_follow_the_engine_each_and_answer_alike() {
     let ctx = zmq::Context::new();
-    let any = "tcp://127.0.0.1:*";
-    let mut engine = Engine::start(&ctx, (any, any));
+    let mut engine = Engine::bind(&ctx);
     let mut servers = Vec::new();
     for _ in 0..3 {
         servers.push(common::start(|_| {}).await);
@@ -871,9 +850,12 @@ async fn replicas_follow_the_engine_each_and_answer_alike() {
     let mut clients = Vec::new();
     for &r in &replicas {
         let client = servers[r].client().await;
-        common::eventually("each replica follows the engine", async || {
-            agrees(&client, &engine, &prompts).await
-        })
+        until_agrees(
+            "each replica follows the engine",
+            &client,
+            &engine,
+            &prompts,
+        )
         .await;
         clients.push(client);
     }

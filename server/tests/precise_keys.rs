@@ -28,14 +28,14 @@
 //! detailed lookup with the GPU's match and the CPU's run after it; a gap
 //! with no replay makes the pod's view "learning".
 
-use prefix_testkit::publisher::Publisher;
+use prefix_testkit::publisher::{payload, Publisher};
 use prefix_testkit::server as common;
 use prefix_testkit::vllm::{self, PublishedCase};
 
 use std::path::Path;
 
 use prefix_client::Client;
-use prefix_events::{encode_batch, Batch, Event, Stored};
+use prefix_events::{Event, Stored};
 use prefix_proto::key::{Identity, MmItem};
 use prefix_proto::PodView;
 use prefix_server::Subscription;
@@ -259,16 +259,6 @@ fn tier_event(
     }
 }
 
-fn payload(events: Vec<Event>) -> Vec<u8> {
-    encode_batch(&Batch {
-        ts: 1.8e9,
-        events,
-        data_parallel_rank: Some(0),
-        unknown_events: 0,
-        bad: None,
-    })
-}
-
 /// A pod whose subscription follows the CPU tier: its detailed answer is
 /// the GPU's match and the CPU's run after it, its view exact; a gap with
 /// no replay makes it learn again, and says so, over QUIC, HTTP and in the
@@ -373,14 +363,7 @@ async fn a_long_prompt_an_engine_holds_is_answered_whole() {
             medium: Some("GPU".into()),
             ..Stored::default()
         });
-        let payload = encode_batch(&Batch {
-            ts: 1.8e9,
-            events: vec![event],
-            data_parallel_rank: Some(0),
-            unknown_events: 0,
-            bad: None,
-        });
-        engine.publish(seq as u64, &payload);
+        engine.publish(seq as u64, &payload(vec![event]));
     }
     let plain = Identity::default();
     common::eventually("the whole prompt is held", async || {

@@ -13,13 +13,13 @@
 //! with `--block-aliases engine`, a pod followed through SGLang's own
 //! events matched by the router's hashes.
 
-use prefix_testkit::publisher::Publisher;
+use prefix_testkit::publisher::{payload, Publisher};
 use prefix_testkit::server as common;
 use prefix_testkit::vllm::{self, PublishedCase};
 
 use std::net::SocketAddr;
 
-use prefix_events::{encode_batch, Batch, Event, Stored};
+use prefix_events::{Event, Stored};
 use prefix_server::config::ServerConfig;
 use prefix_server::routers::sglang::pb;
 use prefix_server::BlockAliases;
@@ -62,6 +62,27 @@ async fn get(http: &reqwest::Client, addr: SocketAddr, path: &str) -> (u16, Valu
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Posts `body` to `path`, which must answer `status` with an error that
+/// says `says`.
+async fn refused(
+    http: &reqwest::Client,
+    addr: SocketAddr,
+    path: &str,
+    body: Value,
+    status: u16,
+    says: &str,
+) {
+    let (s, v) = post(http, addr, path, body).await;
+    assert_eq!(s, status, "{v}");
+    assert!(v["error"].as_str().unwrap().contains(says), "{v}");
+}
+
+/// How many workers `/workers` lists.
+async fn worker_count(http: &reqwest::Client, addr: SocketAddr) -> usize {
+    let (_, v) = get(http, addr, "/workers").await;
+    v.as_array().unwrap().len()
+}
+
 /// Dynamo's local block hashes of `tokens` (xxh3-64 of each block's
 /// little-endian ids, seed 1337 plus the adapter's and the salt's
 /// hashes), as signed integers: computed here from the rule, apart from
@@ -91,17 +112,6 @@ fn stored(hash: u64, parent: Option<u64>, tokens: Vec<u32>, block_size: u32) -> 
         tokens,
         block_size,
         ..Stored::default()
-    })
-}
-
-/// A batch of `events`, encoded as vLLM's publisher does.
-fn payload(events: Vec<Event>) -> Vec<u8> {
-    encode_batch(&Batch {
-        ts: 1.8e9,
-        events,
-        data_parallel_rank: Some(0),
-        unknown_events: 0,
-        bad: None,
     })
 }
 
@@ -189,33 +199,18 @@ async fn dynamos_routes_answer_what_vllm_would_reuse() {
 
     // Dynamo's block hashes: the same answers (an image's blocks are never
     // named by Dynamo's rule, which has no term for the image).
-    let by_hash = |c: &PublishedCase, salt: Option<&str>, lora: Option<&str>| json!({"block_hashes": dynamo_hashes(&c.tokens, lora, salt), "model_name": "m"});
-    let (s, v) = post(&http, addr, "/query_by_hash", by_hash(&plain, None, None)).await;
+    let by_hash = async |c: &PublishedCase, salt: Option<&str>, lora: Option<&str>| {
+        let body = json!({"block_hashes": dynamo_hashes(&c.tokens, lora, salt), "model_name": "m"});
+        post(&http, addr, "/query_by_hash", body).await
+    };
+    let (s, v) = by_hash(&plain, None, None).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!((gpu(&v, "1"), gpu(&v, "2")), (160, 0));
-    let (_, v) = post(
-        &http,
-        addr,
-        "/query_by_hash",
-        by_hash(&plain, Some("tenant-a"), None),
-    )
-    .await;
+    let (_, v) = by_hash(&plain, Some("tenant-a"), None).await;
     assert_eq!((gpu(&v, "1"), gpu(&v, "2")), (0, 160));
-    let (_, v) = post(
-        &http,
-        addr,
-        "/query_by_hash",
-        by_hash(&case("lora_salted"), Some("tenant-a"), Some("sql-lora")),
-    )
-    .await;
+    let (_, v) = by_hash(&case("lora_salted"), Some("tenant-a"), Some("sql-lora")).await;
     assert_eq!((gpu(&v, "4"), gpu(&v, "5")), (0, 160));
-    let (_, v) = post(
-        &http,
-        addr,
-        "/query_by_hash",
-        by_hash(&case("image_a"), None, None),
-    )
-    .await;
+    let (_, v) = by_hash(&case("image_a"), None, None).await;
     // Only the two blocks before the image.
     assert_eq!(gpu(&v, "3"), 32);
     // The remote client's route: engine blocks, by tier.
@@ -252,15 +247,7 @@ async fn dynamos_routes_answer_what_vllm_would_reuse() {
     assert_eq!(s, 200);
     let (_, v) = post(&http, addr, "/query", query(&plain, None, None)).await;
     assert_eq!(gpu(&v, "1"), 0);
-    assert_eq!(
-        get(&http, addr, "/workers")
-            .await
-            .1
-            .as_array()
-            .unwrap()
-            .len(),
-        4
-    );
+    assert_eq!(worker_count(&http, addr).await, 4);
     server.shutdown().await;
 }
 
@@ -431,18 +418,15 @@ async fn dynamos_routes_refuse_what_dynamo_refuses() {
         .unwrap();
     assert_eq!(r.status(), 413);
     // Unknown partitions, salts by hash, by-hash without aliases.
-    let (s, v) = post(
+    refused(
         &http,
         addr,
         "/query",
         json!({"token_ids": [1, 2, 3], "model_name": "no-such-model"}),
+        404,
+        "no indexer for model=",
     )
     .await;
-    assert_eq!(s, 404);
-    assert!(v["error"]
-        .as_str()
-        .unwrap()
-        .contains("no indexer for model="));
     steps(vec![
         (
             "/query",
@@ -457,31 +441,25 @@ async fn dynamos_routes_refuse_what_dynamo_refuses() {
     ])
     .await;
     for salt in ["tenant-a", ""] {
-        let (s, v) = post(
+        refused(
             &http,
             addr,
             "/query_by_hash",
             json!({"block_hashes": [11, 12], "model_name": "m", "cache_salt": salt}),
+            400,
+            "block_hashes must already include",
         )
         .await;
-        assert_eq!(s, 400);
-        assert!(v["error"]
-            .as_str()
-            .unwrap()
-            .contains("block_hashes must already include"));
     }
-    let (s, v) = post(
+    refused(
         &http,
         addr,
         "/query_by_hash",
         json!({"block_hashes": [11], "model_name": "m", "cache_salt": null}),
+        501,
+        "--block-aliases dynamo",
     )
     .await;
-    assert_eq!(s, 501, "{v}");
-    assert!(v["error"]
-        .as_str()
-        .unwrap()
-        .contains("--block-aliases dynamo"));
     // A prompt of fewer tokens than a block: an empty answer.
     let (s, v) = post(
         &http,
@@ -523,15 +501,7 @@ async fn dynamos_routes_refuse_what_dynamo_refuses() {
         ),
     ])
     .await;
-    assert_eq!(
-        get(&http, addr, "/workers")
-            .await
-            .1
-            .as_array()
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(worker_count(&http, addr).await, 1);
     assert_eq!(
         http.get(url(addr, "/health"))
             .send()
@@ -544,7 +514,7 @@ async fn dynamos_routes_refuse_what_dynamo_refuses() {
 }
 
 /// SGLang's router's client, over plain HTTP/2.
-async fn grpc(addr: SocketAddr) -> KvIndexerClient<tonic::transport::Channel> {
+async fn grpc(addr: SocketAddr) -> Router {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -553,8 +523,47 @@ async fn grpc(addr: SocketAddr) -> KvIndexerClient<tonic::transport::Channel> {
     KvIndexerClient::new(channel).max_decoding_message_size(16 << 20)
 }
 
+type Router = KvIndexerClient<tonic::transport::Channel>;
+
+/// A batch of `actions` from a worker (its id and address), applied.
+async fn apply(
+    c: &mut Router,
+    (worker, address): (&str, &str),
+    actions: Vec<pb::ExternalKvAction>,
+) {
+    c.apply_external_kv_batch(batch(worker, address, actions))
+        .await
+        .unwrap();
+}
+
+/// The answer to a prefix query.
+async fn match_prefix(
+    c: &mut Router,
+    query: pb::MatchExternalKvPrefixRequest,
+) -> pb::MatchExternalKvPrefixResponse {
+    c.match_external_kv_prefix(query)
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// (hash, hit count) of each of `hashes` that has one.
+async fn hit_counts(c: &mut Router, hashes: &[i64]) -> Vec<(i64, u64)> {
+    let query = pb::GetExternalKvHitCountsRequest {
+        hashes: hashes.to_vec(),
+    };
+    let counts = c.get_external_kv_hit_counts(query).await.unwrap();
+    (counts.into_inner().entries.iter())
+        .map(|e| (e.hash, e.hit_count_total))
+        .collect()
+}
+
 fn report(tier: pb::TierType, hashes: &[i64]) -> pb::ExternalKvAction {
     action(pb::ExternalKvActionType::ActionReport, tier, hashes)
+}
+
+fn revoke(tier: pb::TierType, hashes: &[i64]) -> pb::ExternalKvAction {
+    action(pb::ExternalKvActionType::ActionRevoke, tier, hashes)
 }
 
 fn action(
@@ -604,35 +613,20 @@ async fn sglangs_indexer_service_holds_what_bridges_report() {
     use pb::TierType::{TierDram, TierHbm, TierSsd};
     let server = start(BlockAliases::None, |_| {}).await;
     let mut c = grpc(server.api_addr.unwrap()).await;
-    c.apply_external_kv_batch(batch(
-        "long",
-        "http://w1:30000",
-        vec![report(TierHbm, &[1, 2, 3])],
-    ))
-    .await
-    .unwrap();
-    c.apply_external_kv_batch(batch(
-        "short",
-        "http://w2:30000",
-        vec![report(TierHbm, &[1])],
-    ))
-    .await
-    .unwrap();
-    c.apply_external_kv_batch(batch(
-        "dram",
-        "http://w3:30000",
+    // Workers: (id, address).
+    let (long, short) = (("long", "http://w1:30000"), ("short", "http://w2:30000"));
+    let (dram, noaddr) = (("dram", "http://w3:30000"), ("noaddr", ""));
+    let (ssd, large) = (("ssd", "http://w4:30000"), ("large", "http://w5:30000"));
+    apply(&mut c, long, vec![report(TierHbm, &[1, 2, 3])]).await;
+    apply(&mut c, short, vec![report(TierHbm, &[1])]).await;
+    apply(
+        &mut c,
+        dram,
         vec![report(TierHbm, &[1]), report(TierDram, &[2])],
-    ))
-    .await
-    .unwrap();
-    c.apply_external_kv_batch(batch("noaddr", "", vec![report(TierHbm, &[1, 2, 3])]))
-        .await
-        .unwrap();
-    let r = c
-        .match_external_kv_prefix(prefix(&[1, 2, 3]))
-        .await
-        .unwrap()
-        .into_inner();
+    )
+    .await;
+    apply(&mut c, noaddr, vec![report(TierHbm, &[1, 2, 3])]).await;
+    let r = match_prefix(&mut c, prefix(&[1, 2, 3])).await;
     assert_eq!(
         matched(&r),
         [("long".into(), 3), ("dram".into(), 2), ("short".into(), 1)]
@@ -640,11 +634,7 @@ async fn sglangs_indexer_service_holds_what_bridges_report() {
     assert_eq!((r.best_prefix_blocks, r.blocks_read), (3, 3));
     assert_eq!(r.matches[0].worker_address, "http://w1:30000");
     // A first block nobody holds: nothing.
-    let r = c
-        .match_external_kv_prefix(prefix(&[9, 1]))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = match_prefix(&mut c, prefix(&[9, 1])).await;
     assert_eq!(
         (r.matches.len(), r.best_prefix_blocks, r.blocks_read),
         (0, 0, 1)
@@ -652,45 +642,24 @@ async fn sglangs_indexer_service_holds_what_bridges_report() {
     // max_blocks caps the blocks considered.
     let mut capped = prefix(&[1, 2, 3]);
     capped.max_blocks = 2;
-    let r = c
-        .match_external_kv_prefix(capped)
-        .await
-        .unwrap()
-        .into_inner();
+    let r = match_prefix(&mut c, capped).await;
     assert_eq!(r.best_prefix_blocks, 2);
     // Revocations and clears act at their tier only.
-    c.apply_external_kv_batch(batch(
-        "long",
-        "http://w1:30000",
-        vec![action(
-            pb::ExternalKvActionType::ActionRevoke,
-            TierHbm,
-            &[2],
-        )],
-    ))
-    .await
-    .unwrap();
-    c.apply_external_kv_batch(batch(
-        "dram",
-        "http://w3:30000",
+    apply(&mut c, long, vec![revoke(TierHbm, &[2])]).await;
+    apply(
+        &mut c,
+        dram,
         vec![action(
             pb::ExternalKvActionType::ActionClearAllAtTier,
             TierHbm,
             &[],
         )],
-    ))
-    .await
-    .unwrap();
-    let r = c
-        .match_external_kv_prefix(prefix(&[1, 2, 3]))
-        .await
-        .unwrap()
-        .into_inner();
+    )
+    .await;
+    let r = match_prefix(&mut c, prefix(&[1, 2, 3])).await;
     assert_eq!(matched(&r), [("long".into(), 1), ("short".into(), 1)]);
     // Placements by tier, and hit counts.
-    c.apply_external_kv_batch(batch("ssd", "http://w4:30000", vec![report(TierSsd, &[5])]))
-        .await
-        .unwrap();
+    apply(&mut c, ssd, vec![report(TierSsd, &[5])]).await;
     let all = c
         .match_external_kv(pb::MatchExternalKvRequest {
             hashes: vec![1, 2, 5, 1],
@@ -709,65 +678,18 @@ async fn sglangs_indexer_service_holds_what_bridges_report() {
         ),
         (TierDram as i32, vec![2])
     );
-    let counts = c
-        .get_external_kv_hit_counts(pb::GetExternalKvHitCountsRequest {
-            hashes: vec![1, 4, 5],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let counts: Vec<(i64, u64)> = counts
-        .entries
-        .iter()
-        .map(|e| (e.hash, e.hit_count_total))
-        .collect();
-    assert_eq!(counts, [(1, 1), (5, 1)]);
+    assert_eq!(hit_counts(&mut c, &[1, 4, 5]).await, [(1, 1), (5, 1)]);
     // A full revocation drops the count.
-    c.apply_external_kv_batch(batch(
-        "ssd",
-        "http://w4:30000",
-        vec![action(
-            pb::ExternalKvActionType::ActionRevoke,
-            TierSsd,
-            &[5],
-        )],
-    ))
-    .await
-    .unwrap();
-    let counts = c
-        .get_external_kv_hit_counts(pb::GetExternalKvHitCountsRequest { hashes: vec![5] })
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(counts.entries.is_empty());
+    apply(&mut c, ssd, vec![revoke(TierSsd, &[5])]).await;
+    assert!(hit_counts(&mut c, &[5]).await.is_empty());
     // A long prefix across two full batches, and a query past 4 MiB.
     let big: Vec<i64> = (1_000..1_000 + 16_385).collect();
-    c.apply_external_kv_batch(batch(
-        "large",
-        "http://w5:30000",
-        vec![report(TierHbm, &big[..16_384])],
-    ))
-    .await
-    .unwrap();
-    c.apply_external_kv_batch(batch(
-        "large",
-        "http://w5:30000",
-        vec![report(TierHbm, &big[16_384..])],
-    ))
-    .await
-    .unwrap();
-    let r = c
-        .match_external_kv_prefix(prefix(&big))
-        .await
-        .unwrap()
-        .into_inner();
+    apply(&mut c, large, vec![report(TierHbm, &big[..16_384])]).await;
+    apply(&mut c, large, vec![report(TierHbm, &big[16_384..])]).await;
+    let r = match_prefix(&mut c, prefix(&big)).await;
     assert_eq!((r.best_prefix_blocks, r.blocks_read), (16_385, 16_385));
     let wide: Vec<i64> = std::iter::once(1_000).chain(1..600_000).collect();
-    let r = c
-        .match_external_kv_prefix(prefix(&wide))
-        .await
-        .unwrap()
-        .into_inner();
+    let r = match_prefix(&mut c, prefix(&wide)).await;
     assert_eq!(r.best_prefix_blocks, 1);
     server.shutdown().await;
 }
@@ -822,9 +744,7 @@ async fn sglangs_indexer_service_answers_the_statuses_its_clients_act_on() {
         Code::ResourceExhausted
     );
     // An empty batch only refreshes the worker's address.
-    c.apply_external_kv_batch(batch("w", "addr", vec![]))
-        .await
-        .unwrap();
+    apply(&mut c, ("w", "addr"), vec![]).await;
     // Past the message bound, a prefix query is OUT_OF_RANGE: the router
     // routes by load instead.
     let huge: Vec<i64> = (0..1_049_600).collect();
@@ -856,29 +776,19 @@ async fn a_workers_cache_spec_decides_its_prefix() {
     let mut b = batch("swa", "http://w:1", vec![r]);
     b.cache_spec = Some(spec);
     c.apply_external_kv_batch(b).await.unwrap();
-    let got = c
-        .match_external_kv_prefix(prefix(&[1, 2, 3, 4]))
-        .await
-        .unwrap()
-        .into_inner();
+    let got = match_prefix(&mut c, prefix(&[1, 2, 3, 4])).await;
     assert_eq!(matched(&got), [("swa".into(), 3)]);
     // Component detail without a spec cannot be read: 0.
     let mut r = report(TierHbm, &[1, 2]);
     r.component_masks = vec![1, 1];
-    c.apply_external_kv_batch(batch("nospec", "http://w:2", vec![r]))
-        .await
-        .unwrap();
+    apply(&mut c, ("nospec", "http://w:2"), vec![r]).await;
     // Storage is never served under a spec.
     let mut r = report(TierSsd, &[1]);
     r.component_masks = vec![1];
     let mut b = batch("ssd", "http://w:3", vec![r]);
     b.cache_spec = Some(spec);
     c.apply_external_kv_batch(b).await.unwrap();
-    let got = c
-        .match_external_kv_prefix(prefix(&[1, 2, 3, 4]))
-        .await
-        .unwrap()
-        .into_inner();
+    let got = match_prefix(&mut c, prefix(&[1, 2, 3, 4])).await;
     assert_eq!(matched(&got), [("swa".into(), 3)]);
     server.shutdown().await;
 }

@@ -199,16 +199,22 @@ pub fn own_prompt(i: usize, blocks: usize, block: usize) -> Vec<u32> {
 /// One batch storing `tokens` on the GPU as a chain of `block`-token
 /// blocks from the root, as vLLM publishes a prefill (data-parallel rank 0).
 pub fn stored_batch(tokens: Vec<u32>, block: usize) -> Vec<u8> {
+    payload(vec![Event::Stored(Stored {
+        hashes: engine_sim::chain_hashes(&tokens, block),
+        parent: None,
+        tokens,
+        block_size: block as u32,
+        medium: Some("GPU".into()),
+        ..Default::default()
+    })])
+}
+
+/// A batch of `events`, encoded as vLLM's publisher does (data-parallel
+/// rank 0).
+pub fn payload(events: Vec<Event>) -> Vec<u8> {
     encode_batch(&Batch {
         ts: 1.8e9,
-        events: vec![Event::Stored(Stored {
-            hashes: engine_sim::chain_hashes(&tokens, block),
-            parent: None,
-            tokens,
-            block_size: block as u32,
-            medium: Some("GPU".into()),
-            ..Default::default()
-        })],
+        events,
         data_parallel_rank: Some(0),
         unknown_events: 0,
         bad: None,
