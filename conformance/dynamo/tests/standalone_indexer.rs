@@ -99,6 +99,34 @@ impl Pair {
         }
     }
 
+    /// Publishers for workers 7 and 8, registered in `groups`, once both
+    /// services' listeners have reached them.
+    async fn workers_7_and_8(
+        &self,
+        ctx: &zmq::Context,
+        groups: [&str; 2],
+    ) -> (Publisher, Publisher) {
+        let (w7, w8) = (Publisher::bind(ctx), Publisher::bind(ctx));
+        self.register(7, groups[0], &w7).await;
+        self.register(8, groups[1], &w8).await;
+        w7.subscribed(2);
+        w8.subscribed(2);
+        (w7, w8)
+    }
+
+    /// Asks both services `body` at `path` until `instance` scores `tokens`
+    /// on rank 0: both answers then name no `other` and are alike.
+    async fn only(&self, path: &str, body: &Value, instance: &str, tokens: u64, other: &str) {
+        let (ours, theirs) = self
+            .ask(path, body, |b| b["scores"][instance]["0"] == tokens)
+            .await;
+        for body in [&ours, &theirs] {
+            assert_eq!(body["scores"][instance]["0"], tokens);
+            assert!(body["scores"].get(other).is_none());
+        }
+        assert_eq!(ours, theirs);
+    }
+
     /// Both services' answers to `body` at `path`, once `done` holds of
     /// both (their listeners take the events in their own time).
     async fn ask(&self, path: &str, body: &Value, done: impl Fn(&Value) -> bool) -> (Value, Value) {
@@ -121,11 +149,7 @@ impl Pair {
 async fn query_by_hash_returns_per_instance_tier_breakdown() {
     let pair = Pair::start().await;
     let ctx = zmq::Context::new();
-    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
-    pair.register(7, "default", &w7).await;
-    pair.register(8, "default", &w8).await;
-    w7.subscribed(2);
-    w8.subscribed(2);
+    let (mut w7, mut w8) = pair.workers_7_and_8(&ctx, ["default", "default"]).await;
     // Worker 7: 2 device blocks + 1 host-pinned extension.
     // Worker 8: 2 device blocks, no lower-tier.
     let tokens: Vec<u32> = (1..=12).collect();
@@ -219,38 +243,18 @@ fn normalized(w: &WireTieredMatchDetails) -> Value {
 async fn query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id() {
     let pair = Pair::start().await;
     let ctx = zmq::Context::new();
-    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
-    pair.register(7, "default", &w7).await;
-    pair.register(8, "group-b", &w8).await;
-    w7.subscribed(2);
-    w8.subscribed(2);
+    let (mut w7, mut w8) = pair.workers_7_and_8(&ctx, ["default", "group-b"]).await;
     let tokens: Vec<u32> = vec![1, 2, 3, 4];
     w7.publish(stored(&[0x11], None, &tokens, "GPU", None));
     w8.publish(stored(&[0x11], None, &tokens, "GPU", None));
     let hashes = local_hashes(&tokens, None);
     let legacy = json!({"block_hashes": hashes, "model_name": MODEL, "tenant_id": "group-b"});
-    let (ours, theirs) = pair
-        .ask("/query_by_hash", &legacy, |b| {
-            b["scores"]["7"]["0"] == BLOCK_SIZE
-        })
+    pair.only("/query_by_hash", &legacy, "7", u64::from(BLOCK_SIZE), "8")
         .await;
-    for body in [&ours, &theirs] {
-        assert_eq!(body["scores"]["7"]["0"], BLOCK_SIZE);
-        assert!(body["scores"].get("8").is_none());
-    }
-    assert_eq!(ours, theirs);
     let explicit = json!({"block_hashes": hashes, "model_name": MODEL,
                           "routing_group": "group-b", "tenant_id": "default"});
-    let (ours, theirs) = pair
-        .ask("/query_by_hash", &explicit, |b| {
-            b["scores"]["8"]["0"] == BLOCK_SIZE
-        })
+    pair.only("/query_by_hash", &explicit, "8", u64::from(BLOCK_SIZE), "7")
         .await;
-    for body in [&ours, &theirs] {
-        assert_eq!(body["scores"]["8"]["0"], BLOCK_SIZE);
-        assert!(body["scores"].get("7").is_none());
-    }
-    assert_eq!(ours, theirs);
 }
 
 /// `query_isolates_cache_salts`.
@@ -258,11 +262,7 @@ async fn query_by_hash_isolates_routing_groups_and_ignores_legacy_tenant_id() {
 async fn query_isolates_cache_salts() {
     let pair = Pair::start().await;
     let ctx = zmq::Context::new();
-    let (mut w7, mut w8) = (Publisher::bind(&ctx), Publisher::bind(&ctx));
-    pair.register(7, "default", &w7).await;
-    pair.register(8, "default", &w8).await;
-    w7.subscribed(2);
-    w8.subscribed(2);
+    let (mut w7, mut w8) = pair.workers_7_and_8(&ctx, ["default", "default"]).await;
     let tokens = vec![1_u32, 2, 3, 4, 5, 6, 7, 8];
     w7.publish(stored(
         &[0x21, 0x22],
@@ -281,25 +281,18 @@ async fn query_isolates_cache_salts() {
     for (salt, expected, other) in [("tenant-a", "7", "8"), ("tenant-b", "8", "7")] {
         let body = json!({"token_ids": tokens, "model_name": MODEL,
                           "routing_group": "default", "cache_salt": salt});
-        let (ours, theirs) = pair
-            .ask("/query", &body, |b| {
-                b["scores"][expected]["0"] == tokens.len() as u64
-            })
+        pair.only("/query", &body, expected, tokens.len() as u64, other)
             .await;
-        for body in [&ours, &theirs] {
-            assert_eq!(body["scores"][expected]["0"], tokens.len() as u64);
-            assert!(body["scores"].get(other).is_none());
-        }
-        assert_eq!(ours, theirs);
         // And by hash, the salt in the hashes' seed.
         let body = json!({"block_hashes": local_hashes(&tokens, Some(salt)), "model_name": MODEL});
-        let (ours, theirs) = pair
-            .ask("/query_by_hash", &body, |b| {
-                b["scores"][expected]["0"] == tokens.len() as u64
-            })
-            .await;
-        assert!(ours["scores"].get(other).is_none());
-        assert_eq!(ours, theirs);
+        pair.only(
+            "/query_by_hash",
+            &body,
+            expected,
+            tokens.len() as u64,
+            other,
+        )
+        .await;
     }
 }
 
