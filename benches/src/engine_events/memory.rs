@@ -52,9 +52,7 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
             },
         );
         o.apply(&w.names, &w.steps);
-        o.index.sweep(NOW, usize::MAX);
-        o.index.reclaim();
-        o
+        o.swept()
     });
     let s = aliased.index.stats();
     eprintln!(
@@ -71,9 +69,7 @@ pub(super) fn memory(w: &Workload, live: fn() -> isize, peer: &mut impl Peer) {
         let (hybrid, heap) = heap_of(live, || {
             let o = Ours::new(&w.names);
             o.decode_apply(&super::subscriptions(&w.names), payloads);
-            o.index.sweep(NOW, usize::MAX);
-            o.index.reclaim();
-            o
+            o.swept()
         });
         let s = hybrid.index.stats();
         eprintln!(

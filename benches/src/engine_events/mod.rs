@@ -297,6 +297,14 @@ impl Ours {
         }
     }
 
+    /// Sweeps everything and frees what the sweep unlinked: the state the
+    /// server's maintenance thread leaves.
+    pub fn swept(self) -> Self {
+        self.index.sweep(NOW, usize::MAX);
+        self.index.reclaim();
+        self
+    }
+
     /// Applies each step's events as one batch (one vLLM batch is one
     /// step), as the server does.
     pub fn apply<'a>(
@@ -480,8 +488,7 @@ pub fn run<P: Peer>(peer: impl FnOnce(&Workload) -> P, live: fn() -> isize) {
     let done = ours.apply(&w.names, &w.steps);
     eprintln!("ours applied: {done:?}");
     // The server's maintenance thread sweeps; this is the state it leaves.
-    ours.index.sweep(NOW, usize::MAX);
-    ours.index.reclaim();
+    let ours = ours.swept();
     let checked = Ours::new(&w.names);
     let events = checked.decode_apply(&subscriptions(&w.names), &w.payloads);
     assert_eq!(events, w.events, "every decoded event applies");
@@ -499,8 +506,7 @@ pub fn run<P: Peer>(peer: impl FnOnce(&Workload) -> P, live: fn() -> isize) {
         .find(|(name, _)| *name == "hybrid")
         .expect("the hybrid payloads");
     hybrid.decode_apply(&subscriptions(&w.names), payloads);
-    hybrid.index.sweep(NOW, usize::MAX);
-    hybrid.index.reclaim();
+    let hybrid = hybrid.swept();
     // Both groups hold the same blocks: the hybrid rules find the same hits.
     let (mut a, mut b) = (Vec::new(), Vec::new());
     assert_eq!(

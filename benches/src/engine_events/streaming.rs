@@ -270,9 +270,7 @@ pub(super) fn lookups_while_streaming(
     let fresh = || {
         let o = Ours::new(&w.names);
         o.apply(&w.names, &w.steps);
-        o.index.sweep(NOW, usize::MAX);
-        o.index.reclaim();
-        o
+        o.swept()
     };
     let swept = fresh();
     while_writing(
