@@ -315,6 +315,23 @@ fn write_opt_str(out: &mut Vec<u8>, s: &Option<CompactString>) {
     }
 }
 
+/// The map entry `key` = `value` when there is a value (msgspec's
+/// `omit_defaults` leaves it out otherwise).
+fn write_some_str(out: &mut Vec<u8>, key: &str, value: &Option<CompactString>) {
+    if let Some(value) = value {
+        let _ = enc::write_str(out, key);
+        let _ = enc::write_str(out, value);
+    }
+}
+
+/// [`write_some_str`] for a number.
+fn write_some_u32(out: &mut Vec<u8>, key: &str, value: Option<u32>) {
+    if let Some(value) = value {
+        let _ = enc::write_str(out, key);
+        let _ = enc::write_uint(out, u64::from(value));
+    }
+}
+
 fn write_hashes(out: &mut Vec<u8>, hashes: &[u64], form: HashForm) {
     let _ = enc::write_array_len(out, hashes.len() as u32);
     for &h in hashes {
@@ -425,32 +442,17 @@ fn write_event(out: &mut Vec<u8>, e: &Event, l: &Layout) {
             write_opt_str(out, &s.lora_name);
             let _ = enc::write_str(out, "extra_keys");
             write_extra_keys(out, &s.extra_keys);
-            if let Some(salt) = &s.cache_salt {
-                let _ = enc::write_str(out, "cache_salt");
-                let _ = enc::write_str(out, salt);
-            }
-            if let Some(g) = s.group {
-                let _ = enc::write_str(out, "group_idx");
-                let _ = enc::write_uint(out, u64::from(g));
-            }
-            if let Some(kind) = &s.group_kind {
-                let _ = enc::write_str(out, "kv_cache_spec_kind");
-                let _ = enc::write_str(out, kind);
-            }
-            if let Some(w) = s.sliding_window {
-                let _ = enc::write_str(out, "kv_cache_spec_sliding_window");
-                let _ = enc::write_uint(out, u64::from(w));
-            }
+            write_some_str(out, "cache_salt", &s.cache_salt);
+            write_some_u32(out, "group_idx", s.group);
+            write_some_str(out, "kv_cache_spec_kind", &s.group_kind);
+            write_some_u32(out, "kv_cache_spec_sliding_window", s.sliding_window);
         }
         Event::Removed(r) => {
             let _ = enc::write_str(out, "block_hashes");
             write_hashes(out, &r.hashes, l.hash);
             let _ = enc::write_str(out, "medium");
             write_opt_str(out, &r.medium);
-            if let Some(g) = r.group {
-                let _ = enc::write_str(out, "group_idx");
-                let _ = enc::write_uint(out, u64::from(g));
-            }
+            write_some_u32(out, "group_idx", r.group);
         }
         Event::Cleared => {}
     }

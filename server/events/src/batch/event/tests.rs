@@ -28,6 +28,34 @@ fn stored(hashes: Vec<u64>, parent: Option<u64>, tokens: Vec<u32>) -> Event {
     })
 }
 
+/// A map-form event of `fields` fields, the first its tag.
+fn tagged_map(fields: u32, tag: &str) -> W {
+    W::default().map(fields).s("type").s(tag)
+}
+
+/// An array-form event of `fields` fields, the first its tag.
+fn tagged_array(fields: u32, tag: &str) -> W {
+    W::default().arr(fields).s(tag)
+}
+
+/// An array-form `BlockStored` of `fields` fields, the first three its
+/// tag, no hashes and no parent.
+fn orphan_array_store(fields: u32) -> W {
+    tagged_array(fields, "BlockStored").arr(0).nil()
+}
+
+/// A map-form `BlockStored` of `fields` fields, the first four its tag, no
+/// hashes, no tokens and `block_size`.
+fn empty_store(fields: u32, block_size: u64) -> W {
+    tagged_map(fields, "BlockStored")
+        .s("block_hashes")
+        .arr(0)
+        .s("token_ids")
+        .arr(0)
+        .s("block_size")
+        .u(block_size)
+}
+
 #[test]
 fn map_events_in_any_key_order_with_unknown_keys() {
     let e = W::default()
@@ -59,17 +87,7 @@ fn map_events_in_any_key_order_with_unknown_keys() {
 fn absent_optional_fields_are_none() {
     // SGLang omits medium/lora_name when None (omit_defaults), and a
     // stripped-down publisher may omit the parent.
-    let e = W::default()
-        .map(4)
-        .s("type")
-        .s("BlockStored")
-        .s("block_hashes")
-        .arr(0)
-        .s("token_ids")
-        .arr(0)
-        .s("block_size")
-        .u(2)
-        .done();
+    let e = empty_store(4, 2).done();
     assert_eq!(decode(&[e]).unwrap().events, [stored(vec![], None, vec![])]);
     let e = W::default()
         .map(2)
@@ -143,17 +161,15 @@ fn array_events_of_every_length_the_engines_sent() {
             }),
         ]
     );
-    let removed = W::default().arr(1).s("BlockRemoved").done();
+    let removed = tagged_array(1, "BlockRemoved").done();
     assert_eq!(why(decode(&[removed])), "event 0: block_hashes: missing");
-    let removed = W::default()
-        .arr(4)
-        .s("BlockRemoved")
+    let removed = tagged_array(4, "BlockRemoved")
         .arr(1)
         .u(1)
         .s("DISK")
         .u(0)
         .done();
-    let cleared = W::default().arr(2).s("AllBlocksCleared").map(0).done();
+    let cleared = tagged_array(2, "AllBlocksCleared").map(0).done();
     assert_eq!(
         decode(&[removed, cleared]).unwrap().events,
         [
@@ -169,16 +185,13 @@ fn array_events_of_every_length_the_engines_sent() {
 
 #[test]
 fn unknown_event_types_are_skipped_and_counted() {
-    let unknown_map = W::default()
-        .map(2)
-        .s("type")
-        .s("BlockPinned")
+    let unknown_map = tagged_map(2, "BlockPinned")
         .s("block_hashes")
         .arr(1)
         .raw(&[0x91, 0x91, 0xc0])
         .done();
-    let unknown_array = W::default().arr(3).s("KvMetrics").u(1).map(0).done();
-    let cleared = W::default().map(1).s("type").s("AllBlocksCleared").done();
+    let unknown_array = tagged_array(3, "KvMetrics").u(1).map(0).done();
+    let cleared = tagged_map(1, "AllBlocksCleared").done();
     let batch = decode(&[unknown_map, cleared, unknown_array]).unwrap();
     assert_eq!(batch.events, [Event::Cleared]);
     assert_eq!(batch.unknown_events, 2);
@@ -213,9 +226,7 @@ fn long_arrays_read_in_the_first_pass_keep_the_last_key_and_its_error() {
 #[test]
 fn hashes_in_every_form() {
     let digest: Vec<u8> = (1..=32).collect();
-    let e = W::default()
-        .arr(3)
-        .s("BlockRemoved")
+    let e = tagged_array(3, "BlockRemoved")
         .arr(6)
         .u(0)
         .u(1 << 63)
@@ -247,23 +258,15 @@ fn hashes_in_every_form() {
 fn bad_fields_are_refused_with_where_and_what() {
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (
-            W::default()
-                .arr(2)
-                .s("BlockRemoved")
-                .arr(1)
-                .bin(&[1; 4])
-                .done(),
+            tagged_array(2, "BlockRemoved").arr(1).bin(&[1; 4]).done(),
             "event 1: block_hashes[0]: hash of 4 bytes (at least 8 needed)",
         ),
         (
-            W::default().arr(2).s("BlockRemoved").arr(1).s("x").done(),
+            tagged_array(2, "BlockRemoved").arr(1).s("x").done(),
             "event 1: block_hashes[0]: expected an integer or bytes, found a string",
         ),
         (
-            W::default()
-                .map(4)
-                .s("type")
-                .s("BlockStored")
+            tagged_map(4, "BlockStored")
                 .s("block_hashes")
                 .arr(0)
                 .s("token_ids")
@@ -274,51 +277,20 @@ fn bad_fields_are_refused_with_where_and_what() {
             "event 1: token_ids: expected an array, found a string",
         ),
         (
-            W::default()
-                .arr(5)
-                .s("BlockStored")
-                .arr(0)
-                .nil()
-                .arr(2)
-                .u(1)
-                .u(1 << 32)
-                .u(1)
-                .done(),
+            orphan_array_store(5).arr(2).u(1).u(1 << 32).u(1).done(),
             "event 1: token_ids[1]: 4294967296 does not fit in a u32",
         ),
         (
-            W::default()
-                .arr(5)
-                .s("BlockStored")
-                .arr(0)
-                .nil()
-                .arr(1)
-                .i(-1)
-                .u(1)
-                .done(),
+            orphan_array_store(5).arr(1).i(-1).u(1).done(),
             "event 1: token_ids[0]: -1 does not fit in a u32",
         ),
         (
             // A pair (SGLang's EAGLE pages) must have a token first.
-            W::default()
-                .arr(5)
-                .s("BlockStored")
-                .arr(0)
-                .nil()
-                .arr(1)
-                .arr(0)
-                .u(1)
-                .done(),
+            orphan_array_store(5).arr(1).arr(0).u(1).done(),
             "event 1: token_ids[0]: an empty array where a token id (or a pair) belongs",
         ),
         (
-            W::default()
-                .arr(4)
-                .s("BlockStored")
-                .arr(0)
-                .nil()
-                .arr(0)
-                .done(),
+            orphan_array_store(4).arr(0).done(),
             "event 1: block_size: missing",
         ),
         (
@@ -355,30 +327,18 @@ fn bad_fields_are_refused_with_where_and_what() {
             "event 1: type: the string is not valid UTF-8",
         ),
         (
-            W::default()
-                .arr(3)
-                .s("BlockRemoved")
+            tagged_array(3, "BlockRemoved")
                 .arr(0)
                 .raw(&[0xa1, 0xff])
                 .done(),
             "event 1: medium: the string is not valid UTF-8",
         ),
         (
-            W::default()
-                .arr(8)
-                .s("BlockStored")
-                .arr(0)
-                .nil()
-                .arr(0)
-                .u(1)
-                .nil()
-                .nil()
-                .u(3)
-                .done(),
+            orphan_array_store(8).arr(0).u(1).nil().nil().u(3).done(),
             "event 1: lora_name: expected a string, nil or a map, found an integer",
         ),
     ];
-    let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+    let cleared = tagged_array(1, "AllBlocksCleared").done();
     for (event, want) in cases {
         let got = why(decode(&[cleared.clone(), event]));
         assert_eq!(got, want);
@@ -387,12 +347,9 @@ fn bad_fields_are_refused_with_where_and_what() {
 
 #[test]
 fn a_malformed_event_is_skipped_alone_while_its_framing_holds() {
-    let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+    let cleared = tagged_array(1, "AllBlocksCleared").done();
     let removed = |medium: W| {
-        W::default()
-            .map(3)
-            .s("type")
-            .s("BlockRemoved")
+        tagged_map(3, "BlockRemoved")
             .s("block_hashes")
             .arr(1)
             .u(9)
@@ -402,12 +359,7 @@ fn a_malformed_event_is_skipped_alone_while_its_framing_holds() {
     };
     // A medium of the wrong type, and a hash too short: both framed.
     let bad_medium = removed(W::default().u(3));
-    let short_hash = W::default()
-        .arr(2)
-        .s("BlockRemoved")
-        .arr(1)
-        .bin(&[1; 4])
-        .done();
+    let short_hash = tagged_array(2, "BlockRemoved").arr(1).bin(&[1; 4]).done();
     let good = removed(W::default().s("GPU"));
     let batch = decode(&[
         bad_medium.clone(),
@@ -431,7 +383,7 @@ fn a_malformed_event_is_skipped_alone_while_its_framing_holds() {
     assert_eq!(decode(&[cleared.clone(), good.clone()]).unwrap().bad, None);
     // An event that claims more than the payload holds cannot be
     // stepped over, and the batch is refused.
-    let cut = W::default().arr(2).s("BlockRemoved").raw(&[0x93, 1]).done();
+    let cut = tagged_array(2, "BlockRemoved").raw(&[0x93, 1]).done();
     let got = decode(&[cleared, good, cut]);
     assert!(matches!(got, Err(DecodeError::Truncated { .. })), "{got:?}");
 }
@@ -444,31 +396,17 @@ fn list_limits_name_the_limit() {
         max_tokens: 3,
     };
     let run = |events: &[Vec<u8>]| decode_batch(&batch_of(events), &limits);
-    let hashes = W::default()
-        .arr(2)
-        .s("BlockRemoved")
-        .arr(2)
-        .u(1)
-        .u(2)
-        .done();
+    let hashes = tagged_array(2, "BlockRemoved").arr(2).u(1).u(2).done();
     assert_eq!(
         why(run(&[hashes])),
         "event 0: block_hashes: 2 elements, more than max_hashes (1)"
     );
-    let tokens = W::default()
-        .arr(5)
-        .s("BlockStored")
-        .arr(0)
-        .nil()
-        .arr(4)
-        .raw(&[1, 2, 3, 4])
-        .u(1)
-        .done();
+    let tokens = orphan_array_store(5).arr(4).raw(&[1, 2, 3, 4]).u(1).done();
     assert_eq!(
         why(run(&[tokens])),
         "event 0: token_ids: 4 elements, more than max_tokens (3)"
     );
-    let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+    let cleared = tagged_array(1, "AllBlocksCleared").done();
     assert_eq!(
         why(run(&[cleared.clone(), cleared.clone(), cleared])),
         "batch: events: 3 elements, more than max_events (2)"
@@ -477,16 +415,9 @@ fn list_limits_name_the_limit() {
 
 #[test]
 fn the_shortest_decodable_event_is_min_event_bytes_long() {
-    let removed = W::default().arr(2).s("BlockRemoved").arr(0).done();
-    let stored = W::default()
-        .arr(5)
-        .s("BlockStored")
-        .arr(0)
-        .nil()
-        .arr(0)
-        .u(0)
-        .done();
-    let cleared = W::default().arr(1).s("AllBlocksCleared").done();
+    let removed = tagged_array(2, "BlockRemoved").arr(0).done();
+    let stored = orphan_array_store(5).arr(0).u(0).done();
+    let cleared = tagged_array(1, "AllBlocksCleared").done();
     assert_eq!(removed.len(), MIN_EVENT_BYTES);
     assert!(stored.len() >= MIN_EVENT_BYTES);
     assert!(cleared.len() >= MIN_EVENT_BYTES);
@@ -497,9 +428,7 @@ fn eagle_pairs_read_as_their_first_token_between_runs_of_ints() {
     // SGLang with EAGLE: a page's token is a (token, next_token) pair.
     // Wide ints around them, so that each run after a pair is read
     // eight bytes at a time.
-    let b = W::default()
-        .arr(5)
-        .s("BlockStored")
+    let b = tagged_array(5, "BlockStored")
         .arr(1)
         .u(9)
         .nil()
@@ -569,10 +498,7 @@ fn identity_fields_in_both_forms() {
             .nil()
     };
     let map = keys(
-        W::default()
-            .map(8)
-            .s("type")
-            .s("BlockStored")
+        tagged_map(8, "BlockStored")
             .s("block_hashes")
             .arr(3)
             .u(1)
@@ -596,9 +522,7 @@ fn identity_fields_in_both_forms() {
     )
     .done();
     let array = keys(
-        W::default()
-            .arr(16)
-            .s("BlockStored")
+        tagged_array(16, "BlockStored")
             .arr(3)
             .u(1)
             .u(2)
@@ -665,10 +589,7 @@ fn identity_fields_in_both_forms() {
         ]
     );
     // Nil for every block (plain text) is no keys at all.
-    let plain = W::default()
-        .map(5)
-        .s("type")
-        .s("BlockStored")
+    let plain = tagged_map(5, "BlockStored")
         .s("block_hashes")
         .arr(1)
         .u(1)
@@ -689,16 +610,7 @@ fn identity_fields_in_both_forms() {
 
 #[test]
 fn extra_keys_past_max_hashes_are_refused() {
-    let e = W::default()
-        .map(5)
-        .s("type")
-        .s("BlockStored")
-        .s("block_hashes")
-        .arr(0)
-        .s("token_ids")
-        .arr(0)
-        .s("block_size")
-        .u(1)
+    let e = empty_store(5, 1)
         .s("extra_keys")
         .arr(3)
         .nil()
