@@ -139,7 +139,9 @@ pub(crate) trait Rule<T> {
 /// How a range's bounds and a refused value are written in errors.
 pub(crate) trait Bound: PartialOrd + Default {
     fn bound(&self) -> String;
-    fn value(&self) -> String;
+    fn value(&self) -> String {
+        self.bound()
+    }
 }
 
 impl Bound for Duration {
@@ -155,9 +157,6 @@ macro_rules! integer_bound {
     ($($t:ty),*) => {$(
         impl Bound for $t {
             fn bound(&self) -> String {
-                self.to_string()
-            }
-            fn value(&self) -> String {
                 self.to_string()
             }
         }
@@ -180,11 +179,8 @@ impl<T: Bound> Rule<T> for RangeFrom<T> {
         if self.contains(value) {
             return Ok(());
         }
-        invalid(
-            name,
-            &value.value(),
-            format!("must be at least {}", self.start.bound()),
-        )
+        let why = format!("must be at least {}", self.start.bound());
+        invalid(name, &value.value(), why)
     }
 }
 

@@ -278,14 +278,14 @@ impl ServerConfig {
     /// Checks every value: each setting's rule, then what spans two.
     pub fn validate(&self) -> Result<(), ConfigError> {
         TransportSettings::check(self)?;
-        self.transport.validate()?;
         LimitSettings::check(self)?;
         IndexSettings::check(self)?;
         UpkeepSettings::check(self)?;
-        ReplicaSettings::check(self)?;
-        self.replicas.validate()?;
-        EngineSettings::check(self)?;
         RoleSettings::check(self)?;
+        ReplicaSettings::check(self)?;
+        EngineSettings::check(self)?;
+        self.transport.validate()?;
+        self.replicas.validate()?;
         self.engines.validate(self.index.max_block_ratio)?;
         if self.roles.enabled() && self.transport.client_ca.is_none() {
             return value::invalid(
