@@ -356,28 +356,23 @@ async fn snapshots_go_to_writers_and_peers_only() {
             ..Default::default()
         }
     };
+    let connect = async |name: &str| {
+        let config = as_client(name);
+        Client::connect(server.addr, config).await.unwrap()
+    };
+    let whole_snapshot = async |c: &Client| c.snapshot(1 << 30, Duration::from_secs(10)).await;
     for name in ["gw-ro", "stranger"] {
-        let client = Client::connect(server.addr, as_client(name)).await.unwrap();
-        let refused = client.snapshot(1 << 30, Duration::from_secs(10)).await;
+        let client = connect(name).await;
+        let refused = whole_snapshot(&client).await;
         assert!(
             matches!(&refused, Err(ClientError::Server { code, .. }) if *code == ErrorCode::Forbidden as u16),
             "{name}: {refused:?}"
         );
     }
-    let writer = Client::connect(server.addr, as_client("gw-rw"))
-        .await
-        .unwrap();
-    let whole = writer
-        .snapshot(1 << 30, Duration::from_secs(10))
-        .await
-        .unwrap();
-    let replica = Client::connect(server.addr, as_client("index-1"))
-        .await
-        .unwrap();
-    let bytes = replica
-        .snapshot(1 << 30, Duration::from_secs(10))
-        .await
-        .unwrap();
+    let writer = connect("gw-rw").await;
+    let whole = whole_snapshot(&writer).await.unwrap();
+    let replica = connect("index-1").await;
+    let bytes = whole_snapshot(&replica).await.unwrap();
     assert_eq!(bytes.len(), whole.len());
     let snap = prefix_index::Snapshot::parse(&bytes).unwrap();
     let copy = Index::new(Default::default());
@@ -392,10 +387,7 @@ async fn snapshots_go_to_writers_and_peers_only() {
     let looked = replica.lookup(&model(1), &key(1, 3), None).await.unwrap();
     assert_eq!(looked.matches[0].blocks, 6);
     common::eventually("the slot is free again", async || {
-        replica
-            .snapshot(1 << 30, Duration::from_secs(10))
-            .await
-            .is_ok()
+        whole_snapshot(&replica).await.is_ok()
     })
     .await;
     server.shutdown().await;

@@ -17,8 +17,8 @@ use prefix_testkit::server as common;
 use std::time::{Duration, Instant};
 
 use common::{free_ports, Proc};
-use prefix_client::Client;
 use prefix_client::LookupResult as Lookup;
+use prefix_client::{Client, ClientError};
 use prefix_testkit::server_bin;
 
 /// Keys with shared prefixes over three models and five pods.
@@ -150,6 +150,24 @@ async fn killed_under_a_client(
     client
 }
 
+/// Pings through `client` every 20 ms until an outcome is `done`, for at
+/// most `limit`: how many were not, or `None` when `limit` passed first.
+async fn ping_until(
+    client: &Client,
+    limit: Duration,
+    done: impl Fn(&Result<(), ClientError>) -> bool,
+) -> Option<u32> {
+    let mut missed = 0;
+    let wait = async {
+        while !done(&client.ping().await) {
+            missed += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(limit, wait).await.ok()?;
+    Some(missed)
+}
+
 /// A server killed and started again at the same address answers the
 /// packets of its predecessor's connections with a stateless reset their
 /// clients accept (its reset and connection-ID keys come from its private
@@ -166,23 +184,16 @@ async fn a_restarted_server_resets_the_connections_of_the_killed_one() {
     let mut server = Proc::start_with(server_bin!(), dir.path(), addr, http, &QUIET);
     drop(server.client().await);
     let started = Instant::now();
-    let mut failed = 0;
-    let reconnected = async {
-        while client.ping().await.is_err() {
-            failed += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
+    let failed = ping_until(&client, Duration::from_secs(60), Result::is_ok).await;
     assert!(
-        tokio::time::timeout(Duration::from_secs(60), reconnected)
-            .await
-            .is_ok(),
+        failed.is_some(),
         "the old connection was not reset; log:\n{}",
         server.log()
     );
     eprintln!(
-        "the old client answered again {:?} after the new server did, after {failed} failed pings",
-        started.elapsed()
+        "the old client answered again {:?} after the new server did, after {} failed pings",
+        started.elapsed(),
+        failed.unwrap_or_default()
     );
 }
 
@@ -198,18 +209,11 @@ async fn a_killed_server_is_found_gone_at_the_clients_idle_timeout() {
     let (deadline, idle) = (Duration::from_millis(200), Duration::from_secs(1));
     let client = killed_under_a_client(dir.path(), addr, http, deadline, idle).await;
     let started = Instant::now();
-    let gone = async {
-        loop {
-            match client.ping().await {
-                Err(prefix_client::ClientError::Disconnected { .. }) => return,
-                _ => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    };
+    let gone = |r: &Result<(), ClientError>| matches!(r, Err(ClientError::Disconnected { .. }));
     assert!(
-        tokio::time::timeout(Duration::from_secs(20), gone)
+        ping_until(&client, Duration::from_secs(20), gone)
             .await
-            .is_ok(),
+            .is_some(),
         "the dead connection was kept"
     );
     eprintln!(
