@@ -31,24 +31,22 @@ pub struct Step {
 impl Step {
     /// Engine blocks stored.
     pub fn stored_blocks(&self) -> u64 {
-        self.events
-            .iter()
-            .map(|e| match e {
-                Event::Stored(s) => s.hashes.len() as u64,
-                _ => 0,
-            })
-            .sum()
+        self.blocks(true)
     }
 
     /// Engine blocks removed.
     pub fn removed_blocks(&self) -> u64 {
-        self.events
-            .iter()
-            .map(|e| match e {
-                Event::Removed(r) => r.hashes.len() as u64,
-                _ => 0,
-            })
-            .sum()
+        self.blocks(false)
+    }
+
+    /// Engine blocks the step's stores (`stored`) or its removals name.
+    fn blocks(&self, stored: bool) -> u64 {
+        let named = |e: &Event| match e {
+            Event::Stored(s) if stored => s.hashes.len() as u64,
+            Event::Removed(r) if !stored => r.hashes.len() as u64,
+            _ => 0,
+        };
+        self.events.iter().map(named).sum()
     }
 
     /// Block operations: blocks stored plus blocks removed.

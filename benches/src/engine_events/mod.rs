@@ -133,15 +133,7 @@ impl Workload {
         let payloads = steps
             .iter()
             .enumerate()
-            .map(|(i, s)| {
-                let mut bytes = Vec::new();
-                s.encode(
-                    1_796_049_997.0 + i as f64 * 1e-3,
-                    Layout::GpuPool,
-                    &mut bytes,
-                );
-                (s.pod, bytes)
-            })
+            .map(|(i, s)| (s.pod, gpu_batch(i, s)))
             .collect();
         let identity_payloads = ["salted", "mm", "hybrid"]
             .into_iter()
@@ -154,13 +146,7 @@ impl Workload {
                             "hybrid" => as_hybrid(s),
                             _ => with_identity(s, i, name == "mm"),
                         };
-                        let mut bytes = Vec::new();
-                        step.encode(
-                            1_796_049_997.0 + i as f64 * 1e-3,
-                            Layout::GpuPool,
-                            &mut bytes,
-                        );
-                        (s.pod, bytes)
+                        (s.pod, gpu_batch(i, &step))
                     })
                     .collect();
                 (name, batches)
@@ -183,6 +169,18 @@ impl Workload {
             our_keys,
         }
     }
+}
+
+/// Step `i` as vLLM publishes it from the GPU pool, dated a millisecond
+/// after step `i - 1`.
+fn gpu_batch(i: usize, step: &Step) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    step.encode(
+        1_796_049_997.0 + i as f64 * 1e-3,
+        Layout::GpuPool,
+        &mut bytes,
+    );
+    bytes
 }
 
 /// Step `i`'s events with extra keys as vLLM publishes them: the request's
