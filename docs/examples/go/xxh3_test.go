@@ -2,13 +2,31 @@ package main
 
 import "testing"
 
+// vector is the hash wanted of bytes((i*7+3) % 251 for i in range(n)).
+type vector struct {
+	n    int
+	want uint64
+}
+
+// checkVectors holds hash to each of cases.
+func checkVectors(t *testing.T, hash func([]byte) (uint64, error), cases []vector) {
+	t.Helper()
+	for _, c := range cases {
+		in := make([]byte, c.n)
+		for i := range in {
+			in[i] = byte((i*7 + 3) % 251)
+		}
+		got, err := hash(in)
+		if err != nil || got != c.want {
+			t.Errorf("len %d: got %#016x, %v; want %#016x", c.n, got, err, c.want)
+		}
+	}
+}
+
 // Vectors from the Python xxhash package (an independent implementation):
 // xxhash.xxh3_64_intdigest(bytes((i*7+3) % 251 for i in range(n))).
 func TestXXH3MatchesAnIndependentImplementation(t *testing.T) {
-	cases := []struct {
-		n    int
-		want uint64
-	}{
+	cases := []vector{
 		{0, 0x2d06800538d394c2}, {1, 0x13e608bc156defed}, {2, 0x1c9074b93943b86c},
 		{3, 0xa9088dda485b481c}, {4, 0x6d9253b16c8b1ed3}, {7, 0x8e8291ad89127e2e},
 		{8, 0x60539db630471163}, {9, 0xfeff668361d723a8}, {15, 0x9ec169f4a98231c1},
@@ -20,16 +38,7 @@ func TestXXH3MatchesAnIndependentImplementation(t *testing.T) {
 		{143, 0x08c9b0a35fa91361}, {144, 0xbc948c7dc4355668}, {200, 0xa369f2930049476f},
 		{239, 0xbe90938dbe3946ee}, {240, 0x887af00281f75d38},
 	}
-	for _, c := range cases {
-		in := make([]byte, c.n)
-		for i := range in {
-			in[i] = byte((i*7 + 3) % 251)
-		}
-		got, err := xxh3(in)
-		if err != nil || got != c.want {
-			t.Errorf("len %d: got %#016x, %v; want %#016x", c.n, got, err, c.want)
-		}
-	}
+	checkVectors(t, xxh3, cases)
 	if _, err := xxh3(make([]byte, 241)); err == nil {
 		t.Error("241 bytes: want an error")
 	}
@@ -77,10 +86,7 @@ func TestScoresArePrefixShares(t *testing.T) {
 // Seeded: xxhash.xxh3_64_intdigest(bytes(...), seed=0x3b490f35e06e9357).
 func TestSeededXXH3MatchesAnIndependentImplementation(t *testing.T) {
 	const seed = 0x3b490f35e06e9357
-	cases := []struct {
-		n    int
-		want uint64
-	}{
+	cases := []vector{
 		{0, 0xba2d11eae7b3e7e0}, {1, 0x7d357acea71b7c7e}, {2, 0x81f503d5658c75d3},
 		{3, 0xe5e7c609d32436fd}, {4, 0x743d3fb4095a835b}, {7, 0xd036d2d1536de2d1},
 		{8, 0x325512fbb35e6eec}, {9, 0x8642941310d84395}, {15, 0x55b25baf2df0d7e3},
@@ -92,16 +98,7 @@ func TestSeededXXH3MatchesAnIndependentImplementation(t *testing.T) {
 		{143, 0x49b57789cf699f03}, {144, 0x593a3a2189f0f0de}, {200, 0x6d8e1ee86d27cc6d},
 		{239, 0xe97db4c2a60773da}, {240, 0xf474beb87183cd31},
 	}
-	for _, c := range cases {
-		in := make([]byte, c.n)
-		for i := range in {
-			in[i] = byte((i*7 + 3) % 251)
-		}
-		got, err := xxh3Seeded(in, seed)
-		if err != nil || got != c.want {
-			t.Errorf("len %d: got %#016x, %v; want %#016x", c.n, got, err, c.want)
-		}
-	}
+	checkVectors(t, func(in []byte) (uint64, error) { return xxh3Seeded(in, seed) }, cases)
 }
 
 // The identity vectors of docs/protocol.md ("Keys").
