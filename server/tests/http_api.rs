@@ -7,7 +7,7 @@ use prefix_testkit::server as common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::TestServer;
 use prefix_client::key::{text_key, token_key};
@@ -31,7 +31,7 @@ async fn start(tweak: impl FnOnce(&mut prefix_server::ServerConfig)) -> (TestSer
 
 /// An HTTP client trusting the test server, with a client certificate if
 /// given; `http1` keeps it to HTTP/1.1, else it takes HTTP/2 by ALPN.
-fn client(ca: &Path, identity: Option<(&Path, &Path)>, http1: bool) -> reqwest::Client {
+fn client(ca: &Path, identity: Option<&(PathBuf, PathBuf)>, http1: bool) -> reqwest::Client {
     let root = reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap();
     let mut b = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
@@ -141,6 +141,16 @@ async fn call(
     (status, version, v)
 }
 
+/// Posts `body` to `path` as it is (not as JSON).
+async fn post_raw(
+    http: &reqwest::Client,
+    addr: SocketAddr,
+    path: &str,
+    body: impl Into<reqwest::Body>,
+) -> reqwest::Response {
+    http.post(url(addr, path)).body(body).send().await.unwrap()
+}
+
 /// The QUIC answer to `op`, as the API writes it.
 async fn quic(client: &prefix_client::Client, op: Op) -> Value {
     match client.call(Request::One(op)).await.unwrap() {
@@ -160,52 +170,22 @@ async fn the_api_answers_as_quic_does_over_http1_and_http2() {
             reqwest::Version::HTTP_2
         };
         let pod = if http1 { "h1" } else { "h2" };
+        let insert = async |body: Value| call(&http, addr, "/v1/insert", Some(body)).await;
+        let lookup = async |body: Value| call(&http, addr, "/v1/lookup", Some(body)).await.2;
         let tokens: Vec<u32> = (0..40).collect();
-        let (s, v, a) = call(
-            &http,
-            addr,
-            "/v1/insert",
-            Some(json!({"model": "m", "tokens": tokens, "pod": pod})),
-        )
-        .await;
+        let (s, v, a) = insert(json!({"model": "m", "tokens": tokens, "pod": pod})).await;
         assert_eq!((s, v, a), (200, want, json!({"ok": true})));
         let text = "t".repeat(64 * 3);
-        let (s, _, a) = call(
-            &http,
-            addr,
-            "/v1/insert",
-            Some(json!({"model": "m", "text": text, "pod": pod})),
-        )
-        .await;
+        let (s, _, a) = insert(json!({"model": "m", "text": text, "pod": pod})).await;
         assert_eq!((s, a), (200, json!({"ok": true})));
         // Token ids and text are hashed by the server's rule: the same as
         // the hashes a gateway would send.
-        let by_tokens = call(
-            &http,
-            addr,
-            "/v1/lookup",
-            Some(json!({"model": "m", "tokens": tokens})),
-        )
-        .await
-        .2;
-        let by_hashes = call(
-            &http,
-            addr,
-            "/v1/lookup",
-            Some(json!({"model": "m", "hashes": token_key(&tokens, 16)})),
-        )
-        .await
-        .2;
+        let by_tokens = lookup(json!({"model": "m", "tokens": tokens})).await;
+        let by_hashes = lookup(json!({"model": "m", "hashes": token_key(&tokens, 16)})).await;
         assert_eq!(by_tokens, by_hashes);
         assert_eq!(by_tokens["key_blocks"], 2);
-        let by_text = call(
-            &http,
-            addr,
-            "/v1/lookup",
-            Some(json!({"model": "m", "text": text, "candidates": [pod, "nobody"]})),
-        )
-        .await
-        .2;
+        let by_text =
+            lookup(json!({"model": "m", "text": text, "candidates": [pod, "nobody"]})).await;
         assert_eq!(
             by_text,
             json!({"ok": true, "key_blocks": 3, "matches": [{"pod": pod, "blocks": 3}]})
@@ -298,12 +278,7 @@ async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
     let raw = |body: &'static str| {
         let http = http.clone();
         async move {
-            let r = http
-                .post(url(addr, "/v1/insert"))
-                .body(body)
-                .send()
-                .await
-                .unwrap();
+            let r = post_raw(&http, addr, "/v1/insert", body).await;
             let s = r.status().as_u16();
             (
                 s,
@@ -356,12 +331,7 @@ async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
         assert_eq!(ErrorCode::from_u16(code).unwrap().name(), name);
     }
     let big = format!(r#"{{"model":"m","text":"{}","pod":"p"}}"#, "x".repeat(5000));
-    let r = http
-        .post(url(addr, "/v1/insert"))
-        .body(big)
-        .send()
-        .await
-        .unwrap();
+    let r = post_raw(&http, addr, "/v1/insert", big).await;
     assert_eq!(r.status().as_u16(), 413);
     let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
     assert_eq!(v["error"]["name"], "frame_too_large");
@@ -402,21 +372,12 @@ async fn bad_input_is_refused_with_its_code_and_changes_nothing() {
 async fn client_certificates_have_the_same_roles_as_over_quic() {
     let dir = tempfile::tempdir().unwrap();
     let roles = Roles::new(dir.path());
-    let Roles {
-        reader: (ro_cert, ro_key),
-        writer: (rw_cert, rw_key),
-        unlisted: (other_cert, other_key),
-        ..
-    } = roles.clone();
-    let (server, addr) = start(|cfg| {
-        roles.configure(cfg);
-    })
-    .await;
+    let (server, addr) = start(|cfg| roles.configure(cfg)).await;
     let insert = json!({"model": "m", "hashes": [1, 2], "pod": "p"});
-    let writer = client(&server.ca, Some((&rw_cert, &rw_key)), false);
+    let writer = client(&server.ca, Some(&roles.writer), false);
     let (s, _, _) = call(&writer, addr, "/v1/insert", Some(insert.clone())).await;
     assert_eq!(s, 200);
-    let reader = client(&server.ca, Some((&ro_cert, &ro_key)), true);
+    let reader = client(&server.ca, Some(&roles.reader), true);
     let (s, _, v) = call(&reader, addr, "/v1/insert", Some(insert.clone())).await;
     assert_eq!((s, &v["error"]["name"]), (403, &json!("forbidden")));
     let (s, _, v) = call(
@@ -427,7 +388,7 @@ async fn client_certificates_have_the_same_roles_as_over_quic() {
     )
     .await;
     assert_eq!((s, &v["matches"][0]["blocks"]), (200, &json!(2)));
-    let stranger = client(&server.ca, Some((&other_cert, &other_key)), false);
+    let stranger = client(&server.ca, Some(&roles.unlisted), false);
     let (s, _, v) = call(&stranger, addr, "/v1/ping", None).await;
     assert_eq!((s, &v["error"]["name"]), (403, &json!("forbidden")));
     // Without a certificate there is no connection at all.
@@ -709,23 +670,13 @@ async fn an_answer_that_leaves_a_body_unread_says_the_connection_closes() {
     // A client reusing connections follows that: every next request works.
     let http = client(&server.ca, None, true);
     for _ in 0..10 {
-        let r = http
-            .post(url(addr, "/v1/nothing-here"))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
+        let r = post_raw(&http, addr, "/v1/nothing-here", "{}").await;
         assert_eq!(r.status(), 404);
         let (s, _, a) = call(&http, addr, "/v1/ping", None).await;
         assert_eq!((s, a), (200, json!({"ok": true})));
     }
     // A body that was read keeps the connection open.
-    let r = http
-        .post(url(addr, "/v1/lookup"))
-        .body("{\"model\": 5}")
-        .send()
-        .await
-        .unwrap();
+    let r = post_raw(&http, addr, "/v1/lookup", "{\"model\": 5}").await;
     assert_eq!(r.status(), 400);
     assert!(r.headers().get("connection").is_none());
     server.shutdown().await;
