@@ -57,6 +57,19 @@ fn subscription(pod: &str, publisher: &Publisher) -> Subscription {
     }
 }
 
+/// A server following `sub`, its HTTP API on if `http`, and a client of it.
+async fn following(sub: Subscription, http: bool) -> (common::TestServer, Client) {
+    let server = common::start(|cfg| {
+        cfg.engines.subscriptions = vec![sub];
+        if http {
+            cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
+        }
+    })
+    .await;
+    let client = server.client().await;
+    (server, client)
+}
+
 /// The JSON answer to `body` posted to the HTTP API's `path` on `port`,
 /// trusting the server's certificate at `ca`.
 async fn post(ca: &Path, port: u16, path: &str, body: &Value) -> Value {
@@ -203,9 +216,7 @@ async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
     let hybrid = vllm::published().hybrid;
     let ctx = zmq::Context::new();
     let engine = Publisher::bind(&ctx, TOPIC);
-    let sub = subscription("hybrid", &engine);
-    let server = common::start(|cfg| cfg.engines.subscriptions = vec![sub]).await;
-    let client = server.client().await;
+    let (server, client) = following(subscription("hybrid", &engine), false).await;
     let plain = Identity::default();
     engine.publish_when_subscribed(&vllm::published_batch(&hybrid.stored));
     common::eventually("both groups are held", async || {
@@ -271,12 +282,7 @@ async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() 
         media: vec!["GPU".into(), "CPU".into()],
         ..subscription("tiered", &engine)
     };
-    let server = common::start(|cfg| {
-        cfg.engines.subscriptions = vec![sub];
-        cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
-    })
-    .await;
-    let client = server.client().await;
+    let (server, client) = following(sub, true).await;
     let tokens: Vec<u32> = (0..(10 * BLOCK) as u32).map(|i| i * 7 % 50_000).collect();
     let hashes = engine_sim::chain_hashes(&tokens, BLOCK);
     let key = prefix_proto::key::token_key(&tokens, BLOCK);
@@ -343,13 +349,7 @@ async fn a_long_prompt_an_engine_holds_is_answered_whole() {
     const BLOCKS: usize = 8_000;
     let ctx = zmq::Context::new();
     let engine = Publisher::bind(&ctx, TOPIC);
-    let sub = subscription("long", &engine);
-    let server = common::start(|cfg| {
-        cfg.engines.subscriptions = vec![sub];
-        cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
-    })
-    .await;
-    let client = server.client().await;
+    let (server, client) = following(subscription("long", &engine), true).await;
     let tokens: Vec<u32> = (0..(BLOCKS * BLOCK) as u32).map(|i| i % 50_000).collect();
     let hashes = engine_sim::chain_hashes(&tokens, BLOCK);
     engine.subscribed();
