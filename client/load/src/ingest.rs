@@ -9,7 +9,7 @@
 //! room, then a `BlockStored` per run of blocks that entered the cache, 16
 //! tokens a block. `rounds` replays the trace with fresh block ids each
 //! time, so every round stores as much as the first. Every batch is encoded
-//! before the clock starts ([`plan`]: vLLM's msgpack, its required fields).
+//! before the clock starts ([`plan`](mod@plan): vLLM's msgpack, its required fields).
 //!
 //! **Path.** Each engine publishes on a PUB socket of its own under a
 //! topic of its own, from a thread of its own up to 8 engines, and from a

@@ -135,7 +135,7 @@ pub struct Applied {
     /// Clears applied.
     pub cleared: u64,
     /// Blocks stored in KV-cache groups the index does not model
-    /// ([`GroupKind::Unmodelled`](crate::GroupKind::Unmodelled)): not
+    /// ([`GroupKind::Unmodelled`]): not
     /// recorded; the pod matches nothing while it has such a group.
     pub unmodelled: u64,
     /// Blocks of a store that skips blocks (a sliding window's, whose

@@ -79,6 +79,9 @@ macro_rules! settings {
             Debug, Clone, Default, PartialEq, clap::Args, serde::Deserialize, serde::Serialize,
         )]
         #[serde(rename_all = "kebab-case")]
+        // The help texts write a value to fill in as `<name>`, as `--help`
+        // shows it, not as HTML.
+        #[allow(rustdoc::invalid_html_tags)]
         pub struct $settings {
             $(
                 $(#[doc = $help])*

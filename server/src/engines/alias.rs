@@ -26,7 +26,7 @@ use super::config::BlockAliases;
 pub const DYNAMO_SEED: u64 = 1337;
 
 /// The seed Dynamo hashes the blocks of a request with: its LoRA adapter
-/// and cache salt folded into [`DYNAMO_SEED`] (an empty name or salt is
+/// and cache salt folded into its base seed, 1337 (an empty name or salt is
 /// none).
 pub fn dynamo_seed(lora: Option<&str>, salt: Option<&str>) -> u64 {
     let mut seed = DYNAMO_SEED;

@@ -188,7 +188,7 @@ settings! {
     }
     /// Precise mode's configuration (see `ServerConfig::engines`).
     pub struct EngineConfig {
-        /// Engines found through DNS (the defaults' reasons in [`DnsConfig`]).
+        /// Engines found through DNS (the defaults' reasons in `DnsConfig`).
         dns: DnsConfig,
         /// Bounds on one decoded batch: events, and hashes and token ids per
         /// event. A batch over the first is skipped whole, an event over the

@@ -22,6 +22,11 @@
 //!   [`server::metric`] and [`server::http_get`] wait on and read it.
 //! - `vllm` ([`vllm`]): vLLM's own block extra keys for a set of requests,
 //!   which the key rule's tests check against.
+//! - `publisher` ([`publisher`]): the tests' fake engine, a publisher and
+//!   replay socket over libzmq, and the batches it sends.
+//!
+//! The links above resolve with every feature on
+//! (`cargo doc -p prefix-testkit --all-features`).
 //!
 //! ```
 //! # #[cfg(feature = "fuzz")] {

@@ -10,7 +10,7 @@
 //!   little-endian bytes, so a 16-token block hashes 64 bytes.
 //!
 //! A token block may carry an identity beyond its ids (a cache salt,
-//! multimodal items, prompt embeddings): [`identity`] seeds its hash, and
+//! multimodal items, prompt embeddings): its [`Identity`] seeds its hash, and
 //! [`token_key_with`] builds such a request's key.
 //!
 //! All gateways of one model must use the same block sizes. `docs/protocol.md`

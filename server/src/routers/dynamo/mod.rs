@@ -5,7 +5,7 @@
 //! names, statuses and answers (`wire`).
 //!
 //! Each route is our own operations under another name, applied by the
-//! same [`Handler`] as a QUIC frame (roles, limits, a cold replica's gate,
+//! same [`Handler`](crate::Handler) as a QUIC frame (roles, limits, a cold replica's gate,
 //! metrics):
 //! - a registered **worker** rank is an engine subscription whose pod is
 //!   named `{instance}/{rank}` (`{group}/{instance}/{rank}` outside the
