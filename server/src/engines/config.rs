@@ -309,16 +309,19 @@ impl EngineConfig {
                 "lists more lower cache tiers (media) than a pod may have (16)",
             );
         }
-        let mut names: Vec<&str> = dns.sources.iter().map(|s| &*s.srv).collect();
-        names.sort_unstable();
-        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return invalid("engine-dns", &w[0], "two sources name this SRV record set");
+        if let Some(srv) = repeated(dns.sources.iter().map(|s| &*s.srv)) {
+            return invalid("engine-dns", &srv, "two sources name this SRV record set");
         }
-        let mut pods: Vec<&str> = self.subscriptions.iter().map(|s| &*s.pod).collect();
-        pods.sort_unstable();
-        if let Some(w) = pods.windows(2).find(|w| w[0] == w[1]) {
-            return invalid("engine", &w[0], "two subscriptions name this pod");
+        if let Some(pod) = repeated(self.subscriptions.iter().map(|s| &*s.pod)) {
+            return invalid("engine", &pod, "two subscriptions name this pod");
         }
         Ok(())
     }
+}
+
+/// A name `names` holds more than once, if any.
+fn repeated<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    let mut names: Vec<&str> = names.collect();
+    names.sort_unstable();
+    names.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }

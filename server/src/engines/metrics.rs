@@ -69,15 +69,31 @@ fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
     c.load(Ordering::Relaxed)
 }
 
+/// A metric a family's samples are, and so the family's type (known even
+/// for a family with no samples).
+trait Sample: EncodeMetric {
+    const KIND: MetricType;
+}
+
+impl Sample for ConstCounter<u64> {
+    const KIND: MetricType = MetricType::Counter;
+}
+
+impl<N> Sample for ConstGauge<N>
+where
+    ConstGauge<N>: EncodeMetric,
+{
+    const KIND: MetricType = MetricType::Gauge;
+}
+
 /// Encodes one family of labelled samples: its name and help, its unit if
 /// it has one, and each sample's labels and value.
-fn labelled<L: EncodeLabelSet, M: EncodeMetric>(
+fn labelled<L: EncodeLabelSet, M: Sample>(
     encoder: &mut DescriptorEncoder,
     (name, help, unit): (&str, &str, Option<&Unit>),
-    kind: MetricType,
     samples: impl IntoIterator<Item = (L, M)>,
 ) -> Result<(), std::fmt::Error> {
-    let mut family = encoder.encode_descriptor(name, help, unit, kind)?;
+    let mut family = encoder.encode_descriptor(name, help, unit, M::KIND)?;
     for (labels, metric) in samples {
         metric.encode(family.encode_family(&labels)?)?;
     }
@@ -202,7 +218,6 @@ impl Collector for EngineCollector {
         labelled(
             &mut encoder,
             ("engine_refused", "Publishing to --engine-listen refused, by reason: address (a connection from outside --engine-allow), moved (a message under a pod's topic from another address than the pod's)", None),
-            MetricType::Counter,
             counters(EngineRefusal::ALL.map(|why| (Reason { reason: why.label() }, engines.refused(why)))),
         )?;
         let standing = engines.standing(0);
@@ -210,7 +225,6 @@ impl Collector for EngineCollector {
         labelled(
             &mut encoder,
             ("engine_subscriptions", "Engines followed, by state: connected, disconnected, failing (its socket could not be opened or connected; the reason is the pod's last_error in list-engines)", None),
-            MetricType::Gauge,
             gauges([
                 ("connected", standing.connected),
                 ("disconnected", disconnected),
@@ -230,12 +244,7 @@ impl Collector for EngineCollector {
         let pod = |pod: &String| Pod { pod: pod.clone() };
         for (name, help, read) in COUNTERS {
             let samples = all.iter().map(|(p, stats)| (pod(p), read(stats)));
-            labelled(
-                &mut encoder,
-                (name, help, None),
-                MetricType::Counter,
-                counters(samples),
-            )?;
+            labelled(&mut encoder, (name, help, None), counters(samples))?;
         }
         let resyncs = all.iter().flat_map(|(pod, stats)| {
             let reasons = Resync::LABELS.iter().zip(&stats.resyncs);
@@ -256,7 +265,6 @@ impl Collector for EngineCollector {
                 "Pods cleared and learnt again, by reason",
                 None,
             ),
-            MetricType::Counter,
             counters(resyncs),
         )?;
         // Relaxed, both: a statistic.
@@ -269,7 +277,6 @@ impl Collector for EngineCollector {
                 "Whether the engine's PUB socket is connected (1) or not (0)",
                 None,
             ),
-            MetricType::Gauge,
             gauges(all.iter().map(|(p, stats)| (pod(p), up(stats)))),
         )?;
         labelled(
@@ -279,7 +286,6 @@ impl Collector for EngineCollector {
                 "Time from an engine's batch timestamp to its arrival, for the last batch",
                 Some(&Unit::Seconds),
             ),
-            MetricType::Gauge,
             gauges(all.iter().map(|(p, stats)| (pod(p), lag(stats)))),
         )?;
         const VIEWS: [PodView; 4] = [
@@ -301,7 +307,6 @@ impl Collector for EngineCollector {
         labelled(
             &mut encoder,
             ("engine_view", "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected), 0 for the others", None),
-            MetricType::Gauge,
             gauges(views),
         )
     }
@@ -331,13 +336,11 @@ fn dns(engines: &Engines, encoder: &mut DescriptorEncoder) -> Result<(), std::fm
     labelled(
         encoder,
         ("engine_dns_lookups", "Lookups of an --engine-dns source, by outcome: resolved (records or none), failed (what it follows is kept)", None),
-        MetricType::Counter,
         counters(lookups),
     )?;
     labelled(
         encoder,
         ("engine_dns_refused", "Engines an --engine-dns source named that could not be followed (max-engines, the index's bounds, a pod followed otherwise), counted each round", None),
-        MetricType::Counter,
         counters(each().map(|(src, s)| (source(src), counter(&s.refused)))),
     )?;
     // Relaxed: a statistic.
@@ -349,7 +352,6 @@ fn dns(engines: &Engines, encoder: &mut DescriptorEncoder) -> Result<(), std::fm
             "Engines an --engine-dns source follows now",
             None,
         ),
-        MetricType::Gauge,
         gauges(each().map(|(src, s)| (source(src), followed(s)))),
     )
 }

@@ -24,9 +24,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
-use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, Query as UrlQuery, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
@@ -260,40 +259,23 @@ impl<T: for<'de> serde::Deserialize<'de>> FromRequest<Arc<Dynamo>> for Parsed<T>
         d: &Arc<Dynamo>,
     ) -> Result<Self, Refused> {
         let (parts, body) = request.into_parts();
-        body_of(&d.api, &parts.headers, body).await.map(Parsed)
+        let api = &d.api;
+        let bytes = match read_body(api, &parts.headers, body).await {
+            Ok(b) => b,
+            Err(Unread::Refused(reply)) => return Err(reply_error(&reply)),
+            Err(Unread::Late) => {
+                return Err(Refused::new(
+                    408,
+                    format!(
+                        "the body did not arrive within read-timeout = {:?}",
+                        api.read_timeout
+                    ),
+                ))
+            }
+        };
+        let ct = parts.headers.get(header::CONTENT_TYPE);
+        wire::parse(&bytes, ct.and_then(|v| v.to_str().ok())).map(Parsed)
     }
-}
-
-/// Reads the body and parses it as `T`.
-async fn body_of<T: for<'de> serde::Deserialize<'de>>(
-    api: &Api,
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, Refused> {
-    let bytes = match read_body(api, headers, body).await {
-        Ok(b) => b,
-        Err(Unread::Refused(reply)) => return Err(reply_error(&reply)),
-        Err(Unread::Late) => {
-            return Err(Refused::new(
-                408,
-                format!(
-                    "the body did not arrive within read-timeout = {:?}",
-                    api.read_timeout
-                ),
-            ))
-        }
-    };
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
-    parse_body(&bytes, ct)
-}
-
-fn parse_body<T: for<'de> serde::Deserialize<'de>>(
-    bytes: &Bytes,
-    ct: Option<&str>,
-) -> Result<T, Refused> {
-    wire::parse(bytes, ct)
 }
 
 /// Applies `ops` for `conn`'s client through the handler, as the API runs
