@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use prefix_proto::WireStats;
 use smallvec::SmallVec;
 
 use crate::config::IndexConfig;
@@ -231,12 +232,14 @@ impl Index {
         Stats {
             aliases,
             alias_bytes,
-            models: self.models(&pin).len() as u64,
-            pods: self.sh.pods.live_count(&pin) as u64,
-            nodes: Counters::get(&c.nodes),
-            tree_blocks: Counters::get(&c.tree_blocks),
-            entries: Counters::get(&c.entries),
-            bytes: Counters::get(&c.bytes),
+            size: WireStats {
+                models: self.models(&pin).len() as u64,
+                pods: self.sh.pods.live_count(&pin) as u64,
+                nodes: Counters::get(&c.nodes),
+                tree_blocks: Counters::get(&c.tree_blocks),
+                entries: Counters::get(&c.entries),
+                bytes: Counters::get(&c.bytes),
+            },
             sweep_passes: Counters::total(&c.sweep_passes),
             expired: Counters::total(&c.expired),
             evicted: Counters::total(&c.evicted),

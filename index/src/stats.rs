@@ -1,5 +1,7 @@
 //! Counters kept by writers and the sweep; readers never touch them.
 
+use prefix_proto::WireStats;
+
 use crate::sync::{AtomicI64, AtomicU64, Ordering};
 
 /// Live counters. Every update is `Relaxed`: they are statistics and triggers,
@@ -68,22 +70,15 @@ impl Counters {
     }
 }
 
-/// A snapshot of an index's size and the sweep's work so far.
+/// A snapshot of an index's size and the sweep's work so far. The size is
+/// the protocol's [`WireStats`], as a `Stats` reply carries it; its
+/// figures read through this type (`stats.entries`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Models (one tree each).
-    pub models: u64,
-    /// Live pods (removed ones excluded).
-    pub pods: u64,
-    /// Tree nodes, roots excluded.
-    pub nodes: u64,
-    /// Distinct blocks stored in edges.
-    pub tree_blocks: u64,
-    /// Stored (pod, block) pairs: what `max_blocks` and capacities bound.
-    pub entries: u64,
-    /// Heap bytes held by nodes, edges, pod chunks and child tables (retired
-    /// objects included until reclaimed).
-    pub bytes: u64,
+    /// Models, live pods, nodes, tree blocks, (pod, block) entries and heap
+    /// bytes (nodes, edges, pod chunks and child tables, retired objects
+    /// included until reclaimed).
+    pub size: WireStats,
     /// Completed sweep passes over every model.
     pub sweep_passes: u64,
     /// (pod, block) pairs removed because their TTL passed.
@@ -105,18 +100,11 @@ pub struct Stats {
     pub alias_bytes: u64,
 }
 
-/// The index's size, as a `Stats` reply carries it: the protocol's
-/// statistics are the first six of these.
-impl From<Stats> for prefix_proto::WireStats {
-    fn from(s: Stats) -> Self {
-        prefix_proto::WireStats {
-            models: s.models,
-            pods: s.pods,
-            nodes: s.nodes,
-            tree_blocks: s.tree_blocks,
-            entries: s.entries,
-            bytes: s.bytes,
-        }
+impl std::ops::Deref for Stats {
+    type Target = WireStats;
+
+    fn deref(&self) -> &WireStats {
+        &self.size
     }
 }
 

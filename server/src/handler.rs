@@ -440,7 +440,7 @@ impl Handler {
                 Ok(()) => Reply::Done,
                 Err(e) => pod_error(&e),
             },
-            Op::Stats => Reply::Stats(self.index.stats().into()),
+            Op::Stats => Reply::Stats(self.index.stats().size),
             Op::Ping => Reply::Pong,
             Op::Subscribe(sub) => self.with_engines(|e| subscribe(e, sub)),
             Op::Unsubscribe { pod } => self.with_engines(|e| Reply::Removed(e.unsubscribe(pod))),

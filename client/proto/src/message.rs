@@ -418,8 +418,9 @@ impl PodView {
     }
 }
 
-/// Index statistics, as a `Stats` reply carries them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Encode, Decode)]
+/// An index's size, as a `Stats` reply carries it (and the index's own
+/// statistics begin with).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Encode, Decode)]
 pub struct WireStats {
     /// Models with at least one tree.
     pub models: u64,
