@@ -26,6 +26,8 @@
 //! ([`reply_json`]), or `{"ok":false,"error":{"code":N,"name":S,"message":M}}`
 //! with the protocol's [`ErrorCode`] ([`error_json`]).
 
+use std::sync::OnceLock;
+
 use serde::{Deserialize, Serialize};
 
 use thiserror::Error;
@@ -330,45 +332,14 @@ impl JsonError {
     }
 }
 
-/// The fields each operation's object may have (besides `"op"`). Parsing
-/// refuses others, which serde cannot do for objects with flattened parts.
+/// The fields each operation's object may have (besides `"op"`), in the
+/// order its errors list them: the ones its parse reads. Parsing refuses
+/// others, which serde cannot do for objects with flattened parts.
 pub fn fields(kind: OpKind) -> &'static [&'static str] {
-    match kind {
-        OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers => &[
-            "model",
-            "text",
-            "tokens",
-            "hashes",
-            "cache_salt",
-            "mm_items",
-            "prompt_embeds",
-            "candidates",
-        ],
-        OpKind::Insert => &[
-            "model",
-            "text",
-            "tokens",
-            "hashes",
-            "cache_salt",
-            "mm_items",
-            "prompt_embeds",
-            "pod",
-        ],
-        OpKind::RemovePod | OpKind::Unsubscribe => &["pod"],
-        OpKind::SetPodCapacity => &["pod", "blocks"],
-        OpKind::Stats | OpKind::Ping | OpKind::ListEngines => &[],
-        OpKind::SampleKeys => &["count", "seed"],
-        OpKind::Tail => &["from", "max"],
-        OpKind::Subscribe => &[
-            "pod",
-            "model",
-            "endpoint",
-            "replay",
-            "block_size",
-            "topic",
-            "media",
-        ],
-    }
+    static FIELDS: OnceLock<Vec<Vec<&'static str>>> = OnceLock::new();
+    let all = FIELDS.get_or_init(|| OpKind::ALL.into_iter().map(Fields::read_by).collect());
+    let at = OpKind::ALL.iter().position(|k| *k == kind);
+    at.map_or(&[], |i| &all[i])
 }
 
 /// The operation named `name` ([`OpKind::name`]).
@@ -529,8 +500,8 @@ pub fn parse_batch(bytes: &[u8], opts: &KeyOptions, max_batch: usize) -> Result<
     Ok(Request::Batch(ops))
 }
 
-/// Declares [`Fields`] and its `given()` from one list of the fields, so
-/// that a field added to one is in the other.
+/// Declares [`Fields`], its `given()` and its `every()` from one list of
+/// the fields, so that a field added to one is in the others.
 macro_rules! op_fields {
     ($($name:ident: $ty:ty,)*) => {
         /// Every field any op has, typed: what a body parses into before
@@ -541,6 +512,10 @@ macro_rules! op_fields {
         struct Fields {
             op: Option<String>,
             $($name: Option<$ty>,)*
+            /// The names of the fields taken, when they are noted (see
+            /// [`fields`]).
+            #[serde(skip)]
+            read: Option<Vec<&'static str>>,
         }
 
         impl Fields {
@@ -549,6 +524,16 @@ macro_rules! op_fields {
                 [$((stringify!($name), self.$name.is_some()),)*]
                     .into_iter()
                     .filter_map(|(name, given)| given.then_some(name))
+            }
+
+            /// Every field given (with its type's default), noting which
+            /// are taken.
+            fn every() -> Fields {
+                Fields {
+                    op: None,
+                    $($name: Some(Default::default()),)*
+                    read: Some(Vec::new()),
+                }
             }
         }
     };
@@ -576,10 +561,21 @@ op_fields! {
     max: u32,
 }
 
+/// Takes field `$name` of `$fields` (`Option`al), noting its name where
+/// [`Fields::read_by`] asks: an op's fields are the ones its parse takes.
+macro_rules! take {
+    ($fields:ident . $name:ident) => {{
+        if let Some(read) = &mut $fields.read {
+            read.push(stringify!($name));
+        }
+        $fields.$name.take()
+    }};
+}
+
 impl Fields {
     /// The op of kind `kind`, if every field given is one of its own and
     /// every field it needs is given.
-    fn into_op(self, kind: OpKind) -> Result<JsonOp, JsonError> {
+    fn into_op(mut self, kind: OpKind) -> Result<JsonOp, JsonError> {
         let allowed = fields(kind);
         if let Some(extra) = self.given().find(|f| !allowed.contains(f)) {
             return Err(JsonError::new(format!(
@@ -592,77 +588,91 @@ impl Fields {
                 }
             )));
         }
+        self.take(kind)
+    }
+
+    /// The names of the fields an op of kind `kind` takes, in order.
+    fn read_by(kind: OpKind) -> Vec<&'static str> {
+        let mut every = Fields::every();
+        // Every field is given, so nothing is missing and every take runs.
+        let _ = every.take(kind);
+        every.read.unwrap_or_default()
+    }
+
+    /// The key's fields.
+    fn key(&mut self) -> KeySource {
+        KeySource {
+            text: take!(self.text),
+            tokens: take!(self.tokens),
+            hashes: take!(self.hashes),
+            identity: TokenIdentity {
+                cache_salt: take!(self.cache_salt),
+                mm_items: take!(self.mm_items),
+                prompt_embeds: take!(self.prompt_embeds),
+            },
+        }
+    }
+
+    /// The op of kind `kind` from its fields: required ones missing are
+    /// refused, others take their defaults.
+    fn take(&mut self, kind: OpKind) -> Result<JsonOp, JsonError> {
         let need = |v: Option<String>, name: &str| {
             v.ok_or_else(|| JsonError::new(format!("{}: missing field `{name}`", kind.name())))
         };
-        let key = KeySource {
-            text: self.text,
-            tokens: self.tokens,
-            hashes: self.hashes,
-            identity: TokenIdentity {
-                cache_salt: self.cache_salt,
-                mm_items: self.mm_items,
-                prompt_embeds: self.prompt_embeds,
-            },
-        };
         Ok(match kind {
             OpKind::Lookup => JsonOp::Lookup {
-                model: need(self.model, "model")?,
-                key,
-                candidates: self.candidates,
+                model: need(take!(self.model), "model")?,
+                key: self.key(),
+                candidates: take!(self.candidates),
             },
             OpKind::Insert => JsonOp::Insert {
-                model: need(self.model, "model")?,
-                key,
-                pod: need(self.pod, "pod")?,
+                model: need(take!(self.model), "model")?,
+                key: self.key(),
+                pod: need(take!(self.pod), "pod")?,
             },
             OpKind::RemovePod => JsonOp::RemovePod {
-                pod: need(self.pod, "pod")?,
+                pod: need(take!(self.pod), "pod")?,
             },
             OpKind::SetPodCapacity => JsonOp::SetPodCapacity {
-                pod: need(self.pod, "pod")?,
-                blocks: self
-                    .blocks
+                pod: need(take!(self.pod), "pod")?,
+                blocks: take!(self.blocks)
                     .ok_or_else(|| JsonError::new("set_pod_capacity: missing field `blocks`"))?,
             },
             OpKind::Stats => JsonOp::Stats,
             OpKind::Ping => JsonOp::Ping,
             OpKind::Subscribe => JsonOp::Subscribe {
                 engine: Subscription {
-                    pod: need(self.pod, "pod")?,
-                    model: need(self.model, "model")?,
-                    endpoint: need(self.endpoint, "endpoint")?,
-                    replay: self.replay,
-                    block_size: self.block_size.unwrap_or(Subscription::DEFAULT_BLOCK_SIZE),
-                    topic: self.topic.unwrap_or_default(),
-                    media: self.media.unwrap_or_else(Subscription::default_media),
+                    pod: need(take!(self.pod), "pod")?,
+                    model: need(take!(self.model), "model")?,
+                    endpoint: need(take!(self.endpoint), "endpoint")?,
+                    replay: take!(self.replay),
+                    block_size: take!(self.block_size).unwrap_or(Subscription::DEFAULT_BLOCK_SIZE),
+                    topic: take!(self.topic).unwrap_or_default(),
+                    media: take!(self.media).unwrap_or_else(Subscription::default_media),
                 },
             },
             OpKind::Unsubscribe => JsonOp::Unsubscribe {
-                pod: need(self.pod, "pod")?,
+                pod: need(take!(self.pod), "pod")?,
             },
             OpKind::ListEngines => JsonOp::ListEngines,
             OpKind::SampleKeys => JsonOp::SampleKeys {
-                count: self
-                    .count
+                count: take!(self.count)
                     .ok_or_else(|| JsonError::new("sample_keys: missing field `count`"))?,
-                seed: self.seed.unwrap_or_default(),
+                seed: take!(self.seed).unwrap_or_default(),
             },
             OpKind::LookupDetail => JsonOp::LookupDetail {
-                model: need(self.model, "model")?,
-                key,
-                candidates: self.candidates,
+                model: need(take!(self.model), "model")?,
+                key: self.key(),
+                candidates: take!(self.candidates),
             },
             OpKind::LookupTiers => JsonOp::LookupTiers {
-                model: need(self.model, "model")?,
-                key,
-                candidates: self.candidates,
+                model: need(take!(self.model), "model")?,
+                key: self.key(),
+                candidates: take!(self.candidates),
             },
             OpKind::Tail => JsonOp::Tail {
-                from: self.from,
-                max: self
-                    .max
-                    .ok_or_else(|| JsonError::new("tail: missing field `max`"))?,
+                from: take!(self.from),
+                max: take!(self.max).ok_or_else(|| JsonError::new("tail: missing field `max`"))?,
             },
         })
     }
