@@ -456,15 +456,7 @@ impl<T: AsRef<[u8]>> Follower<T> {
                 Some(last) if seq <= last => {}
                 Some(last) if seq != last + 1 => {
                     self.take_held();
-                    self.resync(
-                        Resync::ReplayHole {
-                            from: last + 1,
-                            seq,
-                        },
-                        seq,
-                        payload,
-                        out,
-                    );
+                    self.replay_hole(last, seq, payload, out);
                 }
                 _ => self.apply(seq, payload, out),
             },
@@ -485,15 +477,7 @@ impl<T: AsRef<[u8]>> Follower<T> {
                         None => self.live(seq, payload, out),
                         Some(last) if seq <= last => {}
                         Some(last) if seq == last + 1 => self.apply(seq, payload, out),
-                        Some(last) => self.resync(
-                            Resync::ReplayHole {
-                                from: last + 1,
-                                seq,
-                            },
-                            seq,
-                            payload,
-                            out,
-                        ),
+                        Some(last) => self.replay_hole(last, seq, payload, out),
                     }
                 }
             }
@@ -576,6 +560,16 @@ impl<T: AsRef<[u8]>> Follower<T> {
             digest: digest(&payload),
         });
         out.push(Action::Apply { seq, payload });
+    }
+
+    /// Batch `seq` of a replay (or held through one) does not follow `last`,
+    /// the last one applied: the replay left a hole.
+    fn replay_hole(&mut self, last: u64, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
+        let why = Resync::ReplayHole {
+            from: last + 1,
+            seq,
+        };
+        self.resync(why, seq, payload, out);
     }
 
     fn resync(&mut self, why: Resync, seq: u64, payload: T, out: &mut Vec<Action<T>>) {
