@@ -14,12 +14,43 @@
 
 use prefix_testkit::server as common;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{free_ports, Proc};
 use prefix_client::LookupResult as Lookup;
 use prefix_client::{Client, ClientError};
 use prefix_testkit::server_bin;
+
+/// A data directory and the ports that one test's servers keep across
+/// restarts.
+struct Home {
+    dir: tempfile::TempDir,
+    addr: SocketAddr,
+    http: SocketAddr,
+}
+
+impl Home {
+    fn new() -> Home {
+        let dir = tempfile::tempdir().unwrap();
+        let (addr, http) = free_ports();
+        Home { dir, addr, http }
+    }
+
+    /// A server here with these extra flags.
+    fn start_with(&self, flags: &[&str]) -> Proc {
+        Proc::start_with(server_bin!(), self.dir.path(), self.addr, self.http, flags)
+    }
+
+    /// A server here, snapshotting every `snapshot_interval`, and a client
+    /// it has answered.
+    async fn start(&self, snapshot_interval: &str) -> (Proc, Client) {
+        let (dir, addr, http) = (self.dir.path(), self.addr, self.http);
+        let mut server = Proc::start(server_bin!(), dir, addr, http, snapshot_interval);
+        let c = server.client().await;
+        (server, c)
+    }
+}
 
 /// Keys with shared prefixes over three models and five pods.
 fn workload(tag: u64, n: u64) -> Vec<(String, Vec<u64>, String)> {
@@ -50,11 +81,9 @@ async fn answers(c: &Client, ops: &[(String, Vec<u64>, String)]) -> Vec<Lookup> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_then_restart_answers_the_same() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, http) = free_ports();
+    let home = Home::new();
     let ops = workload(1, 300);
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "1h");
-    let c = server.client().await;
+    let (mut server, c) = home.start("1h").await;
     insert_all(&c, &ops).await;
     c.set_pod_capacity("pod-3", 12_345).await.unwrap();
     let before = answers(&c, &ops).await;
@@ -64,11 +93,10 @@ async fn sigterm_then_restart_answers_the_same() {
     server.signal("-TERM");
     let status = server.wait().await;
     assert!(status.success(), "exit {status}; log:\n{}", server.log());
-    assert!(dir.path().join("index.snapshot").exists());
+    assert!(home.dir.path().join("index.snapshot").exists());
     drop(server);
 
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "1h");
-    let c = server.client().await;
+    let (server, c) = home.start("1h").await;
     assert_eq!(answers(&c, &ops).await, before);
     let again = c.stats().await.unwrap();
     assert_eq!((again.pods, again.entries), (stats.pods, stats.entries));
@@ -81,10 +109,9 @@ async fn sigterm_then_restart_answers_the_same() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_at_most_the_last_interval() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, http) = free_ports();
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "300ms");
-    let c = server.client().await;
+    let home = Home::new();
+    let http = home.http;
+    let (mut server, c) = home.start("300ms").await;
     let early = workload(1, 200);
     insert_all(&c, &early).await;
     let want = answers(&c, &early).await;
@@ -101,8 +128,7 @@ async fn kill_9_loses_at_most_the_last_interval() {
     server.child.wait().unwrap();
     drop(server);
 
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "300ms");
-    let c = server.client().await;
+    let (_server, c) = home.start("300ms").await;
     assert_eq!(
         answers(&c, &early).await,
         want,
@@ -123,22 +149,17 @@ const QUIET: [&str; 4] = ["--snapshot-interval", "0s", "--idle-timeout", "10m"];
 
 /// A server on [`QUIET`] with a client (`deadline`, `idle_timeout`) it has
 /// answered, then killed (SIGKILL: no close reaches the client).
-async fn killed_under_a_client(
-    dir: &std::path::Path,
-    addr: std::net::SocketAddr,
-    http: std::net::SocketAddr,
-    deadline: Duration,
-    idle_timeout: Duration,
-) -> Client {
-    let mut server = Proc::start_with(server_bin!(), dir, addr, http, &QUIET);
+async fn killed_under_a_client(home: &Home, deadline: Duration, idle_timeout: Duration) -> Client {
+    let mut server = home.start_with(&QUIET);
     drop(server.client().await);
+    let cert = home.dir.path().join("cert.pem");
     let cfg = prefix_client::ClientConfig {
-        tls: prefix_client::TlsConfig::from_files(&dir.join("cert.pem"), None, None).unwrap(),
+        tls: prefix_client::TlsConfig::from_files(&cert, None, None).unwrap(),
         deadline,
         idle_timeout,
         ..prefix_client::ClientConfig::default()
     };
-    let client = Client::connect(addr, cfg).await.unwrap();
+    let client = Client::connect(home.addr, cfg).await.unwrap();
     // The one answer before the kill waits as long as a loaded machine needs.
     client
         .with_deadline(Duration::from_secs(10))
@@ -177,11 +198,10 @@ async fn ping_until(
 /// connection for that long, and the minute this test waits would pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_resets_the_connections_of_the_killed_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, http) = free_ports();
+    let home = Home::new();
     let long = Duration::from_secs(600);
-    let client = killed_under_a_client(dir.path(), addr, http, Duration::from_secs(1), long).await;
-    let mut server = Proc::start_with(server_bin!(), dir.path(), addr, http, &QUIET);
+    let client = killed_under_a_client(&home, Duration::from_secs(1), long).await;
+    let mut server = home.start_with(&QUIET);
     drop(server.client().await);
     let started = Instant::now();
     let failed = ping_until(&client, Duration::from_secs(60), Result::is_ok).await;
@@ -204,10 +224,9 @@ async fn a_restarted_server_resets_the_connections_of_the_killed_one() {
 /// test bound of 20 s separates the client's timeout from the server's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_server_is_found_gone_at_the_clients_idle_timeout() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, http) = free_ports();
+    let home = Home::new();
     let (deadline, idle) = (Duration::from_millis(200), Duration::from_secs(1));
-    let client = killed_under_a_client(dir.path(), addr, http, deadline, idle).await;
+    let client = killed_under_a_client(&home, deadline, idle).await;
     let started = Instant::now();
     let gone = |r: &Result<(), ClientError>| matches!(r, Err(ClientError::Disconnected { .. }));
     assert!(
@@ -224,10 +243,8 @@ async fn a_killed_server_is_found_gone_at_the_clients_idle_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_snapshot_is_set_aside_and_the_server_starts_empty() {
-    let dir = tempfile::tempdir().unwrap();
-    let (addr, http) = free_ports();
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "1h");
-    let c = server.client().await;
+    let home = Home::new();
+    let (mut server, c) = home.start("1h").await;
     insert_all(&c, &workload(1, 50)).await;
     c.close().await;
     server.signal("-TERM");
@@ -235,14 +252,13 @@ async fn a_damaged_snapshot_is_set_aside_and_the_server_starts_empty() {
     drop(server);
 
     // Flip one byte in the middle of the snapshot.
-    let path = dir.path().join("index.snapshot");
+    let path = home.dir.path().join("index.snapshot");
     let mut bytes = std::fs::read(&path).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
 
-    let mut server = Proc::start(server_bin!(), dir.path(), addr, http, "1h");
-    let c = server.client().await;
+    let (server, c) = home.start("1h").await;
     let stats = c.stats().await.unwrap();
     assert_eq!(stats.entries, 0);
     let log = server.log();
@@ -250,14 +266,14 @@ async fn a_damaged_snapshot_is_set_aside_and_the_server_starts_empty() {
         log.contains("cannot be restored") && log.contains("checksum"),
         "{log}"
     );
-    let aside: Vec<_> = std::fs::read_dir(dir.path())
+    let aside: Vec<_> = std::fs::read_dir(home.dir.path())
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("index.snapshot.bad-"))
         .collect();
     assert_eq!(aside.len(), 1, "{aside:?}");
     assert_eq!(
-        common::metric(http, "prefix_index_snapshot_failures_total").await,
+        common::metric(home.http, "prefix_index_snapshot_failures_total").await,
         1.0
     );
 }
