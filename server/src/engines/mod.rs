@@ -784,6 +784,18 @@ pub enum StartError {
 mod tests {
     use super::*;
 
+    /// Engines with `cfg` (`kept`: their file of run-time subscriptions) on
+    /// a new index, with that index and the token that stops them.
+    fn engines(
+        cfg: EngineConfig,
+        kept: Option<PathBuf>,
+    ) -> (Arc<Engines>, Arc<Index>, CancellationToken) {
+        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
+        let stop = CancellationToken::new();
+        let engines = Engines::new(index.clone(), cfg, stop.clone(), kept).unwrap();
+        (engines, index, stop)
+    }
+
     /// A subscribe and an unsubscribe of one pod at once, many times: after
     /// each pair the kept file, the followed set and the index's engine-fed
     /// pods say the same of the pod (whichever op came last).
@@ -791,15 +803,7 @@ mod tests {
     fn ops_on_one_pod_at_once_leave_the_file_and_the_followed_set_agreeing() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(kept::FILE);
-        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
-        let stop = CancellationToken::new();
-        let engines = Engines::new(
-            index.clone(),
-            EngineConfig::default(),
-            stop.clone(),
-            Some(path.clone()),
-        )
-        .unwrap();
+        let (engines, index, stop) = engines(EngineConfig::default(), Some(path.clone()));
         engines.start().unwrap();
         // Nothing listens there: the subscription connects in the background.
         let sub: Subscription = "pod=p,model=m,endpoint=tcp://127.0.0.1:1".parse().unwrap();
@@ -832,13 +836,11 @@ mod tests {
     /// the room left beside them, and in all of it once the batch ends.
     #[test]
     fn the_collector_leaves_a_batch_the_slots_it_holds() {
-        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
-        let stop = CancellationToken::new();
         let cfg = EngineConfig {
             max_engines: 2,
             ..EngineConfig::default()
         };
-        let engines = Engines::new(index, cfg, stop.clone(), None).unwrap();
+        let (engines, _, stop) = engines(cfg, None);
         let held = Reservation::hold(&engines, &engines.running.lock(), 1);
         assert!(engines.central_pod("x", "m").is_some());
         assert!(engines.central_pod("y", "m").is_none());
@@ -854,14 +856,12 @@ mod tests {
     /// so none ever does).
     #[test]
     fn a_resumed_subscription_lists_its_last_batch() {
-        let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
-        let stop = CancellationToken::new();
         let sub: Subscription = "pod=p,model=m,endpoint=tcp://127.0.0.1:1".parse().unwrap();
         let cfg = EngineConfig {
             subscriptions: vec![sub.clone()],
             ..EngineConfig::default()
         };
-        let engines = Engines::new(index.clone(), cfg, stop.clone(), None).unwrap();
+        let (engines, index, stop) = engines(cfg, None);
         // As a snapshot restores it, before `start`.
         index
             .engine("p", engines.spec(sub.block_size))
