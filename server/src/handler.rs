@@ -69,29 +69,25 @@ pub trait Replies {
     fn written(&self) -> usize;
 }
 
-impl Replies for ResponseWriter<'_> {
-    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
-        ResponseWriter::lookup(self, key_blocks, matches);
-    }
-    fn reply(&mut self, reply: &Reply) {
-        ResponseWriter::reply(self, reply);
-    }
-    fn written(&self) -> usize {
-        ResponseWriter::len(self)
-    }
+/// Implements [`Replies`] for each writer named by its own `lookup`,
+/// `reply` and `len`.
+macro_rules! replies_by_own_methods {
+    ($($writer:ident),+) => {$(
+        impl Replies for $writer<'_> {
+            fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
+                $writer::lookup(self, key_blocks, matches);
+            }
+            fn reply(&mut self, reply: &Reply) {
+                $writer::reply(self, reply);
+            }
+            fn written(&self) -> usize {
+                $writer::len(self)
+            }
+        }
+    )+};
 }
 
-impl Replies for JsonWriter<'_> {
-    fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
-        JsonWriter::lookup(self, key_blocks, matches);
-    }
-    fn reply(&mut self, reply: &Reply) {
-        JsonWriter::reply(self, reply);
-    }
-    fn written(&self) -> usize {
-        JsonWriter::len(self)
-    }
-}
+replies_by_own_methods!(ResponseWriter, JsonWriter);
 
 /// The refusal of a batch whose answers would pass [`MAX_FRAME_CEILING`]
 /// after `applied` of its `ops` ops.
