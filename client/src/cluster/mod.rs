@@ -278,22 +278,14 @@ impl Cluster {
 
     /// The names of `model`'s replicas, highest ranked first.
     pub fn replicas_of(&self, model: &str) -> Vec<&str> {
-        let r = &self.route;
-        r.replica_set(model)
-            .into_iter()
-            .map(|i| r.names[i].as_str())
-            .collect()
+        self.route.names_of(self.route.replica_set(model))
     }
 
     /// The names of `model`'s replicas in this gateway's order for reads:
     /// its preferred one first (the set rotated by its seed), replicas
     /// suspected of being down last.
     pub fn read_order_of(&self, model: &str) -> Vec<&str> {
-        let r = &self.route;
-        r.read_order(model)
-            .into_iter()
-            .map(|i| r.names[i].as_str())
-            .collect()
+        self.route.names_of(self.route.read_order(model))
     }
 
     /// The servers, by name.
@@ -356,6 +348,14 @@ impl ReplicaSets {
             .suspect_until
             .load(Ordering::Relaxed);
         until > millis_since(self.epoch)
+    }
+
+    /// The names of the servers at `indexes` of the server list, in order.
+    fn names_of(&self, indexes: Vec<usize>) -> Vec<&str> {
+        indexes
+            .into_iter()
+            .map(|i| self.names[i].as_str())
+            .collect()
     }
 
     /// The replica set of `model`: indexes into the server list, highest
