@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use counting_alloc::Counting;
-use criterion::{BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names, ChatWorkload, RwLockIndex, PODS};
 use prefix_index::{Index, IndexConfig, Match};
 use prefix_proto::key;
@@ -73,6 +74,17 @@ fn lookup_rounds(index: &Index, keys: &[Vec<u64>], iters: u64) -> Duration {
     start.elapsed()
 }
 
+/// Benchmarks `f` run for each iteration on `threads` threads at once (see
+/// [`parallel`]).
+fn bench_parallel(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    threads: usize,
+    f: impl Fn() + Sync,
+) {
+    g.bench_function(id, |b| b.iter_custom(|iters| parallel(threads, iters, &f)));
+}
+
 /// Runs `measure` while a neighbour thread (started by `spawn`, told to stop
 /// through the flag) runs beside it; returns what `measure` returns.
 fn beside<T>(
@@ -99,17 +111,18 @@ fn scaling_controls(c: &mut Criterion, w: &ChatWorkload, index: &Index, pods: &[
     let mut g = c.benchmark_group("scaling_controls");
     for threads in [1usize, 2] {
         g.throughput(Throughput::Elements(threads as u64 * 1024));
-        g.bench_function(BenchmarkId::new("compute", threads), |b| {
-            b.iter_custom(|iters| {
-                parallel(threads, iters, || {
-                    let mut x = 1u64;
-                    for i in 0..1024u64 * 64 {
-                        x = x.rotate_left(7) ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-                    }
-                    black_box(x);
-                })
-            })
-        });
+        bench_parallel(
+            &mut g,
+            BenchmarkId::new("compute", threads),
+            threads,
+            || {
+                let mut x = 1u64;
+                for i in 0..1024u64 * 64 {
+                    x = x.rotate_left(7) ^ i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                }
+                black_box(x);
+            },
+        );
         let arrays: Vec<Vec<u64>> = (0..threads).map(|_| vec![1u64; 8 << 20]).collect();
         let next = AtomicU64::new(0);
         g.bench_function(BenchmarkId::new("random_reads_64MiB", threads), |b| {
@@ -157,49 +170,29 @@ fn lookups(c: &mut Criterion, w: &ChatWorkload, index: &Index, baseline: &RwLock
         );
         for threads in [1, 2] {
             g.throughput(Throughput::Elements((keys.len() * threads) as u64));
-            g.bench_function(
-                BenchmarkId::new(format!("index/threads={threads}"), blocks),
-                |b| {
-                    b.iter_custom(|iters| {
-                        parallel(threads, iters, || {
-                            let mut out = Vec::with_capacity(PODS);
-                            black_box(lookup_all(index, &keys, &mut out));
-                        })
-                    })
-                },
-            );
+            let id = |name: &str| BenchmarkId::new(format!("{name}/threads={threads}"), blocks);
+            bench_parallel(&mut g, id("index"), threads, || {
+                let mut out = Vec::with_capacity(PODS);
+                black_box(lookup_all(index, &keys, &mut out));
+            });
             // The same lookups, one epoch pin per 16 (as a server answering a
             // batch frame does): shows what pinning itself costs.
-            g.bench_function(
-                BenchmarkId::new(format!("index-pin-per-16/threads={threads}"), blocks),
-                |b| {
-                    b.iter_custom(|iters| {
-                        parallel(threads, iters, || {
-                            let mut out = Vec::with_capacity(PODS);
-                            for chunk in keys.chunks(16) {
-                                let r = index.reader();
-                                for k in chunk {
-                                    out.clear();
-                                    r.lookup_into(MODEL, k, None, NOW, &mut out);
-                                    black_box(&out);
-                                }
-                            }
-                        })
-                    })
-                },
-            );
-            g.bench_function(
-                BenchmarkId::new(format!("rwlock/threads={threads}"), blocks),
-                |b| {
-                    b.iter_custom(|iters| {
-                        parallel(threads, iters, || {
-                            for k in &keys {
-                                black_box(baseline.lookup(k));
-                            }
-                        })
-                    })
-                },
-            );
+            bench_parallel(&mut g, id("index-pin-per-16"), threads, || {
+                let mut out = Vec::with_capacity(PODS);
+                for chunk in keys.chunks(16) {
+                    let r = index.reader();
+                    for k in chunk {
+                        out.clear();
+                        r.lookup_into(MODEL, k, None, NOW, &mut out);
+                        black_box(&out);
+                    }
+                }
+            });
+            bench_parallel(&mut g, id("rwlock"), threads, || {
+                for k in &keys {
+                    black_box(baseline.lookup(k));
+                }
+            });
         }
     }
     g.finish();
