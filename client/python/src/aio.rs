@@ -133,14 +133,7 @@ fn bridge_for(py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<Arc<Bri
         pyo3::exceptions::PyOSError::new_err(format!("cannot open the loop's wake-up socket: {e}"))
     })?);
     let for_reader = bridge.clone();
-    let reader = PyCFunction::new_closure(
-        py,
-        None,
-        None,
-        move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| {
-            for_reader.drain(args.py());
-        },
-    )?;
+    let reader = callable(py, move |args| for_reader.drain(args.py()))?;
     event_loop.call_method1("add_reader", (bridge.woken.as_raw_fd(), reader))?;
     map.set_item(event_loop, BridgeHandle(bridge.clone()))?;
     Ok(bridge)
@@ -169,22 +162,31 @@ pub fn awaitable<'py, T: Send + 'static>(
     // still be applied by the server) and lets go of its future, so a loop
     // closed with calls pending is not kept alive by them.
     let abort = task.abort_handle();
-    let on_done = PyCFunction::new_closure(
+    let on_done = callable(py, move |args| {
+        let cancelled = args
+            .get_item(0)
+            .and_then(|f| f.call_method0("cancelled"))
+            .and_then(|c| c.is_truthy())
+            .unwrap_or(false);
+        if cancelled {
+            abort.abort();
+            bridge.futures.lock().remove(&id);
+        }
+    })?;
+    future.call_method1("add_done_callback", (on_done,))?;
+    Ok(future)
+}
+
+/// A Python function that calls `f` with its positional arguments (and
+/// ignores keyword arguments).
+fn callable<'py>(
+    py: Python<'py>,
+    f: impl Fn(&Bound<'_, PyTuple>) + Send + Sync + 'static,
+) -> PyResult<Bound<'py, PyCFunction>> {
+    PyCFunction::new_closure(
         py,
         None,
         None,
-        move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| {
-            let cancelled = args
-                .get_item(0)
-                .and_then(|f| f.call_method0("cancelled"))
-                .and_then(|c| c.is_truthy())
-                .unwrap_or(false);
-            if cancelled {
-                abort.abort();
-                bridge.futures.lock().remove(&id);
-            }
-        },
-    )?;
-    future.call_method1("add_done_callback", (on_done,))?;
-    Ok(future)
+        move |args: &Bound<'_, PyTuple>, _: Option<&Bound<'_, PyDict>>| f(args),
+    )
 }
