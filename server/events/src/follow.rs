@@ -621,6 +621,12 @@ mod tests {
             .collect()
     }
 
+    fn connected(f: &mut F) -> Vec<String> {
+        let mut out = Vec::new();
+        f.connected(&mut out);
+        seqs(&out)
+    }
+
     fn live(f: &mut F, s: &[u64]) -> Vec<String> {
         let mut out = Vec::new();
         for &seq in s {
@@ -686,9 +692,7 @@ mod tests {
     #[test]
     fn a_reconnection_to_the_same_engine_replays_only_what_was_missed() {
         let mut f = F::new(true, held(8), at(4));
-        let mut out = Vec::new();
-        f.connected(&mut out);
-        assert_eq!(seqs(&out), ["replay 4"]);
+        assert_eq!(connected(&mut f), ["replay 4"]);
         assert_eq!(live(&mut f, &[7]), Vec::<String>::new());
         assert_eq!(
             replay(&mut f, 0, &[4, 5, 6, 7]),
@@ -829,9 +833,7 @@ mod tests {
     #[test]
     fn gaps_are_the_live_streams_skips_only() {
         let mut f = F::new(true, held(8), at(4));
-        let mut out = Vec::new();
-        f.connected(&mut out);
-        assert_eq!(seqs(&out), ["replay 4"]);
+        assert_eq!(connected(&mut f), ["replay 4"]);
         assert_eq!(replay(&mut f, 0, &[4, 5]), ["apply 5"]);
         assert_eq!(live(&mut f, &[8]), ["gap 6..8", "replay 6"]);
         // The replay comes short of the gap: a resync, no second gap (the
