@@ -56,6 +56,7 @@ use tower::Service as _;
 
 use crate::access::{Access, Roles};
 use crate::handler::Handler;
+use crate::linger::{Budget, Lingering};
 use crate::metrics::Metrics;
 use crate::service::Service;
 
@@ -369,6 +370,12 @@ pub struct Listener {
     /// How long a write to the connection may stay blocked on a client
     /// that does not read: past it the connection is closed.
     pub write_timeout: Duration,
+    /// A request's body limit (see [`Api::max_body`]). What an answer
+    /// leaves unread of a body is read on and dropped, up to twice this
+    /// and within `read_timeout`, so that a client still sending reads the
+    /// answer: HTTP/1.1 as its connection closes, HTTP/2 on the stream (see
+    /// `linger.rs`).
+    pub max_body: usize,
     /// Counts connections.
     pub metrics: Arc<Metrics>,
 }
@@ -495,12 +502,23 @@ async fn serve_one(
     });
     l.metrics.connections_accepted.inc();
     l.metrics.connections.inc();
+    // A client that stops reading its answers would hold the connection
+    // (and the answer) for as long as it likes.
+    let mut io = tokio_io_timeout::TimeoutStream::new(io);
+    io.set_write_timeout(Some(l.write_timeout));
+    let linger = Budget {
+        bytes: l.max_body.saturating_mul(2),
+        time: l.read_timeout,
+    };
+    let io = Lingering::new(Box::pin(io), linger);
+    let unread = io.unread();
     let for_requests = conn.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let conn = for_requests.clone();
+        let unread = unread.clone();
         let http1 = req.version() < Version::HTTP_2;
         let (mut parts, body) = req.into_parts();
-        let body = Followed::new(body);
+        let body = Followed::new(body, (!http1).then_some(linger));
         let ended = body.ended.clone();
         parts.extensions.insert(conn.clone());
         let call = app.clone().call(hyper::Request::from_parts(parts, body));
@@ -510,9 +528,14 @@ async fn serve_one(
             // A body left unread (refused, late, or not wanted) is still
             // on the wire: the connection cannot carry another request, so
             // the answer says it closes rather than leaving the client's
-            // next request to fail. HTTP/2 ends such a stream on its own.
-            // Relaxed: set by this request's own future, which is done.
+            // next request to fail, and the close lingers, unless the
+            // client stopped sending (408). HTTP/2 ends such a stream on
+            // its own, once the answer is sent.
+            // Relaxed: set by this request's own future, which is done;
+            // `unread` is read by the close, on this connection's task.
             if http1 && !ended.load(Ordering::Relaxed) {
+                let late = response.status() == StatusCode::REQUEST_TIMEOUT;
+                unread.store(!late, Ordering::Relaxed);
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -539,11 +562,7 @@ async fn serve_one(
         .max_concurrent_streams(l.max_streams)
         .keep_alive_interval(l.idle_timeout / 2)
         .keep_alive_timeout(l.idle_timeout / 2);
-    // A client that stops reading its answers would hold the connection
-    // (and the answer) for as long as it likes.
-    let mut io = tokio_io_timeout::TimeoutStream::new(io);
-    io.set_write_timeout(Some(l.write_timeout));
-    let served = builder.serve_connection(TokioIo::new(Box::pin(io)), service);
+    let served = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(served);
     let mut closing = false;
     let mut tick = tokio::time::interval(l.idle_timeout / 4);
@@ -573,16 +592,39 @@ async fn serve_one(
     l.metrics.connections.dec();
 }
 
-/// A request's body that notes whether it was read to its end.
+/// A request's body that notes whether it was read to its end and, over
+/// HTTP/2, reads on what an answer leaves unread.
 struct Followed {
-    inner: Incoming,
+    inner: Option<Incoming>,
     ended: Arc<AtomicBool>,
+    /// Over HTTP/2: the budget within which a body dropped unread is read
+    /// on and dropped, so that its stream ends once both sides are done
+    /// rather than being reset under a client still sending (which some
+    /// clients, as curl, take for a failed request, answer and all).
+    drain: Option<Budget>,
 }
 
 impl Followed {
-    fn new(inner: Incoming) -> Self {
+    fn new(inner: Incoming, drain: Option<Budget>) -> Self {
         let ended = Arc::new(AtomicBool::new(inner.is_end_stream()));
-        Followed { inner, ended }
+        Followed {
+            inner: Some(inner),
+            ended,
+            drain,
+        }
+    }
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        let (Some(budget), Some(body)) = (self.drain, self.inner.take()) else {
+            return;
+        };
+        if !body.is_end_stream() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(crate::linger::drain(body, budget));
+            }
+        }
     }
 }
 
@@ -594,8 +636,11 @@ impl http_body::Body for Followed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+        let Some(inner) = self.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(&mut *inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || inner.is_end_stream() {
             // Relaxed: read by the same request's future (`serve_one`).
             self.ended.store(true, Ordering::Relaxed);
         }
@@ -603,11 +648,13 @@ impl http_body::Body for Followed {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Incoming::is_end_stream)
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| http_body::SizeHint::with_exact(0), Incoming::size_hint)
     }
 }
 

@@ -71,6 +71,7 @@ mod engines;
 mod files;
 mod handler;
 mod http;
+mod linger;
 mod maintenance;
 mod metrics;
 mod repair;
@@ -563,6 +564,7 @@ impl Server {
             idle_timeout: self.cfg.transport.idle_timeout,
             read_timeout: self.cfg.transport.read_timeout,
             write_timeout: self.cfg.transport.write_timeout,
+            max_body: self.cfg.limits.http_max_body_bytes,
             metrics: self.metrics.clone(),
         };
         tasks.tracker.spawn(api::serve(
