@@ -13,13 +13,17 @@ use crate::ServerConfig;
 /// it reconnects).
 const PER_ENGINE: u64 = 1;
 
-/// More for an engine named by host name, or sharing its address and topic
-/// with another: its SUB socket's mailbox and its monitor's pair.
-const PER_NAMED_ENGINE: u64 = 3;
+/// Descriptors one libzmq socket holds: its mailbox's signal, a socket
+/// pair (this build of libzmq has no eventfd).
+pub(crate) const PER_SOCKET: u64 = 2;
 
-/// Descriptors a replay under way holds: its DEALER's mailbox and its
-/// connection.
-const PER_REPLAY: u64 = 2;
+/// More for an engine named by host name, or sharing its address and topic
+/// with another: its SUB socket, its monitor and the PAIR that reads the
+/// monitor.
+const PER_NAMED_ENGINE: u64 = 3 * PER_SOCKET;
+
+/// Descriptors a replay under way holds: its DEALER and its connection.
+const PER_REPLAY: u64 = PER_SOCKET + 1;
 
 /// Descriptors for everything else: the QUIC socket, the listeners,
 /// libzmq's threads, the engine threads' wake-up pipes and shared sockets,

@@ -252,6 +252,56 @@ mod tests {
         assert_eq!(err, zmq::Error::EMFILE);
     }
 
+    /// Set in the child process that measures.
+    const MEASURE: &str = "PREFIX_INDEX_TEST_MEASURE_SOCKETS";
+
+    /// The descriptors this process holds.
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// A watched SUB socket and a replay's DEALER hold the descriptors
+    /// `descriptors.rs` counts for them. Measured in a child process
+    /// running this test alone, so that no other test opens or closes
+    /// descriptors meanwhile.
+    #[test]
+    fn sockets_hold_the_descriptors_counted_for_them() {
+        use crate::descriptors::PER_SOCKET;
+        if std::env::var_os(MEASURE).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "engines::sockets::tests::sockets_hold_the_descriptors_counted_for_them",
+                    "--nocapture",
+                ])
+                .env(MEASURE, "1")
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{said}");
+            assert!(said.contains("1 passed"), "the child ran the test: {said}");
+            return;
+        }
+        let cfg = EngineConfig::default();
+        let ctx = Context::new(64).unwrap();
+        // libzmq starts its threads (and their mailboxes) with the first
+        // socket: made and closed before counting.
+        drop(ctx.socket(zmq::PAIR).unwrap());
+        let before = open_descriptors();
+        let watched = Watched::new(&ctx, bounded(&ctx, zmq::SUB, &cfg).unwrap()).unwrap();
+        let with_watched = open_descriptors();
+        let dealer = bounded(&ctx, zmq::DEALER, &cfg).unwrap();
+        let with_dealer = open_descriptors();
+        assert_eq!(
+            with_watched - before,
+            3 * PER_SOCKET as usize,
+            "SUB, monitor, PAIR"
+        );
+        assert_eq!(with_dealer - with_watched, PER_SOCKET as usize, "DEALER");
+        drop((watched, dealer));
+    }
+
     #[test]
     fn monitor_events_name_their_endpoint() {
         let mut head = (zmq::SocketEvent::CONNECTED as u16).to_ne_bytes().to_vec();
