@@ -510,15 +510,16 @@ async fn serve_one(
         bytes: l.max_body.saturating_mul(2),
         time: l.read_timeout,
     };
-    let io = Lingering::new(Box::pin(io), linger);
-    let unread = io.unread();
+    let io = Lingering::new(Box::pin(io), linger, token.clone());
+    let (unread, stop) = (io.unread(), token.clone());
     let for_requests = conn.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let conn = for_requests.clone();
-        let unread = unread.clone();
+        let (unread, stop) = (unread.clone(), stop.clone());
         let http1 = req.version() < Version::HTTP_2;
         let (mut parts, body) = req.into_parts();
-        let body = Followed::new(body, (!http1).then_some(linger));
+        let leftover = (!http1).then(Leftover::default);
+        let body = Followed::new(body, leftover.clone());
         let ended = body.ended.clone();
         parts.extensions.insert(conn.clone());
         let call = app.clone().call(hyper::Request::from_parts(parts, body));
@@ -539,6 +540,17 @@ async fn serve_one(
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            // Over HTTP/2 the answer goes out while the rest of the body is
+            // read and dropped, so that the stream ends once both sides
+            // are done instead of being reset under a client still sending
+            // (which some clients, as curl, take for a failed request,
+            // answer and all); again unless the client stopped sending.
+            let unread_h2 = leftover.and_then(|slot| slot.lock().take());
+            if let Some(body) = unread_h2 {
+                if response.status() != StatusCode::REQUEST_TIMEOUT {
+                    tokio::spawn(crate::linger::drain(body, linger, stop.clone()));
+                }
             }
             Ok::<_, std::convert::Infallible>(response)
         }
@@ -593,37 +605,37 @@ async fn serve_one(
 }
 
 /// A request's body that notes whether it was read to its end and, over
-/// HTTP/2, reads on what an answer leaves unread.
+/// HTTP/2, hands over what an answer left of it.
 struct Followed {
     inner: Option<Incoming>,
     ended: Arc<AtomicBool>,
-    /// Over HTTP/2: the budget within which a body dropped unread is read
-    /// on and dropped, so that its stream ends once both sides are done
-    /// rather than being reset under a client still sending (which some
-    /// clients, as curl, take for a failed request, answer and all).
-    drain: Option<Budget>,
+    /// Over HTTP/2: where the body goes when it is dropped unread, for the
+    /// request's future to drain once it has its answer (see `linger.rs`).
+    leftover: Option<Leftover>,
 }
 
+/// A body an answer left unread, handed from [`Followed`] to its request's
+/// future.
+type Leftover = Arc<parking_lot::Mutex<Option<Incoming>>>;
+
 impl Followed {
-    fn new(inner: Incoming, drain: Option<Budget>) -> Self {
+    fn new(inner: Incoming, leftover: Option<Leftover>) -> Self {
         let ended = Arc::new(AtomicBool::new(inner.is_end_stream()));
         Followed {
             inner: Some(inner),
             ended,
-            drain,
+            leftover,
         }
     }
 }
 
 impl Drop for Followed {
     fn drop(&mut self) {
-        let (Some(budget), Some(body)) = (self.drain, self.inner.take()) else {
+        let (Some(slot), Some(body)) = (&self.leftover, self.inner.take()) else {
             return;
         };
         if !body.is_end_stream() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(crate::linger::drain(body, budget));
-            }
+            *slot.lock() = Some(body);
         }
     }
 }

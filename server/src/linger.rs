@@ -23,6 +23,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// How long and how much a closing connection reads on.
 #[derive(Debug, Clone, Copy)]
@@ -35,11 +36,12 @@ pub(crate) struct Budget {
 
 /// A connection's bytes that linger on close when [`Lingering::unread`]
 /// was set: the sending side shuts, then reading goes on until the client
-/// closes, the budget is spent, or a read fails.
+/// closes, the budget is spent, a read fails or the server stops.
 pub(crate) struct Lingering<T> {
     io: T,
     unread: Arc<AtomicBool>,
     budget: Budget,
+    stop: CancellationToken,
     close: Close,
 }
 
@@ -48,20 +50,25 @@ enum Close {
     /// Not started.
     Open,
     /// The sending side is shut; reading on, `left` bytes more at most,
-    /// until `until`.
-    Draining { left: usize, until: Pin<Box<Sleep>> },
+    /// until `until` or the server stops.
+    Draining {
+        left: usize,
+        until: Pin<Box<Sleep>>,
+        stopped: Pin<Box<WaitForCancellationFutureOwned>>,
+    },
     /// Done: nothing more is read.
     Done,
 }
 
 impl<T> Lingering<T> {
     /// `io`, lingering within `budget` on a close that follows an unread
-    /// body.
-    pub(crate) fn new(io: T, budget: Budget) -> Self {
+    /// body, and not past `stop`: a server that stops waits for no client.
+    pub(crate) fn new(io: T, budget: Budget, stop: CancellationToken) -> Self {
         Lingering {
             io,
             unread: Arc::default(),
             budget,
+            stop,
             close: Close::Open,
         }
     }
@@ -91,6 +98,18 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<T> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -107,12 +126,17 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<T> {
                         true => Close::Draining {
                             left: this.budget.bytes,
                             until: Box::pin(tokio::time::sleep(this.budget.time)),
+                            stopped: Box::pin(this.stop.clone().cancelled_owned()),
                         },
                         false => Close::Done,
                     };
                 }
-                Close::Draining { left, until } => {
-                    if until.as_mut().poll(cx).is_ready() {
+                Close::Draining {
+                    left,
+                    until,
+                    stopped,
+                } => {
+                    if until.as_mut().poll(cx).is_ready() || stopped.as_mut().poll(cx).is_ready() {
                         this.close = Close::Done;
                         continue;
                     }
@@ -134,8 +158,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Lingering<T> {
 }
 
 /// Reads and drops what is left of `body` until it ends, the budget is
-/// spent, or a read fails.
-pub(crate) async fn drain(mut body: Incoming, budget: Budget) {
+/// spent, a read fails or the server stops (`stop`).
+pub(crate) async fn drain(mut body: Incoming, budget: Budget, stop: CancellationToken) {
     let mut left = budget.bytes;
     let reading = async {
         while let Some(Ok(frame)) = body.frame().await {
@@ -146,8 +170,12 @@ pub(crate) async fn drain(mut body: Incoming, budget: Budget) {
             left -= n;
         }
     };
-    // Past the time, the body is dropped and its stream reset.
-    let _ = tokio::time::timeout(budget.time, reading).await;
+    // Past the time, or as the server stops, the body is dropped and its
+    // stream reset.
+    tokio::select! {
+        _ = tokio::time::timeout(budget.time, reading) => {}
+        _ = stop.cancelled() => {}
+    }
 }
 
 #[cfg(test)]
@@ -155,65 +183,79 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A lingering end over one side of an in-memory pipe, with the other.
+    /// A lingering end over one side of an in-memory pipe, with the other,
+    /// and the token that stops the server.
     fn pair(
         bytes: usize,
         time: Duration,
-    ) -> (Lingering<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+    ) -> (
+        Lingering<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+        CancellationToken,
+    ) {
         let (ours, theirs) = tokio::io::duplex(1 << 16);
-        (Lingering::new(ours, Budget { bytes, time }), theirs)
+        let stop = CancellationToken::new();
+        let ours = Lingering::new(ours, Budget { bytes, time }, stop.clone());
+        // Relaxed: read by the close, on this same task.
+        ours.unread().store(true, Ordering::Relaxed);
+        (ours, theirs, stop)
+    }
+
+    /// Waits for `close`, failing (rather than hanging) past a minute.
+    async fn within_a_minute(close: impl Future<Output = io::Result<()>>, what: &str) {
+        tokio::time::timeout(Duration::from_secs(60), close)
+            .await
+            .unwrap_or_else(|_| panic!("{what}"))
+            .unwrap();
     }
 
     #[tokio::test]
     async fn a_close_after_an_unread_body_reads_on_until_the_client_closes() {
-        let (mut ours, mut theirs) = pair(1 << 20, Duration::from_secs(60));
-        ours.unread().store(true, Ordering::Relaxed);
+        let (mut ours, mut theirs, _stop) = pair(1 << 20, Duration::from_secs(3600));
         let client = tokio::spawn(async move {
-            // Sent after the server began to close: read and dropped.
+            // Past the pipe's 64 KiB: written only if the server reads on.
             theirs.write_all(&[b' '; 100_000]).await.unwrap();
             let mut answer = Vec::new();
             theirs.read_to_end(&mut answer).await.unwrap();
-            drop(theirs);
             answer
         });
         ours.write_all(b"answer").await.unwrap();
-        ours.shutdown().await.unwrap();
-        assert_eq!(client.await.unwrap(), b"answer");
+        within_a_minute(ours.shutdown(), "the client's close ends the wait").await;
+        let answer = tokio::time::timeout(Duration::from_secs(60), client)
+            .await
+            .expect("the client wrote its body and read the answer");
+        assert_eq!(answer.unwrap(), b"answer");
     }
 
     #[tokio::test]
     async fn lingering_stops_at_its_time() {
-        let (mut ours, _theirs) = pair(1 << 20, Duration::from_millis(200));
-        ours.unread().store(true, Ordering::Relaxed);
+        let (mut ours, _theirs, _stop) = pair(1 << 20, Duration::from_millis(200));
         // The client neither sends nor closes: only the time ends the wait.
-        let started = tokio::time::Instant::now();
-        tokio::time::timeout(Duration::from_secs(60), ours.shutdown())
-            .await
-            .expect("the close ends at the time budget")
-            .unwrap();
-        assert!(started.elapsed() >= Duration::from_millis(200));
+        within_a_minute(ours.shutdown(), "the close ends at the time budget").await;
     }
 
     #[tokio::test]
     async fn lingering_stops_at_its_bytes() {
-        let (mut ours, mut theirs) = pair(10_000, Duration::from_secs(3600));
-        ours.unread().store(true, Ordering::Relaxed);
+        let (mut ours, mut theirs, _stop) = pair(10_000, Duration::from_secs(3600));
         // More than the budget, and never closed: the budget ends the wait.
         theirs.write_all(&[b' '; 20_000]).await.unwrap();
-        tokio::time::timeout(Duration::from_secs(60), ours.shutdown())
-            .await
-            .expect("the close ends at the byte budget")
-            .unwrap();
+        within_a_minute(ours.shutdown(), "the close ends at the byte budget").await;
+    }
+
+    #[tokio::test]
+    async fn lingering_stops_when_the_server_stops() {
+        let (mut ours, _theirs, stop) = pair(1 << 20, Duration::from_secs(3600));
+        stop.cancel();
+        within_a_minute(ours.shutdown(), "a stopping server waits for no client").await;
     }
 
     #[tokio::test]
     async fn a_close_with_nothing_unread_does_not_wait() {
         // A budget of an hour, and a client that never closes: only a
         // close that does not linger ends within the minute.
-        let (mut ours, _theirs) = pair(1 << 20, Duration::from_secs(3600));
-        tokio::time::timeout(Duration::from_secs(60), ours.shutdown())
-            .await
-            .expect("no lingering")
-            .unwrap();
+        let (mut ours, _theirs, _stop) = pair(1 << 20, Duration::from_secs(3600));
+        // Relaxed: as in `pair`.
+        ours.unread().store(false, Ordering::Relaxed);
+        within_a_minute(ours.shutdown(), "no lingering").await;
     }
 }

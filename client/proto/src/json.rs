@@ -336,10 +336,8 @@ impl JsonError {
 /// order its errors list them: the ones its parse reads. Parsing refuses
 /// others, which serde cannot do for objects with flattened parts.
 pub fn fields(kind: OpKind) -> &'static [&'static str] {
-    static FIELDS: OnceLock<Vec<Vec<&'static str>>> = OnceLock::new();
-    let all = FIELDS.get_or_init(|| OpKind::ALL.into_iter().map(Fields::read_by).collect());
-    let at = OpKind::ALL.iter().position(|k| *k == kind);
-    at.map_or(&[], |i| &all[i])
+    static FIELDS: OnceLock<[Vec<&'static str>; OpKind::ALL.len()]> = OnceLock::new();
+    &FIELDS.get_or_init(|| OpKind::ALL.map(Fields::read_by))[kind.index()]
 }
 
 /// The operation named `name` ([`OpKind::name`]).

@@ -77,6 +77,18 @@ fn the_field_table_is_what_serde_writes() {
         let mut want: Vec<&str> = fields(kind).iter().copied().chain(["op"]).collect();
         want.sort_unstable();
         assert_eq!(keys, want, "{kind:?}");
+        // Errors list the fields in the order serde writes them, the
+        // op's own.
+        let text = serde_json::to_string(&op).unwrap();
+        let at: Vec<Option<usize>> = fields(kind)
+            .iter()
+            .map(|f| text.find(&format!("\"{f}\":")))
+            .collect();
+        assert!(
+            at.windows(2).all(|w| w[0] < w[1]),
+            "{kind:?}: {:?} against {text}",
+            fields(kind)
+        );
         assert_eq!(obj["op"], kind.name());
         assert_eq!(kind_named(kind.name()), Some(kind));
     }
