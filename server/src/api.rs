@@ -518,38 +518,36 @@ async fn serve_one(
         let (unread, stop) = (unread.clone(), stop.clone());
         let http1 = req.version() < Version::HTTP_2;
         let (mut parts, body) = req.into_parts();
-        let leftover = (!http1).then(Leftover::default);
-        let body = Followed::new(body, leftover.clone());
-        let ended = body.ended.clone();
+        let body = Followed::new(body);
+        let left = body.left.clone();
         parts.extensions.insert(conn.clone());
         let call = app.clone().call(hyper::Request::from_parts(parts, body));
         async move {
             let _busy = Busy::new(&conn);
             let mut response = call.await?;
             // A body left unread (refused, late, or not wanted) is still
-            // on the wire: the connection cannot carry another request, so
-            // the answer says it closes rather than leaving the client's
-            // next request to fail, and the close lingers, unless the
-            // client stopped sending (408). HTTP/2 ends such a stream on
-            // its own, once the answer is sent.
-            // Relaxed: set by this request's own future, which is done;
-            // `unread` is read by the close, on this connection's task.
-            if http1 && !ended.load(Ordering::Relaxed) {
-                let late = response.status() == StatusCode::REQUEST_TIMEOUT;
-                unread.store(!late, Ordering::Relaxed);
-                response
-                    .headers_mut()
-                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            }
-            // Over HTTP/2 the answer goes out while the rest of the body is
-            // read and dropped, so that the stream ends once both sides
-            // are done instead of being reset under a client still sending
-            // (which some clients, as curl, take for a failed request,
-            // answer and all); again unless the client stopped sending.
-            let unread_h2 = leftover.and_then(|slot| slot.lock().take());
-            if let Some(body) = unread_h2 {
-                if response.status() != StatusCode::REQUEST_TIMEOUT {
-                    tokio::spawn(crate::linger::drain(body, linger, stop.clone()));
+            // on the wire. Its rest is read and dropped (see `linger.rs`)
+            // so that a client still sending reads the answer, unless the
+            // client stopped sending (408).
+            // Relaxed: set by this request's own future, which is done.
+            if !left.ended.load(Ordering::Relaxed) {
+                let read_on = response.status() != StatusCode::REQUEST_TIMEOUT;
+                if http1 {
+                    // The connection cannot carry another request: the
+                    // answer says it closes rather than leaving the
+                    // client's next request to fail, and the close
+                    // lingers. Relaxed: read by the close, on this
+                    // connection's task.
+                    unread.store(read_on, Ordering::Relaxed);
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                } else if let Some(body) = left.body.lock().take().filter(|_| read_on) {
+                    // Only the stream ends, once both sides are done,
+                    // rather than being reset under a client still
+                    // sending (which some clients, as curl, take for a
+                    // failed request, answer and all).
+                    tokio::spawn(crate::linger::drain(body, linger, stop));
                 }
             }
             Ok::<_, std::convert::Infallible>(response)
@@ -604,38 +602,39 @@ async fn serve_one(
     l.metrics.connections.dec();
 }
 
-/// A request's body that notes whether it was read to its end and, over
-/// HTTP/2, hands over what an answer left of it.
+/// A request's body that notes whether it was read to its end and hands
+/// over what an answer left of it.
 struct Followed {
     inner: Option<Incoming>,
-    ended: Arc<AtomicBool>,
-    /// Over HTTP/2: where the body goes when it is dropped unread, for the
-    /// request's future to drain once it has its answer (see `linger.rs`).
-    leftover: Option<Leftover>,
+    left: Arc<Left>,
 }
 
-/// A body an answer left unread, handed from [`Followed`] to its request's
-/// future.
-type Leftover = Arc<parking_lot::Mutex<Option<Incoming>>>;
+/// What a request left of its body, as its future reads it once it has
+/// its answer.
+struct Left {
+    /// Whether the body was read to its end.
+    ended: AtomicBool,
+    /// The body, if it was dropped before its end.
+    body: parking_lot::Mutex<Option<Incoming>>,
+}
 
 impl Followed {
-    fn new(inner: Incoming, leftover: Option<Leftover>) -> Self {
-        let ended = Arc::new(AtomicBool::new(inner.is_end_stream()));
+    fn new(inner: Incoming) -> Self {
+        let left = Left {
+            ended: AtomicBool::new(inner.is_end_stream()),
+            body: Default::default(),
+        };
         Followed {
             inner: Some(inner),
-            ended,
-            leftover,
+            left: Arc::new(left),
         }
     }
 }
 
 impl Drop for Followed {
     fn drop(&mut self) {
-        let (Some(slot), Some(body)) = (&self.leftover, self.inner.take()) else {
-            return;
-        };
-        if !body.is_end_stream() {
-            *slot.lock() = Some(body);
+        if let Some(body) = self.inner.take().filter(|b| !b.is_end_stream()) {
+            *self.left.body.lock() = Some(body);
         }
     }
 }
@@ -654,7 +653,7 @@ impl http_body::Body for Followed {
         let polled = Pin::new(&mut *inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) || inner.is_end_stream() {
             // Relaxed: read by the same request's future (`serve_one`).
-            self.ended.store(true, Ordering::Relaxed);
+            self.left.ended.store(true, Ordering::Relaxed);
         }
         polled
     }
