@@ -13,14 +13,23 @@ use crate::ServerConfig;
 /// it reconnects).
 const PER_ENGINE: u64 = 1;
 
-/// Descriptors one libzmq socket holds: its mailbox's signal, a socket
-/// pair (this build of libzmq has no eventfd).
-pub(crate) const PER_SOCKET: u64 = 2;
+/// Descriptors one libzmq socket holds: its mailbox's signal, an eventfd
+/// on the Linux targets `.cargo/config.toml` builds libzmq with one for,
+/// else a socket pair.
+pub(crate) const PER_SOCKET: u64 = if cfg!(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)) {
+    1
+} else {
+    2
+};
 
-/// More for an engine named by host name, or sharing its address and topic
-/// with another: its SUB socket, its monitor and the PAIR that reads the
-/// monitor.
-const PER_NAMED_ENGINE: u64 = 3 * PER_SOCKET;
+/// A watched SUB socket: the socket, its monitor and the PAIR that reads
+/// the monitor. An engine named by host name has one of its own; an
+/// engine sharing its address and topic with another opens one for its
+/// group (`engines::seats`).
+pub(crate) const PER_WATCHED: u64 = 3 * PER_SOCKET;
 
 /// Descriptors a replay under way holds: its DEALER and its connection.
 const PER_REPLAY: u64 = PER_SOCKET + 1;
@@ -42,18 +51,36 @@ pub struct Needs {
 }
 
 /// Descriptors the settings may use.
-pub fn needs(cfg: &ServerConfig) -> Needs {
+pub fn open_files_needed(cfg: &ServerConfig) -> Needs {
+    Needs {
+        required: required(cfg),
+        wanted: held(cfg) + PER_WATCHED * cfg.engines.max_engines as u64,
+    }
+}
+
+/// Descriptors without which `--max-engines` engines at an address cannot
+/// all be followed.
+fn required(cfg: &ServerConfig) -> u64 {
     let engines = &cfg.engines;
-    let required =
-        BASE + PER_ENGINE * engines.max_engines as u64 + PER_REPLAY * engines.max_replays as u64;
+    BASE + PER_ENGINE * engines.max_engines as u64 + PER_REPLAY * engines.max_replays as u64
+}
+
+/// Descriptors everything but the engines' watched sockets may hold at
+/// once: what is required, and every HTTP connection. Those sockets get
+/// what the limit leaves beyond it (`engines::seats`).
+pub(crate) fn held(cfg: &ServerConfig) -> u64 {
     let http = match cfg.transport.http_listen {
         Some(_) => cfg.transport.max_connections as u64,
         None => 0,
     };
-    Needs {
-        required,
-        wanted: required + http + PER_NAMED_ENGINE * engines.max_engines as u64,
-    }
+    required(cfg) + http
+}
+
+/// The soft limit on open files now (`u64::MAX` when unlimited).
+pub(crate) fn soft_limit() -> u64 {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    // `None` is unlimited.
+    limit.current.unwrap_or(u64::MAX)
 }
 
 /// What raising the limit gave.
@@ -79,8 +106,7 @@ impl OpenFiles {
 pub fn raise_open_files(needed: u64) -> std::io::Result<OpenFiles> {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let limit = getrlimit(Resource::Nofile);
-    // `None` is unlimited.
-    let before = limit.current.unwrap_or(u64::MAX);
+    let before = soft_limit();
     let hard = limit.maximum.unwrap_or(u64::MAX);
     let want = needed.min(hard);
     if want <= before {
@@ -112,15 +138,17 @@ mod tests {
     fn engines_replays_and_the_http_listener_count() {
         let mut cfg = ServerConfig::default();
         let replays = PER_REPLAY * 64;
-        let n = needs(&cfg);
+        let n = open_files_needed(&cfg);
         assert_eq!(n.required, BASE + PER_ENGINE * 1024 + replays);
-        assert_eq!(n.wanted, n.required + PER_NAMED_ENGINE * 1024);
+        assert_eq!(n.wanted, n.required + PER_WATCHED * 1024);
+        assert_eq!(held(&cfg), n.required);
         cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
         cfg.transport.max_connections = 10_000;
         cfg.engines.max_engines = 10_000;
-        let n = needs(&cfg);
+        let n = open_files_needed(&cfg);
         assert_eq!(n.required, BASE + PER_ENGINE * 10_000 + replays);
-        assert_eq!(n.wanted, n.required + 10_000 + PER_NAMED_ENGINE * 10_000);
+        assert_eq!(n.wanted, n.required + 10_000 + PER_WATCHED * 10_000);
+        assert_eq!(held(&cfg), n.required + 10_000);
     }
 
     #[test]

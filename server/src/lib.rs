@@ -87,7 +87,7 @@ pub use api::{http_status, route, BATCH_PATH};
 pub use busy_poll::BusyPoll;
 pub use clock::now_ms;
 pub use config::{ServerConfig, Settings};
-pub use descriptors::{raise_open_files, OpenFiles};
+pub use descriptors::{open_files_needed, raise_open_files, Needs, OpenFiles};
 pub use engines::alias::dynamo_seed;
 pub use engines::apply::apply_batch;
 pub use engines::{
@@ -211,8 +211,14 @@ impl Server {
             .upkeep
             .snapshot_interval
             .map(|_| cfg.data_dir.join(engines::kept::FILE));
-        let engines =
-            engines::Engines::new(index.clone(), cfg.engines.clone(), token.clone(), kept)?;
+        let held = descriptors::held(&cfg);
+        let engines = engines::Engines::new(
+            index.clone(),
+            cfg.engines.clone(),
+            token.clone(),
+            kept,
+            held,
+        )?;
         // After the restore, so that engine events find their parents in the
         // restored records: now, or once filled from a peer.
         if filling.is_none() {
@@ -716,7 +722,7 @@ async fn accept_loop<S: Service>(
 /// Binds and serves until `shutdown` (the entry point of the binary),
 /// first raising the open-file limit to what `cfg` may use.
 pub async fn run(cfg: ServerConfig, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
-    let needs = descriptors::needs(&cfg);
+    let needs = descriptors::open_files_needed(&cfg);
     match descriptors::raise_open_files(needs.wanted) {
         Ok(r) if r.now < needs.required => {
             return Err(ServerError::OpenFiles {

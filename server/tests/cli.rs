@@ -378,3 +378,90 @@ fn an_open_file_limit_below_max_engines_refuses_to_start() {
     );
     assert!(run("100").is_none(), "a server within the limit starts");
 }
+
+/// At the open-file limit the server follows the engines whose sockets fit
+/// and refuses the rest as they are subscribed, with the reason: engines at
+/// one address under one topic each need a socket of their own (a group),
+/// and the limit leaves room for four beyond the shard's first. Each engine
+/// followed gets its events through; an engine unsubscribed gives its room
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_past_the_open_file_limit_are_refused_and_the_rest_followed() {
+    use prefix_proto::{ErrorCode, Op, Reply};
+    use prefix_testkit::publisher::{own_prompt, stored_batch, Publisher};
+    const BLOCK: usize = 16;
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, http) = common::free_ports();
+    let flags = "--max-engines 32 --max-engine-replays 4 --engine-threads 1";
+    let flags: Vec<&str> = flags.split(' ').collect();
+    // What the rest of the server may hold, and room for four watched
+    // sockets (what each engine named by host name wants more).
+    let mut cfg = prefix_server::ServerConfig::default();
+    (cfg.engines.max_engines, cfg.engines.max_replays) = (32, 4);
+    let needs = prefix_server::open_files_needed(&cfg);
+    let watched = (needs.wanted - needs.required) / 32;
+    let limit = needs.required + 4 * watched;
+    let bin = prefix_testkit::server_bin!();
+    let mut server = common::Proc::start_limited(bin, dir.path(), addr, http, &flags, limit);
+    let client = server.client().await;
+    let ctx = zmq::Context::new();
+    let engines: Vec<Publisher> = (0..8).map(|_| Publisher::bind(&ctx, "")).collect();
+    let sub = |i: usize| prefix_server::Subscription {
+        pod: format!("vllm-{i}"),
+        model: "m".into(),
+        endpoint: engines[i].endpoint.clone(),
+        replay: None,
+        block_size: BLOCK as u32,
+        topic: String::new(),
+        media: vec!["GPU".into()],
+    };
+    let replies = client
+        .batch((0..8).map(|i| Op::Subscribe(sub(i))).collect())
+        .await
+        .unwrap();
+    let refusal = |r: &Reply| match r {
+        Reply::Error { code, message } => {
+            assert_eq!(*code, ErrorCode::BadSubscription as u16, "{message}");
+            assert!(
+                message.contains("not enough open files") && message.contains("ulimit -Hn"),
+                "{message}"
+            );
+            true
+        }
+        other => {
+            assert_eq!(other, &Reply::Done);
+            false
+        }
+    };
+    let refused: Vec<bool> = replies.iter().map(refusal).collect();
+    assert_eq!(
+        refused,
+        [false, false, false, false, false, true, true, true]
+    );
+    // One by one, the same.
+    let one = client.subscribe_engine(sub(5)).await.unwrap_err();
+    assert!(one.to_string().contains("not enough open files"), "{one}");
+    // Room given back: the next engine fits.
+    assert!(client.unsubscribe_engine("vllm-0").await.unwrap());
+    client.subscribe_engine(sub(5)).await.unwrap();
+    let followed = [1, 2, 3, 4, 5];
+    let listed = client.list_engines().await.unwrap();
+    let mut pods: Vec<&str> = listed.iter().map(|e| &*e.sub.pod).collect();
+    pods.sort();
+    assert_eq!(pods, followed.map(|i| format!("vllm-{i}")));
+    // Every engine followed is heard.
+    for i in followed {
+        engines[i].subscribed();
+        engines[i].publish(0, &stored_batch(own_prompt(i, 2, BLOCK), BLOCK));
+    }
+    for i in followed {
+        let key = prefix_proto::key::token_key(&own_prompt(i, 2, BLOCK), BLOCK);
+        prefix_testkit::server::eventually("each engine followed is heard", async || {
+            let got = client.lookup("m", &key, None).await.unwrap();
+            got.matches
+                .iter()
+                .any(|m| *m.pod == format!("vllm-{i}") && m.blocks == 2)
+        })
+        .await;
+    }
+}

@@ -31,6 +31,7 @@ pub mod kept;
 pub mod metrics;
 #[cfg(test)]
 mod model_tests;
+mod seats;
 mod session;
 mod shard;
 mod sockets;
@@ -52,6 +53,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use admission::{EngineAllow, EngineRefusal};
 pub use config::{BlockAliases, EngineConfig, EngineSettings};
+pub use seats::OutOfDescriptors;
 pub use sockets::ENGINE_ZMQ_THREADS;
 pub use stats::SubStats;
 
@@ -95,6 +97,9 @@ pub enum SubscribeError {
         /// The configured bound.
         max: usize,
     },
+    /// The open-file limit leaves no room for the engine's sockets.
+    #[error(transparent)]
+    Descriptors(#[from] OutOfDescriptors),
     /// The engine threads could not start.
     #[error("cannot start an engine thread: {0}")]
     Thread(String),
@@ -110,6 +115,9 @@ pub struct Engines {
     /// Replays under way, over all shards.
     replays: Arc<shard::Replays>,
     running: Mutex<BTreeMap<String, Running>>,
+    /// Each subscription's sockets and their descriptors. Locked after
+    /// `running`.
+    seats: Mutex<seats::Seats>,
     /// Slots of `max-engines` held for the new pods of a batch of
     /// subscriptions while it runs ([`Engines::subscribe_all`] registers
     /// their pods first): the central collector counts them as taken, so
@@ -196,6 +204,12 @@ struct Running {
     exited: Option<std::sync::mpsc::Receiver<()>>,
 }
 
+/// The shard of `pod`'s subscription, of `shards`: the same one for a pod
+/// always.
+fn shard_index(pod: &str, shards: usize) -> usize {
+    (xxhash_rust::xxh3::xxh3_64(pod.as_bytes()) % shards.max(1) as u64) as usize
+}
+
 /// Stack of an engine thread: it decodes and applies one batch at a time,
 /// with no deep recursion anywhere.
 const STACK_BYTES: usize = 512 << 10;
@@ -203,17 +217,22 @@ const STACK_BYTES: usize = 512 << 10;
 impl Engines {
     /// No subscriptions yet; threads stop when `shutdown` is cancelled.
     /// Run-time subscriptions are kept in the file `kept`, if given
-    /// (`kept`), and followed again by [`Engines::start`].
+    /// (`kept`), and followed again by [`Engines::start`]. Engines' own
+    /// sockets get what the open-file limit leaves beyond `held`
+    /// descriptors, the most the rest of the server may hold
+    /// ([`crate::descriptors::held`]).
     pub fn new(
         index: Arc<Index>,
         cfg: EngineConfig,
         shutdown: CancellationToken,
         kept: Option<PathBuf>,
+        held: u64,
     ) -> Result<Arc<Engines>, StartError> {
         let configured = cfg.subscriptions.iter().map(|s| s.pod.clone()).collect();
         let ctx = sockets::Context::new(sockets::max_sockets(&cfg))
             .map_err(|e| StartError::Context(e.to_string()))?;
         let cfg_dns_stats = cfg.dns.sources.iter().map(|_| Default::default()).collect();
+        let seats = Mutex::new(seats::Seats::new(cfg.threads, held));
         Ok(Arc::new(Engines {
             index,
             cfg: Arc::new(cfg),
@@ -221,6 +240,7 @@ impl Engines {
             shards: Mutex::default(),
             replays: Arc::default(),
             running: Mutex::new(BTreeMap::new()),
+            seats,
             reserved: AtomicUsize::new(0),
             leaving: Mutex::default(),
             threads: Mutex::new(Vec::new()),
@@ -300,6 +320,10 @@ impl Engines {
                 let running = self.running.lock();
                 let mut room = self.cfg.max_engines.saturating_sub(running.len());
                 let mut seen = HashSet::new();
+                // Seated as they will be: one the open-file limit has no
+                // room for is not registered either.
+                let mut seats = self.seats.lock().clone();
+                let limit = crate::descriptors::soft_limit();
                 for sub in subs {
                     // A followed pod is registered already.
                     if running.contains_key(&sub.pod) || !seen.insert(&*sub.pod) {
@@ -307,6 +331,13 @@ impl Engines {
                     }
                     if room == 0 {
                         break;
+                    }
+                    let shard = shard_index(&sub.pod, self.cfg.threads);
+                    if seats
+                        .take(&sub.pod, shard, &sub.endpoint, &sub.topic, limit)
+                        .is_err()
+                    {
+                        continue;
                     }
                     room -= 1;
                     pods.push((&*sub.pod, self.spec(sub.block_size)));
@@ -346,13 +377,27 @@ impl Engines {
                 max: self.cfg.max_engines,
             });
         }
-        let engine = self
-            .index
-            .engine(&sub.pod, self.spec(sub.block_size))
-            .map_err(|source| SubscribeError::Index {
-                pod: sub.pod.clone(),
-                source,
-            })?;
+        // Seated before the pod is registered: one refused leaves nothing
+        // behind.
+        let shard = shard_index(&sub.pod, self.cfg.threads);
+        let seated = self.seats.lock().take(
+            &sub.pod,
+            shard,
+            &sub.endpoint,
+            &sub.topic,
+            crate::descriptors::soft_limit(),
+        )?;
+        let seat = seated.seat;
+        let engine = match self.index.engine(&sub.pod, self.spec(sub.block_size)) {
+            Ok(engine) => engine,
+            Err(source) => {
+                self.seats.lock().undo(&sub.pod, seated);
+                return Err(SubscribeError::Index {
+                    pod: sub.pod.clone(),
+                    source,
+                });
+            }
+        };
         self.catalog.changed();
         if let Some(old) = running.remove(&sub.pod) {
             // The old session applies to the same engine state: it must be
@@ -360,9 +405,13 @@ impl Engines {
             // its hands would be applied twice.
             old.stop.cancel();
             if let Some(exited) = old.exited {
-                self.shard_of(&sub.pod, |s| {
+                let removed = self.shard_of(&sub.pod, |s| {
                     s.send(shard::Command::Remove(sub.pod.clone()))
-                })?;
+                });
+                if let Err(e) = removed {
+                    self.seats.lock().release(&sub.pod);
+                    return Err(e);
+                }
                 let _ = exited.recv_timeout(std::time::Duration::from_secs(5));
             }
         }
@@ -378,7 +427,13 @@ impl Engines {
             alive,
         );
         let pod = sub.pod.clone();
-        self.shard_of(&pod, |s| s.send(shard::Command::Add(Box::new(session))))?;
+        let added = self.shard_of(&pod, |s| {
+            s.send(shard::Command::Add(Box::new(session), seat))
+        });
+        if let Err(e) = added {
+            self.seats.lock().release(&pod);
+            return Err(e);
+        }
         running.insert(
             pod,
             Running {
@@ -414,8 +469,7 @@ impl Engines {
                 shards.push(handle);
             }
         }
-        let i = (xxhash_rust::xxh3::xxh3_64(pod.as_bytes()) % shards.len() as u64) as usize;
-        match f(&shards[i]) {
+        match f(&shards[shard_index(pod, shards.len())]) {
             true => Ok(()),
             false => Err(SubscribeError::Thread(
                 "the engine threads have stopped".into(),
@@ -474,8 +528,11 @@ impl Engines {
         for (pod, old) in &olds {
             old.stop.cancel();
             if old.exited.is_some() {
-                // Its shard drops it now rather than at its next look.
+                // Its shard drops it now rather than at its next look; its
+                // seat is given up after, so that a subscription seated in
+                // its place reaches the shard after the drop.
                 let _ = self.shard_of(pod, |s| s.send(shard::Command::Remove((*pod).into())));
+                self.seats.lock().release(pod);
             }
         }
         // Waits for batches being applied, or a snapshot reading the
@@ -556,8 +613,17 @@ impl Engines {
             .register_pods(pods.chain(kept.subscribed.keys().map(|p| &**p)));
         for sub in self.cfg.subscriptions.clone() {
             // A configured pod unsubscribed at run time stays unfollowed.
-            if !kept.unsubscribed.contains(&sub.pod) {
-                self.follow(sub)?;
+            if kept.unsubscribed.contains(&sub.pod) {
+                continue;
+            }
+            let pod = sub.pod.clone();
+            match self.follow(sub) {
+                // The others are followed: the limit may be raised and the
+                // engine subscribed at run time.
+                Err(e @ SubscribeError::Descriptors(_)) => {
+                    tracing::error!(%pod, "a configured engine is not followed: {e}");
+                }
+                r => r?,
             }
         }
         self.follow_kept(&kept);
@@ -792,7 +858,7 @@ mod tests {
     ) -> (Arc<Engines>, Arc<Index>, CancellationToken) {
         let index = Arc::new(Index::new(prefix_index::IndexConfig::default()));
         let stop = CancellationToken::new();
-        let engines = Engines::new(index.clone(), cfg, stop.clone(), kept).unwrap();
+        let engines = Engines::new(index.clone(), cfg, stop.clone(), kept, 0).unwrap();
         (engines, index, stop)
     }
 

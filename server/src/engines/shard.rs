@@ -1,15 +1,14 @@
 //! A shard: one thread that follows many engines, polling their sockets
 //! together.
 //!
-//! **Sockets.** Engines at an address (`tcp://10.0.0.7:5557`) share the
-//! shard's SUB sockets: a [`Group`] is one SUB socket connected to many
-//! engines, subscribed to every topic, with one monitor whose events name
-//! the endpoint that connected or dropped. A message is told apart by the
-//! address it came from (libzmq's `Peer-Address`) and its topic, so a group
-//! holds at most one engine per address and topic, and per endpoint; the
-//! next such engine opens another group. An engine named by host name
-//! has a SUB socket and a monitor of its own (libzmq resolves the name, so
-//! neither its address nor its monitor's endpoint is known beforehand).
+//! **Sockets.** Each engine has a seat, decided as it is subscribed
+//! (`seats`): a group of the shard (one SUB socket connected to many
+//! engines at addresses, subscribed to every topic, with one monitor whose
+//! events name the endpoint that connected or dropped; a message is told
+//! apart by the address it came from, libzmq's `Peer-Address`, and its
+//! topic), or a SUB socket and a monitor of its own for an engine named by
+//! host name. A group's socket is opened with its first engine and closed
+//! with its last.
 //! A replay DEALER is opened when a replay is wanted and closed when it
 //! ends, at most `max-engine-replays` at once over all shards; a replay
 //! waiting for one holds the live stream back as any replay does.
@@ -32,6 +31,7 @@ use prefix_events::{parse_live, replay_request};
 use slab::Slab;
 use tokio_util::sync::CancellationToken;
 
+use super::seats::{endpoint_addr, Routes, Seat};
 use super::session::{Env, Session};
 use super::sockets::{self, monitor_event, Context, Socket, Watched};
 use super::stats::Problem;
@@ -49,8 +49,8 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// What the server asks of a shard.
 pub(super) enum Command {
-    /// Follow this engine.
-    Add(Box<Session>),
+    /// Follow this engine, from this seat.
+    Add(Box<Session>, Seat),
     /// This pod's subscription was cancelled: drop it now.
     Remove(String),
 }
@@ -111,7 +111,7 @@ impl Drop for Permit {
 /// Where an engine's live messages come from.
 enum Place {
     /// A shared SUB socket, connected to this endpoint.
-    Group { group: usize, addr: SocketAddr },
+    Group { group: u64, addr: SocketAddr },
     /// A SUB socket of its own.
     Own(Watched),
     /// Nowhere yet: its socket failed; tried again at this time.
@@ -121,6 +121,7 @@ enum Place {
 /// One engine: its session and its sockets.
 struct Slot {
     session: Session,
+    seat: Seat,
     place: Place,
     /// Its replay socket, while a replay is under way.
     dealer: Option<(Socket, Permit)>,
@@ -131,69 +132,15 @@ struct Slot {
 /// A shared SUB socket and the engines it is connected to.
 struct Group {
     watched: Watched,
-    routes: Routes,
-}
-
-/// Which engine of a group each connection and message belongs to.
-#[derive(Debug, Default)]
-struct Routes {
-    /// Sessions by the endpoint they are connected through.
-    by_addr: HashMap<SocketAddr, usize>,
-    /// Sessions by the address and topic of their messages.
-    by_origin: HashMap<IpAddr, HashMap<Vec<u8>, usize>>,
-}
-
-impl Routes {
-    fn insert(&mut self, addr: SocketAddr, topic: &str, id: usize) {
-        self.by_addr.insert(addr, id);
-        self.by_origin
-            .entry(addr.ip())
-            .or_default()
-            .insert(topic.as_bytes().to_vec(), id);
-    }
-
-    fn remove(&mut self, addr: SocketAddr, topic: &str) {
-        self.by_addr.remove(&addr);
-        if let Some(topics) = self.by_origin.get_mut(&addr.ip()) {
-            topics.remove(topic.as_bytes());
-            if topics.is_empty() {
-                self.by_origin.remove(&addr.ip());
-            }
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.by_addr.is_empty()
-    }
-
-    /// Whether an engine at `addr` publishing under `topic` can join: its
-    /// messages must be told from every other engine's. An empty topic
-    /// takes every message of its address, so it shares the address with
-    /// no other engine of the group.
-    fn takes(&self, addr: SocketAddr, topic: &str) -> bool {
-        !self.by_addr.contains_key(&addr)
-            && self.by_origin.get(&addr.ip()).is_none_or(|t| {
-                !topic.is_empty() && !t.contains_key(topic.as_bytes()) && !t.contains_key(&b""[..])
-            })
-    }
-
-    /// The engine a message from `ip` under `topic` belongs to; else, if
-    /// engines at `ip` are followed, one of them (to hear of it).
-    fn owner(&self, ip: Option<IpAddr>, topic: &[u8]) -> Option<Result<usize, usize>> {
-        let topics = self.by_origin.get(&ip?)?;
-        match topics.get(topic).or_else(|| topics.get(&b""[..])) {
-            Some(&id) => Some(Ok(id)),
-            None => topics.values().next().map(|&id| Err(id)),
-        }
-    }
+    routes: Routes<usize>,
 }
 
 /// What a readable poll item is.
 #[derive(Clone, Copy)]
 enum Source {
     Wake,
-    Group(usize),
-    GroupMonitor(usize),
+    Group(u64),
+    GroupMonitor(u64),
     Own(usize),
     OwnMonitor(usize),
     Dealer(usize),
@@ -207,7 +154,8 @@ pub(super) struct Shard {
     wake: UnixStream,
     slots: Slab<Slot>,
     by_pod: HashMap<String, usize>,
-    groups: Slab<Group>,
+    /// Groups by their id (`seats`).
+    groups: HashMap<u64, Group>,
     /// Slots with a socket of their own.
     own: HashSet<usize>,
     /// Slots with a replay socket or a replay sent: the ones with a
@@ -239,7 +187,7 @@ impl Shard {
             wake: wake_rx,
             slots: Slab::new(),
             by_pod: HashMap::new(),
-            groups: Slab::new(),
+            groups: HashMap::new(),
             own: HashSet::new(),
             replaying: HashSet::new(),
             waiting: VecDeque::new(),
@@ -286,7 +234,7 @@ impl Shard {
         let mut what = Vec::with_capacity(items.capacity());
         items.push(zmq::PollItem::from_fd(self.wake.as_raw_fd(), zmq::POLLIN));
         what.push(Source::Wake);
-        for (g, group) in &self.groups {
+        for (&g, group) in &self.groups {
             items.push(group.watched.socket.as_poll_item(zmq::POLLIN));
             what.push(Source::Group(g));
             items.push(group.watched.monitor.as_poll_item(zmq::POLLIN));
@@ -329,7 +277,7 @@ impl Shard {
             }
             Source::Group(g) => self.group_messages(g),
             Source::GroupMonitor(g) => {
-                let Some(group) = self.groups.get(g) else {
+                let Some(group) = self.groups.get(&g) else {
                     return;
                 };
                 let mut events = Vec::new();
@@ -387,7 +335,7 @@ impl Shard {
 
     fn command(&mut self, command: Command) {
         match command {
-            Command::Add(session) => {
+            Command::Add(session, seat) => {
                 let pod = session.sub.pod.clone();
                 // The subscription this one replaces is gone already (its
                 // stop was cancelled and waited for); a leftover is dropped.
@@ -396,6 +344,7 @@ impl Shard {
                 }
                 let id = self.slots.insert(Slot {
                     session: *session,
+                    seat,
                     place: Place::Unplaced(Instant::now()),
                     dealer: None,
                     queued: false,
@@ -417,9 +366,9 @@ impl Shard {
     /// failure, says why where `list-engines` shows it and tries again
     /// later.
     fn place(&mut self, id: usize) {
-        let placed = match endpoint_addr(&self.slots[id].session.sub.endpoint) {
-            Some(addr) => self.join_group(id, addr),
-            None => self.open_own(id),
+        let placed = match self.slots[id].seat {
+            Seat::Group { id: g, addr } => self.join_group(id, g, addr),
+            Seat::Own => self.open_own(id),
         };
         match placed {
             Ok(place) => {
@@ -443,30 +392,25 @@ impl Shard {
         }
     }
 
-    fn join_group(&mut self, id: usize, addr: SocketAddr) -> Result<Place, zmq::Error> {
+    /// Connects `id` through group `g`'s socket, opened if it is the
+    /// group's first engine.
+    fn join_group(&mut self, id: usize, g: u64, addr: SocketAddr) -> Result<Place, zmq::Error> {
         let sub = &self.slots[id].session.sub;
-        let found = self
-            .groups
-            .iter()
-            .find(|(_, g)| g.routes.takes(addr, &sub.topic))
-            .map(|(g, _)| g);
-        let g = match found {
-            Some(g) => g,
-            None => {
+        let group = match self.groups.entry(g) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
                 let socket = sockets::bounded(&self.ctx, zmq::SUB, &self.env.cfg)?;
                 // Every topic: messages are told apart here, by origin.
                 socket.set_subscribe(b"")?;
-                let watched = Watched::new(&self.ctx, socket)?;
-                self.groups.insert(Group {
-                    watched,
+                e.insert(Group {
+                    watched: Watched::new(&self.ctx, socket)?,
                     routes: Routes::default(),
                 })
             }
         };
-        let group = &mut self.groups[g];
         if let Err(e) = group.watched.socket.connect(&sub.endpoint) {
             if group.routes.is_empty() {
-                self.groups.remove(g);
+                self.groups.remove(&g);
             }
             return Err(e);
         }
@@ -491,11 +435,12 @@ impl Shard {
         self.replaying.remove(&id);
         self.waiting.retain(|&w| w != id);
         if let Place::Group { group: g, addr } = slot.place {
-            let group = &mut self.groups[g];
-            let _ = group.watched.socket.disconnect(&slot.session.sub.endpoint);
-            group.routes.remove(addr, &slot.session.sub.topic);
-            if group.routes.is_empty() {
-                self.groups.remove(g);
+            if let Some(group) = self.groups.get_mut(&g) {
+                let _ = group.watched.socket.disconnect(&slot.session.sub.endpoint);
+                group.routes.remove(addr, &slot.session.sub.topic, id);
+                if group.routes.is_empty() {
+                    self.groups.remove(&g);
+                }
             }
         }
         slot.session.stats.set_connected(false);
@@ -503,9 +448,9 @@ impl Shard {
 
     /// Takes a burst of group `g`'s messages, each to the engine of its
     /// address and topic.
-    fn group_messages(&mut self, g: usize) {
+    fn group_messages(&mut self, g: u64) {
         for _ in 0..BURST {
-            let Some(group) = self.groups.get(g) else {
+            let Some(group) = self.groups.get(&g) else {
                 return;
             };
             let Some((frames, from)) = receive(&group.watched.socket) else {
@@ -700,68 +645,9 @@ fn receive(socket: &zmq::Socket) -> Option<(Vec<Vec<u8>>, Option<IpAddr>)> {
     Some((frames, from))
 }
 
-/// The address of a `tcp://address:port` endpoint, if it names one (not a
-/// host name).
-pub(super) fn endpoint_addr(endpoint: &str) -> Option<SocketAddr> {
-    endpoint.strip_prefix("tcp://")?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_endpoints_at_an_address_share_a_socket() {
-        assert_eq!(
-            endpoint_addr("tcp://10.0.0.7:5557"),
-            Some("10.0.0.7:5557".parse().unwrap())
-        );
-        assert_eq!(
-            endpoint_addr("tcp://[fd00::7]:5557"),
-            Some("[fd00::7]:5557".parse().unwrap())
-        );
-        for named in [
-            "tcp://vllm-0.vllm.default.svc:5557",
-            "tcp://localhost:5557",
-            "tcp://*:5557",
-            "tcp://10.0.0.1;10.0.0.7:5557",
-        ] {
-            assert_eq!(endpoint_addr(named), None, "{named}");
-        }
-    }
-
-    /// Engines share a group while their messages can be told apart: by
-    /// address, then by topic; an empty topic takes its address whole.
-    #[test]
-    fn a_group_routes_by_address_and_topic() {
-        let at = |s: &str| -> SocketAddr { s.parse().unwrap() };
-        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
-        let mut r = Routes::default();
-        r.insert(at("10.0.0.1:5557"), "kv@a@m", 1);
-        assert!(r.takes(at("10.0.0.1:5558"), "kv@b@m"));
-        r.insert(at("10.0.0.1:5558"), "kv@b@m", 2);
-        // The same endpoint, or the same address and topic: not here.
-        assert!(!r.takes(at("10.0.0.1:5557"), "kv@c@m"));
-        assert!(!r.takes(at("10.0.0.1:5559"), "kv@a@m"));
-        // An empty topic would take messages of both.
-        assert!(!r.takes(at("10.0.0.1:5559"), ""));
-        assert!(r.takes(at("10.0.0.2:5557"), ""));
-        r.insert(at("10.0.0.2:5557"), "", 3);
-        assert!(!r.takes(at("10.0.0.2:5558"), "kv@d@m"));
-        assert_eq!(r.owner(ip("10.0.0.1"), b"kv@b@m"), Some(Ok(2)));
-        assert_eq!(r.owner(ip("10.0.0.2"), b"anything"), Some(Ok(3)));
-        assert!(matches!(
-            r.owner(ip("10.0.0.1"), b"kv@z@m"),
-            Some(Err(1 | 2))
-        ));
-        assert_eq!(r.owner(ip("10.0.0.9"), b"kv@a@m"), None);
-        assert_eq!(r.owner(None, b"kv@a@m"), None);
-        r.remove(at("10.0.0.1:5557"), "kv@a@m");
-        assert!(r.takes(at("10.0.0.1:5559"), "kv@a@m"));
-        r.remove(at("10.0.0.1:5558"), "kv@b@m");
-        r.remove(at("10.0.0.2:5557"), "");
-        assert!(r.is_empty() && r.by_origin.is_empty());
-    }
 
     #[test]
     fn replay_permits_are_bounded_and_given_back() {

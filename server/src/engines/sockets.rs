@@ -266,7 +266,7 @@ mod tests {
     /// descriptors meanwhile.
     #[test]
     fn sockets_hold_the_descriptors_counted_for_them() {
-        use crate::descriptors::PER_SOCKET;
+        use crate::descriptors::{PER_SOCKET, PER_WATCHED};
         if std::env::var_os(MEASURE).is_none() {
             let out = std::process::Command::new(std::env::current_exe().unwrap())
                 .args([
@@ -297,7 +297,7 @@ mod tests {
         let held = |from: usize, to: usize| to as i64 - from as i64;
         assert_eq!(
             held(before, with_watched),
-            3 * PER_SOCKET as i64,
+            PER_WATCHED as i64,
             "SUB, monitor, PAIR"
         );
         assert_eq!(held(with_watched, with_dealer), PER_SOCKET as i64, "DEALER");

@@ -241,8 +241,14 @@ fn engine_sub(pod: &str, block_size: u32) -> Subscription {
 fn precise() -> (Handler, CancellationToken) {
     let h = handler();
     let stop = CancellationToken::new();
-    let engines =
-        Engines::new(h.index.clone(), EngineConfig::default(), stop.clone(), None).unwrap();
+    let engines = Engines::new(
+        h.index.clone(),
+        EngineConfig::default(),
+        stop.clone(),
+        None,
+        0,
+    )
+    .unwrap();
     let h = Handler {
         engines: Some(engines),
         replica: crate::replica::Replica::serving(),

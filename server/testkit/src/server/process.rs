@@ -31,21 +31,21 @@ pub fn client_bin() -> PathBuf {
                 "--bin",
                 "prefix-client",
             ]);
-            if !cfg!(debug_assertions) {
-                build.arg("--release");
-            }
+            // target/<profile>/deps/<the test> → target/<profile>/prefix-client
+            let exe = std::env::current_exe().unwrap();
+            let out = exe.parent().unwrap().parent().unwrap();
+            // The profile's directory is named after it, but for `dev`'s.
+            let profile = match out.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => "dev",
+                Some(name) => name,
+            };
+            build.args(["--profile", profile]);
             let status = build
                 .current_dir(env!("CARGO_MANIFEST_DIR"))
                 .status()
                 .unwrap();
             assert!(status.success(), "building prefix-client failed");
-            // target/<profile>/deps/<the test> → target/<profile>/prefix-client
-            let exe = std::env::current_exe().unwrap();
-            exe.parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .join("prefix-client")
+            out.join("prefix-client")
         })
         .clone()
 }
@@ -92,12 +92,39 @@ impl Proc {
         http: SocketAddr,
         flags: &[&str],
     ) -> Proc {
+        Proc::launch(Command::new(bin), dir, addr, http, flags)
+    }
+
+    /// Starts `bin` as [`Proc::start_with`] does, under an open-file limit
+    /// of `open_files` (soft and hard, as `ulimit -n` sets them).
+    pub fn start_limited(
+        bin: &Path,
+        dir: &Path,
+        addr: SocketAddr,
+        http: SocketAddr,
+        flags: &[&str],
+        open_files: u64,
+    ) -> Proc {
+        let mut sh = Command::new("sh");
+        let script = format!("ulimit -n {open_files} && exec \"$0\" \"$@\"");
+        sh.arg("-c").arg(script).arg(bin);
+        Proc::launch(sh, dir, addr, http, flags)
+    }
+
+    /// Runs `command` with the server's flags after its own arguments.
+    fn launch(
+        mut command: Command,
+        dir: &Path,
+        addr: SocketAddr,
+        http: SocketAddr,
+        flags: &[&str],
+    ) -> Proc {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("server.log"))
             .unwrap();
-        let child = Command::new(bin)
+        let child = command
             .args(["--listen", &addr.to_string()])
             .args(["--metrics-listen", &http.to_string()])
             .arg("--data-dir")
