@@ -23,7 +23,7 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     // No transparent huge pages: each thread's first small allocations
     // would put a whole 2 MiB in memory (a server at rest held 24 MB
-    // resident with them, 12.6 MB without; lookups on the trace's index
+    // resident with them, 12.4 MB without; lookups on the trace's index
     // are as fast either way, `docs/benchmarks.md`). mimalloc asks for
     // none (its `no_thp` feature); this keeps a kernel whose setting is
     // `always` from giving them anyway, before the runtime's threads
