@@ -9,35 +9,40 @@
 use crate::ServerConfig;
 
 /// Descriptors an engine at an address holds: its connection (its sockets
-/// are its shard's, counted in [`BASE`]; libzmq closes a connection before
-/// it reconnects).
+/// are its shard's, counted in [`per_shard`]; libzmq closes a connection
+/// before it reconnects).
 const PER_ENGINE: u64 = 1;
 
-/// Descriptors one libzmq socket holds: its mailbox's signal, an eventfd
-/// on the Linux targets `.cargo/config.toml` builds libzmq with one for,
-/// else a socket pair.
-pub(crate) const PER_SOCKET: u64 = if cfg!(all(
-    target_os = "linux",
-    any(target_arch = "x86_64", target_arch = "aarch64")
-)) {
-    1
-} else {
-    2
-};
+/// Descriptors one libzmq socket holds: its mailbox's signal, one for an
+/// eventfd (Linux, libzmq built as `.cargo/config.toml` asks), two for a
+/// socket pair; seen from a socket of this build.
+fn per_socket() -> u64 {
+    crate::engines::descriptors_per_socket()
+}
 
 /// A watched SUB socket: the socket, its monitor and the PAIR that reads
 /// the monitor. An engine named by host name has one of its own; an
 /// engine sharing its address and topic with another opens one for its
 /// group (`engines::seats`).
-pub(crate) const PER_WATCHED: u64 = 3 * PER_SOCKET;
+pub(crate) fn per_watched() -> u64 {
+    3 * per_socket()
+}
 
 /// Descriptors a replay under way holds: its DEALER and its connection.
-const PER_REPLAY: u64 = PER_SOCKET + 1;
+fn per_replay() -> u64 {
+    per_socket() + 1
+}
+
+/// Descriptors an engine thread holds: its wake-up pair and its first
+/// shared socket (`engines::shard`).
+fn per_shard() -> u64 {
+    2 + per_watched()
+}
 
 /// Descriptors for everything else: the QUIC socket, the listeners,
-/// libzmq's threads, the engine threads' wake-up pipes and shared sockets,
-/// the runtime, files being written.
-const BASE: u64 = 256;
+/// libzmq's threads, the runtime, files being written. With the default
+/// two engine threads on Linux, 256 with theirs.
+const BASE: u64 = 246;
 
 /// What the settings need of the open-file limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +59,7 @@ pub struct Needs {
 pub fn open_files_needed(cfg: &ServerConfig) -> Needs {
     Needs {
         required: required(cfg),
-        wanted: held(cfg) + PER_WATCHED * cfg.engines.max_engines as u64,
+        wanted: held(cfg) + per_watched() * cfg.engines.max_engines as u64,
     }
 }
 
@@ -62,7 +67,9 @@ pub fn open_files_needed(cfg: &ServerConfig) -> Needs {
 /// all be followed.
 fn required(cfg: &ServerConfig) -> u64 {
     let engines = &cfg.engines;
-    BASE + PER_ENGINE * engines.max_engines as u64 + PER_REPLAY * engines.max_replays as u64
+    BASE + per_shard() * engines.threads as u64
+        + PER_ENGINE * engines.max_engines as u64
+        + per_replay() * engines.max_replays as u64
 }
 
 /// Descriptors everything but the engines' watched sockets may hold at
@@ -135,20 +142,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn engines_replays_and_the_http_listener_count() {
+    fn engines_replays_threads_and_the_http_listener_count() {
         let mut cfg = ServerConfig::default();
-        let replays = PER_REPLAY * 64;
+        let replays = per_replay() * 64;
+        let threads = per_shard() * 2;
         let n = open_files_needed(&cfg);
-        assert_eq!(n.required, BASE + PER_ENGINE * 1024 + replays);
-        assert_eq!(n.wanted, n.required + PER_WATCHED * 1024);
+        assert_eq!(n.required, BASE + threads + PER_ENGINE * 1024 + replays);
+        assert_eq!(n.wanted, n.required + per_watched() * 1024);
         assert_eq!(held(&cfg), n.required);
         cfg.transport.http_listen = Some("127.0.0.1:0".parse().unwrap());
         cfg.transport.max_connections = 10_000;
         cfg.engines.max_engines = 10_000;
+        cfg.engines.threads = 8;
         let n = open_files_needed(&cfg);
-        assert_eq!(n.required, BASE + PER_ENGINE * 10_000 + replays);
-        assert_eq!(n.wanted, n.required + 10_000 + PER_WATCHED * 10_000);
+        let threads = per_shard() * 8;
+        assert_eq!(n.required, BASE + threads + PER_ENGINE * 10_000 + replays);
+        assert_eq!(n.wanted, n.required + 10_000 + per_watched() * 10_000);
         assert_eq!(held(&cfg), n.required + 10_000);
+    }
+
+    /// The figures the documentation gives, on Linux, at the defaults.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_defaults_need_what_the_documentation_says() {
+        let n = open_files_needed(&ServerConfig::default());
+        assert_eq!(n.required, 1_408);
     }
 
     #[test]

@@ -397,7 +397,11 @@ async fn engines_past_the_open_file_limit_are_refused_and_the_rest_followed() {
     // What the rest of the server may hold, and room for four watched
     // sockets (what each engine named by host name wants more).
     let mut cfg = prefix_server::ServerConfig::default();
-    (cfg.engines.max_engines, cfg.engines.max_replays) = (32, 4);
+    (
+        cfg.engines.max_engines,
+        cfg.engines.max_replays,
+        cfg.engines.threads,
+    ) = (32, 4, 1);
     let needs = prefix_server::open_files_needed(&cfg);
     let watched = (needs.wanted - needs.required) / 32;
     let limit = needs.required + 4 * watched;

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 pub use admission::{EngineAllow, EngineRefusal};
 pub use config::{BlockAliases, EngineConfig, EngineSettings};
 pub use seats::OutOfDescriptors;
+pub(crate) use sockets::descriptors_per_socket;
 pub use sockets::ENGINE_ZMQ_THREADS;
 pub use stats::SubStats;
 
@@ -232,7 +233,8 @@ impl Engines {
         let ctx = sockets::Context::new(sockets::max_sockets(&cfg))
             .map_err(|e| StartError::Context(e.to_string()))?;
         let cfg_dns_stats = cfg.dns.sources.iter().map(|_| Default::default()).collect();
-        let seats = Mutex::new(seats::Seats::new(cfg.threads, held));
+        let per_watched = crate::descriptors::per_watched();
+        let seats = Mutex::new(seats::Seats::new(cfg.threads, held, per_watched));
         Ok(Arc::new(Engines {
             index,
             cfg: Arc::new(cfg),
@@ -320,24 +322,22 @@ impl Engines {
                 let running = self.running.lock();
                 let mut room = self.cfg.max_engines.saturating_sub(running.len());
                 let mut seen = HashSet::new();
-                // Seated as they will be: one the open-file limit has no
-                // room for is not registered either.
+                // Seated as they will be, in order (replacements
+                // included): one the open-file limit has no room for is
+                // not registered either.
                 let mut seats = self.seats.lock().clone();
                 let limit = crate::descriptors::soft_limit();
                 for sub in subs {
+                    let shard = shard_index(&sub.pod, self.cfg.threads);
+                    let seated = seats
+                        .take(&sub.pod, shard, &sub.endpoint, &sub.topic, limit)
+                        .is_ok();
                     // A followed pod is registered already.
-                    if running.contains_key(&sub.pod) || !seen.insert(&*sub.pod) {
+                    if running.contains_key(&sub.pod) || !seen.insert(&*sub.pod) || !seated {
                         continue;
                     }
                     if room == 0 {
                         break;
-                    }
-                    let shard = shard_index(&sub.pod, self.cfg.threads);
-                    if seats
-                        .take(&sub.pod, shard, &sub.endpoint, &sub.topic, limit)
-                        .is_err()
-                    {
-                        continue;
                     }
                     room -= 1;
                     pods.push((&*sub.pod, self.spec(sub.block_size)));
@@ -455,6 +455,10 @@ impl Engines {
     ) -> Result<(), SubscribeError> {
         let mut shards = self.shards.lock();
         if shards.is_empty() {
+            // All of them or none: the seats number the shards as
+            // `threads` of them. The threads of a start that failed part
+            // way idle until shutdown.
+            let mut started = Vec::with_capacity(self.cfg.threads);
             for i in 0..self.cfg.threads {
                 let env = session::Env {
                     index: self.index.clone(),
@@ -466,10 +470,11 @@ impl Engines {
                 let stop = self.shutdown.clone();
                 self.spawn(format!("engine-shard-{i}"), move || shard.run(stop))
                     .map_err(|e| SubscribeError::Thread(e.to_string()))?;
-                shards.push(handle);
+                started.push(handle);
             }
+            *shards = started;
         }
-        match f(&shards[shard_index(pod, shards.len())]) {
+        match f(&shards[shard_index(pod, self.cfg.threads)]) {
             true => Ok(()),
             false => Err(SubscribeError::Thread(
                 "the engine threads have stopped".into(),

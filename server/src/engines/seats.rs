@@ -7,7 +7,7 @@
 //! most one engine per address and topic, and per endpoint; the next such
 //! engine opens another group. An engine named by host name has a SUB
 //! socket of its own. Each of those sockets, watched by a monitor, holds
-//! [`PER_WATCHED`] descriptors.
+//! `per_watched` descriptors (`crate::descriptors`).
 //!
 //! The seats are decided here, under the followed set's lock, rather than
 //! in the shard's thread, so that a subscription whose sockets the
@@ -23,7 +23,10 @@
 //! the HTTP connections. A shard's first group is counted in the base, so
 //! engines at distinct addresses cost nothing here. The limit is read at
 //! each subscription: raised on a running server (`prlimit`), it lets the
-//! next ones in.
+//! next ones in. A seat given up is free at once, while libzmq closes the
+//! old sockets' descriptors a moment later on its reaper thread: a socket
+//! opened in that moment may find none, and is tried again every second
+//! (`list-engines` shows why meanwhile).
 //!
 //! [`held`]: crate::descriptors::held
 
@@ -31,8 +34,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 
 use thiserror::Error;
-
-use crate::descriptors::PER_WATCHED;
 
 /// Where a subscription's live messages come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +79,8 @@ pub(super) struct Seats {
     used: u64,
     /// Descriptors the rest of the server may hold.
     held: u64,
+    /// Descriptors one watched socket holds.
+    per_watched: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -87,9 +90,10 @@ struct Groups {
 }
 
 impl Groups {
-    /// Descriptors the groups' sockets hold beyond the first group's.
-    fn cost(&self) -> u64 {
-        self.by_id.len().saturating_sub(1) as u64 * PER_WATCHED
+    /// Descriptors the groups' sockets hold beyond the first group's, at
+    /// `per_watched` a socket.
+    fn cost(&self, per_watched: u64) -> u64 {
+        self.by_id.len().saturating_sub(1) as u64 * per_watched
     }
 }
 
@@ -109,13 +113,14 @@ struct Taken {
 
 impl Seats {
     /// No seats yet, over `shards` shards, beside `held` descriptors of the
-    /// rest of the server.
-    pub(super) fn new(shards: usize, held: u64) -> Seats {
+    /// rest of the server, each watched socket holding `per_watched`.
+    pub(super) fn new(shards: usize, held: u64, per_watched: u64) -> Seats {
         Seats {
             shards: (0..shards).map(|_| Groups::default()).collect(),
             taken: HashMap::new(),
             used: 0,
             held,
+            per_watched,
         }
     }
 
@@ -131,6 +136,7 @@ impl Seats {
         limit: u64,
     ) -> Result<Seated, OutOfDescriptors> {
         let old = self.unseat(pod);
+        let w = self.per_watched;
         let room = limit.saturating_sub(self.held);
         let before = self.used;
         let seat = match endpoint_addr(endpoint) {
@@ -145,7 +151,7 @@ impl Seats {
                 let needs = match found {
                     Some(_) => 0,
                     None if groups.by_id.is_empty() => 0,
-                    None => PER_WATCHED,
+                    None => w,
                 };
                 if before + needs > room {
                     Err(needs)
@@ -153,15 +159,15 @@ impl Seats {
                     if found.is_none() {
                         groups.next += 1;
                     }
-                    self.used -= groups.cost();
+                    self.used -= groups.cost(w);
                     groups.by_id.entry(id).or_default().insert(addr, topic, ());
-                    self.used += groups.cost();
+                    self.used += groups.cost(w);
                     Ok(Seat::Group { id, addr })
                 }
             }
-            None if before + PER_WATCHED > room => Err(PER_WATCHED),
+            None if before + w > room => Err(w),
             None => {
-                self.used += PER_WATCHED;
+                self.used += w;
                 Ok(Seat::Own)
             }
         };
@@ -203,34 +209,36 @@ impl Seats {
     /// Takes out `pod`'s seat, if it has one.
     fn unseat(&mut self, pod: &str) -> Option<Taken> {
         let taken = self.taken.remove(pod)?;
+        let w = self.per_watched;
         match taken.seat {
             Seat::Group { id, addr } => {
                 let groups = &mut self.shards[taken.shard];
-                self.used -= groups.cost();
+                self.used -= groups.cost(w);
                 if let Some(routes) = groups.by_id.get_mut(&id) {
                     routes.remove(addr, &taken.topic, ());
                     if routes.is_empty() {
                         groups.by_id.remove(&id);
                     }
                 }
-                self.used += groups.cost();
+                self.used += groups.cost(w);
             }
-            Seat::Own => self.used -= PER_WATCHED,
+            Seat::Own => self.used -= w,
         }
         Some(taken)
     }
 
     /// Puts back a seat [`Seats::unseat`] took out.
     fn seat(&mut self, pod: &str, taken: Taken) {
+        let w = self.per_watched;
         match taken.seat {
             Seat::Group { id, addr } => {
                 let groups = &mut self.shards[taken.shard];
-                self.used -= groups.cost();
+                self.used -= groups.cost(w);
                 let routes = groups.by_id.entry(id).or_default();
                 routes.insert(addr, &taken.topic, ());
-                self.used += groups.cost();
+                self.used += groups.cost(w);
             }
-            Seat::Own => self.used += PER_WATCHED,
+            Seat::Own => self.used += w,
         }
         self.taken.insert(pod.to_string(), taken);
     }
@@ -376,7 +384,8 @@ mod tests {
         assert!(r.is_empty() && r.by_origin.is_empty());
     }
 
-    const W: u64 = PER_WATCHED;
+    /// A watched socket's descriptors, as on Linux.
+    const W: u64 = 3;
 
     /// `pod`'s seat at `endpoint` on `shard` under the topic `kv`.
     fn seat(
@@ -396,7 +405,7 @@ mod tests {
     #[test]
     fn seats_cost_what_their_sockets_hold_and_stop_at_the_limit() {
         let held = 100;
-        let mut s = Seats::new(2, held);
+        let mut s = Seats::new(2, held, W);
         let limit = held + 2 * W;
         for i in 0..50 {
             let seat = seat(
@@ -460,7 +469,7 @@ mod tests {
     /// were gone; refused, the old seat stays as it was.
     #[test]
     fn a_replacement_counts_without_its_old_seat_and_keeps_it_when_refused() {
-        let mut s = Seats::new(1, 0);
+        let mut s = Seats::new(1, 0, W);
         let limit = W;
         assert_eq!(
             seat(&mut s, "a", 0, "tcp://vllm-0:5557", limit),
