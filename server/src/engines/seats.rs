@@ -137,59 +137,44 @@ impl Seats {
     ) -> Result<Seated, OutOfDescriptors> {
         let old = self.unseat(pod);
         let w = self.per_watched;
-        let room = limit.saturating_sub(self.held);
-        let before = self.used;
-        let seat = match endpoint_addr(endpoint) {
+        let (seat, needs) = match endpoint_addr(endpoint) {
             Some(addr) => {
-                let groups = &mut self.shards[shard];
+                let groups = &self.shards[shard];
                 let found = groups
                     .by_id
                     .iter()
                     .find(|(_, r)| r.takes(addr, topic))
                     .map(|(&id, _)| id);
-                let id = found.unwrap_or(groups.next);
-                let needs = match found {
-                    Some(_) => 0,
-                    None if groups.by_id.is_empty() => 0,
-                    None => w,
+                // A new group costs a socket, but for the shard's first.
+                let needs = match found.is_some() || groups.by_id.is_empty() {
+                    true => 0,
+                    false => w,
                 };
-                if before + needs > room {
-                    Err(needs)
-                } else {
-                    if found.is_none() {
-                        groups.next += 1;
-                    }
-                    self.used -= groups.cost(w);
-                    groups.by_id.entry(id).or_default().insert(addr, topic, ());
-                    self.used += groups.cost(w);
-                    Ok(Seat::Group { id, addr })
-                }
+                let id = found.unwrap_or(groups.next);
+                (Seat::Group { id, addr }, needs)
             }
-            None if before + w > room => Err(w),
-            None => {
-                self.used += w;
-                Ok(Seat::Own)
-            }
+            None => (Seat::Own, w),
         };
-        match seat {
-            Ok(seat) => {
-                let topic = topic.to_string();
-                self.taken
-                    .insert(pod.to_string(), Taken { shard, seat, topic });
-                Ok(Seated { seat, old })
+        let room = limit.saturating_sub(self.held);
+        if self.used + needs > room {
+            let left = room.saturating_sub(self.used);
+            if let Some(old) = old {
+                self.seat(pod, old);
             }
-            Err(needs) => {
-                if let Some(old) = old {
-                    self.seat(pod, old);
-                }
-                Err(OutOfDescriptors {
-                    needs,
-                    left: room.saturating_sub(before),
-                    room,
-                    limit,
-                })
-            }
+            return Err(OutOfDescriptors {
+                needs,
+                left,
+                room,
+                limit,
+            });
         }
+        if let Seat::Group { id, .. } = seat {
+            let groups = &mut self.shards[shard];
+            groups.next = groups.next.max(id + 1);
+        }
+        let topic = topic.to_string();
+        self.seat(pod, Taken { shard, seat, topic });
+        Ok(Seated { seat, old })
     }
 
     /// Undoes `seated`, `pod`'s seat from [`Seats::take`]: the pod's seat is
@@ -227,7 +212,8 @@ impl Seats {
         Some(taken)
     }
 
-    /// Puts back a seat [`Seats::unseat`] took out.
+    /// Seats `pod` as `taken` says (a seat decided, or one
+    /// [`Seats::unseat`] took out), counting its descriptors.
     fn seat(&mut self, pod: &str, taken: Taken) {
         let w = self.per_watched;
         match taken.seat {
