@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Repair's traffic: loopback bytes a second over 20 s between two idle
 # replicas, each the other's peer, both given the same 2,000 keys of
-# BLOCKS blocks over 8 pods (docs/benchmarks.md, "Replicas that converge").
-# Needs `cargo build --release`, an otherwise idle loopback, and curl.
-# usage: benches/repair_traffic.sh BLOCKS REPAIR_KEYS [server flags...]
+# BLOCKS blocks over 8 pods (docs/benchmarks.md, "Replicas that converge"),
+# once they are alike.
+# Needs `cargo build --release` (or the binaries' directory in BIN), an
+# otherwise idle loopback, and curl.
+# usage: benches/repair_traffic.sh BLOCKS REPAIR_BUDGET [server flags...]
 set -eu
 cd "$(dirname "$0")/.."
-bin=target/release
-blocks=$1 keys=$2
+bin=${BIN:-target/release}
+blocks=$1 budget=$2
 shift 2
 dir=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait; rm -rf "$dir"' EXIT
@@ -17,7 +19,7 @@ serve() { # name port peer-port [flags...]
   shift 3
   $bin/prefix-server --listen 127.0.0.1:$port --metrics-listen 127.0.0.1:$((port + 1)) \
     --data-dir "$dir/$name" --snapshot-interval 0s --peer 127.0.0.1:$peer \
-    --repair-keys "$keys" "$@" >"$dir/$name.log" 2>&1 &
+    --repair-budget "$budget" "$@" >"$dir/$name.log" 2>&1 &
 }
 ready() { until curl -sf -o /dev/null "localhost:$1/readyz"; do sleep 0.1; done; }
 serve a 27070 27080 "$@"
@@ -33,10 +35,16 @@ for i in range(2000):
     key = [random.getrandbits(64) for _ in range(blocks)]
     print('{"op":"insert","model":"m%d","hashes":%s,"pod":"p%d"}' % (i % 4, key, i % 8))
 PY
-for port in 27070 27080; do
+# Both servers are given the keys, seconds apart (so their entries' times
+# differ by that much); with FEED=one, only the first is, and the second
+# takes them from it by repair (at the first's times, as a replica set's
+# writes are within milliseconds), before the measure begins.
+ports="27070 27080"
+[ "${FEED:-both}" = one ] && ports=27070
+for port in $ports; do
   $bin/prefix-client --server 127.0.0.1:$port --ca "$dir/a/cert.pem" replay "$dir/ops.jsonl" >/dev/null
 done
-sleep 3
+sleep 10
 lo() { awk '/lo:/ { print $2 }' /proc/net/dev; }
 copied() {
   curl -s localhost:27071/metrics localhost:27081/metrics |
@@ -45,5 +53,5 @@ copied() {
 before=$(lo) copied_before=$(copied)
 sleep 20
 after=$(lo) copied_after=$(copied)
-echo "blocks=$blocks repair-keys=$keys: $(( (after - before) / 20 )) B/s on loopback," \
+echo "blocks=$blocks repair-budget=$budget: $(( (after - before) / 20 )) B/s on loopback," \
   "$((copied_after - copied_before)) entries copied in the 20 s"

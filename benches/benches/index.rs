@@ -442,6 +442,48 @@ fn sweep(c: &mut Criterion) {
         "lookup_32_while_sweeping_1m: the sweeper completed {} full passes meanwhile",
         passes.load(Ordering::Relaxed)
     );
+
+    // What repair's digests cost on the same index: one model's cell
+    // digests (a walk hashing every item); then lookups while a thread
+    // digests over and over, beside lookups alone.
+    let window = prefix_index::digest::Window {
+        low: NOW - 1,
+        high: NOW,
+        now: NOW,
+    };
+    let mut g = c.benchmark_group("digest_1m_entries");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(entries));
+    g.bench_function("digest_cells", |b| {
+        b.iter(|| black_box(index.reader().digest_cells(MODEL, window)))
+    });
+    g.finish();
+    let mut g = c.benchmark_group("lookup_32_while_digesting_1m");
+    g.throughput(Throughput::Elements(keys.len() as u64));
+    g.bench_function("read_only", |b| {
+        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
+    });
+    stop.store(false, Ordering::Relaxed);
+    let digests = Arc::new(AtomicU64::new(0));
+    let digester = {
+        let (index, stop, digests) = (index.clone(), stop.clone(), digests.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                black_box(index.reader().digest_cells(MODEL, window));
+                digests.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    g.bench_function("digesting", |b| {
+        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
+    });
+    stop.store(true, Ordering::Relaxed);
+    digester.join().expect("digester");
+    g.finish();
+    eprintln!(
+        "lookup_32_while_digesting_1m: the digester completed {} digests meanwhile",
+        digests.load(Ordering::Relaxed)
+    );
 }
 
 fn mooncake_group(c: &mut Criterion) {

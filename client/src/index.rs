@@ -282,6 +282,19 @@ impl<R: Route> Index<R> {
         }
     }
 
+    /// One level of the digests of the server's gateway-fed entries (see
+    /// [`DigestAsk`](crate::wire::DigestAsk)): what a replica compares
+    /// with its own to repair itself. A peer's or a writer's op.
+    pub async fn digest(
+        &self,
+        ask: crate::wire::DigestAsk,
+    ) -> Result<crate::wire::DigestAnswer, ClientError> {
+        match self.route.one(Op::Digest(ask)).await? {
+            Reply::Digest(answer) => Ok(*answer),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// The server's index statistics.
     pub async fn stats(&self) -> Result<WireStats, ClientError> {
         match self.route.one(Op::Stats).await? {

@@ -9,12 +9,15 @@ Usage: check.py BASE_URL CA_PEM OPENAPI_JSON. The server runs with
 
 import json
 import sys
+from functools import reduce
+from operator import xor
 
 import httpx
 from openapi_schema_validator import OAS31Validator
 from prefix_index_api import Client
 from prefix_index_api.api.default import (
     batch,
+    digest,
     healthz,
     insert,
     list_engines,
@@ -36,6 +39,9 @@ from prefix_index_api.models import (
     BatchRequest,
     DetailAnswer,
     DetailMatchView,
+    DigestAnswer,
+    DigestRequest,
+    DigestRequestLevel,
     EnginesAnswer,
     Error,
     InsertRequest,
@@ -181,6 +187,42 @@ assert [w.op for w in writes.ops] == [OpOp.INSERT, OpOp.INSERT, OpOp.SET_POD_CAP
 assert writes.ops[0]["hashes"] == HASHES and writes.ops[0]["pod"] == "pod-a", writes
 assert writes.next_ == start.next_ + 3, writes
 
+# Digests, level by level, down to llama's entries: pod-a's key.
+# Digests and item hashes take the whole u64 range, as hashes do.
+WINDOW = {"low": 0, "high": 2**62}
+models = call(
+    digest, 200, DigestAnswer, body=DigestRequest(level=DigestRequestLevel.MODELS, **WINDOW)
+).models
+assert [(m.model, len(m.groups)) for m in models] == [("llama", 64), ("qwen", 64)], models
+cells = call(
+    digest,
+    200,
+    DigestAnswer,
+    body=DigestRequest(level=DigestRequestLevel.CELLS, model="llama", of=list(range(64)), **WINDOW),
+).values
+assert len(cells) == 4096, len(cells)
+for g, group in enumerate(models[0].groups):
+    assert reduce(xor, cells[64 * g : 64 * (g + 1)], 0) == group, g
+held = [c for c, d in enumerate(cells) if d != 0]
+items = call(
+    digest,
+    200,
+    DigestAnswer,
+    body=DigestRequest(level=DigestRequestLevel.ITEMS, model="llama", of=held, **WINDOW),
+)
+assert len(items.values) == len(HASHES) and not items.more, items
+assert reduce(xor, items.values, 0) == reduce(xor, models[0].groups, 0), items
+found = call(
+    digest,
+    200,
+    DigestAnswer,
+    body=DigestRequest(level=DigestRequestLevel.ENTRIES, model="llama", of=items.values, **WINDOW),
+)
+# One entry per tree node holding asked items, each key down to its node's
+# deepest block: pod-a's whole key, and perhaps prefixes of it.
+assert all(e.pod == "pod-a" and e.key == HASHES[: len(e.key)] for e in found.entries), found
+assert HASHES in [e.key for e in found.entries] and not found.more, found
+
 # An engine's subscription: its nulls (no replay, no event yet) and defaults.
 call(
     subscribe,
@@ -214,6 +256,7 @@ ops = [
     (op("list_engines"), EnginesAnswer),
     (op("remove_pod", pod="nobody"), RemovedAnswer),
     (op("tail", max=1), WritesAnswer),
+    (op("digest", level="models", low=0, high=1), DigestAnswer),
     (op("insert", model="llama", hashes=[1] * (MAX_KEY_BLOCKS + 1), pod="pod-a"), Error),
     (op("lookup", model="", text="x" * 64), Error),
 ]

@@ -13,6 +13,7 @@ use crate::precise::Registry;
 use crate::reclaim::{Pin, Published};
 use crate::shared::Shared;
 use crate::stats::{Counters, Stats};
+use crate::sweep::Through;
 use crate::sweep::{SweepReport, Sweeper};
 use crate::sync::Mutex;
 use crate::tree::{Match, Tree};
@@ -268,6 +269,38 @@ impl Index {
         Counters::bump(&c.purged, report.purged);
         report.reclaimed_bytes = self.reclaim() as u64;
         report
+    }
+
+    /// Per pod, how far the sweep evicted its entries for its capacity,
+    /// and how far it evicted every pod's for the global bound
+    /// (`max_blocks`): entries of that pod last used then or before are
+    /// not to be copied back from a replica that kept them (repair). Pods
+    /// never evicted from are absent. Waits for a sweep call under way.
+    pub fn evicted(&self) -> (HashMap<String, Through>, Option<Through>) {
+        let sweeper = self.sweeper.lock();
+        let pin = self.pin();
+        let (per_pod, global) = sweeper.evicted();
+        let named = per_pod
+            .iter()
+            .filter_map(|(&id, &t)| Some((self.sh.pods.name(PodId(id), &pin)?.to_owned(), t)))
+            .collect();
+        (named, global)
+    }
+
+    /// Makes the sweep evict the entries of `pod` (of every pod with
+    /// `None`) that `through` covers, as it would for a capacity: what a
+    /// replica does where a peer evicted further (see [`Index::evicted`]),
+    /// so that the two hold the same entries. Nothing happens where the
+    /// sweep here evicted that far already, or for a pod unknown here.
+    pub fn evict_through(&self, pod: Option<&str>, through: Through) {
+        let id = match pod {
+            None => None,
+            Some(name) => match self.sh.pods.id(name, &self.pin()) {
+                Some(id) => Some(id.0),
+                None => return,
+            },
+        };
+        self.sweeper.lock().evict_through(id, through);
     }
 
     /// Whether [`Index::sweep`] has work at time `now`, cheaply (a look at

@@ -109,6 +109,7 @@ mod aliases;
 mod children;
 pub mod config;
 mod detail;
+pub mod digest;
 pub mod error;
 mod groups;
 mod index;
@@ -144,5 +145,5 @@ pub use precise::{
 pub use sets::{SetError, MAX_SETS};
 pub use snapshot::{RestoreSummary, Snapshot, SnapshotError, WriteSummary};
 pub use stats::Stats;
-pub use sweep::SweepReport;
+pub use sweep::{SweepReport, Through};
 pub use tree::Match;

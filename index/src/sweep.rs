@@ -58,6 +58,45 @@ pub struct SweepReport {
     pub reclaimed_bytes: u64,
 }
 
+/// How far a sweep evicted entries: every block last used before `time`,
+/// and those last used at `time` from depth `depth` on (the blocks a
+/// cutoff takes, in the order a pod's own cache evicts them). Ordered by
+/// how far that is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Through {
+    /// The newest last use evicted (ms).
+    pub time: u64,
+    /// From this depth on, at `time`.
+    pub depth: u32,
+}
+
+impl Through {
+    fn of(time: u64, depth: usize) -> Through {
+        Through {
+            time,
+            depth: u32::try_from(depth).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether an entry last used at `time` may have been evicted: never
+    /// copied back from a replica that kept it.
+    pub fn covers(&self, time: u64) -> bool {
+        time <= self.time
+    }
+}
+
+impl Ord for Through {
+    fn cmp(&self, other: &Through) -> std::cmp::Ordering {
+        (self.time, Reverse(self.depth)).cmp(&(other.time, Reverse(other.depth)))
+    }
+}
+
+impl PartialOrd for Through {
+    fn partial_cmp(&self, other: &Through) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 /// A pod's eviction cutoff: every block with (time, −depth) ≤ (time, −depth).
 #[derive(Debug, Clone, Copy)]
 struct Cutoff {
@@ -73,6 +112,16 @@ enum Verdict {
 }
 
 impl Cutoff {
+    /// Whichever of two cutoffs evicts more (a later time, or a shallower
+    /// depth at the same time).
+    fn max(self, other: Cutoff) -> Cutoff {
+        if (other.time, Reverse(other.depth)) > (self.time, Reverse(self.depth)) {
+            other
+        } else {
+            self
+        }
+    }
+
     fn judge(&self, time: u64, d0: usize, d1: usize) -> Verdict {
         if time < self.time || (time == self.time && d0 >= self.depth) {
             Verdict::Evict
@@ -187,6 +236,11 @@ pub(crate) struct Sweeper {
     global: Option<Measure>,
     next_cutoffs: HashMap<u32, Cutoff>,
     next_global: Option<(u64, Reverse<usize>)>,
+    /// Per live pod, the newest time up to which a pass evicted its entries
+    /// for its capacity; and the same for the global bound, over all pods:
+    /// what repair must not copy back.
+    evicted: HashMap<u32, Through>,
+    global_evicted: Option<Through>,
 }
 
 /// At most this many passes in one call (the end of a resumed pass, a full
@@ -225,6 +279,32 @@ impl Sweeper {
         report
     }
 
+    /// Makes the next pass evict every entry of pod `id` (of every pod with
+    /// `None`) last used at or before `time`, unless a pass did already.
+    pub(crate) fn evict_through(&mut self, id: Option<u32>, through: Through) {
+        let c = Cutoff {
+            time: through.time,
+            depth: through.depth as usize,
+        };
+        match id {
+            Some(id) if self.evicted.get(&id).is_none_or(|&t| t < through) => {
+                let next = self.next_cutoffs.entry(id).or_insert(c);
+                *next = next.max(c);
+            }
+            None if self.global_evicted.is_none_or(|t| t < through) => {
+                let g = (c.time, Reverse(c.depth));
+                self.next_global = self.next_global.max(Some(g));
+            }
+            _ => {}
+        }
+    }
+
+    /// Up to when each pod's entries were evicted (see `evicted`), by id,
+    /// and the global bound's.
+    pub(crate) fn evicted(&self) -> (&HashMap<u32, Through>, Option<Through>) {
+        (&self.evicted, self.global_evicted)
+    }
+
     /// Whether a call would have work: see `Index::sweep_due`.
     pub(crate) fn due(&self, sh: &Shared, now: u64) -> bool {
         if self.in_pass || !self.next_cutoffs.is_empty() || self.next_global.is_some() {
@@ -256,6 +336,16 @@ impl Sweeper {
         self.marks.clear();
         self.cutoffs = std::mem::take(&mut self.next_cutoffs);
         self.global_cutoff = self.next_global.take();
+        self.evicted.retain(|&id, _| sh.pods.is_live(id));
+        for (&id, c) in &self.cutoffs {
+            let through = Through::of(c.time, c.depth);
+            let t = self.evicted.entry(id).or_insert(through);
+            *t = (*t).max(through);
+        }
+        if let Some((time, Reverse(depth))) = self.global_cutoff {
+            let through = Through::of(time, depth);
+            self.global_evicted = self.global_evicted.max(Some(through));
+        }
         self.measures.clear();
         for id in sh.pods.ids_in_use() {
             let (blocks, cap) = (sh.pods.blocks(id), sh.pods.capacity(id));
@@ -276,12 +366,13 @@ impl Sweeper {
         for (id, m) in self.measures.drain() {
             let excess = sh.pods.blocks(id).saturating_sub(sh.pods.capacity(id));
             if let Some(c) = m.cutoff(excess) {
-                self.next_cutoffs.insert(id, c);
+                let next = self.next_cutoffs.entry(id).or_insert(c);
+                *next = next.max(c);
             }
         }
         if let Some(m) = self.global.take() {
             let excess = Counters::get(&sh.counters.entries).saturating_sub(sh.global_target());
-            self.next_global = m.entry_cutoff(excess);
+            self.next_global = self.next_global.max(m.entry_cutoff(excess));
         }
         sh.pods.recycle(&sh.epoch, pin);
         Counters::bump(&sh.counters.sweep_passes, 1);

@@ -79,6 +79,7 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::LookupDetail => (Method::POST, "/v1/lookup-detail"),
         OpKind::Tail => (Method::POST, "/v1/tail"),
         OpKind::LookupTiers => (Method::POST, "/v1/lookup-tiers"),
+        OpKind::Digest => (Method::POST, "/v1/digest"),
     }
 }
 

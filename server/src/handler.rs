@@ -244,6 +244,10 @@ fn forbidden(op: &Op, access: &Access) -> Option<Reply> {
         Access::Read if op.kind() == OpKind::Tail => Some(ErrorCode::Forbidden.reply(
             "this client's certificate is a reader: a server's tail is for its peers and writers",
         )),
+        Access::Read if op.kind() == OpKind::Digest => Some(ErrorCode::Forbidden.reply(
+            "this client's certificate is a reader: a server's digests are for its peers and \
+             writers",
+        )),
         Access::Read | Access::Peer if !op.kind().writes() => None,
         Access::Read => Some(ErrorCode::Forbidden.reply(
             "this client's certificate is a reader: it may look up but not change the index",
@@ -279,22 +283,23 @@ impl Handler {
         hits: &mut Hits<'r>,
         w: &mut impl Replies,
     ) -> bool {
-        match self.refusal(op, access) {
+        match self.refusal(op, access, now) {
             Some(reply) => not_applied(&reply, w),
             None => self.execute(op, now, reader, scratch, hits, w),
         }
     }
 
-    /// The answer to `op` when it is not to be applied now: a role or
-    /// limit refuses it, or a replica filling itself holds it.
-    fn refusal(&self, op: &Op, access: &Access) -> Option<Reply> {
+    /// The answer to `op` at `now` when it is not to be applied now: a
+    /// role or limit refuses it, or a replica filling itself holds it (or
+    /// one catching up refuses a lookup).
+    fn refusal(&self, op: &Op, access: &Access, now: u64) -> Option<Reply> {
         if let Some(refusal) = forbidden(op, access) {
             return Some(refusal);
         }
         if let Err(e) = self.limits.check_op(op) {
             return Some(e.to_reply());
         }
-        self.replica.admit(op, &self.metrics)
+        self.replica.admit(op, &self.metrics, now)
     }
 
     /// Applies a run of `subscribe` ops (two or more in a row of a batch)
@@ -318,7 +323,7 @@ impl Handler {
             _ => None,
         });
         for (i, (op, sub)) in subs.enumerate() {
-            if let Some(refusal) = self.refusal(op, access) {
+            if let Some(refusal) = self.refusal(op, access, now) {
                 replies[i] = Some((refusal, false));
                 continue;
             }
@@ -364,7 +369,7 @@ impl Handler {
         let mut pods = Vec::new();
         let mut refusals = Vec::with_capacity(ops.len());
         for op in ops {
-            let refusal = self.refusal(op, access);
+            let refusal = self.refusal(op, access, now);
             match (op, &refusal) {
                 (Op::Unsubscribe { pod }, None) => pods.push(pod.as_str()),
                 (_, None) => {
@@ -507,6 +512,9 @@ impl Handler {
                 }
             }
             Op::Tail { from, max } => self.replica.tail(*from, *max, now),
+            Op::Digest(ask) => {
+                crate::repair::answer(&self.index, reader, &self.replica.removals, ask, now)
+            }
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
                 // Keys of up to `max-key-blocks` each: stop within the

@@ -441,7 +441,7 @@ impl Server {
     /// Starts repairing from the peers, if there are any and repair is on.
     fn start_repair(&self, tasks: &Tasks, api: Option<Arc<Handler>>) {
         let cfg = &self.cfg.replicas;
-        if cfg.peers.is_empty() || cfg.repair_keys == 0 {
+        if cfg.peers.is_empty() || cfg.repair_budget == 0 {
             return;
         }
         let tls = match tls::peer_tls(&self.cfg) {

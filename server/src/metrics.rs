@@ -98,11 +98,21 @@ pub struct Metrics {
     /// Writes of a peer's tail this server never got: the peer no longer
     /// kept them, or they were refused here (limits, a full hold queue).
     pub tail_lost: Counter,
-    /// Keys sampled from peers and looked up on both by repair.
-    pub repair_keys: Counter,
+    /// Rounds of repair with a peer that ended (whatever they found).
+    pub repair_rounds: Counter,
+    /// Cells of digests that differed from a peer's.
+    pub repair_cells: Counter,
+    /// Items (block position, pod) of differing cells compared with a
+    /// peer's.
+    pub repair_items: Counter,
+    /// Bytes of the peers' answers to repair's questions.
+    pub repair_bytes: Counter,
     /// Entries repair copied from a peer: (key, pod) pairs the peer held
-    /// longer than this server.
+    /// and this server lacked.
     pub repair_copied: Counter,
+    /// Pods repair removed here because a peer had removed them after
+    /// their last write here.
+    pub repair_removed: Counter,
     /// Rounds of repair with a peer that failed (unreachable, refused).
     pub repair_failures: Counter,
     snapshot_seconds: Histogram,
@@ -190,8 +200,12 @@ impl Default for Metrics {
             bootstrap_held: Counter::default(),
             tail_writes: Counter::default(),
             tail_lost: Counter::default(),
-            repair_keys: Counter::default(),
+            repair_rounds: Counter::default(),
+            repair_cells: Counter::default(),
+            repair_items: Counter::default(),
+            repair_bytes: Counter::default(),
             repair_copied: Counter::default(),
+            repair_removed: Counter::default(),
             repair_failures: Counter::default(),
             bootstrapping: Gauge::default(),
             snapshot_bytes: Gauge::default(),
@@ -307,14 +321,34 @@ impl Metrics {
             self.tail_lost.clone(),
         );
         r.register(
-            "repair_keys",
-            "Keys sampled from peers and compared by repair",
-            self.repair_keys.clone(),
+            "repair_rounds",
+            "Rounds of repair with a peer that ended",
+            self.repair_rounds.clone(),
+        );
+        r.register(
+            "repair_differing_cells",
+            "Cells of digests that differed from a peer's",
+            self.repair_cells.clone(),
+        );
+        r.register(
+            "repair_items",
+            "Items (block position, pod) of differing cells compared with a peer's",
+            self.repair_items.clone(),
+        );
+        r.register(
+            "repair_received_bytes",
+            "Bytes of the peers' answers to repair's questions",
+            self.repair_bytes.clone(),
         );
         r.register(
             "repair_copied_entries",
-            "Entries (key, pod) repair copied from a peer that held them longer",
+            "Entries (key, pod) repair copied from a peer that held them and this server lacked",
             self.repair_copied.clone(),
+        );
+        r.register(
+            "repair_removed_pods",
+            "Pods repair removed because a peer removed them after their last write here",
+            self.repair_removed.clone(),
         );
         r.register(
             "repair_failures",

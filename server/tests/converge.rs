@@ -11,14 +11,12 @@
 use prefix_testkit::server as common;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Proc;
 use prefix_client::compare::compare;
 use prefix_client::wire::Op;
-use prefix_client::{Client, ClientConfig, Cluster, Replication};
+use prefix_client::Client;
 use prefix_testkit::server_bin;
 
 /// Counters of the tail and repair of the servers at `metrics`, summed.
@@ -28,7 +26,7 @@ async fn carried(metrics: &[SocketAddr]) -> [f64; 4] {
         for (i, name) in [
             "prefix_index_tail_writes_total",
             "prefix_index_tail_lost_writes_total",
-            "prefix_index_repair_keys_total",
+            "prefix_index_repair_items_total",
             "prefix_index_repair_copied_entries_total",
         ]
         .iter()
@@ -89,76 +87,30 @@ async fn a_replica_killed_under_writes_converges_with_its_peers() {
         std::net::TcpStream::connect(http).is_ok()
             && common::http_get(http, "/readyz").await.contains("200")
     };
-    for (_, http) in &ports {
-        common::eventually("ready", async || ready(*http).await).await;
-    }
-    let cfg = ClientConfig {
-        connect_timeout: Duration::from_secs(10),
-        ..common::trusting(&cert)
-    };
-    let list: Vec<(String, SocketAddr)> =
-        (0..3).map(|i| (format!("index-{i}"), ports[i].0)).collect();
-    let replication = Replication {
-        replicas: 3,
-        write_deadline: Duration::from_secs(10),
-        ..Replication::default()
-    };
-    let writer = Cluster::connect_replicated(&list, replication, cfg.clone())
-        .await
-        .unwrap();
+    let http: Vec<SocketAddr> = ports.iter().map(|p| p.1).collect();
+    common::all_ready(&http).await;
+    let addrs: Vec<SocketAddr> = ports.iter().map(|p| p.0).collect();
+    let (writer, _, cfg) = common::replica_gateway(&addrs, &cert).await;
 
     // Writes at `rate`, in batches every 10 ms, until told to stop.
-    let stop = Arc::new(AtomicBool::new(false));
-    let written = Arc::new(AtomicU64::new(0));
-    let task = {
-        let (stop, written, writer) = (stop.clone(), written.clone(), writer.clone());
-        tokio::spawn(async move {
-            let per_tick = (rate / 100).max(1);
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            let mut i: u64 = 0;
-            while !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
-                let ops: Vec<Op> = (0..per_tick)
-                    .map(|_| {
-                        i += 1;
-                        Op::Insert {
-                            model: format!("model-{}", i % 6),
-                            key: (0..4).map(|b| i << 8 | b).collect(),
-                            pod: format!("pod-{}", i % 8),
-                        }
-                    })
-                    .collect();
-                let _ = writer.batch(ops).await;
-                written.store(i, Ordering::Relaxed);
-            }
-        })
-    };
-    let wait_writes = |n: u64| {
-        let written = written.clone();
-        async move {
-            common::eventually("writes", async || written.load(Ordering::Relaxed) >= n).await;
-        }
-    };
-    wait_writes(rate).await;
+    let writes = common::SteadyWrites::start(&writer, rate);
+    writes.until(rate).await;
     procs[1].signal("-KILL");
     procs[1].wait().await;
-    let at_kill = written.load(Ordering::Relaxed);
+    let at_kill = writes.written();
     // Down for a while under writes, then back with an empty data
     // directory: it fills from a peer while the writes go on.
-    wait_writes(at_kill + rate / 2).await;
+    writes.until(at_kill + rate / 2).await;
     let empty = tempfile::tempdir().unwrap();
     procs[1] = start(1, empty.path(), Some((&cert, &key)));
     common::eventually("the restarted replica is ready", async || {
         ready(ports[1].1).await
     })
     .await;
-    let at_ready = written.load(Ordering::Relaxed);
-    wait_writes(at_ready + rate).await;
-    stop.store(true, Ordering::Relaxed);
-    task.await.unwrap();
+    let at_ready = writes.written();
+    writes.until(at_ready + rate).await;
+    let total = writes.stop().await;
     let stopped = Instant::now();
-    let total = written.load(Ordering::Relaxed);
 
     let mut servers = Vec::new();
     for (i, (addr, _)) in ports.iter().enumerate() {
@@ -184,7 +136,7 @@ async fn a_replica_killed_under_writes_converges_with_its_peers() {
     eprintln!(
         "{rate} writes/s, {total} written ({at_kill} at the kill, {at_ready} when the filled \
          replica was ready): {} sampled keys alike {took:?} after the writes stopped; tail \
-         {tail} writes applied, {lost} lost; repair compared {keys} keys and copied {copied} \
+         {tail} writes applied, {lost} lost; repair compared {keys} items and copied {copied} \
          entries; {:?}",
         c.sampled,
         writer.replica_stats()
@@ -270,12 +222,12 @@ async fn a_burst_one_replica_missed_is_repaired_from_its_peer() {
     let copied = || common::metric(http, "prefix_index_repair_copied_entries_total");
     common::eventually("repaired", async || copied().await >= burst as f64).await;
     let took = written.elapsed();
-    let keys = common::metric(http, "prefix_index_repair_keys_total").await;
+    let items = common::metric(http, "prefix_index_repair_items_total").await;
     let after = compare(&pair, 3000, 2, 3).await.unwrap();
     eprintln!(
         "a burst of {burst} keys on one replica, repair every {interval} ms: copied to the \
          other {took:?} later, which \
-         compared {keys} keys and copied {} entries; {} sampled keys compared after",
+         compared {items} items and copied {} entries; {} sampled keys compared after",
         copied().await,
         after.sampled
     );

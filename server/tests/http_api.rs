@@ -795,6 +795,7 @@ async fn every_documented_route_answers_and_others_do_not() {
         OpKind::Stats | OpKind::Ping | OpKind::ListEngines => None,
         OpKind::SampleKeys => Some(json!({"count": 2})),
         OpKind::Tail => Some(json!({"max": 2})),
+        OpKind::Digest => Some(json!({"level": "models", "low": 0, "high": 1})),
     };
     let doc = openapi();
     for (method, path) in routes() {

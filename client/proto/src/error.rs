@@ -170,6 +170,15 @@ pub enum WireError {
         /// The limit.
         max: usize,
     },
+    /// A digest question lists more groups, cells or items than one answer
+    /// may carry.
+    #[error("a digest question of {len} groups, cells or items exceeds {max}")]
+    TooManyDigestItems {
+        /// Listed.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A field of an engine subscription is empty where it may not be, or
     /// too long (see [`Limits::max_text_len`](crate::Limits::max_text_len)).
     #[error("engine subscription's {field} of {len} bytes is not allowed ({min} to {max})")]
@@ -199,6 +208,7 @@ impl WireError {
             WireError::BadName { .. } => ErrorCode::BadName,
             WireError::TooManyCandidates { .. } => ErrorCode::TooManyCandidates,
             WireError::BadEngineField { .. } => ErrorCode::BadSubscription,
+            WireError::TooManyDigestItems { .. } => ErrorCode::BatchTooLarge,
         }
     }
 

@@ -34,7 +34,7 @@ use thiserror::Error;
 
 use crate::error::ErrorCode;
 use crate::key;
-use crate::message::{Op, OpKind, Reply, Request, Subscription};
+use crate::message::{DigestAsk, DigestLevel, Op, OpKind, Reply, Request, Subscription};
 
 /// How text and token ids become block hashes; every gateway of a model
 /// must agree on these.
@@ -313,6 +313,14 @@ pub enum JsonOp {
         #[cfg_attr(feature = "clap", arg(long, default_value_t = 256))]
         max: u32,
     },
+    /// One level of the digests of the gateway-fed entries (what replicas
+    /// compare to repair each other).
+    Digest {
+        /// The question.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        ask: DigestAsk,
+    },
 }
 
 /// Why a JSON body or line is not an operation. Answered with
@@ -362,6 +370,7 @@ impl JsonOp {
             JsonOp::LookupDetail { .. } => OpKind::LookupDetail,
             JsonOp::Tail { .. } => OpKind::Tail,
             JsonOp::LookupTiers { .. } => OpKind::LookupTiers,
+            JsonOp::Digest { .. } => OpKind::Digest,
         }
     }
 
@@ -457,6 +466,7 @@ impl JsonOp {
             JsonOp::ListEngines => Op::ListEngines,
             JsonOp::SampleKeys { count, seed } => Op::SampleKeys { count, seed },
             JsonOp::Tail { from, max } => Op::Tail { from, max },
+            JsonOp::Digest { ask } => Op::Digest(ask),
         })
     }
 
@@ -557,6 +567,10 @@ op_fields! {
     seed: u64,
     from: u64,
     max: u32,
+    level: DigestLevel,
+    low: u64,
+    high: u64,
+    of: Vec<u64>,
 }
 
 /// Takes field `$name` of `$fields` (`Option`al), noting its name where
@@ -672,6 +686,21 @@ impl Fields {
                 from: take!(self.from),
                 max: take!(self.max).ok_or_else(|| JsonError::new("tail: missing field `max`"))?,
             },
+            OpKind::Digest => {
+                let need = |v: Option<u64>, name: &str| {
+                    v.ok_or_else(|| JsonError::new(format!("digest: missing field `{name}`")))
+                };
+                JsonOp::Digest {
+                    ask: DigestAsk {
+                        level: take!(self.level)
+                            .ok_or_else(|| JsonError::new("digest: missing field `level`"))?,
+                        model: take!(self.model).unwrap_or_default(),
+                        low: need(take!(self.low), "low")?,
+                        high: need(take!(self.high), "high")?,
+                        of: take!(self.of).unwrap_or_default(),
+                    },
+                }
+            }
         })
     }
 }

@@ -56,8 +56,9 @@ pub use frame::{
 };
 pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
-    EngineState, EngineStatus, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Reply, Request,
-    Response, SampledKey, Subscription, SubscriptionError, Tier, TierReach, WireStats, MAX_SAMPLE,
+    DigestAnswer, DigestAsk, DigestEntry, DigestLevel, EngineState, EngineStatus, Eviction,
+    ModelDigest, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Reply, Request, Response,
+    SampledKey, Subscription, SubscriptionError, Tier, TierReach, Tombstone, WireStats, MAX_SAMPLE,
     MAX_TAIL,
 };
 pub use pod_name::PodName;

@@ -150,6 +150,18 @@ impl Limits {
                 self.check_name(pod)
             }
             Op::Subscribe(sub) => self.check_engine(sub),
+            Op::Digest(ask) => {
+                if !ask.model.is_empty() {
+                    self.check_name(&ask.model)?;
+                }
+                if ask.of.len() > crate::message::MAX_DIGEST_ASK {
+                    return Err(WireError::TooManyDigestItems {
+                        len: ask.of.len(),
+                        max: crate::message::MAX_DIGEST_ASK,
+                    });
+                }
+                Ok(())
+            }
             Op::Stats | Op::Ping | Op::ListEngines | Op::SampleKeys { .. } | Op::Tail { .. } => {
                 Ok(())
             }

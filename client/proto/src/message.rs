@@ -11,8 +11,14 @@ use bincode::{Decode, Encode};
 
 use crate::pod_name::PodName;
 
+mod digest;
 mod engine;
 
+pub use digest::{
+    cell_of, group_of, groups, item, path_root, path_step, pod_hash, DigestAnswer, DigestAsk,
+    DigestEntry, DigestLevel, Eviction, ModelDigest, Tombstone, CELLS, CELLS_PER_GROUP, GROUPS,
+    MAX_DIGEST_ANSWER, MAX_DIGEST_ASK,
+};
 pub use engine::{EngineState, EngineStatus, Subscription, SubscriptionError, Tier};
 
 /// One operation on the index.
@@ -105,6 +111,10 @@ pub enum Op {
         /// Only these pods, if given (a filter: unknown names are dropped).
         candidates: Option<Vec<String>>,
     },
+    /// One level of the digests of the gateway-fed entries this server
+    /// holds ([`DigestAsk`]): what a replica compares with its own to copy
+    /// only what differs.
+    Digest(DigestAsk),
 }
 
 /// Most writes one `Tail` answers (more are not an error: the answer stops
@@ -154,6 +164,8 @@ pub enum OpKind {
     Tail,
     /// [`Op::LookupTiers`].
     LookupTiers,
+    /// [`Op::Digest`].
+    Digest,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -165,9 +177,14 @@ pub const POD_TABLE_WEIGHT: usize = 1024;
 /// a leaf, about a long key's walk.
 pub const SAMPLE_WEIGHT: usize = 256;
 
+/// What a server charges a digest question: it walks a model's whole tree
+/// (every model's, at level `models`), so it always runs off the async
+/// workers.
+pub const DIGEST_WEIGHT: usize = 1 << 20;
+
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 13] = [
+    pub const ALL: [OpKind; 14] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -181,6 +198,7 @@ impl OpKind {
         OpKind::LookupDetail,
         OpKind::Tail,
         OpKind::LookupTiers,
+        OpKind::Digest,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -200,6 +218,7 @@ impl OpKind {
             OpKind::LookupDetail => "lookup_detail",
             OpKind::Tail => "tail",
             OpKind::LookupTiers => "lookup_tiers",
+            OpKind::Digest => "digest",
         }
     }
 
@@ -219,7 +238,8 @@ impl OpKind {
             | OpKind::SampleKeys
             | OpKind::LookupDetail
             | OpKind::Tail
-            | OpKind::LookupTiers => false,
+            | OpKind::LookupTiers
+            | OpKind::Digest => false,
         }
     }
 
@@ -231,6 +251,15 @@ impl OpKind {
         matches!(
             self,
             OpKind::Insert | OpKind::RemovePod | OpKind::SetPodCapacity
+        )
+    }
+
+    /// Whether it looks a key up (plain, detailed or tiered): what a
+    /// replica that is not up to date refuses.
+    pub const fn looks_up(self) -> bool {
+        matches!(
+            self,
+            OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers
         )
     }
 
@@ -257,6 +286,7 @@ impl Op {
             Op::LookupDetail { .. } => OpKind::LookupDetail,
             Op::Tail { .. } => OpKind::Tail,
             Op::LookupTiers { .. } => OpKind::LookupTiers,
+            Op::Digest(_) => OpKind::Digest,
         }
     }
 
@@ -266,8 +296,8 @@ impl Op {
     /// remove an engine-fed pod) costs [`POD_TABLE_WEIGHT`] (a detailed
     /// or tiered lookup is weighed as a lookup), a sample
     /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), a tail
-    /// one per write asked (at most [`MAX_TAIL`]: copies of them), the
-    /// rest 1.
+    /// one per write asked (at most [`MAX_TAIL`]: copies of them), a digest
+    /// [`DIGEST_WEIGHT`], the rest 1.
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
@@ -287,6 +317,7 @@ impl Op {
             Op::Stats | Op::Ping | Op::ListEngines => 1,
             Op::SampleKeys { count, .. } => (*count).min(MAX_SAMPLE) as usize * SAMPLE_WEIGHT,
             Op::Tail { max, .. } => (*max).clamp(1, MAX_TAIL) as usize,
+            Op::Digest(_) => DIGEST_WEIGHT,
         }
     }
 }
@@ -509,6 +540,9 @@ pub enum Reply {
         /// by lower tiers alone, by their last tier's reach descending.
         matches: Vec<PodTiers>,
     },
+    /// Answer to `Digest` (boxed: the largest answer, kept out of the
+    /// others' size).
+    Digest(Box<DigestAnswer>),
 }
 
 /// A response payload: one reply per op of the request, in order.
@@ -565,6 +599,13 @@ mod tests {
                 key: vec![1, 2],
                 candidates: None,
             },
+            Op::Digest(DigestAsk {
+                level: DigestLevel::Models,
+                model: String::new(),
+                low: 1,
+                high: 2,
+                of: vec![],
+            }),
         ];
         assert_eq!(ops.len(), OpKind::ALL.len());
         for (i, op) in ops.iter().enumerate() {
@@ -592,9 +633,27 @@ mod tests {
         let tail = MAX_TAIL as usize;
         assert_eq!(
             weights,
-            [3, 2, 1024, 1024, 1, 1, 1024, 1024, 1, sample, 3, tail, 2]
+            [
+                3,
+                2,
+                1024,
+                1024,
+                1,
+                1,
+                1024,
+                1024,
+                1,
+                sample,
+                3,
+                tail,
+                2,
+                DIGEST_WEIGHT
+            ]
         );
-        assert_eq!(Request::Batch(ops.to_vec()).weight(), 4109 + sample + tail);
+        assert_eq!(
+            Request::Batch(ops.to_vec()).weight(),
+            4109 + sample + tail + DIGEST_WEIGHT
+        );
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(
             names[6..],
@@ -605,7 +664,8 @@ mod tests {
                 "sample_keys",
                 "lookup_detail",
                 "tail",
-                "lookup_tiers"
+                "lookup_tiers",
+                "digest"
             ]
         );
         // New replies come after the old ones too.
@@ -632,6 +692,9 @@ mod tests {
         };
         let tiers = bincode::encode_to_vec(tiers, bincode::config::standard());
         assert_eq!(tiers.unwrap(), [10, 0, 0]);
+        let digest =
+            bincode::encode_to_vec(Reply::Digest(Box::default()), bincode::config::standard());
+        assert_eq!(digest.unwrap(), [11, 0, 0, 0, 0, 0, 0]);
         assert_eq!(Request::One(Op::Ping).ops(), &[Op::Ping]);
     }
 

@@ -9,7 +9,7 @@ use std::alloc::System;
 
 use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
-use prefix_proto::{Op, OpKind, Reply, Subscription};
+use prefix_proto::{DigestAsk, DigestLevel, Op, OpKind, Reply, Subscription};
 use prefix_testkit::fuzz::cases;
 use prefix_testkit::ops;
 use proptest::prelude::*;
@@ -58,6 +58,25 @@ fn op() -> impl Strategy<Value = Op> {
         ops::lookup(OpKind::LookupTiers, name, 0..40),
         (prop::option::of(any::<u64>()), any::<u32>())
             .prop_map(|(from, max)| Op::Tail { from, max }),
+        (
+            prop::sample::select(vec![
+                DigestLevel::Models,
+                DigestLevel::Cells,
+                DigestLevel::Items,
+                DigestLevel::Entries
+            ]),
+            name(),
+            any::<u64>(),
+            any::<u64>(),
+            prop::collection::vec(any::<u64>(), 0..8)
+        )
+            .prop_map(|(level, model, low, high, of)| Op::Digest(DigestAsk {
+                level,
+                model,
+                low,
+                high,
+                of
+            })),
     ]
 }
 
@@ -94,6 +113,9 @@ fn to_json(op: &Op) -> Value {
             Some(f) => json!({"from": f, "max": max}),
             None => json!({ "max": max }),
         },
+        Op::Digest(a) => json!({
+            "level": a.level, "model": a.model, "low": a.low, "high": a.high, "of": a.of,
+        }),
         Op::Subscribe(s) => {
             let mut v = json!({
                 "pod": s.pod, "model": s.model, "endpoint": s.endpoint,

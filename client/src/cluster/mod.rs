@@ -669,6 +669,9 @@ impl Route for ReplicaSets {
             // Positions in one server's writes: nothing to merge.
             OpKind::Tail => Ok(crate::wire::ErrorCode::Unsupported
                 .reply("a tail's positions are one server's: ask that server's own client")),
+            // Digests are one server's content, compared server by server.
+            OpKind::Digest => Ok(crate::wire::ErrorCode::Unsupported
+                .reply("a digest is one server's: ask that server's own client")),
             OpKind::RemovePod
             | OpKind::SetPodCapacity
             | OpKind::Unsubscribe

@@ -170,7 +170,7 @@ fn everything_changed() -> ServerConfig {
             tail_window: Duration::from_secs(32),
             tail_queue: 33,
             repair_interval: Duration::from_millis(340),
-            repair_keys: 35,
+            repair_budget: 35,
         },
         engines: EngineConfig {
             subscriptions: vec![
@@ -456,7 +456,7 @@ fn refused_values_say_why() {
         ("tail-queue = 0", "tail-queue/repair-interval = 0: must be positive"),
         ("repair-interval = \"0s\"", "tail-queue/repair-interval = 0: must be positive"),
         ("tail-window = \"500ms\"", "tail-window = 500ms: must be at least 1s"),
-        ("repair-keys = 257", "repair-keys = 257: must be 0 to 256"),
+        ("repair-budget = 16777217", "repair-budget = 16777217: must be 0 to 16777216"),
         ("max-snapshot-bytes = 1000", "max-snapshot-bytes = 1000: must be at least 1048576"),
         ("peers = [\"nowhere\"]", "peer = nowhere: not host:port"),
         ("token-block = 0", "token-block/max-held-batches/max-engines/max-engine-replays = 0: must be at least 1"),

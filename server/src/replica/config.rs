@@ -124,18 +124,18 @@ settings! {
         // inserts, seconds of a busy fleet's writes (a tail is read every
         // 100 ms).
         tail_queue: usize = plain => tail_queue: usize = 4 << 20, check TAIL,
-        /// Pause between rounds of repair: keys sampled from each peer, looked
-        /// up on both, and what the peer holds and this server lacks copied.
+        /// Pause between rounds of repair: digests compared with each peer's,
+        /// and what the peer holds and this server lacks copied.
         #[arg(long, env = "PREFIX_INDEX_REPAIR_INTERVAL")]
         repair_interval: HumanDuration = duration
             => repair_interval: Duration = Duration::from_secs(1), check TAIL,
-        /// Keys sampled from each peer per round of repair (at most 256); 0
-        /// turns repair off.
-        #[arg(long, env = "PREFIX_INDEX_REPAIR_KEYS")]
-        // 256 (`MAX_SAMPLE`): per peer and round, one sample, one batch of
-        // 256 lookups there and here, and an insert per key this server
-        // lacks.
-        repair_keys: u32 = plain => repair_keys: u32 = 256, check 0..=prefix_proto::MAX_SAMPLE,
+        /// Most items (block position, pod) compared with each peer per round
+        /// of repair, and most asked for; 0 turns repair off.
+        #[arg(long, env = "PREFIX_INDEX_REPAIR_BUDGET")]
+        // 262,144: one answer of items (`MAX_DIGEST_ANSWER`) a round, at
+        // most 2.4 MB from the peer; a minute of 1,000 new four-block keys
+        // a second missed is copied in a few rounds.
+        repair_budget: usize = plain => repair_budget: usize = 1 << 18, check 0..=(1 << 24),
     }
     /// The other replicas, and how a cold start fills itself from them.
     pub struct ReplicaConfig {}

@@ -78,10 +78,7 @@ impl Gate {
                 OpKind::RemovePod | OpKind::Unsubscribe => Reply::Removed(true),
                 _ => Reply::Done,
             })
-        } else if matches!(
-            kind,
-            OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers
-        ) {
+        } else if kind.looks_up() {
             Some(
                 ErrorCode::Unavailable
                     .reply("this replica is filling itself from a peer: ask another replica"),

@@ -4,6 +4,7 @@
 //! peers that filled from it (`tail`), and how the last fill went. Filling
 //! itself is `bootstrap.rs`; repair, `repair.rs`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,7 +70,28 @@ pub struct Replica {
     tail: Tail,
     /// The pods removed lately (what repair must not copy back).
     pub removals: Removals,
+    /// Whether it is catching up with its peers: 0 when not, else since
+    /// when (ms since the epoch); see [`Replica::behind`].
+    catching_up: AtomicU64,
+    /// When the repair task last ticked (0 before it runs): a pause shows
+    /// as a gap.
+    last_tick: AtomicU64,
+    /// Per peer, whether its last round of repair answered.
+    answered: Mutex<Vec<bool>>,
 }
+
+/// A gap between the repair task's ticks (every 100 ms) longer than this
+/// is a pause of the server (stopped, stalled, its VM paused): it may have
+/// missed writes, and catches up. Two seconds: a busy server's timers lag
+/// far less, and writes missed in a shorter pause reach it by the next
+/// rounds of repair, 2 to 3 s later.
+pub const PAUSED: Duration = Duration::from_secs(2);
+
+/// The least a catch-up lasts: the gateways' clients reconnect to a
+/// server back from a pause or partition within two seconds (their
+/// backoff), and the writes they sent it meanwhile may be lost; a round
+/// that starts this long after the catch-up began copies them too.
+pub const CATCH_UP: Duration = Duration::from_secs(3);
 
 impl Replica {
     /// A replica that serves at once.
@@ -138,11 +160,89 @@ impl Replica {
         *self.report.lock() = Some(report);
     }
 
-    /// What to answer `op` instead of applying it, while filling: writes are
-    /// held (answered `Done`, or refused once the queue is full), lookups
+    /// What to answer `op` at `now` instead of applying it: while filling,
+    /// writes are held (answered `Done`, or refused once the queue is
+    /// full) and lookups refused; while [`Replica::behind`], lookups
     /// refused; `None` means apply it now.
-    pub fn admit(&self, op: &Op, metrics: &Metrics) -> Option<Reply> {
-        self.gate.admit(op, metrics)
+    pub fn admit(&self, op: &Op, metrics: &Metrics, now: u64) -> Option<Reply> {
+        let held = self.gate.admit(op, metrics);
+        if held.is_some() || !op.kind().looks_up() {
+            return held;
+        }
+        self.behind(now).then(|| {
+            prefix_proto::ErrorCode::Unavailable.reply(
+                "this replica is catching up with its peers after a time without them (a \
+                 partition, a pause): ask another replica",
+            )
+        })
+    }
+
+    /// Whether this server is behind its peers at `now`: back from a
+    /// pause (a gap of more than [`PAUSED`] since the repair task last
+    /// ticked, seen at once by the lookups themselves) or from a time cut
+    /// off from every peer, and not yet caught up: a round of repair that
+    /// began at least [`CATCH_UP`] later has compared everything with a
+    /// peer, up to the present. Lookups are then refused, as while
+    /// filling; a server cut off from every peer answers what it holds,
+    /// and one whose repair is off never counts itself behind.
+    pub fn behind(&self, now: u64) -> bool {
+        // Relaxed, both: a hint; the lookups it gates read the index as
+        // it is.
+        let tick = self.last_tick.load(Ordering::Relaxed);
+        self.catching_up.load(Ordering::Relaxed) != 0
+            || (tick != 0 && now.saturating_sub(tick) > PAUSED.as_millis() as u64)
+    }
+
+    /// The repair task ticks at `now`; after a pause, the server catches
+    /// up.
+    pub fn tick(&self, now: u64) {
+        // Relaxed: see `behind`.
+        let last = self.last_tick.swap(now, Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) > PAUSED.as_millis() as u64 {
+            self.begin_catch_up(now);
+        }
+    }
+
+    /// Peer `peer` (of `peers`) answered a round of repair, or did not: a
+    /// server that reaches a peer after reaching none catches up.
+    pub fn answered(&self, peer: usize, peers: usize, ok: bool, now: u64) {
+        let mut answered = self.answered.lock();
+        if answered.len() != peers {
+            // Until told otherwise, every peer is taken as reachable: a
+            // server starting is not back from anything.
+            *answered = vec![true; peers];
+        }
+        let cut_off = !answered.iter().any(|&a| a);
+        answered[peer] = ok;
+        if ok && cut_off {
+            self.begin_catch_up(now);
+        }
+    }
+
+    fn begin_catch_up(&self, now: u64) {
+        // Relaxed: see `behind`. A catch-up under way starts again from
+        // now: what it began to compare may predate what was missed since.
+        if self.catching_up.swap(now.max(1), Ordering::Relaxed) == 0 {
+            tracing::info!("back from a pause or from a time without peers: catching up with them before answering lookups");
+        }
+    }
+
+    /// A round of repair that began at `started` compared everything with
+    /// a peer: the catch-up ends if the round began [`CATCH_UP`] after it.
+    pub fn caught_up(&self, started: u64) {
+        // Relaxed: see `behind`.
+        let since = self.catching_up.load(Ordering::Relaxed);
+        if since != 0 && started >= since + CATCH_UP.as_millis() as u64 {
+            let _ =
+                self.catching_up
+                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether it is catching up (repair then compares up to the present).
+    pub fn is_catching_up(&self) -> bool {
+        // Relaxed: see `behind`.
+        self.catching_up.load(Ordering::Relaxed) != 0
     }
 
     /// Applies the held writes with `apply`, oldest first, then opens the
@@ -186,6 +286,48 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_back_from_a_pause_or_partition_refuses_lookups_until_caught_up() {
+        let m = Metrics::default();
+        let r = Replica::default();
+        let lookup = Op::LookupTiers {
+            model: "m".into(),
+            key: vec![1],
+            candidates: None,
+        };
+        let refused = |r: &Replica| matches!(r.admit(&lookup, &m, crate::clock::now_ms()), Some(Reply::Error { code, .. }) if code == ErrorCode::Unavailable as u16);
+        assert!(!refused(&r), "no tick yet: repair may be off");
+        let now = crate::clock::now_ms();
+        let catch_up = CATCH_UP.as_millis() as u64;
+        // Paused: the lookups see the gap before the task ticks again.
+        r.tick(now - 5_000);
+        assert!(refused(&r), "paused for 5 s");
+        // The tick a moment ago: not paused.
+        let fresh = Replica::default();
+        fresh.tick(now - 1_000);
+        assert!(!refused(&fresh));
+        assert_eq!(r.admit(&insert(1), &m, now), None, "writes are applied");
+        r.tick(now);
+        assert!(refused(&r) && r.is_catching_up(), "catching up");
+        // A round begun before the catch-up's least time does not end it.
+        r.caught_up(now + catch_up - 1);
+        assert!(refused(&r));
+        r.caught_up(now + catch_up);
+        assert!(!refused(&r), "caught up");
+        // Cut off from both peers, then one answers: catching up.
+        r.answered(0, 2, false, now);
+        assert!(!refused(&r), "one peer still answers");
+        r.answered(1, 2, false, now);
+        assert!(
+            !refused(&r),
+            "cut off from every peer: it answers what it has"
+        );
+        r.answered(1, 2, true, now + 10);
+        assert!(refused(&r), "back: catching up");
+        r.caught_up(now + 10 + catch_up);
+        assert!(!refused(&r));
+    }
+
+    #[test]
     fn while_filling_writes_are_held_in_order_and_lookups_refused() {
         let m = Metrics::default();
         let n = LAST_ROUND as u64 + 100;
@@ -202,23 +344,23 @@ mod tests {
             key: vec![1],
             candidates: None,
         };
-        assert!(refused(gate.admit(&lookup, &m)));
-        assert!(refused(gate.admit(&detail, &m)));
-        assert_eq!(gate.admit(&Op::Ping, &m), None);
+        assert!(refused(gate.admit(&lookup, &m, 0)));
+        assert!(refused(gate.admit(&detail, &m, 0)));
+        assert_eq!(gate.admit(&Op::Ping, &m, 0), None);
         for k in 0..n {
-            assert_eq!(gate.admit(&insert(k), &m), Some(Reply::Done));
+            assert_eq!(gate.admit(&insert(k), &m, 0), Some(Reply::Done));
         }
         let remove = Op::RemovePod { pod: "p".into() };
-        assert_eq!(gate.admit(&remove, &m), Some(Reply::Removed(true)));
+        assert_eq!(gate.admit(&remove, &m, 0), Some(Reply::Removed(true)));
         // The queue is full by weight: one more block is refused, not held.
-        assert!(refused(gate.admit(&insert(n), &m)));
+        assert!(refused(gate.admit(&insert(n), &m, 0)));
         assert!(refused(gate.send().err()));
         let mut rounds = Vec::new();
         let applied = gate.open(|ops| {
             // A write that arrives while a round is applied (outside the
             // lock: the round is large) is held and applied after it.
             if rounds.is_empty() {
-                assert_eq!(gate.admit(&insert(n + 1), &m), Some(Reply::Done));
+                assert_eq!(gate.admit(&insert(n + 1), &m, 0), Some(Reply::Done));
             }
             rounds.push(ops);
         });
@@ -228,8 +370,8 @@ mod tests {
         assert_eq!(rounds[1..], [vec![insert(n + 1)]]);
         assert_eq!(applied, n + 2);
         assert!(!gate.is_filling());
-        assert_eq!(gate.admit(&insert(5), &m), None);
-        assert_eq!(gate.admit(&lookup, &m), None);
+        assert_eq!(gate.admit(&insert(5), &m, 0), None);
+        assert_eq!(gate.admit(&lookup, &m, 0), None);
     }
 
     #[test]

@@ -65,10 +65,33 @@ impl Removals {
         at.insert(pod.into(), now);
     }
 
+    /// Keeps a removal of `pod` at `at` a peer made, unless a later one is
+    /// kept.
+    pub fn learn(&self, pod: &str, at: u64) {
+        if !self.at_or_after(pod, at) {
+            self.record(pod, at);
+        }
+    }
+
+    /// Whether a removal of `pod` at `at` or later is kept.
+    pub fn at_or_after(&self, pod: &str, at: u64) -> bool {
+        self.at.lock().get(pod).is_some_and(|&t| t >= at)
+    }
+
     /// Whether `pod` was removed here after `written` (so an entry written
     /// then is stale).
     pub fn after(&self, pod: &str, written: u64) -> bool {
         self.at.lock().get(pod).is_some_and(|&t| t > written)
+    }
+
+    /// Every removal kept, as (pod, when): what a peer applies where it
+    /// missed them.
+    pub fn recent(&self) -> Vec<(String, u64)> {
+        self.at
+            .lock()
+            .iter()
+            .map(|(pod, &t)| (pod.clone(), t))
+            .collect()
     }
 
     /// Forgets removals older than a TTL at `now`.

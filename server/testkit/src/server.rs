@@ -6,6 +6,7 @@
 
 mod probe;
 mod process;
+mod writes;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,6 +22,7 @@ use tokio::task::JoinHandle;
 
 pub use probe::{count_from_env, eventually, http_get, metric, resident_bytes};
 pub use process::{client_bin, free_ports, Proc};
+pub use writes::{steady_write, SteadyWrites};
 
 /// A server running in this process, on the current tokio runtime.
 pub struct TestServer {
@@ -159,6 +161,48 @@ pub fn named(servers: &[TestServer]) -> (Vec<(String, SocketAddr)>, ClientConfig
         ..servers[0].client_config()
     };
     (list, cfg)
+}
+
+/// Waits until each of the metrics listeners `http` answers ready.
+pub async fn all_ready(http: &[SocketAddr]) {
+    for &h in http {
+        eventually("ready", async || {
+            std::net::TcpStream::connect(h).is_ok() && http_get(h, "/readyz").await.contains("200")
+        })
+        .await;
+    }
+}
+
+/// A gateway's `Cluster` over the replica set at `addrs` (named
+/// `index-0`, `index-1`, …, each trusting `ca`), every model on all of
+/// them, writes queued for a replica for up to 10 s; and the client config
+/// it uses.
+pub async fn replica_gateway(
+    addrs: &[SocketAddr],
+    ca: &Path,
+) -> (
+    prefix_client::Cluster,
+    Vec<(String, SocketAddr)>,
+    ClientConfig,
+) {
+    let cfg = ClientConfig {
+        connect_timeout: Duration::from_secs(10),
+        ..trusting(ca)
+    };
+    let list: Vec<(String, SocketAddr)> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("index-{i}"), *a))
+        .collect();
+    let replication = prefix_client::Replication {
+        replicas: addrs.len(),
+        write_deadline: Duration::from_secs(10),
+        ..prefix_client::Replication::default()
+    };
+    let gateway = prefix_client::Cluster::connect_replicated(&list, replication, cfg.clone())
+        .await
+        .expect("the replica set");
+    (gateway, list, cfg)
 }
 
 /// A raw QUIC connection speaking our ALPN, for tests that misbehave.

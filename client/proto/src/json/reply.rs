@@ -22,6 +22,10 @@ use crate::message::{EngineState, Op, PodDetail, PodTiers, Reply, WireStats};
 ///   ([`crate::PodView::name`]);
 /// - tail: `"from"`, `"next"` and `"ops"`, each write as a replay line's
 ///   object ([`write_json`]);
+/// - digest: `"models"` (`[{"model":M,"groups":[...]}]`), `"removals"`
+///   (`[{"pod":P,"at":T}]`), `"values"`, `"entries"`
+///   (`[{"pod":P,"key":[...],"at":T}]`) and `"more"`, as
+///   [`crate::message::DigestAnswer`] has them;
 /// - insert, set_pod_capacity, subscribe, ping: nothing more.
 pub fn reply_json(reply: &Reply) -> Value {
     match reply {
@@ -66,6 +70,13 @@ pub fn reply_json(reply: &Reply) -> Value {
         Reply::Writes { from, next, ops } => {
             let ops: Vec<Value> = ops.iter().map(write_json).collect();
             json!({ "ok": true, "from": from, "next": next, "ops": ops })
+        }
+        Reply::Digest(answer) => {
+            let mut v = serde_json::to_value(answer).unwrap_or_default();
+            if let Value::Object(fields) = &mut v {
+                fields.insert("ok".into(), Value::Bool(true));
+            }
+            v
         }
         Reply::Error { code, message } => error_json(Some(*code), message),
     }

@@ -61,6 +61,15 @@ fn full(kind: OpKind) -> JsonOp {
             key,
             candidates: Some(vec!["a".into()]),
         },
+        OpKind::Digest => JsonOp::Digest {
+            ask: crate::message::DigestAsk {
+                level: crate::message::DigestLevel::Items,
+                model: "m".into(),
+                low: 1,
+                high: 2,
+                of: vec![3],
+            },
+        },
     }
 }
 
