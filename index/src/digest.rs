@@ -107,29 +107,52 @@ impl Reader<'_> {
         cells: &[bool],
         max: usize,
     ) -> (Vec<u64>, bool) {
-        let mut items = Vec::new();
+        // First each cell's count, then the items of the cells that fit:
+        // memory stays within the answer, whatever was asked.
+        let mut counts = vec![0usize; CELLS];
         self.each_entry(model, w, |m| {
             for &p in m.paths {
-                let i = item(p, m.pod_hash);
-                if cells.get(cell_of(i)).copied().unwrap_or(false) {
-                    items.push(i);
+                let c = cell_of(item(p, m.pod_hash));
+                if cells.get(c).copied().unwrap_or(false) {
+                    counts[c] += 1;
                 }
             }
             true
         });
-        items.sort_unstable();
-        if items.len() <= max {
-            return (items, false);
+        let (mut taken, mut n) = (vec![false; CELLS], 0usize);
+        let mut more = false;
+        for (c, &k) in counts.iter().enumerate().filter(|(_, &k)| k > 0) {
+            // Whole cells, the first one whatever its size.
+            if n > 0 && n + k > max {
+                more = true;
+                break;
+            }
+            taken[c] = true;
+            n += k;
         }
-        // Cut before the cell of the first item past `max`, unless that is
-        // the first cell.
-        let cut = cell_of(items[max]);
-        let keep = match items.partition_point(|&i| cell_of(i) < cut) {
-            0 => items.partition_point(|&i| cell_of(i) <= cut),
-            n => n,
-        };
-        items.truncate(keep);
-        (items, true)
+        let mut items = Vec::with_capacity(n);
+        if n > 0 {
+            self.each_entry(model, w, |m| {
+                for &p in m.paths {
+                    let i = item(p, m.pod_hash);
+                    if taken[cell_of(i)] {
+                        items.push(i);
+                    }
+                }
+                true
+            });
+        }
+        items.sort_unstable();
+        (items, more)
+    }
+
+    /// Whether `pod` is a live engine-fed pod (its engine, not a peer,
+    /// says what it holds).
+    pub fn is_engine_fed(&self, pod: &str) -> bool {
+        let sh = &self.index().sh;
+        sh.pods
+            .id(pod, self.pin())
+            .is_some_and(|id| sh.pods.is_live(id.0) && !is_gateway(sh, id.0))
     }
 
     /// Whether `pod` holds a gateway-fed entry of any model last written
@@ -155,8 +178,10 @@ impl Reader<'_> {
 
     /// The entries of `model` in `w` holding items of `wanted`: per node
     /// and pod, one entry with the key down to the deepest wanted block of
-    /// the node's edge. Stops before the keys' blocks pass `max_blocks`;
-    /// the flag says whether some were left out.
+    /// the node's edge. Stops before the keys' blocks pass `max_blocks`,
+    /// counting each entry's pod name as blocks too (one per 8 bytes, and
+    /// two for the entry itself: about what it takes on the wire); the
+    /// flag says whether some were left out.
     pub fn digest_entries(
         &self,
         model: &str,
@@ -176,14 +201,15 @@ impl Reader<'_> {
                 return true;
             };
             let depth = m.key.len() - m.paths.len() + deepest + 1;
-            if blocks + depth > max_blocks {
-                more = true;
-                return false;
-            }
             let Some(pod) = sh.pods.name(PodId(m.pod), pin) else {
                 return true;
             };
-            blocks += depth;
+            let cost = depth + pod.len().div_ceil(8) + 2;
+            if blocks + cost > max_blocks {
+                more = true;
+                return false;
+            }
+            blocks += cost;
             found.push(Found {
                 pod,
                 key: m.key[..depth].to_vec(),
@@ -268,7 +294,7 @@ impl Reader<'_> {
 
 /// Whether `pod` is a live gateway-fed pod (not engine-fed, not a hidden
 /// lane of one).
-fn is_gateway(sh: &Shared, pod: u32) -> bool {
+pub(crate) fn is_gateway(sh: &Shared, pod: u32) -> bool {
     sh.pods.is_live(pod) && !sh.pods.is_precise(pod) && !sh.pods.is_hidden(pod)
 }
 

@@ -271,36 +271,49 @@ impl Index {
         report
     }
 
-    /// Per pod, how far the sweep evicted its entries for its capacity,
-    /// and how far it evicted every pod's for the global bound
+    /// Per gateway-fed pod, how far the sweep evicted its entries for its
+    /// capacity, and how far it evicted every pod's for the global bound
     /// (`max_blocks`): entries of that pod last used then or before are
     /// not to be copied back from a replica that kept them (repair). Pods
-    /// never evicted from are absent. Waits for a sweep call under way.
+    /// never evicted from, and engine-fed ones (their engines say what
+    /// they hold), are absent. Waits for a sweep call under way.
     pub fn evicted(&self) -> (HashMap<String, Through>, Option<Through>) {
         let sweeper = self.sweeper.lock();
         let pin = self.pin();
         let (per_pod, global) = sweeper.evicted();
         let named = per_pod
             .iter()
+            .filter(|(&id, _)| crate::digest::is_gateway(&self.sh, id))
             .filter_map(|(&id, &t)| Some((self.sh.pods.name(PodId(id), &pin)?.to_owned(), t)))
             .collect();
         (named, global)
     }
 
-    /// Makes the sweep evict the entries of `pod` (of every pod with
-    /// `None`) that `through` covers, as it would for a capacity: what a
-    /// replica does where a peer evicted further (see [`Index::evicted`]),
-    /// so that the two hold the same entries. Nothing happens where the
-    /// sweep here evicted that far already, or for a pod unknown here.
+    /// Makes the sweep evict the entries of gateway-fed `pod` (of every
+    /// gateway-fed pod with `None`) that `through` covers, as it would for
+    /// a capacity: what a replica does where a peer evicted further (see
+    /// [`Index::evicted`]), so that the two hold the same entries. Nothing
+    /// happens where the sweep here evicted that far already, for a pod
+    /// unknown here, or for an engine-fed one.
     pub fn evict_through(&self, pod: Option<&str>, through: Through) {
-        let id = match pod {
-            None => None,
-            Some(name) => match self.sh.pods.id(name, &self.pin()) {
-                Some(id) => Some(id.0),
-                None => return,
-            },
+        let pin = self.pin();
+        let ids: Vec<u32> = match pod {
+            Some(name) => self
+                .sh
+                .pods
+                .id(name, &pin)
+                .map(|id| id.0)
+                .into_iter()
+                .collect(),
+            None => self.sh.pods.ids_in_use().collect(),
         };
-        self.sweeper.lock().evict_through(id, through);
+        let mut sweeper = self.sweeper.lock();
+        for id in ids
+            .into_iter()
+            .filter(|&id| crate::digest::is_gateway(&self.sh, id))
+        {
+            sweeper.evict_through(id, through);
+        }
     }
 
     /// Whether [`Index::sweep`] has work at time `now`, cheaply (a look at

@@ -279,24 +279,20 @@ impl Sweeper {
         report
     }
 
-    /// Makes the next pass evict every entry of pod `id` (of every pod with
-    /// `None`) last used at or before `time`, unless a pass did already.
-    pub(crate) fn evict_through(&mut self, id: Option<u32>, through: Through) {
+    /// Makes the next pass evict the entries of pod `id` that `through`
+    /// covers, unless a pass evicted as far already (for its capacity or
+    /// the global bound).
+    pub(crate) fn evict_through(&mut self, id: u32, through: Through) {
+        let done = self.evicted.get(&id).copied().max(self.global_evicted);
+        if done.is_some_and(|t| t >= through) {
+            return;
+        }
         let c = Cutoff {
             time: through.time,
             depth: through.depth as usize,
         };
-        match id {
-            Some(id) if self.evicted.get(&id).is_none_or(|&t| t < through) => {
-                let next = self.next_cutoffs.entry(id).or_insert(c);
-                *next = next.max(c);
-            }
-            None if self.global_evicted.is_none_or(|t| t < through) => {
-                let g = (c.time, Reverse(c.depth));
-                self.next_global = self.next_global.max(Some(g));
-            }
-            _ => {}
-        }
+        let next = self.next_cutoffs.entry(id).or_insert(c);
+        *next = next.max(c);
     }
 
     /// Up to when each pod's entries were evicted (see `evicted`), by id,
@@ -375,6 +371,8 @@ impl Sweeper {
             self.next_global = self.next_global.max(m.entry_cutoff(excess));
         }
         sh.pods.recycle(&sh.epoch, pin);
+        // A freed id's evictions are not its next pod's.
+        self.evicted.retain(|&id, _| sh.pods.is_live(id));
         Counters::bump(&sh.counters.sweep_passes, 1);
         !self.next_cutoffs.is_empty() || self.next_global.is_some()
     }

@@ -184,12 +184,7 @@ fn decode_payload<T: Decode<()>>(payload: &[u8]) -> Result<T, WireError> {
 pub fn decode_request(payload: &[u8], limits: &Limits) -> Result<Request, WireError> {
     let request: Request = decode_payload(payload)?;
     if let Request::Batch(ops) = &request {
-        if ops.len() > limits.max_batch {
-            return Err(WireError::BatchTooLarge {
-                len: ops.len(),
-                max: limits.max_batch,
-            });
-        }
+        limits.check_batch(ops)?;
     }
     Ok(request)
 }

@@ -179,6 +179,12 @@ pub enum WireError {
         /// The limit.
         max: usize,
     },
+    /// A batch carries more than one `Digest` question.
+    #[error("a batch of {len} digest questions: a batch carries at most one")]
+    DigestsInBatch {
+        /// Digest questions sent.
+        len: usize,
+    },
     /// A field of an engine subscription is empty where it may not be, or
     /// too long (see [`Limits::max_text_len`](crate::Limits::max_text_len)).
     #[error("engine subscription's {field} of {len} bytes is not allowed ({min} to {max})")]
@@ -208,7 +214,9 @@ impl WireError {
             WireError::BadName { .. } => ErrorCode::BadName,
             WireError::TooManyCandidates { .. } => ErrorCode::TooManyCandidates,
             WireError::BadEngineField { .. } => ErrorCode::BadSubscription,
-            WireError::TooManyDigestItems { .. } => ErrorCode::BatchTooLarge,
+            WireError::TooManyDigestItems { .. } | WireError::DigestsInBatch { .. } => {
+                ErrorCode::BatchTooLarge
+            }
         }
     }
 

@@ -45,7 +45,28 @@ impl Default for Limits {
     }
 }
 
+/// Most `Digest` questions one batch carries: each walks a whole tree, and
+/// a batch's ops run under one pin of the index, which holds back the
+/// freeing of what writers replace until the batch ends.
+pub const MAX_DIGESTS_PER_BATCH: usize = 1;
+
 impl Limits {
+    /// Checks a batch as a whole: at most `max_batch` ops, at most
+    /// [`MAX_DIGESTS_PER_BATCH`] of them digest questions.
+    pub fn check_batch(&self, ops: &[Op]) -> Result<(), WireError> {
+        if ops.len() > self.max_batch {
+            return Err(WireError::BatchTooLarge {
+                len: ops.len(),
+                max: self.max_batch,
+            });
+        }
+        let digests = ops.iter().filter(|op| matches!(op, Op::Digest(_))).count();
+        if digests > MAX_DIGESTS_PER_BATCH {
+            return Err(WireError::DigestsInBatch { len: digests });
+        }
+        Ok(())
+    }
+
     /// The frame size actually enforced: `max_frame_bytes`, never past
     /// [`MAX_FRAME_CEILING`].
     pub fn frame_bytes(&self) -> u32 {

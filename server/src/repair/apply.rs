@@ -4,24 +4,27 @@
 
 use std::collections::HashMap;
 
+use prefix_index::digest::Window;
 use prefix_index::{Index, Through};
 use prefix_proto::{DigestEntry, Eviction, Tombstone};
 
+use crate::repair::compare::SETTLE;
 use crate::replica::removals::Removals;
 
 /// How far the sweep here evicted each pod's entries for a capacity, and
 /// every pod's for the global bound (see [`Index::evicted`]).
 pub type Evicted = (HashMap<String, Through>, Option<Through>);
 
-/// Copies `entries` of `model` into `index` at their write times, except
-/// an entry:
+/// Copies `entries` of `model` into `index` at their write times (none
+/// later than the window's `now`: a peer's clock ahead of this one's does
+/// not date entries in the future here), except an entry:
 /// - of a pod removed here after it was written (the peer missed the
 ///   removal);
 /// - written when or before the sweep here evicted that pod's entries for
 ///   its capacity or the global bound (`evicted`): capacity eviction and
 ///   repair agree, and repair never restores what the sweep took;
-/// - written at or before `low`, the start of the round's window (near
-///   its TTL).
+/// - written at or before the start of the round's window `w` (near its
+///   TTL).
 ///
 /// Returns the entries copied.
 pub fn copy(
@@ -30,20 +33,21 @@ pub fn copy(
     evicted: &Evicted,
     model: &str,
     entries: &[DigestEntry],
-    low: u64,
+    w: Window,
 ) -> u64 {
     let (per_pod, global) = evicted;
     let mut copied = 0;
     for e in entries {
+        let at = e.at.min(w.now);
         let swept = per_pod
             .get(&e.pod)
             .into_iter()
             .chain(global)
-            .any(|t| t.covers(e.at));
-        if e.at <= low || swept || removals.after(&e.pod, e.at) {
+            .any(|t| t.covers(at));
+        if at <= w.low || swept || removals.after(&e.pod, at) {
             continue;
         }
-        if index.insert(model, &e.key, &e.pod, e.at).is_ok() {
+        if index.insert(model, &e.key, &e.pod, at).is_ok() {
             copied += 1;
         }
     }
@@ -55,9 +59,13 @@ pub fn copy(
 /// evict as far: the next sweep pass evicts them, so that the two hold the
 /// same entries rather than differ in them, round after round, until
 /// their TTL. Eviction is by last use, oldest first, on both, to the same
-/// depth: the one that evicted further decides.
-pub fn evict(index: &Index, evictions: &[Eviction]) {
-    for e in evictions {
+/// depth: the one that evicted further decides. An eviction of entries
+/// written in the last [`SETTLE`] at `now` is passed over: a sweep evicts
+/// the least recently used, so only a peer's clock ahead of this one's
+/// says so, and it would take this server's newest entries.
+pub fn evict(index: &Index, evictions: &[Eviction], now: u64) {
+    let newest = now.saturating_sub(SETTLE.as_millis() as u64);
+    for e in evictions.iter().filter(|e| e.through <= newest) {
         let through = Through {
             time: e.through,
             depth: e.depth,
@@ -67,22 +75,28 @@ pub fn evict(index: &Index, evictions: &[Eviction]) {
     }
 }
 
-/// Applies a peer's removals: a pod it removed at `at` is removed here
-/// too, unless this server removed it since or holds an entry of it
-/// written after (the pod came back). Each is kept with this server's
-/// own removals, so that repair copies none of its older entries back
-/// and the next peer learns it from here. Returns the pods removed.
+/// Applies a peer's removals: a gateway-fed pod it removed at `at` (at
+/// `now` at the latest) is removed here too, unless this server removed
+/// it since or holds an entry of it written after (the pod came back).
+/// Each is kept with this server's own removals, so that repair copies
+/// none of the pod's older entries back, the next peer learns it from
+/// here, and it is weighed once. An engine-fed pod here is its engine's
+/// to keep or drop. Returns the pods removed.
 pub fn bury(index: &Index, removals: &Removals, tombstones: &[Tombstone], now: u64) -> u64 {
     let mut removed = 0;
     for t in tombstones {
-        if removals.at_or_after(&t.pod, t.at) {
+        let at = t.at.min(now);
+        if removals.at_or_after(&t.pod, at) {
             continue;
         }
-        if index.reader().written_since(&t.pod, t.at, now) {
+        let reader = index.reader();
+        if reader.is_engine_fed(&t.pod) {
             continue;
         }
-        removals.learn(&t.pod, t.at);
-        if index.remove_pod(&t.pod) {
+        let back = reader.written_since(&t.pod, at, now);
+        drop(reader);
+        removals.learn(&t.pod, at);
+        if !back && index.remove_pod(&t.pod) {
             removed += 1;
         }
     }
@@ -106,6 +120,14 @@ mod tests {
         })
     }
 
+    fn window(low: u64) -> Window {
+        Window {
+            low,
+            high: NOW - 2_000,
+            now: NOW,
+        }
+    }
+
     fn entry(pod: &str, key: &[u64], at: u64) -> DigestEntry {
         DigestEntry {
             pod: pod.into(),
@@ -122,8 +144,12 @@ mod tests {
             &Removals::default(),
             &Evicted::default(),
             "m",
-            &[entry("a", &[1, 2, 3], NOW - 10_000), entry("b", &[1], NOW)],
-            NOW - 50_000,
+            // The second dated by a clock ahead: copied as of now.
+            &[
+                entry("a", &[1, 2, 3], NOW - 10_000),
+                entry("b", &[1], NOW + 60_000),
+            ],
+            window(NOW - 50_000),
         );
         assert_eq!(done, 2);
         let mut found = index.lookup("m", &[1, 2, 3], None, NOW);
@@ -155,7 +181,14 @@ mod tests {
             entry("gone", &[5], NOW - 500),
             entry("full", &[6], NOW - 4_999),
         ];
-        let done = copy(&index, &removals, &evicted, "m", &entries, NOW - 40_000);
+        let done = copy(
+            &index,
+            &removals,
+            &evicted,
+            "m",
+            &entries,
+            window(NOW - 40_000),
+        );
         assert_eq!(done, 2);
         for (key, pod) in [
             (1, None),
@@ -181,7 +214,7 @@ mod tests {
             through: NOW - 2_000,
             depth: 0,
         }];
-        evict(&index, &evictions);
+        evict(&index, &evictions, NOW);
         index.sweep(NOW, usize::MAX);
         assert!(index.lookup("m", &[1], None, NOW).is_empty());
         assert_eq!(index.lookup("m", &[2], None, NOW).len(), 1);
@@ -192,7 +225,13 @@ mod tests {
             through: NOW - 4_000,
             depth: 0,
         };
-        evict(&index, &[every]);
+        // One of a clock ahead, which would take the newest: passed over.
+        let ahead = Eviction {
+            pod: "full".into(),
+            through: NOW - 500,
+            depth: 0,
+        };
+        evict(&index, &[every, ahead], NOW);
         index.sweep(NOW, usize::MAX);
         assert!(index.lookup("m", &[3], None, NOW).is_empty());
         assert_eq!(index.lookup("m", &[2], None, NOW).len(), 1);
@@ -225,7 +264,9 @@ mod tests {
         // asking this server learn it.
         assert!(removals.after("old", NOW - 1_001));
         assert!(removals.after("never-here", NOW - 1_001));
-        // Learnt once: a second round changes nothing.
+        // Learnt once, the pod that came back too: a second round changes
+        // nothing, and walks nothing.
+        assert!(removals.after("back", NOW - 1_001));
         index.insert("m", &[1], "old", NOW - 900).unwrap();
         assert_eq!(bury(&index, &removals, &tombstones, NOW), 0);
         assert_eq!(index.lookup("m", &[1], None, NOW).len(), 1);

@@ -22,17 +22,11 @@ pub const SETTLE: Duration = Duration::from_secs(2);
 pub const EXPIRY_GUARD: Duration = Duration::from_secs(4);
 
 /// The window a round at `now` compares, for an index whose entries live
-/// `ttl`: entries written from `ttl - EXPIRY_GUARD` to [`SETTLE`] ago, or
-/// up to `now` for a server catching up (it missed more than what is in
-/// flight, and copying what is in flight again is harmless). `None` when
-/// the TTL leaves no such time.
-pub fn window(now: u64, ttl: Duration, catching_up: bool) -> Option<Window> {
-    let settle = if catching_up {
-        0
-    } else {
-        SETTLE.as_millis() as u64
-    };
-    let high = now.checked_sub(settle)?;
+/// `ttl`: entries written from `ttl - EXPIRY_GUARD` to [`SETTLE`] ago.
+/// `None` when the TTL leaves no such time (6 s or less: repair then
+/// compares nothing).
+pub fn window(now: u64, ttl: Duration) -> Option<Window> {
+    let high = now.checked_sub(SETTLE.as_millis() as u64)?;
     let low = now
         .saturating_sub(ttl.as_millis() as u64)
         .saturating_add(EXPIRY_GUARD.as_millis() as u64);
@@ -84,17 +78,11 @@ mod tests {
 
     #[test]
     fn the_window_leaves_out_the_newest_and_the_nearly_expired() {
-        let w = window(100_000, Duration::from_secs(60), false).unwrap();
+        let w = window(100_000, Duration::from_secs(60)).unwrap();
         assert_eq!((w.low, w.high, w.now), (44_000, 98_000, 100_000));
-        let w = window(100_000, Duration::from_secs(60), true).unwrap();
-        assert_eq!((w.low, w.high), (44_000, 100_000), "catching up");
-        assert_eq!(
-            window(1_000, Duration::from_secs(60), false),
-            None,
-            "too early"
-        );
+        assert_eq!(window(1_000, Duration::from_secs(60)), None, "too early");
         let short = Duration::from_secs(6);
-        assert_eq!(window(100_000, short, false), None, "a TTL too short");
+        assert_eq!(window(100_000, short), None, "a TTL too short");
     }
 
     #[test]

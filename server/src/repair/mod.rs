@@ -21,7 +21,8 @@
 //! the two hold the same entries.
 //!
 //! What is not copied:
-//! - engine-fed pods: each replica follows its engines itself;
+//! - engine-fed pods (nor removed or evicted on a peer's word): each
+//!   replica follows its engines itself;
 //! - an entry of a pod this server removed after the peer wrote it;
 //! - an entry written when or before the sweep here evicted that pod's
 //!   entries for its capacity (or the global bound): repair never restores
@@ -32,23 +33,28 @@
 //! The traffic is proportional to the difference, and the work bounded:
 //! with nothing differing, a round with a peer is one question and an
 //! answer of 64 digests a model, and a walk of the trees on each side. A
-//! round compares at most `--repair-budget` items, in answers of at most
+//! round asks for items while it has compared fewer than
+//! `--repair-budget` (so at least one answer's worth), in answers of at most
 //! [`MAX_DIGEST_ANSWER`](prefix_proto::message::MAX_DIGEST_ANSWER) each.
 //! A round comes every `--repair-interval`, or every tenth of it
 //! ([`DIVERGED_SPEEDUP`]) after a round that copied or removed something
 //! or left cells to compare, and while the server catches up.
 //!
 //! A server back from a pause or from a time without peers catches up
-//! (see [`crate::replica::Replica::behind`]): its rounds compare up to the
-//! present, and it refuses lookups until one has compared everything.
-//! It pulls from every peer at once, so it may copy an entry once per
-//! peer.
+//! (see [`crate::replica::Replica::behind`]): it refuses lookups until a
+//! round that began late enough has compared everything with a peer. It
+//! pulls from every peer at once, so it may copy an entry once per peer.
+//!
+//! What a peer says is checked before it is used: answers of the wrong
+//! shape end the round ([`RepairError::Answer`]); write times, removals
+//! and evictions dated after this server's clock are taken as of now or
+//! passed over ([`apply`]).
 
 use std::sync::Arc;
 
 use prefix_client::{Client, ClientError, TlsConfig};
 use prefix_index::digest::Window;
-use prefix_proto::message::{cell_of, groups, CELLS, CELLS_PER_GROUP, MAX_DIGEST_ASK};
+use prefix_proto::message::{cell_of, groups, CELLS, CELLS_PER_GROUP, GROUPS, MAX_DIGEST_ASK};
 use prefix_proto::{DigestAnswer, DigestAsk, DigestLevel};
 use tokio_util::sync::CancellationToken;
 
@@ -158,14 +164,7 @@ async fn with_peer_until(
         let m = &handler.metrics;
         let started = now_ms();
         let mut done = Round::default();
-        let outcome = with_peer(
-            &c,
-            &handler,
-            cfg.repair_budget,
-            replica.is_catching_up(),
-            &mut done,
-        )
-        .await;
+        let outcome = with_peer(&c, &handler, cfg.repair_budget, &mut done).await;
         // What the round did counts, whether or not it ended.
         m.repair_cells.inc_by(done.cells);
         m.repair_items.inc_by(done.items);
@@ -192,7 +191,10 @@ async fn with_peer_until(
             }
             Err(e) => {
                 m.repair_failures.inc();
-                replica.answered(i, cfg.peers.len(), false, now_ms());
+                // Only the peer's failures say it is unreachable.
+                if !matches!(e, RepairError::Task(_)) {
+                    replica.answered(i, cfg.peers.len(), false, now_ms());
+                }
                 tracing::debug!(%peer, error = %e, "repair: a round with the peer failed");
             }
         }
@@ -202,15 +204,27 @@ async fn with_peer_until(
     }
 }
 
+/// Why a round of repair with a peer ended early.
+#[derive(Debug, thiserror::Error)]
+pub enum RepairError {
+    /// The peer did not answer, or refused.
+    #[error("the peer: {0}")]
+    Peer(#[from] ClientError),
+    /// The peer's answer is not one this server asked for.
+    #[error("the peer's answer: {0}")]
+    Answer(&'static str),
+    /// Work on this server's index failed (a bug, not the peer's doing).
+    #[error("a repair task here: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Runs `work` on the index off the async workers: each walks a tree.
 async fn blocking<T: Send + 'static>(
     handler: &Arc<Handler>,
     work: impl FnOnce(&Handler) -> T + Send + 'static,
-) -> Result<T, ClientError> {
+) -> Result<T, RepairError> {
     let h = handler.clone();
-    tokio::task::spawn_blocking(move || work(&h))
-        .await
-        .map_err(|e| ClientError::Protocol(format!("repair task failed: {e}")))
+    Ok(tokio::task::spawn_blocking(move || work(&h)).await?)
 }
 
 /// One question to the peer, its answer's bytes counted in `round`.
@@ -221,7 +235,7 @@ async fn ask(
     model: &str,
     w: Window,
     of: Vec<u64>,
-) -> Result<DigestAnswer, ClientError> {
+) -> Result<DigestAnswer, RepairError> {
     let answer = client
         .digest(DigestAsk {
             level,
@@ -236,27 +250,27 @@ async fn ask(
 }
 
 /// One round with one peer, comparing at most `budget` items (see the
-/// module's docs), up to the present if this server is `catching_up`;
-/// `round` says what it did, also when a question fails.
+/// module's docs); `round` says what it did, also when a question fails.
 async fn with_peer(
     client: &Client,
     handler: &Arc<Handler>,
     budget: usize,
-    catching_up: bool,
     round: &mut Round,
-) -> Result<(), ClientError> {
+) -> Result<(), RepairError> {
     let ttl = handler.index.config().ttl;
-    let Some(w) = compare::window(now_ms(), ttl, catching_up) else {
+    let Some(w) = compare::window(now_ms(), ttl) else {
         round.complete = true;
         return Ok(());
     };
     let theirs = ask(client, round, DigestLevel::Models, "", w, Vec::new()).await?;
-    let tombstones = theirs.removals;
-    let evictions = theirs.evictions;
+    if theirs.models.iter().any(|m| m.groups.len() != GROUPS) {
+        return Err(RepairError::Answer("a model's digests are not 64 groups"));
+    }
+    let (tombstones, evictions) = (theirs.removals, theirs.evictions);
     let models = theirs.models;
     let names: Vec<String> = models.iter().map(|m| m.model.clone()).collect();
     let (mine, removed) = blocking(handler, move |h| {
-        apply::evict(&h.index, &evictions);
+        apply::evict(&h.index, &evictions, w.now);
         let removed = apply::bury(&h.index, &h.replica.removals, &tombstones, w.now);
         let reader = h.index.reader();
         let mine: Vec<Vec<u64>> = names
@@ -279,7 +293,7 @@ async fn with_peer(
             continue;
         }
         let model = theirs.model.as_str();
-        let mut cells_theirs = ask(
+        let cells_theirs = ask(
             client,
             round,
             DigestLevel::Cells,
@@ -288,32 +302,19 @@ async fn with_peer(
             groups_differing.clone(),
         )
         .await?;
+        if cells_theirs.values.len() != groups_differing.len() * CELLS_PER_GROUP {
+            return Err(RepairError::Answer("not 64 cell digests a group asked"));
+        }
         // Their cells of the groups asked, beside ours.
         let mut cells = Vec::new();
         for (k, &g) in groups_differing.iter().enumerate() {
             let at = g as usize * CELLS_PER_GROUP;
-            let got = cells_theirs
-                .values
-                .get(k * CELLS_PER_GROUP..(k + 1) * CELLS_PER_GROUP)
-                .unwrap_or(&[]);
+            let got = &cells_theirs.values[k * CELLS_PER_GROUP..(k + 1) * CELLS_PER_GROUP];
             for c in compare::differing(&mine[at..at + CELLS_PER_GROUP], got) {
                 cells.push(at as u64 + c);
             }
         }
-        cells_theirs.values = Vec::new();
         round.cells += cells.len() as u64;
-        if cells.is_empty() {
-            continue;
-        }
-        // Ours of every differing cell, in one walk.
-        let (name, asked) = (model.to_owned(), cells.clone());
-        let ours = blocking(handler, move |h| {
-            h.index
-                .reader()
-                .digest_items(&name, w, &mask(&asked), usize::MAX)
-                .0
-        })
-        .await?;
         let mut rest = &cells[..];
         while !rest.is_empty() && budget > 0 {
             let items = ask(client, round, DigestLevel::Items, model, w, rest.to_vec()).await?;
@@ -323,12 +324,16 @@ async fn with_peer(
                 break;
             }
             rest = &rest[covered.len()..];
-            let in_covered = mask(&covered);
-            let ours: Vec<u64> = ours
-                .iter()
-                .copied()
-                .filter(|&i| in_covered[cell_of(i)])
-                .collect();
+            // Ours of the cells covered, in one walk.
+            let (name, asked) = (model.to_owned(), covered);
+            let ours = blocking(handler, move |h| {
+                let max = usize::MAX;
+                h.index
+                    .reader()
+                    .digest_items(&name, w, &mask(&asked), max)
+                    .0
+            })
+            .await?;
             round.items += (items.values.len() + ours.len()) as u64;
             budget = budget.saturating_sub(items.values.len());
             if budget == 0 && !rest.is_empty() {
@@ -345,18 +350,12 @@ async fn with_peer(
                 while !part.is_empty() {
                     let found =
                         ask(client, round, DigestLevel::Entries, model, w, part.clone()).await?;
-                    let more = found.more && !found.entries.is_empty();
+                    let more = found.more;
                     let name = model.to_owned();
                     round.copied += blocking(handler, move |h| {
                         let evicted = h.index.evicted();
-                        apply::copy(
-                            &h.index,
-                            &h.replica.removals,
-                            &evicted,
-                            &name,
-                            &found.entries,
-                            w.low,
-                        )
+                        let removals = &h.replica.removals;
+                        apply::copy(&h.index, removals, &evicted, &name, &found.entries, w)
                     })
                     .await?;
                     if !more {
@@ -367,6 +366,7 @@ async fn with_peer(
                     // (an entry not copied stays lacking).
                     let left = remaining(handler, model, w, part.clone()).await?;
                     if left.len() >= part.len() {
+                        round.complete = false;
                         break;
                     }
                     part = left;
@@ -383,7 +383,7 @@ async fn remaining(
     model: &str,
     w: Window,
     part: Vec<u64>,
-) -> Result<Vec<u64>, ClientError> {
+) -> Result<Vec<u64>, RepairError> {
     let name = model.to_owned();
     blocking(handler, move |h| {
         let cells: Vec<u64> = part.iter().map(|&i| cell_of(i) as u64).collect();

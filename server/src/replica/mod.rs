@@ -2,7 +2,7 @@
 //! and refuses lookups while it fills itself from a peer (`gate`), the one
 //! snapshot it may be sending to a peer (`sender`), the writes it keeps for
 //! peers that filled from it (`tail`), and how the last fill went. Filling
-//! itself is `bootstrap.rs`; repair, `repair.rs`.
+//! itself is `bootstrap.rs`; repair, `repair/`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -76,8 +76,9 @@ pub struct Replica {
     /// When the repair task last ticked (0 before it runs): a pause shows
     /// as a gap.
     last_tick: AtomicU64,
-    /// Per peer, whether its last round of repair answered.
-    answered: Mutex<Vec<bool>>,
+    /// Per peer, since when its rounds of repair fail (ms since the
+    /// epoch); none while they answer.
+    failing: Mutex<Vec<Option<u64>>>,
 }
 
 /// A gap between the repair task's ticks (every 100 ms) longer than this
@@ -90,7 +91,8 @@ pub const PAUSED: Duration = Duration::from_secs(2);
 /// The least a catch-up lasts: the gateways' clients reconnect to a
 /// server back from a pause or partition within two seconds (their
 /// backoff), and the writes they sent it meanwhile may be lost; a round
-/// that starts this long after the catch-up began copies them too.
+/// that starts this long (and [`SETTLE`](crate::repair::compare::SETTLE),
+/// what a round leaves out) after the catch-up began copies them too.
 pub const CATCH_UP: Duration = Duration::from_secs(3);
 
 impl Replica {
@@ -180,11 +182,14 @@ impl Replica {
     /// Whether this server is behind its peers at `now`: back from a
     /// pause (a gap of more than [`PAUSED`] since the repair task last
     /// ticked, seen at once by the lookups themselves) or from a time cut
-    /// off from every peer, and not yet caught up: a round of repair that
-    /// began at least [`CATCH_UP`] later has compared everything with a
-    /// peer, up to the present. Lookups are then refused, as while
-    /// filling; a server cut off from every peer answers what it holds,
-    /// and one whose repair is off never counts itself behind.
+    /// off from every peer (of two or more), and not yet caught up: a
+    /// round of repair that began at least [`CATCH_UP`] and
+    /// [`SETTLE`](crate::repair::compare::SETTLE) later has compared
+    /// everything with a peer. Lookups are then refused, as while filling.
+    /// A server whose every peer has failed its rounds for [`PAUSED`]
+    /// answers what it holds (a catch-up under way ends: nothing is
+    /// better than its own index then), and one whose repair is off never
+    /// counts itself behind.
     pub fn behind(&self, now: u64) -> bool {
         // Relaxed, both: a hint; the lookups it gates read the index as
         // it is.
@@ -203,19 +208,36 @@ impl Replica {
         }
     }
 
-    /// Peer `peer` (of `peers`) answered a round of repair, or did not: a
-    /// server that reaches a peer after reaching none catches up.
+    /// Peer `peer` (of `peers`) answered a round of repair at `now`, or
+    /// did not. A server whose every peer has failed for [`PAUSED`] is cut
+    /// off: it stops any catch-up and answers what it holds; reaching a
+    /// peer again then starts a catch-up, if it has two peers or more
+    /// (with one, either side may have been the one cut off, and the
+    /// rounds that follow copy what differs anyway).
     pub fn answered(&self, peer: usize, peers: usize, ok: bool, now: u64) {
-        let mut answered = self.answered.lock();
-        if answered.len() != peers {
+        let mut failing = self.failing.lock();
+        if failing.len() != peers {
             // Until told otherwise, every peer is taken as reachable: a
             // server starting is not back from anything.
-            *answered = vec![true; peers];
+            *failing = vec![None; peers];
         }
-        let cut_off = !answered.iter().any(|&a| a);
-        answered[peer] = ok;
-        if ok && cut_off {
+        let paused = PAUSED.as_millis() as u64;
+        let cut_off = |f: &[Option<u64>]| {
+            f.iter()
+                .all(|since| since.is_some_and(|t| now.saturating_sub(t) > paused))
+        };
+        let was_cut_off = cut_off(&failing);
+        match ok {
+            true => failing[peer] = None,
+            false => {
+                failing[peer].get_or_insert(now);
+            }
+        }
+        if ok && was_cut_off && peers >= 2 {
             self.begin_catch_up(now);
+        } else if !ok && cut_off(&failing) {
+            // Relaxed: see `behind`.
+            self.catching_up.store(0, Ordering::Relaxed);
         }
     }
 
@@ -228,18 +250,23 @@ impl Replica {
     }
 
     /// A round of repair that began at `started` compared everything with
-    /// a peer: the catch-up ends if the round began [`CATCH_UP`] after it.
+    /// a peer: the catch-up ends if the round began [`CATCH_UP`] and
+    /// [`SETTLE`](crate::repair::compare::SETTLE) after it (its window
+    /// then holds every write the gateways may have lost).
     pub fn caught_up(&self, started: u64) {
         // Relaxed: see `behind`.
         let since = self.catching_up.load(Ordering::Relaxed);
-        if since != 0 && started >= since + CATCH_UP.as_millis() as u64 {
+        let least = (CATCH_UP + crate::repair::compare::SETTLE).as_millis() as u64;
+        if since != 0 && started >= since + least {
+            // Relaxed: see `behind`. It fails when a catch-up began since
+            // (a new pause): that one must run its own course.
             let _ =
                 self.catching_up
                     .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
     }
 
-    /// Whether it is catching up (repair then compares up to the present).
+    /// Whether it is catching up.
     pub fn is_catching_up(&self) -> bool {
         // Relaxed: see `behind`.
         self.catching_up.load(Ordering::Relaxed) != 0
@@ -297,34 +324,54 @@ mod tests {
         let refused = |r: &Replica| matches!(r.admit(&lookup, &m, crate::clock::now_ms()), Some(Reply::Error { code, .. }) if code == ErrorCode::Unavailable as u16);
         assert!(!refused(&r), "no tick yet: repair may be off");
         let now = crate::clock::now_ms();
-        let catch_up = CATCH_UP.as_millis() as u64;
+        let least = (CATCH_UP + crate::repair::compare::SETTLE).as_millis() as u64;
         // Paused: the lookups see the gap before the task ticks again.
         r.tick(now - 5_000);
         assert!(refused(&r), "paused for 5 s");
+        assert_eq!(r.admit(&insert(1), &m, now), None, "writes are applied");
         // The tick a moment ago: not paused.
         let fresh = Replica::default();
         fresh.tick(now - 1_000);
         assert!(!refused(&fresh));
-        assert_eq!(r.admit(&insert(1), &m, now), None, "writes are applied");
         r.tick(now);
         assert!(refused(&r) && r.is_catching_up(), "catching up");
         // A round begun before the catch-up's least time does not end it.
-        r.caught_up(now + catch_up - 1);
+        r.caught_up(now + least - 1);
         assert!(refused(&r));
-        r.caught_up(now + catch_up);
+        r.caught_up(now + least);
         assert!(!refused(&r), "caught up");
-        // Cut off from both peers, then one answers: catching up.
+        // Peers failing for a moment (a restart, a blip): nothing changes.
         r.answered(0, 2, false, now);
-        assert!(!refused(&r), "one peer still answers");
         r.answered(1, 2, false, now);
+        r.answered(1, 2, true, now + 100);
+        assert!(!refused(&r));
+        // Cut off from both for longer, then one answers: catching up.
+        let later = now + 10_000;
+        r.answered(0, 2, false, later);
+        r.answered(1, 2, false, later);
+        r.answered(0, 2, false, later + 3_000);
         assert!(
             !refused(&r),
             "cut off from every peer: it answers what it has"
         );
-        r.answered(1, 2, true, now + 10);
+        r.answered(1, 2, true, later + 3_010);
         assert!(refused(&r), "back: catching up");
-        r.caught_up(now + 10 + catch_up);
+        r.caught_up(later + 3_010 + least);
         assert!(!refused(&r));
+        // A catch-up under way ends when every peer fails for long.
+        r.tick(later + 20_000);
+        r.tick(later + 30_000);
+        assert!(r.is_catching_up());
+        r.answered(0, 2, false, later + 30_000);
+        r.answered(1, 2, false, later + 30_000);
+        r.answered(0, 2, false, later + 33_000);
+        assert!(!r.is_catching_up(), "no peer to catch up with");
+        // With one peer, reaching it again does not count.
+        let pair = Replica::default();
+        pair.answered(0, 1, false, now);
+        pair.answered(0, 1, false, now + 3_000);
+        pair.answered(0, 1, true, now + 3_010);
+        assert!(!pair.is_catching_up());
     }
 
     #[test]
