@@ -512,10 +512,6 @@ impl Handler {
                 }
             }
             Op::Tail { from, max } => self.replica.tail(*from, *max, now),
-            // A filling server's index is partial: a peer comparing with it
-            // would take its gaps for the truth.
-            Op::Digest(_) if self.replica.is_filling() => ErrorCode::Unavailable
-                .reply("this replica is filling itself from a peer: ask it for digests later"),
             Op::Digest(ask) => {
                 crate::repair::answer(&self.index, reader, &self.replica.removals, ask, now)
             }

@@ -505,10 +505,7 @@ pub fn parse_batch(bytes: &[u8], opts: &KeyOptions, max_batch: usize) -> Result<
                 .map_err(|e| JsonError::new(format!("ops[{i}]: {e}")).to_reply())
         })
         .collect::<Result<Vec<Op>, Reply>>()?;
-    let digests = ops.iter().filter(|op| matches!(op, Op::Digest(_))).count();
-    if digests > crate::limits::MAX_DIGESTS_PER_BATCH {
-        return Err(crate::WireError::DigestsInBatch { len: digests }.to_reply());
-    }
+    crate::limits::check_digests(&ops).map_err(|e| e.to_reply())?;
     Ok(Request::Batch(ops))
 }
 

@@ -50,6 +50,16 @@ impl Default for Limits {
 /// freeing of what writers replace until the batch ends.
 pub const MAX_DIGESTS_PER_BATCH: usize = 1;
 
+/// Refuses a batch of more than [`MAX_DIGESTS_PER_BATCH`] digest
+/// questions, however it arrived (a frame or an HTTP body).
+pub(crate) fn check_digests(ops: &[Op]) -> Result<(), WireError> {
+    let digests = ops.iter().filter(|op| matches!(op, Op::Digest(_))).count();
+    if digests > MAX_DIGESTS_PER_BATCH {
+        return Err(WireError::DigestsInBatch { len: digests });
+    }
+    Ok(())
+}
+
 impl Limits {
     /// Checks a batch as a whole: at most `max_batch` ops, at most
     /// [`MAX_DIGESTS_PER_BATCH`] of them digest questions.
@@ -60,11 +70,7 @@ impl Limits {
                 max: self.max_batch,
             });
         }
-        let digests = ops.iter().filter(|op| matches!(op, Op::Digest(_))).count();
-        if digests > MAX_DIGESTS_PER_BATCH {
-            return Err(WireError::DigestsInBatch { len: digests });
-        }
-        Ok(())
+        check_digests(ops)
     }
 
     /// The frame size actually enforced: `max_frame_bytes`, never past

@@ -78,7 +78,9 @@ impl Gate {
                 OpKind::RemovePod | OpKind::Unsubscribe => Reply::Removed(true),
                 _ => Reply::Done,
             })
-        } else if kind.looks_up() {
+        } else if kind.looks_up() || kind == OpKind::Digest {
+            // A digest of a partial index: a peer comparing with it would
+            // take its gaps for the truth.
             Some(
                 ErrorCode::Unavailable
                     .reply("this replica is filling itself from a peer: ask another replica"),

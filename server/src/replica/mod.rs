@@ -164,8 +164,8 @@ impl Replica {
 
     /// What to answer `op` at `now` instead of applying it: while filling,
     /// writes are held (answered `Done`, or refused once the queue is
-    /// full) and lookups refused; while [`Replica::behind`], lookups
-    /// refused; `None` means apply it now.
+    /// full), lookups and digest questions refused; while
+    /// [`Replica::behind`], lookups refused; `None` means apply it now.
     pub fn admit(&self, op: &Op, metrics: &Metrics, now: u64) -> Option<Reply> {
         let held = self.gate.admit(op, metrics);
         if held.is_some() || !op.kind().looks_up() {
