@@ -7,6 +7,10 @@
 //! `lookup_into` is the index's own part of the same lookups, measured in
 //! the same run: what `serve` adds to it is the handler's cost per frame
 //! (metrics, clocks, the epoch pin, the answer's encoding).
+//!
+//! `serve_one_receipt_frames` serves a gateway's receipts for the same keys
+//! (one per lookup, for the pod each would be routed to): what sending a
+//! receipt for every request costs beside the lookup itself.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -14,7 +18,7 @@ use std::sync::Arc;
 use criterion::{Criterion, Throughput};
 use prefix_benches::{mooncake, mooncake_path, pod_names};
 use prefix_index::{Index, IndexConfig};
-use prefix_proto::{Limits, Op, Request};
+use prefix_proto::{Limits, Op, Receipt, Request};
 use prefix_server::now_ms;
 use prefix_server::Access;
 use prefix_server::Handler;
@@ -61,6 +65,22 @@ fn main() {
         candidates: None,
     };
     let ones: Vec<Request> = (0..256).map(|i| Request::One(lookup(i))).collect();
+    let pods = pod_names();
+    let receipts: Vec<Request> = (0..256)
+        .map(|i| {
+            let key = trace[(i * 11) % trace.len()].key.clone();
+            let blocks = key.len() as u32;
+            Request::One(Op::Receipt(Receipt {
+                model: MODEL.into(),
+                pod: pods[i % pods.len()].clone(),
+                prompt_tokens: Some(blocks * 16 + 1),
+                predicted_blocks: blocks,
+                // Mostly as predicted, one in eight short of it.
+                cached_tokens: if i % 8 == 0 { 0 } else { blocks * 16 },
+                key,
+            }))
+        })
+        .collect();
     let batches: Vec<Request> = (0..16)
         .map(|b| Request::Batch((0..16).map(|i| lookup(b * 16 + i)).collect()))
         .collect();
@@ -82,6 +102,7 @@ fn main() {
     });
     for (name, frames) in [
         ("serve_one_lookup_frames", &ones),
+        ("serve_one_receipt_frames", &receipts),
         ("serve_batch_16_frames", &batches),
     ] {
         g.bench_function(name, |b| {

@@ -18,7 +18,8 @@ use std::future::Future;
 
 use crate::error::ClientError;
 use crate::wire::{
-    EngineState, Op, PodBlocks, PodDetail, PodTiers, Reply, SampledKey, Subscription, WireStats,
+    EngineState, Op, PodBlocks, PodDetail, PodTiers, Receipt, Reply, SampledKey, Subscription,
+    WireStats,
 };
 
 /// Where an [`Index`]'s operations go: one server, or a cluster's replica
@@ -220,6 +221,14 @@ impl<R: Route> Index<R> {
             pod: pod.into(),
         };
         done(self.route.one(op).await?)
+    }
+
+    /// Reports what `pod`'s engine reused of a request routed there
+    /// ([`Receipt`]): the server counts it for the pod, and shows a pod
+    /// whose receipts over-predict as `Suspect`. On a cluster it goes to
+    /// every replica of the model's set, as inserts do.
+    pub async fn receipt(&self, receipt: Receipt) -> Result<(), ClientError> {
+        done(self.route.one(Op::Receipt(receipt)).await?)
     }
 
     /// Forgets a pod everywhere; returns whether the server knew it (on a

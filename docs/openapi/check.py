@@ -26,6 +26,7 @@ from prefix_index_api.api.default import (
     lookup_tiers,
     ping,
     readyz,
+    receipt,
     remove_pod,
     sample_keys,
     set_pod_capacity,
@@ -51,6 +52,7 @@ from prefix_index_api.models import (
     Ok,
     Op,
     OpOp,
+    ReceiptRequest,
     RemovedAnswer,
     RemovePodRequest,
     SampleKeysRequest,
@@ -168,6 +170,37 @@ detail = call(lookup_detail, 200, DetailAnswer, body=LookupRequest(model="llama"
 assert [(m.pod, m.blocks, m.lower_blocks, m.view) for m in detail.matches] == [
     ("pod-a", 3, 0, DetailMatchView.GATEWAY)
 ], detail
+# No receipt yet: every count 0.
+assert [m.receipts.to_dict() for m in detail.matches] == [dict(exact=0, over=0, under=0)], detail
+
+# Receipts: the engine reused what the lookup predicted. With tokens the
+# server counts the prompt: 16 tokens end on a block's end, so the engine
+# could reuse none of the one block predicted, and reusing none is exact.
+call(
+    receipt,
+    200,
+    Ok,
+    body=ReceiptRequest(
+        model="llama",
+        hashes=key,
+        pod="pod-a",
+        predicted_blocks=3,
+        cached_tokens=48,
+        prompt_tokens=None,
+    ),
+)
+call(
+    receipt,
+    200,
+    Ok,
+    body=ReceiptRequest(
+        model="qwen", tokens=TOKENS, pod="pod-b", predicted_blocks=1, cached_tokens=0
+    ),
+)
+detail = call(lookup_detail, 200, DetailAnswer, body=LookupRequest(model="llama", hashes=key))
+assert [(m.pod, m.view, m.receipts.to_dict()) for m in detail.matches] == [
+    ("pod-a", DetailMatchView.GATEWAY, dict(exact=1, over=0, under=0))
+], detail
 
 tiered = call(lookup_tiers, 200, TiersAnswer, body=LookupRequest(model="llama", hashes=key))
 assert [(m.pod, m.blocks, m.tiers) for m in tiered.matches] == [("pod-a", 3, [])], tiered
@@ -257,6 +290,10 @@ ops = [
     (op("remove_pod", pod="nobody"), RemovedAnswer),
     (op("tail", max=1), WritesAnswer),
     (op("digest", level="models", low=0, high=1), DigestAnswer),
+    (
+        op("receipt", model="llama", hashes=key, pod="pod-a", predicted_blocks=3, cached_tokens=48),
+        Ok,
+    ),
     (op("insert", model="llama", hashes=[1] * (MAX_KEY_BLOCKS + 1), pod="pod-a"), Error),
     (op("lookup", model="", text="x" * 64), Error),
 ]
@@ -278,6 +315,29 @@ refused = call(lookup, 400, Error, body=LookupRequest(model="llama", hashes=[1],
 assert error_name(refused) == (1, ErrorName.MALFORMED), refused
 refused = call(batch, 422, Error, body=BatchRequest(ops=[op("ping")] * (MAX_BATCH + 1)))
 assert error_name(refused) == (6, ErrorName.BATCH_TOO_LARGE), refused
+refused = call(
+    receipt,
+    422,
+    Error,
+    body=ReceiptRequest(
+        model="llama", hashes=key, pod="nobody", predicted_blocks=1, cached_tokens=0
+    ),
+)
+assert error_name(refused) == (18, ErrorName.BAD_RECEIPT), refused
+refused = call(
+    receipt,
+    400,
+    Error,
+    body=ReceiptRequest(
+        model="qwen",
+        tokens=TOKENS,
+        pod="pod-b",
+        predicted_blocks=1,
+        cached_tokens=0,
+        prompt_tokens=17,
+    ),
+)
+assert error_name(refused) == (1, ErrorName.MALFORMED), refused
 
 # The probes: plain text, the same as on the metrics listener.
 for probe, text in [(healthz, b"ok\n"), (readyz, b"ready\n")]:

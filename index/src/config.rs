@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::receipts::ReceiptRule;
+
 /// Configuration of an [`crate::Index`]. Every field has a documented default.
 #[derive(Debug, Clone, PartialEq)]
 pub struct IndexConfig {
@@ -64,6 +66,9 @@ pub struct IndexConfig {
     /// Longest pod or model name in bytes. Default 253: a DNS-1123 subdomain,
     /// the longest Kubernetes object name.
     pub max_name_len: usize,
+    /// How receipts make a pod suspect ([`ReceiptRule`]'s defaults, with
+    /// their reasons).
+    pub receipts: ReceiptRule,
 }
 
 impl Default for IndexConfig {
@@ -82,6 +87,7 @@ impl Default for IndexConfig {
             max_block_ratio: 1024,
             max_engine_groups: 32,
             max_name_len: 253,
+            receipts: ReceiptRule::default(),
         }
     }
 }

@@ -20,7 +20,7 @@
 //!   again after a resync, replaying, disconnected); a match that rests on
 //!   a gateway's insert the engine has not confirmed says so too.
 
-use prefix_proto::PodView;
+use prefix_proto::{PodView, ReceiptCounts};
 use smallvec::SmallVec;
 
 use crate::precise::PINNED;
@@ -50,6 +50,8 @@ pub struct DetailMatch {
     /// entry on the last block it matches was last written (how near it is
     /// to its TTL); 0 for every other view.
     pub age: u64,
+    /// Its recent receipts ([`crate::receipts`]).
+    pub receipts: ReceiptCounts,
 }
 
 /// One pod's tiered answer ([`Reader::lookup_tiers`]).
@@ -301,14 +303,24 @@ impl OnPath<'_, '_> {
         let (sh, pin) = (self.sh, self.pin);
         let (pod, blocks) = (m.pod, m.blocks);
         reach.clear();
+        let standing = sh.pods.receipts(pod.0).standing(&sh.cfg.receipts, self.now);
+        // Evidence over belief: receipts that over-predict override the view.
+        let judged = |view| {
+            if standing.suspect {
+                PodView::Suspect
+            } else {
+                view
+            }
+        };
         if !sh.pods.is_precise(pod.0) {
             let written = blocks.checked_sub(1).and_then(|b| self.entry(pod.0, b));
             return DetailMatch {
                 pod,
                 blocks,
                 lower: 0,
-                view: PodView::Gateway,
+                view: judged(PodView::Gateway),
                 age: written.map_or(0, |t| self.now.saturating_sub(t)),
+                receipts: standing.counts,
             };
         }
         let name = sh.pods.name(pod, pin);
@@ -350,8 +362,9 @@ impl OnPath<'_, '_> {
             pod,
             blocks,
             lower: 0,
-            view,
+            view: judged(view),
             age: 0,
+            receipts: standing.counts,
         }
     }
 }

@@ -117,6 +117,7 @@ mod node;
 mod node_ref;
 mod pods;
 pub mod precise;
+pub mod receipts;
 mod reclaim;
 mod sets;
 mod shared;
@@ -142,6 +143,7 @@ pub use pods::PodId;
 pub use precise::{
     Alias, Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED,
 };
+pub use receipts::{Change, ReceiptRefusal, ReceiptRule, Recorded, Standing};
 pub use sets::{SetError, MAX_SETS};
 pub use snapshot::{RestoreSummary, Snapshot, SnapshotError, WriteSummary};
 pub use stats::Stats;

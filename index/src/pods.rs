@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::error::PodError;
 use crate::groups::HIDDEN_MARK;
+use crate::receipts::PodReceipts;
 use crate::reclaim::{free_uncounted, Epoch, Pin, Published, Unlinked};
 use crate::sync::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Mutex, Ordering,
@@ -53,6 +54,8 @@ struct Slot {
     /// Our blocks per engine block of an engine-fed pod (1 otherwise):
     /// the engine reuses whole blocks only, so matches round down to it.
     align: AtomicU32,
+    /// What engines reused against what the index predicted.
+    receipts: PodReceipts,
 }
 
 /// The pod's blocks come from its engine's events (`crate::precise`): its
@@ -128,6 +131,7 @@ impl Pods {
                     capacity: AtomicU64::new(default_capacity),
                     flags: AtomicU8::new(0),
                     align: AtomicU32::new(1),
+                    receipts: PodReceipts::new(),
                 })
                 .collect(),
             names: Published::new(Box::default()),
@@ -312,6 +316,7 @@ impl Pods {
         slot.flags.store(flags, Ordering::Relaxed);
         // Relaxed: as for the capacity.
         slot.align.store(1, Ordering::Relaxed);
+        slot.receipts.reset();
         // Release: pairs with the Acquire load in `is_live`.
         slot.state.store(LIVE, Ordering::Release);
         Ok(id)
@@ -539,6 +544,11 @@ impl Pods {
 
     /// The block multiple a pod's matches round down to (1: none).
     #[inline]
+    /// The receipts of the pod with id `id`.
+    pub(crate) fn receipts(&self, id: u32) -> &PodReceipts {
+        &self.slots[id as usize].receipts
+    }
+
     pub(crate) fn align(&self, id: u32) -> u32 {
         // Relaxed: as in `set_align`.
         self.slots[id as usize].align.load(Ordering::Relaxed)

@@ -80,6 +80,7 @@ pub const fn route(kind: OpKind) -> (Method, &'static str) {
         OpKind::Tail => (Method::POST, "/v1/tail"),
         OpKind::LookupTiers => (Method::POST, "/v1/lookup-tiers"),
         OpKind::Digest => (Method::POST, "/v1/digest"),
+        OpKind::Receipt => (Method::POST, "/v1/receipt"),
     }
 }
 
@@ -701,7 +702,10 @@ pub fn http_status(code: ErrorCode) -> u16 {
         | ErrorCode::BadSubscription => 400,
         ErrorCode::Forbidden => 403,
         ErrorCode::FrameTooLarge => 413,
-        ErrorCode::KeyTooLong | ErrorCode::BatchTooLarge | ErrorCode::TooManyCandidates => 422,
+        ErrorCode::KeyTooLong
+        | ErrorCode::BatchTooLarge
+        | ErrorCode::TooManyCandidates
+        | ErrorCode::BadReceipt => 422,
         ErrorCode::TooManyPods | ErrorCode::TooManyModels => 507,
         ErrorCode::IndexFull | ErrorCode::Unavailable | ErrorCode::Cold => 503,
         ErrorCode::Internal => 500,

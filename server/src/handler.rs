@@ -25,12 +25,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use prefix_index::{EngineError, Index, InsertError, Match, PodError, Reader};
+use prefix_index::{Change, EngineError, Index, InsertError, Match, PodError, Reader};
 use prefix_proto::json::JsonWriter;
+use prefix_proto::key::TOKEN_BLOCK_TOKENS;
 use prefix_proto::{
-    encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, Reply,
-    Request, Response, ResponseWriter, SampledKey, Subscription, TierReach, ANSWER_ROOM,
-    MAX_FRAME_CEILING, MAX_SAMPLE,
+    encode_response, EngineState, ErrorCode, Limits, Op, OpKind, PodDetail, PodTiers, Receipt,
+    ReceiptCounts, Reply, Request, Response, ResponseWriter, SampledKey, Subscription, TierReach,
+    ANSWER_ROOM, MAX_FRAME_CEILING, MAX_SAMPLE,
 };
 use smallvec::SmallVec;
 
@@ -63,6 +64,15 @@ impl Drop for InFlight<'_> {
 pub trait Replies {
     /// Writes a lookup's reply.
     fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]);
+    /// Writes a detailed lookup's reply, with each pod's recent receipts
+    /// (`receipts[i]` are `matches[i]`'s) where the encoding has room.
+    fn detail(&mut self, key_blocks: u32, matches: Vec<PodDetail>, receipts: &[ReceiptCounts]) {
+        let _ = receipts;
+        self.reply(&Reply::Detail {
+            key_blocks,
+            matches,
+        });
+    }
     /// Writes any other reply.
     fn reply(&mut self, reply: &Reply);
     /// Bytes written so far: an answer stops at [`MAX_FRAME_CEILING`].
@@ -76,6 +86,14 @@ macro_rules! replies_by_own_methods {
         impl Replies for $writer<'_> {
             fn lookup(&mut self, key_blocks: u32, matches: &[(&str, u32)]) {
                 $writer::lookup(self, key_blocks, matches);
+            }
+            fn detail(
+                &mut self,
+                key_blocks: u32,
+                matches: Vec<PodDetail>,
+                receipts: &[ReceiptCounts],
+            ) {
+                $writer::detail(self, key_blocks, matches, receipts);
             }
             fn reply(&mut self, reply: &Reply) {
                 $writer::reply(self, reply);
@@ -453,23 +471,22 @@ impl Handler {
             } => {
                 let names = names(candidates);
                 let found = reader.lookup_detail(model, key, names.as_deref(), now);
-                let matches = found
+                let (matches, receipts): (Vec<PodDetail>, Vec<ReceiptCounts>) = found
                     .matches
                     .iter()
                     .filter_map(|m| {
-                        Some(PodDetail {
+                        let detail = PodDetail {
                             pod: reader.pod_name(m.pod)?.into(),
                             blocks: m.blocks,
                             lower_blocks: m.lower,
                             view: m.view,
                             age_ms: m.age,
-                        })
+                        };
+                        Some((detail, m.receipts))
                     })
-                    .collect();
-                Reply::Detail {
-                    key_blocks: found.key_blocks,
-                    matches,
-                }
+                    .unzip();
+                w.detail(found.key_blocks, matches, &receipts);
+                return false;
             }
             Op::LookupTiers {
                 model,
@@ -515,6 +532,7 @@ impl Handler {
             Op::Digest(ask) => {
                 crate::repair::answer(&self.index, reader, &self.replica.removals, ask, now)
             }
+            Op::Receipt(receipt) => self.receipt(receipt, now),
             Op::SampleKeys { count, seed } => {
                 let count = (*count).min(MAX_SAMPLE) as usize;
                 // Keys of up to `max-key-blocks` each: stop within the
@@ -536,6 +554,52 @@ impl Handler {
             }
         };
         self.answer(op, &reply, now, w)
+    }
+
+    /// Counts a receipt for its pod, logging once each change of the pod's
+    /// standing with the evidence.
+    fn receipt(&self, receipt: &Receipt, now: u64) -> Reply {
+        let block_tokens = self
+            .engines
+            .as_ref()
+            .map_or(TOKEN_BLOCK_TOKENS as u32, |e| e.config().token_block);
+        let recorded = match self.index.record_receipt(receipt, block_tokens, now) {
+            Ok(recorded) => recorded,
+            Err(e) => return ErrorCode::BadReceipt.reply(e),
+        };
+        self.metrics.receipt(recorded.judged.difference());
+        let c = recorded.counts;
+        // Doubted pods are cleared by their follower, if the operator asks.
+        let resync = recorded.change == Some(Change::Suspect)
+            && self
+                .engines
+                .as_ref()
+                .is_some_and(|e| e.config().receipt_resync && e.doubt(&receipt.pod));
+        match recorded.change {
+            Some(Change::Suspect) => tracing::warn!(
+                pod = %receipt.pod,
+                model = %receipt.model,
+                over = c.over,
+                exact = c.exact,
+                under = c.under,
+                predicted = recorded.judged.expected,
+                reused = recorded.judged.reused,
+                key_blocks = receipt.key.len(),
+                resync,
+                "pod is suspect: its recent receipts over-predict (the engine reused less than \
+                 the index promised; events lost, or evictions never told)"
+            ),
+            Some(Change::Cleared) => tracing::info!(
+                pod = %receipt.pod,
+                over = c.over,
+                exact = c.exact,
+                under = c.under,
+                "pod is suspect no more: its receipts agree again, or none came for \
+                 --receipt-quiet"
+            ),
+            None => {}
+        }
+        Reply::Done
     }
 
     /// Writes `reply` to `op` (recording an applied write for the

@@ -10,7 +10,7 @@ use prefix_index::{Index, SweepReport, WriteSummary};
 
 use crate::engines::metrics::{EngineCollector, EnginesCell};
 use crate::engines::Engines;
-use prefix_proto::{Op, OpKind};
+use prefix_proto::{Op, OpKind, ReceiptOutcome};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -124,6 +124,48 @@ pub struct Metrics {
     /// Key blocks and best matched blocks of lookups, by model.
     lookup_blocks: Family<ModelLabels, Counter>,
     lookup_matched: Family<ModelLabels, Counter>,
+    /// Blocks predicted minus blocks reused, per receipt.
+    receipt_difference: Histogram,
+    /// Each pod's receipts by outcome, read from the index at each scrape.
+    receipts: ReceiptsCell,
+}
+
+/// Each live pod's receipts by outcome ([`ReceiptOutcome::ALL`] order), as
+/// the last scrape read them from the index.
+type ReceiptsCell = Arc<std::sync::Mutex<Vec<(String, [u64; 3])>>>;
+
+/// Encodes `receipts_total{pod,outcome}` from the last scrape's reading.
+#[derive(Debug)]
+struct ReceiptCollector(ReceiptsCell);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ReceiptLabels {
+    pod: String,
+    outcome: &'static str,
+}
+
+impl Collector for ReceiptCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let all = self.0.lock().map(|a| a.clone()).unwrap_or_default();
+        let samples = all.iter().flat_map(|(pod, totals)| {
+            ReceiptOutcome::ALL.iter().zip(totals).map(|(o, &n)| {
+                let labels = ReceiptLabels {
+                    pod: pod.clone(),
+                    outcome: o.name(),
+                };
+                (labels, n)
+            })
+        });
+        crate::engines::metrics::labelled(
+            &mut encoder,
+            (
+                "receipts",
+                "Receipts counted per pod, by outcome: exact, over (the index promised more than the engine reused), under",
+                None,
+            ),
+            crate::engines::metrics::counters(samples),
+        )
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
@@ -216,6 +258,10 @@ impl Default for Metrics {
             engines: EnginesCell::default(),
             lookup_blocks: Family::default(),
             lookup_matched: Family::default(),
+            receipt_difference: Histogram::new([
+                -64.0, -16.0, -4.0, -1.0, 0.0, 1.0, 4.0, 16.0, 64.0,
+            ]),
+            receipts: ReceiptsCell::default(),
         };
         m.register_rest()
     }
@@ -382,6 +428,12 @@ impl Metrics {
         );
         r.register_collector(Box::new(ProcessCpu));
         r.register_collector(Box::new(EngineCollector(self.engines.clone())));
+        r.register_collector(Box::new(ReceiptCollector(self.receipts.clone())));
+        r.register(
+            "receipt_difference_blocks",
+            "Per receipt, the blocks the index predicted minus those the engine reused (above 0: over-predicted)",
+            self.receipt_difference.clone(),
+        );
         r.register(
             "lookup_key_blocks",
             "Blocks in the keys of lookups, by model",
@@ -474,6 +526,11 @@ impl Metrics {
         self.sweep_seconds.observe(seconds);
     }
 
+    /// Counts a receipt's difference (blocks predicted minus reused).
+    pub fn receipt(&self, difference: i64) {
+        self.receipt_difference.observe(difference as f64);
+    }
+
     /// The text exposition, with index sizes read now.
     pub fn render(&self, index: &Index) -> String {
         let s = index.stats();
@@ -493,6 +550,9 @@ impl Metrics {
         if let Some(rss) = resident_bytes() {
             self.resident_bytes
                 .set(i64::try_from(rss).unwrap_or(i64::MAX));
+        }
+        if let Ok(mut receipts) = self.receipts.lock() {
+            *receipts = index.receipt_totals();
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

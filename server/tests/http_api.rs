@@ -796,6 +796,10 @@ async fn every_documented_route_answers_and_others_do_not() {
         OpKind::SampleKeys => Some(json!({"count": 2})),
         OpKind::Tail => Some(json!({"max": 2})),
         OpKind::Digest => Some(json!({"level": "models", "low": 0, "high": 1})),
+        // After the insert's route (routes go in path order): pod "p" is known.
+        OpKind::Receipt => Some(json!({
+            "model": "m", "hashes": [1], "pod": "p", "predicted_blocks": 1, "cached_tokens": 16,
+        })),
     };
     let doc = openapi();
     for (method, path) in routes() {

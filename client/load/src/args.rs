@@ -234,6 +234,11 @@ pub(crate) struct SimArgs {
     /// tail-first as vLLM and SGLang do, or in-order.
     #[arg(long, value_enum, default_value_t = simulate::Release::TailFirst)]
     pub(crate) release: simulate::Release,
+    /// precise: pod N's eviction events are lost from trace time T on, its
+    /// stores still arriving (`N@T`, e.g. `3@10m`): how soon its receipts
+    /// find it suspect.
+    #[arg(long, value_parser = parse_silence)]
+    pub(crate) lose_evictions: Option<simulate::Silence>,
     /// Use the server at this address instead of an in-process index (not
     /// with the precise policy).
     #[arg(long)]
@@ -366,4 +371,19 @@ pub(crate) struct LoadArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `N@T`: pod N, from trace time T (a duration: `10m`, `600s`).
+fn parse_silence(s: &str) -> Result<simulate::Silence, String> {
+    let (pod, at) = s
+        .split_once('@')
+        .ok_or_else(|| format!("{s:?}: give POD@TIME, e.g. 3@10m"))?;
+    let pod = pod
+        .parse()
+        .map_err(|e| format!("{pod:?}: a pod's number: {e}"))?;
+    let at = humantime::parse_duration(at).map_err(|e| format!("{at:?}: {e}"))?;
+    Ok(simulate::Silence {
+        pod,
+        from_ms: u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+    })
 }

@@ -353,7 +353,11 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         event_delay: a.event_delay,
         speculative_ttl: a.speculative_ttl,
         release: a.release,
+        silence: a.lose_evictions,
     };
+    if let Some(s) = a.lose_evictions.filter(|s| s.pod >= cfg.pods) {
+        anyhow::bail!("--lose-evictions names pod {} of {}", s.pod, cfg.pods);
+    }
     let bound = simulate::upper_bound(&trace);
     // Distinct names per run keep runs apart on a shared server.
     let run_id = std::time::SystemTime::now()
@@ -395,16 +399,21 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         cfg.speculative_ttl,
         bound
     );
-    println!("| policy | gateways | hit ratio | of 1-gateway | of bound | imbalance (max/mean) | accuracy | recall |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| policy | gateways | hit ratio | of 1-gateway | of bound | imbalance (max/mean) | accuracy | recall | receipts exact / over / under |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let share = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.3}"));
+    let receipts = |r: &simulate::SimResult| {
+        r.receipts.map_or("-".to_string(), |s| {
+            format!("{:.3} / {:.3} / {:.3}", s.exact, s.over, s.under)
+        })
+    };
     for r in &results {
         let one = results
             .iter()
             .find(|o| o.label() == r.label() && o.gateways == 1)
             .map_or(f64::NAN, |o| r.hit_ratio / o.hit_ratio);
         println!(
-            "| {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {:.3} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
             r.label(),
             r.gateways,
             r.hit_ratio,
@@ -413,7 +422,28 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
             r.imbalance,
             share(r.accuracy),
             share(r.recall),
+            receipts(r),
         );
+    }
+    if let Some(s) = a.lose_evictions {
+        for r in results.iter().filter(|r| r.silenced.is_some()) {
+            let Some(q) = &r.silenced else { continue };
+            let found = match (q.suspect_after, q.over_by_then) {
+                (Some(n), Some(o)) => {
+                    format!("at its request {n}, its over-predicted receipt {o}")
+                }
+                _ => "never".to_string(),
+            };
+            println!(
+                "precise, {} gateways: pod {}'s evictions were lost from {:?} on; {} requests went to it after, {} of them over-predicted; its receipts made it suspect {found}; other pods were made suspect {} times",
+                r.gateways,
+                s.pod,
+                Duration::from_millis(s.from_ms),
+                q.requests,
+                q.over,
+                q.others_suspect,
+            );
+        }
     }
     Ok(())
 }

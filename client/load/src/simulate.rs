@@ -41,6 +41,7 @@
 
 mod plot;
 pub mod precise;
+mod receipts;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -56,6 +57,7 @@ use serde::Serialize;
 use crate::workload::Request;
 pub use engine_sim::Release;
 pub use plot::plot;
+pub use receipts::{ReceiptShares, Silence, Silenced};
 
 /// The simulation's clock at the trace's time 0, in ms: a real date, so that
 /// times dated back by a TTL stay positive.
@@ -141,6 +143,8 @@ pub struct SimConfig {
     pub speculative_ttl: Duration,
     /// The order in which each pod's cache releases a request's blocks.
     pub release: Release,
+    /// Precise: a pod whose eviction events stop reaching the index.
+    pub silence: Option<Silence>,
 }
 
 /// One (gateways, policy, capacity model) result.
@@ -162,6 +166,11 @@ pub struct SimResult {
     pub accuracy: Option<f64>,
     /// Of the blocks the chosen pod held, the share the index said it held.
     pub recall: Option<f64>,
+    /// What gateways' receipts would say of the index's answers for the
+    /// chosen pods (for the policies that ask an index).
+    pub receipts: Option<ReceiptShares>,
+    /// The silenced pod's account (precise, with a silence).
+    pub silenced: Option<Silenced>,
 }
 
 impl SimResult {
@@ -334,6 +343,8 @@ pub async fn simulate(
     let mut rng = SmallRng::seed_from_u64(cfg.seed);
     let (mut hits, mut total) = (0usize, 0usize);
     let mut accuracy = Accuracy::default();
+    let mut receipts = receipts::Book::default();
+    let silence = cfg.silence.filter(|_| policy == Policy::Precise);
     let mean_load = (cfg.window as f64 / cfg.pods as f64).max(1e-9);
     // Ties go round-robin (by request number), not always to pod 0.
     let least_loaded = |load: &[usize], i: usize| {
@@ -383,9 +394,36 @@ pub async fn simulate(
         };
         let held = engines.hits(pod, &r.key);
         accuracy.add(matched[pod] as usize, held);
+        let silenced = silence.is_some_and(|s| s.pod == pod && r.at_ms >= s.from_ms);
+        if policy.uses_index() {
+            let local = match &idx {
+                Idx::Local(i) => Some(&**i),
+                Idx::Remote(_) => None,
+            };
+            let held = held as u32;
+            let name = &pods[pod];
+            receipts.add(
+                local,
+                &model(g),
+                name,
+                key,
+                matched[pod],
+                held,
+                silenced,
+                now,
+            );
+        }
         hits += held;
         total += r.key.len();
         match &mut feeder {
+            // A silenced pod's evictions are lost: the index hears of what
+            // it stores, never of what it drops.
+            Some(f) if silenced => {
+                let mut step = engines.serve(pod, &r.key);
+                step.events
+                    .retain(|e| !matches!(e, prefix_events::Event::Removed(_)));
+                f.changed(step, now)?
+            }
             Some(f) => f.changed(engines.serve(pod, &r.key), now)?,
             None => engines.touch(pod, &r.key),
         }
@@ -419,6 +457,8 @@ pub async fn simulate(
         imbalance: max / mean.max(1e-9),
         accuracy: predicts.then(|| accuracy.accuracy()),
         recall: predicts.then(|| accuracy.recall()),
+        receipts: receipts.shares(),
+        silenced: silence.map(|_| receipts.silenced()),
     })
 }
 
@@ -445,6 +485,7 @@ mod tests {
             event_delay: Duration::ZERO,
             speculative_ttl: Duration::ZERO,
             release: Release::TailFirst,
+            silence: None,
         }
     }
 
@@ -497,6 +538,38 @@ mod tests {
             let spec = run(&trace, 1, Policy::Precise, &speculating).await;
             assert_eq!(spec.hit_ratio, oracle.hit_ratio, "{capacity}: {spec:?}");
         }
+    }
+
+    /// With every event on time, receipts agree with every answer of the
+    /// precise index; when one pod's evictions are lost, its receipts
+    /// over-predict and make it suspect, and no other pod.
+    #[tokio::test]
+    async fn lost_evictions_make_their_pod_and_only_it_suspect() {
+        let trace = conversations(1_000);
+        let cfg = config(40);
+        let healthy = run(&trace, 1, Policy::Precise, &cfg).await;
+        let shares = healthy.receipts.unwrap();
+        assert_eq!((shares.over, shares.under), (0.0, 0.0), "{shares:?}");
+        assert_eq!(healthy.silenced, None);
+        let lossy = SimConfig {
+            silence: Some(Silence {
+                pod: 2,
+                from_ms: 5_000,
+            }),
+            ..cfg
+        };
+        let lost = run(&trace, 1, Policy::Precise, &lossy).await;
+        let q = lost.silenced.unwrap();
+        assert!(q.over >= 8, "{q:?}");
+        assert!(q.suspect_after.is_some_and(|n| n <= q.requests), "{q:?}");
+        assert!(q.over_by_then.is_some_and(|n| n >= 8), "{q:?}");
+        assert_eq!(q.others_suspect, 0, "{q:?}");
+        assert!(lost.receipts.unwrap().over > 0.0);
+        // Other policies are not silenced.
+        assert_eq!(
+            run(&trace, 1, Policy::PrefixShared, &lossy).await.silenced,
+            None
+        );
     }
 
     /// Events that arrive later than the next turn leave the index behind

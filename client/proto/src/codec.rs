@@ -13,7 +13,7 @@ use bincode::{Decode, Encode};
 use crate::error::WireError;
 use crate::header::{Kind, HEADER_LEN, MAGIC};
 use crate::limits::Limits;
-use crate::message::{Reply, Request, Response};
+use crate::message::{PodDetail, ReceiptCounts, Reply, Request, Response};
 use crate::version::VERSION;
 
 /// The most bytes bincode may reserve while decoding one payload, whatever its
@@ -92,6 +92,16 @@ impl<'a> ResponseWriter<'a> {
     /// Writes any reply.
     pub fn reply(&mut self, reply: &Reply) {
         self.put(reply);
+    }
+
+    /// Writes a [`Reply::Detail`]. Each pod's recent receipts are not in
+    /// this encoding (its `PodDetail` is fixed: see `docs/protocol.md`); the
+    /// JSON form carries them ([`crate::json::JsonWriter::detail`]).
+    pub fn detail(&mut self, key_blocks: u32, matches: Vec<PodDetail>, _: &[ReceiptCounts]) {
+        self.put(&Reply::Detail {
+            key_blocks,
+            matches,
+        });
     }
 
     /// Payload bytes written so far.

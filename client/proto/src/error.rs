@@ -51,11 +51,16 @@ pub enum ErrorCode {
     /// and holds nothing of its own to give: a replica that hears this from
     /// every peer knows the whole set is new, and starts empty at once.
     Cold = 17,
+    /// A receipt the server cannot count: its pod is not in the index
+    /// (never named, or removed since), or its figures cannot be true of
+    /// its key (a prediction longer than the key, a reuse longer than the
+    /// prompt or the key).
+    BadReceipt = 18,
 }
 
 impl ErrorCode {
     /// Every code, in number order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::Malformed,
         ErrorCode::BadVersion,
         ErrorCode::UnknownKind,
@@ -73,6 +78,7 @@ impl ErrorCode {
         ErrorCode::BadSubscription,
         ErrorCode::Unsupported,
         ErrorCode::Cold,
+        ErrorCode::BadReceipt,
     ];
 
     /// The code for a number, if known (newer peers may send codes we lack).
@@ -100,6 +106,7 @@ impl ErrorCode {
             ErrorCode::BadSubscription => "bad_subscription",
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Cold => "cold",
+            ErrorCode::BadReceipt => "bad_receipt",
         }
     }
 
@@ -199,6 +206,9 @@ pub enum WireError {
         /// The limit.
         max: usize,
     },
+    /// A receipt's figures cannot be true of its key.
+    #[error("bad receipt: {0}")]
+    BadReceipt(#[from] crate::message::ReceiptError),
 }
 
 impl WireError {
@@ -214,6 +224,7 @@ impl WireError {
             WireError::BadName { .. } => ErrorCode::BadName,
             WireError::TooManyCandidates { .. } => ErrorCode::TooManyCandidates,
             WireError::BadEngineField { .. } => ErrorCode::BadSubscription,
+            WireError::BadReceipt(_) => ErrorCode::BadReceipt,
             WireError::TooManyDigestItems { .. } | WireError::DigestsInBatch { .. } => {
                 ErrorCode::BatchTooLarge
             }

@@ -14,6 +14,7 @@
 //! {"op":"subscribe","pod":P,"model":M,"endpoint":E}   (optional: "replay":E, "block_size":16, "topic":"", "media":["GPU"])
 //! {"op":"unsubscribe","pod":P}
 //! {"op":"list_engines"}
+//! {"op":"receipt","model":M,"tokens":[..],"pod":P,"predicted_blocks":N,"cached_tokens":T}   (optional: "prompt_tokens")
 //! ```
 //!
 //! The HTTP API takes the same objects without `"op"` (the route names it),
@@ -34,7 +35,7 @@ use thiserror::Error;
 
 use crate::error::ErrorCode;
 use crate::key;
-use crate::message::{DigestAsk, DigestLevel, Op, OpKind, Reply, Request, Subscription};
+use crate::message::{DigestAsk, DigestLevel, Op, OpKind, Receipt, Reply, Request, Subscription};
 
 /// How text and token ids become block hashes; every gateway of a model
 /// must agree on these.
@@ -321,6 +322,33 @@ pub enum JsonOp {
         #[cfg_attr(feature = "clap", command(flatten))]
         ask: DigestAsk,
     },
+    /// What an engine reused of a request routed to a pod, beside what the
+    /// lookup predicted for it (counted per pod; see `lookup-detail`).
+    Receipt {
+        /// Model name, as the lookup named it.
+        #[cfg_attr(feature = "clap", arg(long))]
+        model: String,
+        /// The key looked up.
+        #[serde(flatten)]
+        #[cfg_attr(feature = "clap", command(flatten))]
+        key: KeySource,
+        /// The pod the request went to.
+        #[cfg_attr(feature = "clap", arg(long))]
+        pod: String,
+        /// The blocks the lookup answered for the pod when the gateway
+        /// routed.
+        #[cfg_attr(feature = "clap", arg(long))]
+        predicted_blocks: u32,
+        /// The tokens the engine reported reusing (vLLM:
+        /// `usage.prompt_tokens_details.cached_tokens`).
+        #[cfg_attr(feature = "clap", arg(long))]
+        cached_tokens: u32,
+        /// The prompt's length in tokens, when the key is not its tokens
+        /// (with `tokens`, their count).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long))]
+        prompt_tokens: Option<u32>,
+    },
 }
 
 /// Why a JSON body or line is not an operation. Answered with
@@ -371,6 +399,7 @@ impl JsonOp {
             JsonOp::Tail { .. } => OpKind::Tail,
             JsonOp::LookupTiers { .. } => OpKind::LookupTiers,
             JsonOp::Digest { .. } => OpKind::Digest,
+            JsonOp::Receipt { .. } => OpKind::Receipt,
         }
     }
 
@@ -467,6 +496,33 @@ impl JsonOp {
             JsonOp::SampleKeys { count, seed } => Op::SampleKeys { count, seed },
             JsonOp::Tail { from, max } => Op::Tail { from, max },
             JsonOp::Digest { ask } => Op::Digest(ask),
+            JsonOp::Receipt {
+                model,
+                key,
+                pod,
+                predicted_blocks,
+                cached_tokens,
+                prompt_tokens,
+            } => {
+                let counted = key.tokens.as_ref().map(|t| t.len());
+                let prompt_tokens = match (prompt_tokens, counted) {
+                    (Some(given), Some(n)) if given as usize != n => {
+                        return Err(JsonError::new(format!(
+                            "prompt_tokens {given} is not the {n} tokens given"
+                        )))
+                    }
+                    (Some(given), _) => Some(given),
+                    (None, n) => n.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+                };
+                Op::Receipt(Receipt {
+                    model,
+                    pod,
+                    key: key.into_key(opts)?,
+                    prompt_tokens,
+                    predicted_blocks,
+                    cached_tokens,
+                })
+            }
         })
     }
 
@@ -572,6 +628,9 @@ op_fields! {
     low: u64,
     high: u64,
     of: Vec<u64>,
+    predicted_blocks: u32,
+    cached_tokens: u32,
+    prompt_tokens: u32,
 }
 
 /// Takes field `$name` of `$fields` (`Option`al), noting its name where
@@ -700,6 +759,20 @@ impl Fields {
                         high: need(take!(self.high), "high")?,
                         of: take!(self.of).unwrap_or_default(),
                     },
+                }
+            }
+            OpKind::Receipt => {
+                let need_text = need;
+                let need = |v: Option<u32>, name: &str| {
+                    v.ok_or_else(|| JsonError::new(format!("receipt: missing field `{name}`")))
+                };
+                JsonOp::Receipt {
+                    model: need_text(take!(self.model), "model")?,
+                    key: self.key(),
+                    pod: need_text(take!(self.pod), "pod")?,
+                    predicted_blocks: need(take!(self.predicted_blocks), "predicted_blocks")?,
+                    cached_tokens: need(take!(self.cached_tokens), "cached_tokens")?,
+                    prompt_tokens: take!(self.prompt_tokens),
                 }
             }
         })

@@ -56,9 +56,9 @@ pub use frame::{
 };
 pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
-    DigestAnswer, DigestAsk, DigestEntry, DigestLevel, EngineState, EngineStatus, Eviction,
-    ModelDigest, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Reply, Request, Response,
-    SampledKey, Subscription, SubscriptionError, Tier, TierReach, Tombstone, WireStats, MAX_SAMPLE,
-    MAX_TAIL,
+    DigestAnswer, DigestAsk, DigestEntry, DigestLevel, EngineState, EngineStatus, Eviction, Judged,
+    ModelDigest, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Receipt, ReceiptCounts,
+    ReceiptError, ReceiptOutcome, Reply, Request, Response, SampledKey, Subscription,
+    SubscriptionError, Tier, TierReach, Tombstone, WireStats, MAX_SAMPLE, MAX_TAIL,
 };
 pub use pod_name::PodName;

@@ -177,6 +177,12 @@ impl Limits {
                 self.check_name(pod)
             }
             Op::Subscribe(sub) => self.check_engine(sub),
+            Op::Receipt(r) => {
+                self.check_name(&r.model)?;
+                self.check_name(&r.pod)?;
+                self.check_key(&r.key)?;
+                Ok(r.check()?)
+            }
             Op::Digest(ask) => {
                 if !ask.model.is_empty() {
                     self.check_name(&ask.model)?;

@@ -13,6 +13,7 @@ use crate::pod_name::PodName;
 
 mod digest;
 mod engine;
+mod receipt;
 
 pub use digest::{
     cell_of, group_of, groups, item, path_root, path_step, pod_hash, DigestAnswer, DigestAsk,
@@ -20,6 +21,7 @@ pub use digest::{
     MAX_DIGEST_ANSWER, MAX_DIGEST_ASK,
 };
 pub use engine::{EngineState, EngineStatus, Subscription, SubscriptionError, Tier};
+pub use receipt::{Judged, Receipt, ReceiptCounts, ReceiptError, ReceiptOutcome};
 
 /// One operation on the index.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
@@ -115,6 +117,10 @@ pub enum Op {
     /// holds ([`DigestAsk`]): what a replica compares with its own to copy
     /// only what differs.
     Digest(DigestAsk),
+    /// What an engine reused of a request routed to a pod, beside what
+    /// the index predicted ([`Receipt`]): counted per pod, and a pod whose
+    /// receipts over-predict is shown `Suspect`.
+    Receipt(Receipt),
 }
 
 /// Most writes one `Tail` answers (more are not an error: the answer stops
@@ -166,6 +172,8 @@ pub enum OpKind {
     LookupTiers,
     /// [`Op::Digest`].
     Digest,
+    /// [`Op::Receipt`].
+    Receipt,
 }
 
 /// What a server charges a pod-table change, in key blocks: removing a pod or
@@ -184,7 +192,7 @@ pub const DIGEST_WEIGHT: usize = 1 << 20;
 
 impl OpKind {
     /// Every operation, in [`OpKind::index`] order (the wire's variant order).
-    pub const ALL: [OpKind; 14] = [
+    pub const ALL: [OpKind; 15] = [
         OpKind::Lookup,
         OpKind::Insert,
         OpKind::RemovePod,
@@ -199,6 +207,7 @@ impl OpKind {
         OpKind::Tail,
         OpKind::LookupTiers,
         OpKind::Digest,
+        OpKind::Receipt,
     ];
 
     /// Its name in `snake_case`: the metric label, the replay line's `op`,
@@ -219,18 +228,20 @@ impl OpKind {
             OpKind::Tail => "tail",
             OpKind::LookupTiers => "lookup_tiers",
             OpKind::Digest => "digest",
+            OpKind::Receipt => "receipt",
         }
     }
 
-    /// Whether it changes the index or what feeds it (a reader may not send
-    /// it).
+    /// Whether it changes the index, what feeds it or what it says of a
+    /// pod (a reader may not send it).
     pub const fn writes(self) -> bool {
         match self {
             OpKind::Insert
             | OpKind::RemovePod
             | OpKind::SetPodCapacity
             | OpKind::Subscribe
-            | OpKind::Unsubscribe => true,
+            | OpKind::Unsubscribe
+            | OpKind::Receipt => true,
             OpKind::Lookup
             | OpKind::Stats
             | OpKind::Ping
@@ -287,6 +298,7 @@ impl Op {
             Op::Tail { .. } => OpKind::Tail,
             Op::LookupTiers { .. } => OpKind::LookupTiers,
             Op::Digest(_) => OpKind::Digest,
+            Op::Receipt(_) => OpKind::Receipt,
         }
     }
 
@@ -297,7 +309,8 @@ impl Op {
     /// or tiered lookup is weighed as a lookup), a sample
     /// [`SAMPLE_WEIGHT`] per key asked (at most [`MAX_SAMPLE`]), a tail
     /// one per write asked (at most [`MAX_TAIL`]: copies of them), a digest
-    /// [`DIGEST_WEIGHT`], the rest 1.
+    /// [`DIGEST_WEIGHT`], the rest 1 (a receipt too: it reads its key's
+    /// length, not its blocks).
     pub fn weight(&self) -> usize {
         match self {
             Op::Lookup {
@@ -314,7 +327,7 @@ impl Op {
             | Op::SetPodCapacity { .. }
             | Op::Subscribe(_)
             | Op::Unsubscribe { .. } => POD_TABLE_WEIGHT,
-            Op::Stats | Op::Ping | Op::ListEngines => 1,
+            Op::Stats | Op::Ping | Op::ListEngines | Op::Receipt(_) => 1,
             Op::SampleKeys { count, .. } => (*count).min(MAX_SAMPLE) as usize * SAMPLE_WEIGHT,
             Op::Tail { max, .. } => (*max).clamp(1, MAX_TAIL) as usize,
             Op::Digest(_) => DIGEST_WEIGHT,
@@ -417,17 +430,22 @@ pub enum PodView {
     /// The match's last blocks rest on a gateway's insert the engine has
     /// not confirmed yet.
     Speculative,
+    /// The pod's recent receipts over-predicted: engines reused less than
+    /// the index promised, so its answers are likely stale (events lost,
+    /// evictions never told). Shown until its receipts agree again.
+    Suspect,
 }
 
 impl PodView {
     /// Every view, in wire order.
-    pub const ALL: [PodView; 6] = [
+    pub const ALL: [PodView; 7] = [
         PodView::Gateway,
         PodView::Exact,
         PodView::Learning,
         PodView::Replaying,
         PodView::Disconnected,
         PodView::Speculative,
+        PodView::Suspect,
     ];
 
     /// Its name in `snake_case` (JSON, the CLI, metrics).
@@ -439,6 +457,7 @@ impl PodView {
             PodView::Replaying => "replaying",
             PodView::Disconnected => "disconnected",
             PodView::Speculative => "speculative",
+            PodView::Suspect => "suspect",
         }
     }
 
@@ -606,6 +625,12 @@ mod tests {
                 high: 2,
                 of: vec![],
             }),
+            Op::Receipt(Receipt {
+                model: "m".into(),
+                pod: "a".into(),
+                key: vec![1, 2],
+                ..Receipt::default()
+            }),
         ];
         assert_eq!(ops.len(), OpKind::ALL.len());
         for (i, op) in ops.iter().enumerate() {
@@ -623,7 +648,8 @@ mod tests {
                 &OpKind::RemovePod,
                 &OpKind::SetPodCapacity,
                 &OpKind::Subscribe,
-                &OpKind::Unsubscribe
+                &OpKind::Unsubscribe,
+                &OpKind::Receipt
             ]
         );
         let weights: Vec<_> = ops.iter().map(Op::weight).collect();
@@ -647,12 +673,13 @@ mod tests {
                 3,
                 tail,
                 2,
-                DIGEST_WEIGHT
+                DIGEST_WEIGHT,
+                1
             ]
         );
         assert_eq!(
             Request::Batch(ops.to_vec()).weight(),
-            4109 + sample + tail + DIGEST_WEIGHT
+            4110 + sample + tail + DIGEST_WEIGHT
         );
         let names: Vec<_> = OpKind::ALL.iter().map(|k| k.name()).collect();
         assert_eq!(
@@ -665,7 +692,8 @@ mod tests {
                 "lookup_detail",
                 "tail",
                 "lookup_tiers",
-                "digest"
+                "digest",
+                "receipt"
             ]
         );
         // New replies come after the old ones too.

@@ -9,7 +9,7 @@ use std::alloc::System;
 
 use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
-use prefix_proto::{DigestAsk, DigestLevel, Op, OpKind, Reply, Subscription};
+use prefix_proto::{DigestAsk, DigestLevel, Op, OpKind, Receipt, Reply, Subscription};
 use prefix_testkit::fuzz::cases;
 use prefix_testkit::ops;
 use proptest::prelude::*;
@@ -77,6 +77,26 @@ fn op() -> impl Strategy<Value = Op> {
                 high,
                 of
             })),
+        (
+            name(),
+            name(),
+            prop::collection::vec(any::<u64>(), 0..20),
+            prop::option::of(any::<u32>()),
+            any::<u32>(),
+            any::<u32>()
+        )
+            .prop_map(
+                |(model, pod, key, prompt_tokens, predicted_blocks, cached_tokens)| {
+                    Op::Receipt(Receipt {
+                        model,
+                        pod,
+                        key,
+                        prompt_tokens,
+                        predicted_blocks,
+                        cached_tokens,
+                    })
+                }
+            ),
     ]
 }
 
@@ -116,6 +136,16 @@ fn to_json(op: &Op) -> Value {
         Op::Digest(a) => json!({
             "level": a.level, "model": a.model, "low": a.low, "high": a.high, "of": a.of,
         }),
+        Op::Receipt(r) => {
+            let mut v = json!({
+                "model": r.model, "pod": r.pod, "hashes": r.key,
+                "predicted_blocks": r.predicted_blocks, "cached_tokens": r.cached_tokens,
+            });
+            if let Some(p) = r.prompt_tokens {
+                v["prompt_tokens"] = json!(p);
+            }
+            v
+        }
         Op::Subscribe(s) => {
             let mut v = json!({
                 "pod": s.pod, "model": s.model, "endpoint": s.endpoint,

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use prefix_client::key;
-use prefix_client::wire::{ErrorCode, Limits, Op, Reply, Subscription};
+use prefix_client::wire::{ErrorCode, Limits, Op, Receipt, Reply, Subscription};
 use prefix_client::{
     ClientConfig, ClientError, ConnectError, LookupResult as WireLookup, TlsConfig,
 };
@@ -421,6 +421,34 @@ calls! {
     ) -> () => awaitable_none {
         let ix = self.index()?;
         async move { ix.insert(&model, &key, &pod).await }
+    }
+
+    /// Reports what `pod`'s engine reused of a request routed there:
+    /// `cached_tokens` (vLLM's `usage.prompt_tokens_details.cached_tokens`)
+    /// against `predicted_blocks`, the blocks the lookup of `key` answered
+    /// for `pod` when the request was routed. `prompt_tokens` is the
+    /// prompt's length in tokens, when known (an engine never reuses a
+    /// prompt's last token).
+    #[pyo3(signature = (model, key, pod, predicted_blocks, cached_tokens, prompt_tokens=None))]
+    fn receipt, receipt_async(
+        &self,
+        model: String,
+        key: Vec<u64>,
+        pod: String,
+        predicted_blocks: u32,
+        cached_tokens: u32,
+        prompt_tokens: Option<u32>,
+    ) -> () => awaitable_none {
+        let ix = self.index()?;
+        let receipt = Receipt {
+            model,
+            pod,
+            key,
+            prompt_tokens,
+            predicted_blocks,
+            cached_tokens,
+        };
+        async move { ix.receipt(receipt).await }
     }
 
     /// Forgets a pod everywhere; whether it was there.

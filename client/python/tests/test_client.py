@@ -93,6 +93,29 @@ def test_blocking_calls(server):
     c.close()
 
 
+def test_receipts_make_an_over_predicted_pod_suspect(server):
+    c = connect(server)
+    tokens = list(range(1000, 1069))  # four whole blocks and five tokens
+    key = token_key(tokens)
+    c.insert("receipts", key, "pod-r")
+    # Eight receipts where the engine reused one block of the four
+    # promised: the default --receipt-suspect.
+    for _ in range(7):
+        assert c.receipt("receipts", key, "pod-r", 4, 16, prompt_tokens=len(tokens)) is None
+    assert c.lookup_detail("receipts", key).matches == [("pod-r", 4, 0, "gateway")]
+
+    async def last():
+        return await c.receipt_async("receipts", key, "pod-r", 4, 16, len(tokens))
+
+    assert asyncio.run(last()) is None
+    assert c.lookup_detail("receipts", key).matches == [("pod-r", 4, 0, "suspect")]
+    # A pod the index does not hold: refused with its own code.
+    with pytest.raises(ServerError) as e:
+        c.receipt("receipts", key, "nobody", 4, 64)
+    assert (e.value.code, e.value.name) == (18, "bad_receipt")
+    c.close()
+
+
 def test_a_128k_token_prompt_is_found_whole(server):
     # The default key limit covers a million tokens; 128,000 are 8,000 blocks.
     c = connect(server)

@@ -481,6 +481,7 @@ impl ReplicaSets {
         let model = match &op {
             Op::Insert { model, .. } | Op::Lookup { model, .. } => model.clone(),
             Op::Subscribe(sub) => sub.model.clone(),
+            Op::Receipt(r) => r.model.clone(),
             other => return Err(ClientError::Protocol(format!("{other:?} names no model"))),
         };
         let set = self.replica_set(&model);
@@ -651,7 +652,9 @@ impl Route for ReplicaSets {
     async fn one(&self, op: Op) -> Result<Reply, ClientError> {
         match op.kind() {
             OpKind::Lookup | OpKind::LookupDetail | OpKind::LookupTiers => self.read(op).await,
-            OpKind::Insert => match self.write(op).await? {
+            // A receipt goes where the model's inserts go: each replica of
+            // its set judges the pod from the same evidence.
+            OpKind::Insert | OpKind::Receipt => match self.write(op).await? {
                 Reply::Error { code, message } => Err(ClientError::Server { code, message }),
                 reply => Ok(reply),
             },

@@ -139,6 +139,26 @@ func runDemo(c *Client, model string, candidates []string, block int) error {
 	if e, ok := err.(*APIError); !ok || e.Status != 422 || e.Name == nil || *e.Name != "key_too_long" {
 		return fmt.Errorf("an over-long key: want HTTP 422 key_too_long, got %v", err)
 	}
+	// Receipts: the engine behind candidates[0] reused 1 of the 4 blocks
+	// promised, eight times (--receipt-suspect's default): the index's
+	// answer for it is suspect, and it scores 0 until receipts agree.
+	for i := 0; i < 8; i++ {
+		if err := c.Receipt(model, candidates[0], prompt, 4, uint32(block)); err != nil {
+			return err
+		}
+	}
+	byServer, err = c.LookupTokens(model, prompt, Identity{}, candidates)
+	if err != nil {
+		return err
+	}
+	for _, m := range byServer.Matches {
+		if m.Pod == candidates[0] && (m.View != "suspect" || m.Receipts.Over != 8) {
+			return fmt.Errorf("after 8 over-predicted receipts %s is %q with %+v, want suspect", m.Pod, m.View, m.Receipts)
+		}
+	}
+	if s := Scores(byServer.KeyBlocks, byServer.Matches, candidates, LowerWeight); s[candidates[0]] != 0 {
+		return fmt.Errorf("a suspect pod scored %v, want 0", s[candidates[0]])
+	}
 	print(scores)
 	return nil
 }

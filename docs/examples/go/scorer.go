@@ -29,6 +29,16 @@ type Match struct {
 	Blocks      uint32 `json:"blocks"`
 	LowerBlocks uint32 `json:"lower_blocks"`
 	View        string `json:"view"`
+	// The pod's recent receipts (see Receipt), by outcome.
+	Receipts ReceiptCounts `json:"receipts"`
+}
+
+// ReceiptCounts counts a pod's recent receipts: the engine reused what the
+// index predicted, less (over), or more (under).
+type ReceiptCounts struct {
+	Exact uint32 `json:"exact"`
+	Over  uint32 `json:"over"`
+	Under uint32 `json:"under"`
 }
 
 // LowerWeight is what a block a lower tier holds is worth beside one on
@@ -41,8 +51,9 @@ const LowerWeight = 0.8
 // pickers' prefix scorers do: the share of the prompt's blocks a pod
 // already holds, a lower tier's blocks weighed by lowerWeight. A pod whose
 // view is not to be trusted right now (its engine's events are being
-// learnt again, replayed or not received) scores 0, so that the picker's
-// other scorers (load) decide for it. Candidates with no match score 0.
+// learnt again, replayed or not received, or its receipts say the index
+// over-predicts it) scores 0, so that the picker's other scorers (load)
+// decide for it. Candidates with no match score 0.
 func Scores(keyBlocks uint32, matches []Match, candidates []string, lowerWeight float64) map[string]float64 {
 	scores := make(map[string]float64, len(candidates))
 	for _, pod := range candidates {
@@ -56,7 +67,7 @@ func Scores(keyBlocks uint32, matches []Match, candidates []string, lowerWeight 
 			continue
 		}
 		switch m.View {
-		case "learning", "replaying", "disconnected":
+		case "learning", "replaying", "disconnected", "suspect":
 			continue
 		}
 		held := float64(m.Blocks) + lowerWeight*float64(m.LowerBlocks)
@@ -196,4 +207,18 @@ func (c *Client) Insert(model, pod string, key []uint64, tokens []uint32) error 
 	}
 	var ok struct{}
 	return c.call("/v1/insert", body, &ok)
+}
+
+// Receipt reports, after a request, what the engine reused of its prompt
+// (cachedTokens: vLLM's usage.prompt_tokens_details.cached_tokens) beside
+// predicted, the blocks the lookup answered for pod when the request was
+// routed there. The server counts it for the pod; a pod whose receipts
+// over-predict is shown "suspect" (docs/operations.md, "Receipts").
+func (c *Client) Receipt(model, pod string, tokens []uint32, predicted, cachedTokens uint32) error {
+	body := map[string]any{
+		"model": model, "pod": pod, "tokens": tokens,
+		"predicted_blocks": predicted, "cached_tokens": cachedTokens,
+	}
+	var ok struct{}
+	return c.call("/v1/receipt", body, &ok)
 }

@@ -65,14 +65,15 @@ func TestTheProtocolDocsVectors(t *testing.T) {
 
 func TestScoresArePrefixShares(t *testing.T) {
 	matches := []Match{
-		{"a", 4, 0, "gateway"},
-		{"b", 1, 0, "exact"},
-		{"c", 2, 2, "exact"},
-		{"d", 4, 0, "learning"},
-		{"e", 0, 4, "speculative"},
+		{"a", 4, 0, "gateway", ReceiptCounts{}},
+		{"b", 1, 0, "exact", ReceiptCounts{}},
+		{"c", 2, 2, "exact", ReceiptCounts{}},
+		{"d", 4, 0, "learning", ReceiptCounts{}},
+		{"e", 0, 4, "speculative", ReceiptCounts{}},
+		{"g", 4, 0, "suspect", ReceiptCounts{Over: 8}},
 	}
-	scores := Scores(4, matches, []string{"a", "b", "c", "d", "e", "f"}, 0.5)
-	want := map[string]float64{"a": 1, "b": 0.25, "c": 0.75, "d": 0, "e": 0.5, "f": 0}
+	scores := Scores(4, matches, []string{"a", "b", "c", "d", "e", "f", "g"}, 0.5)
+	want := map[string]float64{"a": 1, "b": 0.25, "c": 0.75, "d": 0, "e": 0.5, "f": 0, "g": 0}
 	for pod, s := range want {
 		if scores[pod] != s {
 			t.Errorf("%s: %v, want %v", pod, scores[pod], s)

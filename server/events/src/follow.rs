@@ -82,6 +82,10 @@ pub enum Resync {
         /// The oldest number the buffer holds.
         first: u64,
     },
+    /// Gateways' receipts said the engine reused less than the index
+    /// promised (the pod turned suspect, with `--receipt-resync`): events
+    /// were lost without a trace.
+    Receipts,
 }
 
 impl Resync {
@@ -95,12 +99,13 @@ impl Resync {
             Resync::ReplayOverflow => "replay_overflow",
             Resync::Orphan => "orphan",
             Resync::ReplayTooShort { .. } => "replay_too_short",
+            Resync::Receipts => "receipts",
         }
     }
 
     /// Every label, for metrics registered up front (a new one goes last,
     /// so the series keep their order).
-    pub const LABELS: [&'static str; 7] = [
+    pub const LABELS: [&'static str; 8] = [
         "restart",
         "gap",
         "replay_hole",
@@ -108,6 +113,7 @@ impl Resync {
         "replay_overflow",
         "orphan",
         "replay_too_short",
+        "receipts",
     ];
 }
 
@@ -131,6 +137,10 @@ impl std::fmt::Display for Resync {
                 "replay skipped batches {from}..{seq}: the engine's buffer no longer holds them"
             ),
             Resync::ReplayTimeout => write!(f, "replay did not end in time"),
+            Resync::Receipts => write!(
+                f,
+                "gateways' receipts over-predict: the engine reused less than the index promised"
+            ),
             Resync::ReplayOverflow => write!(
                 f,
                 "more live batches held back during a replay than max-held-batches or max-held-bytes allow"
@@ -529,6 +539,22 @@ impl<T: AsRef<[u8]>> Follower<T> {
         self.full = true;
         out.push(Action::Replay { from: 0 });
         self.mode = Mode::Replaying(Held::new());
+    }
+
+    /// Gateways' receipts doubt the pod's blocks: it is cleared, and the
+    /// engine's whole buffer applied where a replay endpoint has it (else
+    /// the pod is learnt again). Nothing is done while a replay runs: its
+    /// end settles the pod either way.
+    pub fn doubted(&mut self, out: &mut Vec<Action<T>>) {
+        if !matches!(self.mode, Mode::Live) {
+            return;
+        }
+        self.restart(Resync::Receipts, out);
+        if self.can_replay {
+            self.full = true;
+            out.push(Action::Replay { from: 0 });
+            self.mode = Mode::Replaying(Held::new());
+        }
     }
 
     /// Clears for `why` and forgets the last batch; the whole buffer is

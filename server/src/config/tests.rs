@@ -139,6 +139,12 @@ fn everything_changed() -> ServerConfig {
             max_engine_blocks_per_pod: 23,
             max_block_ratio: 32,
             max_engine_groups: 5,
+            receipts: prefix_index::ReceiptRule {
+                window: 25,
+                suspect: 6,
+                quiet: Duration::from_secs(26),
+                tolerance: 1,
+            },
             ..d.index
         },
         upkeep: Upkeep {
@@ -194,6 +200,7 @@ fn everything_changed() -> ServerConfig {
             allow: crate::engines::EngineAllow::parse(&["10.0.0.0/8".into(), "fd00::1".into()])
                 .unwrap(),
             allow_moves: true,
+            receipt_resync: true,
             central_block_size: 64,
             token_block: 8,
             block_aliases: crate::engines::BlockAliases::Dynamo,

@@ -107,8 +107,10 @@ impl Collector {
                     continue;
                 }
                 Ok(_) if !messages => {
-                    // Views change with time too (a learning period ends).
-                    for p in self.pods.values() {
+                    // Views change with time too (a learning period ends),
+                    // and gateways' receipts may have doubted a pod.
+                    for p in self.pods.values_mut() {
+                        p.session.heed(&self.env);
                         p.session.publish(&self.env, &mut self.views);
                     }
                     self.views.flush(&self.engines.index, Instant::now());

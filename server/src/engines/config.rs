@@ -83,6 +83,19 @@ settings! {
             default_missing_value = "true"
         )]
         engine_allow_moves: bool = plain => allow_moves: bool = false,
+        /// Clear an engine-fed pod and learn it again (its engine's whole
+        /// buffer, with a replay endpoint) when gateways' receipts make it
+        /// suspect.
+        #[arg(
+            long,
+            env = "PREFIX_INDEX_RECEIPT_RESYNC",
+            num_args = 0..=1,
+            default_missing_value = "true"
+        )]
+        // Off: a suspect view already steers routing away; a resync drops
+        // whatever the pod's blocks still say truly, which an operator
+        // chooses.
+        receipt_resync: bool = plain => receipt_resync: bool = false,
         /// Block size in tokens of the engines that connect to --engine-listen.
         #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
         // vLLM's default block size.

@@ -71,7 +71,7 @@ fn counter(c: &std::sync::atomic::AtomicU64) -> u64 {
 
 /// A metric a family's samples are, and so the family's type (known even
 /// for a family with no samples).
-trait Sample: EncodeMetric {
+pub(crate) trait Sample: EncodeMetric {
     const KIND: MetricType;
 }
 
@@ -88,7 +88,7 @@ where
 
 /// Encodes one family of labelled samples: its name and help, its unit if
 /// it has one, and each sample's labels and value.
-fn labelled<L: EncodeLabelSet, M: Sample>(
+pub(crate) fn labelled<L: EncodeLabelSet, M: Sample>(
     encoder: &mut DescriptorEncoder,
     (name, help, unit): (&str, &str, Option<&Unit>),
     samples: impl IntoIterator<Item = (L, M)>,
@@ -101,7 +101,7 @@ fn labelled<L: EncodeLabelSet, M: Sample>(
 }
 
 /// The samples of a family of counters.
-fn counters<L>(
+pub(crate) fn counters<L>(
     samples: impl IntoIterator<Item = (L, u64)>,
 ) -> impl Iterator<Item = (L, ConstCounter<u64>)> {
     samples.into_iter().map(|(l, n)| (l, ConstCounter::new(n)))
@@ -288,14 +288,23 @@ impl Collector for EngineCollector {
             ),
             gauges(all.iter().map(|(p, stats)| (pod(p), lag(stats)))),
         )?;
-        const VIEWS: [PodView; 4] = [
+        const VIEWS: [PodView; 5] = [
             PodView::Exact,
             PodView::Learning,
             PodView::Replaying,
             PodView::Disconnected,
+            PodView::Suspect,
         ];
+        let reader = engines.index().reader();
+        let at = crate::clock::now_ms();
         let views = all.iter().flat_map(|(pod, stats)| {
-            let now = stats.view();
+            // Evidence over belief, as in detailed lookups.
+            let suspect = reader.receipts_of(pod, at).is_some_and(|s| s.suspect);
+            let now = if suspect {
+                Some(PodView::Suspect)
+            } else {
+                stats.view()
+            };
             VIEWS.map(|view| {
                 let labels = ViewLabels {
                     pod: pod.clone(),
@@ -306,7 +315,7 @@ impl Collector for EngineCollector {
         });
         labelled(
             &mut encoder,
-            ("engine_view", "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected), 0 for the others", None),
+            ("engine_view", "How far the pod's answers can be trusted: 1 for its view (exact, learning, replaying, disconnected, suspect), 0 for the others", None),
             gauges(views),
         )
     }

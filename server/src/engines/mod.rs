@@ -269,6 +269,11 @@ impl Engines {
         Ok(())
     }
 
+    /// The index the engines feed.
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
     /// The settings.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
@@ -591,6 +596,18 @@ impl Engines {
     /// Replays under way now, over all subscriptions.
     pub fn replays_running(&self) -> usize {
         self.replays.running()
+    }
+
+    /// Asks `pod`'s follower to clear the pod and learn it again (its
+    /// engine's whole buffer where a replay endpoint has it): gateways'
+    /// receipts doubt it. Returns whether an engine feeds the pod.
+    pub fn doubt(&self, pod: &str) -> bool {
+        let running = self.running.lock();
+        let Some(r) = running.get(pod) else {
+            return false;
+        };
+        r.stats.doubt();
+        true
     }
 
     /// Every subscription's counters, for metrics.

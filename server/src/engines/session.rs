@@ -188,6 +188,20 @@ impl Session {
         self.ask.is_some()
     }
 
+    /// Clears the pod if gateways' receipts doubted it since the last look
+    /// (see [`SubStats::doubt`]); its receipts start again with the clear.
+    /// Returns whether it did.
+    pub(super) fn heed(&mut self, env: &Env) -> bool {
+        if !self.stats.take_doubt() {
+            return false;
+        }
+        let mut actions = Vec::new();
+        self.follower.doubted(&mut actions);
+        self.act(env, actions);
+        env.index.restart_receipts(&self.sub.pod);
+        true
+    }
+
     /// Notes the pod's view in `views` if it changed.
     pub(super) fn publish(&self, env: &Env, views: &mut Pending) {
         self.stats.set_replaying(self.follower.replaying());

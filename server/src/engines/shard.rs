@@ -606,8 +606,14 @@ impl Shard {
         for id in due {
             self.place(id);
         }
-        for (_, slot) in &self.slots {
-            slot.session.publish(&self.env, &mut self.views);
+        let ids: Vec<usize> = self.slots.iter().map(|(id, _)| id).collect();
+        for id in ids {
+            if self.slots[id].session.heed(&self.env) {
+                // A replay it now wants is sent, and its view handed on.
+                self.settle(id);
+            } else {
+                self.slots[id].session.publish(&self.env, &mut self.views);
+            }
         }
     }
 }

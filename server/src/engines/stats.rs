@@ -73,6 +73,9 @@ pub struct SubStats {
     view: Mutex<ViewTracker>,
     /// When each kind of problem was last logged.
     logged: Mutex<[Option<Instant>; 4]>,
+    /// Gateways' receipts doubt the pod: its follower clears it at its
+    /// next look (`--receipt-resync`).
+    doubted: AtomicBool,
 }
 
 impl Default for SubStats {
@@ -104,7 +107,23 @@ impl Default for SubStats {
             last_error: Mutex::default(),
             view: Mutex::new(ViewTracker::new(Instant::now(), false)),
             logged: Mutex::default(),
+            doubted: AtomicBool::default(),
         }
+    }
+}
+
+impl SubStats {
+    /// Asks the pod's follower to clear it and learn it again.
+    pub fn doubt(&self) {
+        // Relaxed: a request the follower's thread reads at its next look;
+        // no data travels with it.
+        self.doubted.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the pod was doubted since the last call.
+    pub(super) fn take_doubt(&self) -> bool {
+        // Relaxed: as in `doubt`.
+        self.doubted.swap(false, Ordering::Relaxed)
     }
 }
 

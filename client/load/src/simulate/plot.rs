@@ -183,6 +183,8 @@ mod tests {
                         imbalance: 1.0,
                         accuracy: None,
                         recall: None,
+                        receipts: None,
+                        silenced: None,
                     })
             })
             .collect();

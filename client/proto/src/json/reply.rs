@@ -5,7 +5,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::error::ErrorCode;
-use crate::message::{EngineState, Op, PodDetail, PodTiers, Reply, WireStats};
+use crate::message::{EngineState, Op, PodDetail, PodTiers, ReceiptCounts, Reply, WireStats};
 
 /// A reply as its JSON object: `{"ok":true,...}` with its fields, or the
 /// error object of [`error_json`].
@@ -192,6 +192,34 @@ impl<'a> JsonWriter<'a> {
                 .collect(),
         };
         // Writing into a Vec cannot fail, and these types always serialize.
+        let _ = serde_json::to_writer(&mut *self.out, &answer);
+    }
+
+    /// Writes a detailed lookup's reply, each pod with its recent receipts
+    /// (`receipts[i]` are `matches[i]`'s) as `"receipts":{"exact":E,
+    /// "over":O,"under":U}`.
+    pub fn detail(&mut self, key_blocks: u32, matches: Vec<PodDetail>, receipts: &[ReceiptCounts]) {
+        self.next();
+        let matches: Vec<Value> = matches
+            .iter()
+            .zip(
+                receipts
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat(ReceiptCounts::default())),
+            )
+            .map(|(m, r)| {
+                let mut v = detail_json(m);
+                if let Value::Object(fields) = &mut v {
+                    fields.insert(
+                        "receipts".into(),
+                        json!({ "exact": r.exact, "over": r.over, "under": r.under }),
+                    );
+                }
+                v
+            })
+            .collect();
+        let answer = json!({ "ok": true, "key_blocks": key_blocks, "matches": matches });
         let _ = serde_json::to_writer(&mut *self.out, &answer);
     }
 

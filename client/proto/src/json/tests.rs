@@ -70,6 +70,14 @@ fn full(kind: OpKind) -> JsonOp {
                 of: vec![3],
             },
         },
+        OpKind::Receipt => JsonOp::Receipt {
+            model: "m".into(),
+            key,
+            pod: "p".into(),
+            predicted_blocks: 1,
+            cached_tokens: 16,
+            prompt_tokens: Some(20),
+        },
     }
 }
 

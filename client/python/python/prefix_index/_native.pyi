@@ -64,7 +64,7 @@ class DetailResult:
     the run after ``blocks`` that a lower tier (CPU memory, storage) holds,
     ``view`` how far the answer can be trusted (``"gateway"``,
     ``"exact"``, ``"learning"``, ``"replaying"``, ``"disconnected"``,
-    ``"speculative"``)."""
+    ``"speculative"``, ``"suspect"``)."""
 
 @final
 class Stats:
@@ -148,6 +148,24 @@ class Index:
     ) -> Awaitable[LookupResult]: ...
     def insert(self, model: str, key: Sequence[int], pod: str) -> None: ...
     def insert_async(self, model: str, key: Sequence[int], pod: str) -> Awaitable[None]: ...
+    def receipt(
+        self,
+        model: str,
+        key: Sequence[int],
+        pod: str,
+        predicted_blocks: int,
+        cached_tokens: int,
+        prompt_tokens: Optional[int] = None,
+    ) -> None: ...
+    def receipt_async(
+        self,
+        model: str,
+        key: Sequence[int],
+        pod: str,
+        predicted_blocks: int,
+        cached_tokens: int,
+        prompt_tokens: Optional[int] = None,
+    ) -> Awaitable[None]: ...
     def remove_pod(self, pod: str) -> bool: ...
     def remove_pod_async(self, pod: str) -> Awaitable[bool]: ...
     def set_pod_capacity(self, pod: str, blocks: int) -> None: ...
