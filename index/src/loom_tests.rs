@@ -1,7 +1,8 @@
 //! Loom models of the lock-free protocols: the slot handshakes of `slots`,
 //! the publish/grow/retire protocol of `children`, the recycling of pod
 //! ids in `pods` (the two grace periods before a removed pod's id is reused),
-//! and the bounded counters of `stats`.
+//! the bounded counters of `stats`, and the window and standing of a
+//! pod's `receipts`.
 //! Run with
 //! `RUSTFLAGS="--cfg loom" cargo test --release -p prefix-index --lib loom --target-dir target/loom`
 //! (its own target directory: `--cfg loom` rebuilds every dependency).
@@ -383,5 +384,44 @@ fn loom_reserved_count_never_passes_its_bound() {
         let through = writers.into_iter().map(|w| w.join().unwrap());
         assert_eq!(through.filter(|ok| *ok).count(), 1);
         assert_eq!(Counters::get(&count), 5);
+    });
+}
+
+/// A pod's receipts: two agreeing receipts racing at a suspect pod's clear
+/// report the clear once, and neither makes it suspect again. (A restart,
+/// one plain store, racing a receipt is not modelled: loom 0.7 lets a
+/// read-modify-write miss a plain store made before it, which the memory
+/// model forbids.)
+#[test]
+fn loom_receipts_report_each_change_once() {
+    use crate::receipts::{Change, PodReceipts, ReceiptRule};
+    use prefix_proto::ReceiptOutcome::{Exact, Over};
+    let rule = ReceiptRule {
+        window: 8,
+        suspect: 2,
+        ..ReceiptRule::default()
+    };
+    loom::model(move || {
+        let book = Arc::new(PodReceipts::new());
+        book.record(Over, &rule, 1);
+        assert_eq!(book.record(Over, &rule, 1), Some(Change::Suspect));
+        assert_eq!(book.record(Exact, &rule, 1), None);
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                let book = book.clone();
+                thread::spawn(move || book.record(Exact, &rule, 2))
+            })
+            .collect();
+        let changes: Vec<_> = racers.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(
+            changes
+                .iter()
+                .filter(|c| **c == Some(Change::Cleared))
+                .count(),
+            1,
+            "{changes:?}"
+        );
+        assert!(!changes.contains(&Some(Change::Suspect)), "{changes:?}");
+        assert!(!book.standing(&rule, 2).suspect);
     });
 }

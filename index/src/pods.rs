@@ -316,6 +316,7 @@ impl Pods {
         slot.flags.store(flags, Ordering::Relaxed);
         // Relaxed: as for the capacity.
         slot.align.store(1, Ordering::Relaxed);
+        // Relaxed inside: as for the capacity.
         slot.receipts.reset();
         // Release: pairs with the Acquire load in `is_live`.
         slot.state.store(LIVE, Ordering::Release);
@@ -542,13 +543,13 @@ impl Pods {
             .store(blocks.max(1), Ordering::Relaxed);
     }
 
-    /// The block multiple a pod's matches round down to (1: none).
-    #[inline]
     /// The receipts of the pod with id `id`.
     pub(crate) fn receipts(&self, id: u32) -> &PodReceipts {
         &self.slots[id as usize].receipts
     }
 
+    /// The block multiple a pod's matches round down to (1: none).
+    #[inline]
     pub(crate) fn align(&self, id: u32) -> u32 {
         // Relaxed: as in `set_align`.
         self.slots[id as usize].align.load(Ordering::Relaxed)

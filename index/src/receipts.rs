@@ -3,8 +3,10 @@
 //!
 //! A gateway that routed a request to a pod on the index's answer reports
 //! afterwards what the engine reused ([`Receipt`]). Each pod keeps the
-//! outcomes of its last receipts (at most [`MAX_WINDOW`]) in one word, two
-//! bits each, so recording and reading take no lock:
+//! outcomes of its last receipts (at most [`MAX_WINDOW`]), two bits each,
+//! and whether it is suspect, in one word that each receipt changes in one
+//! step, so recording and reading take no lock and a pod's standing always
+//! follows from its window:
 //! - a pod becomes **suspect** when its window holds `suspect` over-predicted
 //!   receipts (the index promised blocks the engine did not have: events
 //!   lost, evictions never told);
@@ -25,8 +27,9 @@ use crate::index::{Index, Reader};
 use crate::pods::PodId;
 use crate::sync::{AtomicU64, Ordering};
 
-/// The longest window a pod keeps: 32 receipts of two bits fill its word.
-pub const MAX_WINDOW: u32 = 32;
+/// The longest window a pod keeps: 31 receipts of two bits, beside the
+/// suspect bit, fill its word.
+pub const MAX_WINDOW: u32 = 31;
 
 /// How receipts turn into a pod's standing (settings of [`crate::IndexConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,10 +49,17 @@ pub struct ReceiptRule {
 }
 
 impl Default for ReceiptRule {
-    /// A window of 32 receipts, suspect at 8 over-predicted (a quarter: a
-    /// healthy pod's over-predictions are races between a routing and an
-    /// eviction told just after it, a few in a hundred), quiet after 60 s,
-    /// no tolerance.
+    /// - a window of 31 receipts, the most a pod's word holds: the longest
+    ///   memory costs nothing more, and a gateway sending one receipt per
+    ///   request fills it within seconds on a busy pod;
+    /// - suspect at 8 over-predicted (a quarter of it): a healthy pod
+    ///   over-predicts only when an eviction races a routing, a few
+    ///   receipts in a hundred (none in the repository's simulation);
+    /// - quiet after 60 s: long enough that a router still sending a pod
+    ///   some traffic keeps its evidence, short enough that one that
+    ///   stopped sending it any tries it again within a minute;
+    /// - no tolerance: vLLM and SGLang without drafting reuse every
+    ///   whole block a hit finds.
     fn default() -> Self {
         ReceiptRule {
             window: MAX_WINDOW,
@@ -65,19 +75,21 @@ const EXACT: u64 = 0b01;
 const UNDER: u64 = 0b10;
 const OVER: u64 = 0b11;
 /// The low bit of every slot.
-const LOW: u64 = 0x5555_5555_5555_5555;
-/// In `mark`: the pod is suspect. The other bits hold the time of its last
-/// receipt (ms since the Unix epoch, far below 2^63).
+const LOW: u64 = 0x1555_5555_5555_5555;
+/// The slots of the window: the word's low 62 bits.
+const RING: u64 = (1 << (2 * MAX_WINDOW)) - 1;
+/// In the state word: the pod is suspect.
 const SUSPECT: u64 = 1 << 63;
 
 /// One pod's receipts (a field of its slot in the pod table).
 pub(crate) struct PodReceipts {
-    /// The outcomes of its last receipts, newest in the low bits.
-    ring: AtomicU64,
-    /// [`SUSPECT`] and the time of its last receipt.
-    mark: AtomicU64,
+    /// The outcomes of its last receipts, newest in the low bits
+    /// ([`RING`]), and [`SUSPECT`].
+    state: AtomicU64,
+    /// When it last had a receipt (ms since the Unix epoch).
+    last: AtomicU64,
     /// Receipts counted since the pod was named, by outcome
-    /// ([`ReceiptOutcome::ALL`] order).
+    /// ([`ReceiptOutcome::index`]).
     totals: [AtomicU64; 3],
 }
 
@@ -115,13 +127,14 @@ pub enum ReceiptRefusal {
     Bad(#[from] ReceiptError),
 }
 
+/// The mask of `n` slots (at most [`MAX_WINDOW`]).
+fn slots(n: u32) -> u64 {
+    (1u64 << (2 * n.min(MAX_WINDOW))) - 1
+}
+
 /// The counts of the last `window` slots of `ring`.
 fn counts(ring: u64, window: u32) -> ReceiptCounts {
-    let ring = if window >= MAX_WINDOW {
-        ring
-    } else {
-        ring & ((1u64 << (2 * window)) - 1)
-    };
+    let ring = ring & slots(window);
     let (lo, hi) = (ring & LOW, (ring >> 1) & LOW);
     ReceiptCounts {
         exact: (lo & !hi).count_ones(),
@@ -137,108 +150,102 @@ fn agreeing(ring: u64) -> u32 {
     ((lo & hi).trailing_zeros() / 2).min(used)
 }
 
+/// The state after a receipt of `code` on state `old` under `rule`; a pod
+/// gone quiet (`quiet`) starts its window again with it.
+fn next(old: u64, code: u64, rule: &ReceiptRule, quiet: bool) -> u64 {
+    let mut suspect = old & SUSPECT != 0;
+    let mut ring = old & RING;
+    if suspect && quiet {
+        (suspect, ring) = (false, 0);
+    }
+    ring = ((ring << 2) | code) & RING;
+    if rule.suspect == 0 {
+        suspect = false;
+    } else if !suspect {
+        suspect = counts(ring, rule.window).over >= rule.suspect;
+    } else if agreeing(ring) >= rule.suspect {
+        // The old over-predictions are answered: the window restarts with
+        // the agreeing receipts.
+        suspect = false;
+        ring &= slots(rule.suspect);
+    }
+    ring | if suspect { SUSPECT } else { 0 }
+}
+
 impl PodReceipts {
     pub(crate) fn new() -> Self {
         PodReceipts {
-            ring: AtomicU64::new(0),
-            mark: AtomicU64::new(0),
+            state: AtomicU64::new(0),
+            last: AtomicU64::new(0),
             totals: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
         }
     }
 
-    /// Forgets everything (the slot's pod is new).
+    /// Forgets everything (the slot's pod is new). Called before the
+    /// slot's Release store of LIVE in `Pods::claim`, which orders these
+    /// stores before any receipt for the new pod.
     pub(crate) fn reset(&self) {
-        // Relaxed (all): statistics of a pod being named; a receipt racing
-        // the naming counts for either.
-        self.ring.store(0, Ordering::Relaxed);
-        self.mark.store(0, Ordering::Relaxed);
+        // Relaxed (all): ordered by the Release store of LIVE after them.
+        self.state.store(0, Ordering::Relaxed);
+        self.last.store(0, Ordering::Relaxed);
         for t in &self.totals {
             t.store(0, Ordering::Relaxed);
         }
     }
 
     /// Counts a receipt of `outcome` at `now`.
-    fn record(&self, outcome: ReceiptOutcome, rule: &ReceiptRule, now: u64) -> Option<Change> {
-        // Relaxed (every access here): these words publish no other data;
-        // each transition is decided by a read-modify-write of `mark`,
-        // which all threads see in one order, so exactly one receipt
-        // reports it.
+    pub(crate) fn record(
+        &self,
+        outcome: ReceiptOutcome,
+        rule: &ReceiptRule,
+        now: u64,
+    ) -> Option<Change> {
         let code = match outcome {
             ReceiptOutcome::Exact => EXACT,
             ReceiptOutcome::Under => UNDER,
             ReceiptOutcome::Over => OVER,
         };
-        let slot = ReceiptOutcome::ALL.iter().position(|o| *o == outcome);
-        self.totals[slot.unwrap_or(0)].fetch_add(1, Ordering::Relaxed);
-        let now = now & !SUSPECT;
-        let mark = self.mark.load(Ordering::Relaxed);
-        if mark & SUSPECT != 0 && self.quiet(mark, rule, now) {
-            // Quiet for too long: the window restarts with this receipt.
-            let restarted =
-                self.mark
-                    .compare_exchange(mark, now, Ordering::Relaxed, Ordering::Relaxed);
-            if restarted.is_ok() {
-                self.ring.store(code, Ordering::Relaxed);
-                return Some(Change::Cleared);
-            }
+        // Relaxed (every access here): these words publish no other data.
+        // A receipt's whole change of window and standing is one
+        // read-modify-write of `state`, and all threads see those in one
+        // order, so each transition is reported by the one receipt that
+        // made it. `last` only decides whether a pod went quiet, a
+        // judgement of time that a receipt racing it may see either way.
+        self.totals[outcome.index()].fetch_add(1, Ordering::Relaxed);
+        let quiet = is_quiet(self.last.fetch_max(now, Ordering::Relaxed), rule, now);
+        let step = |old| Some(next(old, code, rule, quiet));
+        // `next` always answers: the update cannot fail.
+        let old = self
+            .state
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, step)
+            .unwrap_or_default();
+        let new = next(old, code, rule, quiet);
+        // A pod gone quiet was no longer shown suspect.
+        let shown = old & SUSPECT != 0 && !quiet;
+        match (shown, new & SUSPECT != 0) {
+            (false, true) => Some(Change::Suspect),
+            (true, false) => Some(Change::Cleared),
+            (false, false) if old & SUSPECT != 0 => Some(Change::Cleared),
+            _ => None,
         }
-        let ring = (self
-            .ring
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
-                Some((r << 2) | code)
-            }))
-        .map_or(code, |r| (r << 2) | code);
-        let mark = self
-            .mark
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                Some((m & SUSPECT) | (m & !SUSPECT).max(now))
-            })
-            .unwrap_or(0);
-        if rule.suspect == 0 {
-            return None;
-        }
-        if mark & SUSPECT == 0 {
-            if counts(ring, rule.window).over < rule.suspect {
-                return None;
-            }
-            let was = self.mark.fetch_or(SUSPECT, Ordering::Relaxed);
-            return (was & SUSPECT == 0).then_some(Change::Suspect);
-        }
-        if agreeing(ring) < rule.suspect {
-            return None;
-        }
-        let was = self.mark.fetch_and(!SUSPECT, Ordering::Relaxed);
-        if was & SUSPECT == 0 {
-            return None;
-        }
-        // The window restarts with the agreeing receipts: the old
-        // over-predictions are answered.
-        let keep = if rule.suspect >= MAX_WINDOW {
-            u64::MAX
-        } else {
-            (1u64 << (2 * rule.suspect)) - 1
-        };
-        self.ring.fetch_and(keep, Ordering::Relaxed);
-        Some(Change::Cleared)
-    }
-
-    /// Whether a pod marked `mark` has gone quiet by `now`.
-    fn quiet(&self, mark: u64, rule: &ReceiptRule, now: u64) -> bool {
-        let quiet = u64::try_from(rule.quiet.as_millis()).unwrap_or(u64::MAX);
-        now.saturating_sub(mark & !SUSPECT) > quiet
     }
 
     /// The pod's counts, and whether it is suspect at `now`.
     pub(crate) fn standing(&self, rule: &ReceiptRule, now: u64) -> Standing {
         // Relaxed: statistics (see `record`).
-        let (ring, mark) = (
-            self.ring.load(Ordering::Relaxed),
-            self.mark.load(Ordering::Relaxed),
-        );
+        let state = self.state.load(Ordering::Relaxed);
+        let last = self.last.load(Ordering::Relaxed);
         Standing {
-            counts: counts(ring, rule.window),
-            suspect: mark & SUSPECT != 0 && !self.quiet(mark, rule, now),
+            counts: counts(state & RING, rule.window),
+            suspect: state & SUSPECT != 0 && !is_quiet(last, rule, now),
         }
+    }
+
+    /// Forgets the pod's window and standing, not its totals.
+    pub(crate) fn restart(&self) {
+        // Relaxed: statistics (see `record`); one store, so a receipt
+        // racing it lands before (and is forgotten) or after.
+        self.state.store(0, Ordering::Relaxed);
     }
 
     /// Receipts counted since the pod was named, by outcome.
@@ -246,6 +253,12 @@ impl PodReceipts {
         // Relaxed: counters.
         self.totals.each_ref().map(|t| t.load(Ordering::Relaxed))
     }
+}
+
+/// Whether a pod whose last receipt came at `last` has gone quiet by `now`.
+fn is_quiet(last: u64, rule: &ReceiptRule, now: u64) -> bool {
+    let quiet = u64::try_from(rule.quiet.as_millis()).unwrap_or(u64::MAX);
+    now.saturating_sub(last) > quiet
 }
 
 /// A pod's recent receipts and whether they make it suspect.
@@ -296,10 +309,7 @@ impl Index {
         let Some(id) = sh.pods.id(pod, &pin).filter(|id| sh.pods.is_match(id.0)) else {
             return false;
         };
-        let book = sh.pods.receipts(id.0);
-        // Relaxed: statistics (see `PodReceipts::record`).
-        book.ring.store(0, Ordering::Relaxed);
-        book.mark.fetch_and(!SUSPECT, Ordering::Relaxed);
+        sh.pods.receipts(id.0).restart();
         true
     }
 

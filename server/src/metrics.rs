@@ -131,8 +131,9 @@ pub struct Metrics {
 }
 
 /// Each live pod's receipts by outcome ([`ReceiptOutcome::ALL`] order), as
-/// the last scrape read them from the index.
-type ReceiptsCell = Arc<std::sync::Mutex<Vec<(String, [u64; 3])>>>;
+/// the scrape being rendered read them from the index (`Metrics::render`
+/// fills it before it encodes: the registry's collectors see no index).
+type ReceiptsCell = Arc<parking_lot::Mutex<Vec<(String, [u64; 3])>>>;
 
 /// Encodes `receipts_total{pod,outcome}` from the last scrape's reading.
 #[derive(Debug)]
@@ -146,7 +147,7 @@ struct ReceiptLabels {
 
 impl Collector for ReceiptCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let all = self.0.lock().map(|a| a.clone()).unwrap_or_default();
+        let all = self.0.lock().clone();
         let samples = all.iter().flat_map(|(pod, totals)| {
             ReceiptOutcome::ALL.iter().zip(totals).map(|(o, &n)| {
                 let labels = ReceiptLabels {
@@ -551,9 +552,7 @@ impl Metrics {
             self.resident_bytes
                 .set(i64::try_from(rss).unwrap_or(i64::MAX));
         }
-        if let Ok(mut receipts) = self.receipts.lock() {
-            *receipts = index.receipt_totals();
-        }
+        *self.receipts.lock() = index.receipt_totals();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -351,6 +351,12 @@ pub(crate) struct LoadArgs {
     /// Pods that inserts name (and that the echo server's answers list).
     #[arg(long, default_value_t = 16)]
     pub(crate) pods: usize,
+    /// The ops that are not lookups are receipts, not inserts: each for the
+    /// pod its session sticks to, reporting that the engine reused the
+    /// whole key (with --prefill, as predicted). What sending a receipt per
+    /// request costs, beside --mix 1.
+    #[arg(long)]
+    pub(crate) receipts: bool,
     /// Before the run, insert every prepared request for every pod, so that
     /// lookups find --pods pods each (as the echo server's answers list).
     #[arg(long)]

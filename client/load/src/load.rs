@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use prefix_client::{Client, ClientError};
-use prefix_proto::{Op, Reply};
+use prefix_proto::key::TOKEN_BLOCK_TOKENS;
+use prefix_proto::{Op, Receipt, Reply};
 use prefix_server::BusyPoll;
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -33,6 +34,8 @@ pub struct Plan {
     pub batch: usize,
     /// Fraction of ops that are lookups; the rest insert.
     pub lookups: f64,
+    /// The ops that are not lookups send receipts instead of inserts.
+    pub receipts: bool,
     /// Pods that inserts name (sessions stick to one).
     pub pods: usize,
     /// Model name.
@@ -170,10 +173,23 @@ impl Maker {
                 candidates: None,
             }
         } else {
-            Op::Insert {
-                model: plan.model.clone(),
-                key,
-                pod: format!("pod-{}", (session as usize + gateway) % plan.pods.max(1)),
+            let pod = format!("pod-{}", (session as usize + gateway) % plan.pods.max(1));
+            if plan.receipts {
+                let blocks = u32::try_from(key.len()).unwrap_or(u32::MAX);
+                Op::Receipt(Receipt {
+                    model: plan.model.clone(),
+                    pod,
+                    key,
+                    prompt_tokens: None,
+                    predicted_blocks: blocks,
+                    cached_tokens: blocks.saturating_mul(TOKEN_BLOCK_TOKENS as u32),
+                })
+            } else {
+                Op::Insert {
+                    model: plan.model.clone(),
+                    key,
+                    pod,
+                }
             }
         }
     }

@@ -218,6 +218,7 @@ async fn load_main(a: LoadArgs) -> anyhow::Result<()> {
         rate: a.rate,
         batch: a.batch.max(1),
         lookups: a.mix.clamp(0.0, 1.0),
+        receipts: a.receipts,
         pods: a.pods.max(1),
         model: MODEL.into(),
         duration: a.duration,

@@ -561,8 +561,13 @@ mod tests {
         let lost = run(&trace, 1, Policy::Precise, &lossy).await;
         let q = lost.silenced.unwrap();
         assert!(q.over >= 8, "{q:?}");
-        assert!(q.suspect_after.is_some_and(|n| n <= q.requests), "{q:?}");
-        assert!(q.over_by_then.is_some_and(|n| n >= 8), "{q:?}");
+        assert!(q.suspect_after.is_some(), "{q:?}");
+        // Found at the rule's count, if the over-predictions came in a
+        // run, and before all of them.
+        assert!(
+            q.over_by_then.is_some_and(|n| (8..q.over).contains(&n)),
+            "{q:?}"
+        );
         assert_eq!(q.others_suspect, 0, "{q:?}");
         assert!(lost.receipts.unwrap().over > 0.0);
         // Other policies are not silenced.

@@ -248,6 +248,6 @@ mod tests {
             assert_eq!(ErrorCode::from_u16(c as u16), Some(c));
         }
         assert_eq!(ErrorCode::from_u16(0), None);
-        assert_eq!(ErrorCode::from_u16(18), None);
+        assert_eq!(ErrorCode::from_u16(19), None);
     }
 }

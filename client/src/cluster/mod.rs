@@ -565,11 +565,11 @@ impl ReplicaSets {
         joined(calls, self.servers.len()).await
     }
 
-    /// Lookups and inserts in one call, answered in the order of `ops`:
-    /// lookups grouped into one batch per preferred replica (a group whose
-    /// replica is down or slow is asked again one lookup at a time, with
-    /// a lookup's failover), inserts written to every replica as an insert
-    /// is. An op that fails gets its error in its
+    /// Lookups, inserts and receipts in one call, answered in the order of
+    /// `ops`: lookups grouped into one batch per preferred replica (a group
+    /// whose replica is down or slow is asked again one lookup at a time,
+    /// with a lookup's failover), inserts and receipts written to every
+    /// replica as an insert is. An op that fails gets its error in its
     /// place. Ops run concurrently, not in order: a lookup does not see an
     /// insert of the same batch. Ops without a model (pod removal,
     /// capacity, stats, ping) are refused here: they concern every server,
@@ -588,10 +588,10 @@ impl ReplicaSets {
                     groups[s].0.push(i);
                     groups[s].1.push(op);
                 }
-                Op::Insert { .. } => inserts.push((i, op)),
+                Op::Insert { .. } | Op::Receipt(_) => inserts.push((i, op)),
                 other => {
                     return Err(ClientError::Protocol(format!(
-                        "a cluster batch carries only lookups and inserts, not {other:?}"
+                        "a cluster batch carries only lookups, inserts and receipts, not {other:?}"
                     )))
                 }
             }
@@ -689,10 +689,10 @@ impl Route for ReplicaSets {
         }
     }
 
-    /// Lookups and inserts only: lookups grouped into one batch per
-    /// preferred replica (a group whose replica is down or slow is asked
-    /// again one lookup at a time, with a lookup's failover), inserts
-    /// written to every replica as an insert is. An op that fails gets its
+    /// Lookups, inserts and receipts only: lookups grouped into one batch
+    /// per preferred replica (a group whose replica is down or slow is
+    /// asked again one lookup at a time, with a lookup's failover), inserts
+    /// and receipts written to every replica as an insert is. An op that fails gets its
     /// error in its place. Ops run concurrently, not in order: a lookup does
     /// not see an insert of the same batch. Ops without a model (pod
     /// removal, capacity, stats, ping, ...) are refused: they concern every

@@ -33,6 +33,7 @@ fn op_bytes(op: &Op) -> usize {
     match op {
         Op::Insert { model, key, pod } => 16 + model.len() + pod.len() + 9 * key.len(),
         Op::Lookup { model, key, .. } => 16 + model.len() + 9 * key.len(),
+        Op::Receipt(r) => 32 + r.model.len() + r.pod.len() + 9 * r.key.len(),
         _ => 64,
     }
 }

@@ -76,7 +76,7 @@ fn the_window_counts_each_outcome() {
     assert_eq!(
         standing(&index, "a", NOW).counts,
         ReceiptCounts {
-            exact: 32,
+            exact: 31,
             over: 0,
             under: 0
         }
@@ -201,6 +201,31 @@ fn receipts_for_pods_the_index_lacks_are_refused() {
         index.record_receipt(&bad, 16, NOW),
         Err(ReceiptRefusal::Bad(_))
     ));
+}
+
+#[test]
+fn a_pod_named_in_a_removed_pods_slot_starts_with_no_receipts() {
+    let index = index(ReceiptRule {
+        suspect: 1,
+        ..ReceiptRule::default()
+    });
+    let id = |pod: &str| {
+        let r = index.reader();
+        let found = r.lookup("m", &[1], Some(&[pod]), NOW);
+        found.matches[0].pod
+    };
+    index.insert("m", &[1], "b", NOW).unwrap();
+    let old = id("b");
+    assert_eq!(send(&index, "b", 10, 0, NOW).change, Some(Change::Suspect));
+    assert!(index.remove_pod("b"));
+    // The sweep frees the id after its two grace periods.
+    for _ in 0..16 {
+        index.sweep(NOW, usize::MAX);
+    }
+    index.insert("m", &[1], "c", NOW).unwrap();
+    assert_eq!(id("c"), old, "the slot is reused");
+    assert_eq!(standing(&index, "c", NOW), Standing::default());
+    assert_eq!(index.receipt_totals(), []);
 }
 
 #[test]

@@ -543,11 +543,11 @@ impl<T: AsRef<[u8]>> Follower<T> {
 
     /// Gateways' receipts doubt the pod's blocks: it is cleared, and the
     /// engine's whole buffer applied where a replay endpoint has it (else
-    /// the pod is learnt again). Nothing is done while a replay runs: its
-    /// end settles the pod either way.
-    pub fn doubted(&mut self, out: &mut Vec<Action<T>>) {
+    /// the pod is learnt again). Returns whether it was: not while a replay
+    /// or a reconnection's check runs (ask again after it).
+    pub fn doubted(&mut self, out: &mut Vec<Action<T>>) -> bool {
         if !matches!(self.mode, Mode::Live) {
-            return;
+            return false;
         }
         self.restart(Resync::Receipts, out);
         if self.can_replay {
@@ -555,6 +555,7 @@ impl<T: AsRef<[u8]>> Follower<T> {
             out.push(Action::Replay { from: 0 });
             self.mode = Mode::Replaying(Held::new());
         }
+        true
     }
 
     /// Clears for `why` and forgets the last batch; the whole buffer is
@@ -754,6 +755,35 @@ mod tests {
         let mut out = Vec::new();
         h.connected(&mut out);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn doubted_pods_are_cleared_and_learnt_again() {
+        let doubt = |f: &mut F| {
+            let mut out = Vec::new();
+            let done = f.doubted(&mut out);
+            (done, seqs(&out))
+        };
+        // With a replay endpoint: the engine's whole buffer, then live on.
+        let mut f = F::new(true, held(8), at(4));
+        assert_eq!(live(&mut f, &[5]), ["apply 5"]);
+        assert_eq!(
+            doubt(&mut f),
+            (true, vec!["clear receipts".into(), "replay 0".into()])
+        );
+        assert_eq!(live(&mut f, &[7]), Vec::<String>::new());
+        assert_eq!(
+            replay(&mut f, 0, &[3, 4, 5, 6, 7]),
+            ["apply 3", "apply 4", "apply 5", "apply 6", "apply 7"]
+        );
+        // Not while a replay runs: the doubt waits for it.
+        assert_eq!(connected(&mut f), ["replay 7"]);
+        assert_eq!(doubt(&mut f), (false, vec![]));
+        // Without one: cleared, and the next batches are learnt.
+        let mut g = F::new(false, held(8), at(4));
+        assert_eq!(live(&mut g, &[5]), ["apply 5"]);
+        assert_eq!(doubt(&mut g), (true, vec!["clear receipts".into()]));
+        assert_eq!(live(&mut g, &[6]), ["apply 6"]);
     }
 
     #[test]

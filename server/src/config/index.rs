@@ -52,13 +52,14 @@ settings! {
         /// one); stores and removals naming a higher one are refused. 1 to 64.
         #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_GROUPS")]
         max_engine_groups: u32 = plain => max_engine_groups, check 1..=64,
-        /// Receipts each pod's counts cover: its last this many (1 to 32).
+        /// Receipts each pod's counts cover: its last this many (1 to 31).
         #[arg(long, env = "PREFIX_INDEX_RECEIPT_WINDOW")]
-        receipt_window: u32 = plain => receipts.window, check 1..=32,
+        receipt_window: u32 = plain => receipts.window, check 1..=31,
         /// Over-predicted receipts in a pod's window that make it suspect, and
-        /// agreeing receipts in a row that end it; 0 never makes a pod suspect.
+        /// agreeing receipts in a row that end it (at most --receipt-window); 0
+        /// never makes a pod suspect.
         #[arg(long, env = "PREFIX_INDEX_RECEIPT_SUSPECT")]
-        receipt_suspect: u32 = plain => receipts.suspect, check 0..=32,
+        receipt_suspect: u32 = plain => receipts.suspect, check 0..=31,
         /// How long a suspect pod that gets no receipt stays suspect.
         #[arg(long, env = "PREFIX_INDEX_RECEIPT_QUIET")]
         receipt_quiet: HumanDuration = duration => receipts.quiet,

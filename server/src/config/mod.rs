@@ -287,6 +287,17 @@ impl ServerConfig {
         self.transport.validate()?;
         self.replicas.validate()?;
         self.engines.validate(self.index.max_block_ratio)?;
+        let receipts = &self.index.receipts;
+        if receipts.suspect > receipts.window {
+            return value::invalid(
+                "receipt-suspect",
+                &receipts.suspect,
+                format!(
+                    "more than --receipt-window ({}) could never make a pod suspect",
+                    receipts.window
+                ),
+            );
+        }
         if self.roles.enabled() && self.transport.client_ca.is_none() {
             return value::invalid(
                 "reader/writer/peer-identity",

@@ -444,6 +444,11 @@ fn refused_values_say_why() {
         ("max-name-len = 0", "max-name-len = 0: must be at least 1"),
         ("max-block-ratio = 0", "max-block-ratio = 0: must be at least 1"),
         ("max-engine-groups = 65", "max-engine-groups = 65: must be 1 to 64"),
+        ("receipt-window = 32", "receipt-window = 32: must be 1 to 31"),
+        (
+            "receipt-window = 4\nreceipt-suspect = 5",
+            "receipt-suspect = 5: more than --receipt-window (4) could never make a pod suspect",
+        ),
         ("ttl = 0", "ttl = 0: must be at least 1 second"),
         ("sweep-interval = \"0s\"", "sweep-interval/sweep-budget = 0: must be positive"),
         ("sweep-budget = 0", "sweep-interval/sweep-budget = 0: must be positive"),

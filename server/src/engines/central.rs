@@ -38,7 +38,13 @@ pub(super) struct Collector {
     env: Env,
     /// Views changed since the index was last given them.
     views: super::view::Pending,
+    /// When every pod is looked at next ([`Collector::look`]).
+    next_look: Instant,
 }
+
+/// How often every pod met is looked at while messages keep coming (an
+/// idle collector looks at each pause).
+const LOOK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Collector {
     /// Binds the SUB socket to `endpoint` and subscribes to every topic:
@@ -76,6 +82,7 @@ impl Collector {
             pods: HashMap::new(),
             env,
             views: Default::default(),
+            next_look: Instant::now() + LOOK,
         })
     }
 
@@ -107,12 +114,7 @@ impl Collector {
                     continue;
                 }
                 Ok(_) if !messages => {
-                    // Views change with time too (a learning period ends),
-                    // and gateways' receipts may have doubted a pod.
-                    for p in self.pods.values_mut() {
-                        p.session.heed(&self.env);
-                        p.session.publish(&self.env, &mut self.views);
-                    }
+                    self.look(Instant::now());
                     self.views.flush(&self.engines.index, Instant::now());
                     continue;
                 }
@@ -131,11 +133,27 @@ impl Collector {
                 };
                 self.message(&frames, origin.as_deref());
             }
-            self.views.flush(&self.engines.index, Instant::now());
+            // Under steady traffic too, a second apart.
+            let now = Instant::now();
+            if now >= self.next_look {
+                self.look(now);
+            }
+            self.views.flush(&self.engines.index, now);
         }
         for pod in self.pods.values() {
             pod.session.stats.set_connected(false);
         }
+    }
+
+    /// Looks at every pod met: a doubt from gateways' receipts is acted on,
+    /// and views that change with time (a learning period ends) are handed
+    /// on.
+    fn look(&mut self, now: Instant) {
+        for p in self.pods.values_mut() {
+            p.session.heed(&self.env);
+            p.session.publish(&self.env, &mut self.views);
+        }
+        self.next_look = now + LOOK;
     }
 
     /// Answers the ZAP requests waiting.

@@ -600,14 +600,16 @@ impl Engines {
 
     /// Asks `pod`'s follower to clear the pod and learn it again (its
     /// engine's whole buffer where a replay endpoint has it): gateways'
-    /// receipts doubt it. Returns whether an engine feeds the pod.
+    /// receipts doubt it. Not within `--receipt-quiet` of the last time
+    /// receipts did. Returns whether it asked.
     pub fn doubt(&self, pod: &str) -> bool {
         let running = self.running.lock();
         let Some(r) = running.get(pod) else {
             return false;
         };
-        r.stats.doubt();
-        true
+        let hold = self.index.config().receipts.quiet.as_millis();
+        let hold = u64::try_from(hold).unwrap_or(u64::MAX);
+        r.stats.doubt(crate::clock::now_ms(), hold)
     }
 
     /// Every subscription's counters, for metrics.

@@ -190,13 +190,17 @@ impl Session {
 
     /// Clears the pod if gateways' receipts doubted it since the last look
     /// (see [`SubStats::doubt`]); its receipts start again with the clear.
-    /// Returns whether it did.
+    /// A doubt met while a replay runs waits for the next look. Returns
+    /// whether it cleared.
     pub(super) fn heed(&mut self, env: &Env) -> bool {
         if !self.stats.take_doubt() {
             return false;
         }
         let mut actions = Vec::new();
-        self.follower.doubted(&mut actions);
+        if !self.follower.doubted(&mut actions) {
+            self.stats.doubt_again();
+            return false;
+        }
         self.act(env, actions);
         env.index.restart_receipts(&self.sub.pod);
         true

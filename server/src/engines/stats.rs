@@ -76,6 +76,8 @@ pub struct SubStats {
     /// Gateways' receipts doubt the pod: its follower clears it at its
     /// next look (`--receipt-resync`).
     doubted: AtomicBool,
+    /// When receipts last doubted it (ms since the Unix epoch; 0: never).
+    doubted_at: AtomicU64,
 }
 
 impl Default for SubStats {
@@ -108,15 +110,34 @@ impl Default for SubStats {
             view: Mutex::new(ViewTracker::new(Instant::now(), false)),
             logged: Mutex::default(),
             doubted: AtomicBool::default(),
+            doubted_at: AtomicU64::default(),
         }
     }
 }
 
 impl SubStats {
-    /// Asks the pod's follower to clear it and learn it again.
-    pub fn doubt(&self) {
-        // Relaxed: a request the follower's thread reads at its next look;
-        // no data travels with it.
+    /// Asks the pod's follower to clear it and learn it again, unless
+    /// receipts did within `hold` ms before `now` (the receipts of requests
+    /// routed before that clear still arrive, and say nothing of the pod
+    /// since). Returns whether it asked.
+    pub fn doubt(&self, now: u64, hold: u64) -> bool {
+        // Relaxed (both): a request the follower's thread reads at its
+        // next look; no data travels with it. The swap makes one of two
+        // receipts racing past the hold the one that asks.
+        let last = self.doubted_at.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < hold {
+            return false;
+        }
+        if self.doubted_at.swap(now, Ordering::Relaxed) != last {
+            return false;
+        }
+        self.doubted.store(true, Ordering::Relaxed);
+        true
+    }
+
+    /// Asks again for a doubt its follower could not act on yet.
+    pub(super) fn doubt_again(&self) {
+        // Relaxed: as in `doubt`.
         self.doubted.store(true, Ordering::Relaxed);
     }
 

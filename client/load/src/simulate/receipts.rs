@@ -86,10 +86,7 @@ impl Book {
         let Ok(judged) = receipt.judge(1, 1, 0) else {
             return;
         };
-        let at = ReceiptOutcome::ALL
-            .iter()
-            .position(|o| *o == judged.outcome);
-        self.counts[at.unwrap_or(0)] += 1;
+        self.counts[judged.outcome.index()] += 1;
         if silenced {
             self.silenced.requests += 1;
             self.silenced.over += u64::from(judged.outcome == ReceiptOutcome::Over);

@@ -85,9 +85,9 @@ impl Receipt {
         }
     }
 
-    /// The whole blocks of `block_tokens` tokens the engine reused (an
-    /// engine reuses whole blocks of its own, which are whole blocks of
-    /// ours), or why there cannot be that many.
+    /// The whole blocks of `block_tokens` tokens the engine reused (a
+    /// partial block of ours is no hit the index could have answered), or
+    /// why there cannot be that many.
     pub fn reused_blocks(&self, block_tokens: u32) -> Result<u32, ReceiptError> {
         let reused = self.cached_tokens / block_tokens.max(1);
         if reused as usize > self.key.len() {
@@ -185,6 +185,11 @@ impl ReceiptOutcome {
         ReceiptOutcome::Over,
         ReceiptOutcome::Under,
     ];
+
+    /// Its position in [`ReceiptOutcome::ALL`], for tables by outcome.
+    pub const fn index(self) -> usize {
+        self as usize
+    }
 
     /// Its name (metrics, JSON).
     pub const fn name(self) -> &'static str {
