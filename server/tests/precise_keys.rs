@@ -329,7 +329,8 @@ async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() 
     let answer = post(&server.ca, api.port(), "/v1/lookup-detail", &body).await;
     assert_eq!(
         answer["matches"],
-        json!([{"pod": "tiered", "blocks": 4, "lower_blocks": 0, "view": "learning", "age_ms": 0}]),
+        json!([{"pod": "tiered", "blocks": 4, "lower_blocks": 0, "view": "learning", "age_ms": 0,
+            "receipts": {"exact": 0, "over": 0, "under": 0}}]),
         "{answer}"
     );
     let metrics = server.metrics_addr.unwrap();

@@ -237,8 +237,12 @@ pub(crate) struct SimArgs {
     /// precise: pod N's eviction events are lost from trace time T on, its
     /// stores still arriving (`N@T`, e.g. `3@10m`): how soon its receipts
     /// find it suspect.
-    #[arg(long, value_parser = parse_silence)]
+    #[arg(long, value_parser = evictions_lost, conflicts_with = "silence")]
     pub(crate) lose_evictions: Option<simulate::Silence>,
+    /// precise: every event of pod N is lost from trace time T on (`N@T`):
+    /// whether its receipts find it suspect.
+    #[arg(long, value_parser = events_lost)]
+    pub(crate) silence: Option<simulate::Silence>,
     /// Use the server at this address instead of an in-process index (not
     /// with the precise policy).
     #[arg(long)]
@@ -379,8 +383,18 @@ pub(crate) struct LoadArgs {
     pub(crate) json: bool,
 }
 
+/// `N@T` of `--lose-evictions`.
+fn evictions_lost(s: &str) -> Result<simulate::Silence, String> {
+    parse_silence(s, simulate::Lost::Evictions)
+}
+
+/// `N@T` of `--silence`.
+fn events_lost(s: &str) -> Result<simulate::Silence, String> {
+    parse_silence(s, simulate::Lost::All)
+}
+
 /// `N@T`: pod N, from trace time T (a duration: `10m`, `600s`).
-fn parse_silence(s: &str) -> Result<simulate::Silence, String> {
+fn parse_silence(s: &str, lost: simulate::Lost) -> Result<simulate::Silence, String> {
     let (pod, at) = s
         .split_once('@')
         .ok_or_else(|| format!("{s:?}: give POD@TIME, e.g. 3@10m"))?;
@@ -391,5 +405,6 @@ fn parse_silence(s: &str) -> Result<simulate::Silence, String> {
     Ok(simulate::Silence {
         pod,
         from_ms: u64::try_from(at.as_millis()).unwrap_or(u64::MAX),
+        lost,
     })
 }

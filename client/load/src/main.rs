@@ -354,10 +354,10 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
         event_delay: a.event_delay,
         speculative_ttl: a.speculative_ttl,
         release: a.release,
-        silence: a.lose_evictions,
+        silence: a.lose_evictions.or(a.silence),
     };
-    if let Some(s) = a.lose_evictions.filter(|s| s.pod >= cfg.pods) {
-        anyhow::bail!("--lose-evictions names pod {} of {}", s.pod, cfg.pods);
+    if let Some(s) = cfg.silence.filter(|s| s.pod >= cfg.pods) {
+        anyhow::bail!("pod {} of {} cannot lose its events", s.pod, cfg.pods);
     }
     let bound = simulate::upper_bound(&trace);
     // Distinct names per run keep runs apart on a shared server.
@@ -426,7 +426,7 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
             receipts(r),
         );
     }
-    if let Some(s) = a.lose_evictions {
+    if let Some(s) = cfg.silence {
         for r in results.iter().filter(|r| r.silenced.is_some()) {
             let Some(q) = &r.silenced else { continue };
             let found = match (q.suspect_after, q.over_by_then) {
@@ -436,9 +436,10 @@ async fn simulate_main(a: SimArgs) -> anyhow::Result<()> {
                 _ => "never".to_string(),
             };
             println!(
-                "precise, {} gateways: pod {}'s evictions were lost from {:?} on; {} requests went to it after, {} of them over-predicted; its receipts made it suspect {found}; other pods were made suspect {} times",
+                "precise, {} gateways: pod {}'s {} were lost from {:?} on; {} requests went to it after, {} of them over-predicted; its receipts made it suspect {found}; other pods were made suspect {} times",
                 r.gateways,
                 s.pod,
+                s.lost.name(),
                 Duration::from_millis(s.from_ms),
                 q.requests,
                 q.over,

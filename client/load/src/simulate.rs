@@ -57,7 +57,7 @@ use serde::Serialize;
 use crate::workload::Request;
 pub use engine_sim::Release;
 pub use plot::plot;
-pub use receipts::{ReceiptShares, Silence, Silenced};
+pub use receipts::{Lost, ReceiptShares, Silence, Silenced};
 
 /// The simulation's clock at the trace's time 0, in ms: a real date, so that
 /// times dated back by a TTL stay positive.
@@ -143,7 +143,7 @@ pub struct SimConfig {
     pub speculative_ttl: Duration,
     /// The order in which each pod's cache releases a request's blocks.
     pub release: Release,
-    /// Precise: a pod whose eviction events stop reaching the index.
+    /// Precise: a pod whose events stop reaching the index.
     pub silence: Option<Silence>,
 }
 
@@ -416,12 +416,12 @@ pub async fn simulate(
         hits += held;
         total += r.key.len();
         match &mut feeder {
-            // A silenced pod's evictions are lost: the index hears of what
-            // it stores, never of what it drops.
+            // A silenced pod's cache changes; the index hears only what is
+            // not lost.
             Some(f) if silenced => {
+                let lost = silence.map_or(Lost::All, |s| s.lost);
                 let mut step = engines.serve(pod, &r.key);
-                step.events
-                    .retain(|e| !matches!(e, prefix_events::Event::Removed(_)));
+                step.events.retain(|e| !lost.drops(e));
                 f.changed(step, now)?
             }
             Some(f) => f.changed(engines.serve(pod, &r.key), now)?,
@@ -555,6 +555,7 @@ mod tests {
             silence: Some(Silence {
                 pod: 2,
                 from_ms: 5_000,
+                lost: Lost::Evictions,
             }),
             ..cfg
         };

@@ -2,24 +2,55 @@
 //! the blocks the index predicted for the chosen pod beside the blocks its
 //! cache really held, judged as the server judges a gateway's receipt
 //! ([`Receipt::judge`]), and, with an in-process index, counted by the
-//! index itself, so that a pod whose evictions are silently lost is found
-//! as a server would find it ([`Silence`]).
+//! index itself, so that a pod whose events are silently lost is found as
+//! a server would find it ([`Silence`]), or not.
 
 use prefix_index::{Change, Index};
 use prefix_proto::{Receipt, ReceiptOutcome};
 use serde::Serialize;
 
-/// A pod whose engine's eviction events stop reaching the index from a time
-/// on, its stores still arriving (an engine that evicts through a path that
-/// publishes nothing, an offloading connector that stores without
-/// removing): the index keeps promising blocks the pod dropped. The precise
-/// policy's test of receipts.
+/// A pod whose engine's events stop reaching the index from a time on, its
+/// cache changing still: the precise policy's test of receipts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Silence {
     /// The pod, by number.
     pub pod: usize,
     /// From this trace time on (ms after the trace's start).
     pub from_ms: u64,
+    /// Which of its events are lost.
+    pub lost: Lost,
+}
+
+/// Which of a silenced pod's events are lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// Its evictions, its stores still arriving (an engine that evicts
+    /// through a path that publishes nothing, an offloading connector that
+    /// stores without removing): the index keeps promising blocks the pod
+    /// dropped.
+    Evictions,
+    /// Every event (a publisher misconfigured, a topic mismatch): the index
+    /// keeps what it had, so the pod answers as it was, less and less like
+    /// its cache.
+    All,
+}
+
+impl Lost {
+    /// Whether `event` of a silenced pod is lost.
+    pub fn drops(self, event: &prefix_events::Event) -> bool {
+        match self {
+            Lost::Evictions => matches!(event, prefix_events::Event::Removed(_)),
+            Lost::All => true,
+        }
+    }
+
+    /// What is lost, in words.
+    pub fn name(self) -> &'static str {
+        match self {
+            Lost::Evictions => "evictions",
+            Lost::All => "events",
+        }
+    }
 }
 
 /// Shares of receipts by outcome.
@@ -36,12 +67,12 @@ pub struct ReceiptShares {
 /// What became of a silenced pod.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Silenced {
-    /// Requests routed to it after its evictions were first lost.
+    /// Requests routed to it after its events were first lost.
     pub requests: u64,
     /// Of those, the ones whose receipts over-predicted.
     pub over: u64,
-    /// The request (counted from the first lost eviction's time) whose
-    /// receipt made it suspect, if one did.
+    /// The request (counted from the loss's time) whose receipt made it
+    /// suspect, if one did.
     pub suspect_after: Option<u64>,
     /// Its over-predicted receipts by then.
     pub over_by_then: Option<u64>,
@@ -60,8 +91,7 @@ pub(super) struct Book {
 impl Book {
     /// Counts the receipt of a request for `key` routed to `pod` (named
     /// `name`), the index having predicted `predicted` blocks and its cache
-    /// holding `held`; `silenced` if its evictions no longer reach the
-    /// index.
+    /// holding `held`; `silenced` if its events are being lost.
     /// The trace's blocks are the receipt's tokens, one per block.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add(
