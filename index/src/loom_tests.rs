@@ -404,12 +404,12 @@ fn loom_receipts_report_each_change_once() {
     loom::model(move || {
         let book = Arc::new(PodReceipts::new());
         book.record(Over, &rule, 1);
-        assert_eq!(book.record(Over, &rule, 1), Some(Change::Suspect));
-        assert_eq!(book.record(Exact, &rule, 1), None);
+        assert_eq!(book.record(Over, &rule, 1).0, Some(Change::Suspect));
+        assert_eq!(book.record(Exact, &rule, 1).0, None);
         let racers: Vec<_> = (0..2)
             .map(|_| {
                 let book = book.clone();
-                thread::spawn(move || book.record(Exact, &rule, 2))
+                thread::spawn(move || book.record(Exact, &rule, 2).0)
             })
             .collect();
         let changes: Vec<_> = racers.into_iter().map(|t| t.join().unwrap()).collect();

@@ -193,13 +193,14 @@ impl PodReceipts {
         }
     }
 
-    /// Counts a receipt of `outcome` at `now`.
+    /// Counts a receipt of `outcome` at `now`: what it changed of the
+    /// pod's standing, and the window's counts it left.
     pub(crate) fn record(
         &self,
         outcome: ReceiptOutcome,
         rule: &ReceiptRule,
         now: u64,
-    ) -> Option<Change> {
+    ) -> (Option<Change>, ReceiptCounts) {
         let code = match outcome {
             ReceiptOutcome::Exact => EXACT,
             ReceiptOutcome::Under => UNDER,
@@ -222,12 +223,13 @@ impl PodReceipts {
         let new = next(old, code, rule, quiet);
         // A pod gone quiet was no longer shown suspect.
         let shown = old & SUSPECT != 0 && !quiet;
-        match (shown, new & SUSPECT != 0) {
+        let change = match (shown, new & SUSPECT != 0) {
             (false, true) => Some(Change::Suspect),
             (true, false) => Some(Change::Cleared),
             (false, false) if old & SUSPECT != 0 => Some(Change::Cleared),
             _ => None,
-        }
+        };
+        (change, counts(new & RING, rule.window))
     }
 
     /// The pod's counts, and whether it is suspect at `now`.
@@ -292,11 +294,10 @@ impl Index {
         let rule = &sh.cfg.receipts;
         let align = sh.pods.align(id.0);
         let judged = receipt.judge(block_tokens, align, rule.tolerance)?;
-        let book = sh.pods.receipts(id.0);
-        let change = book.record(judged.outcome, rule, now);
+        let (change, counts) = sh.pods.receipts(id.0).record(judged.outcome, rule, now);
         Ok(Recorded {
             judged,
-            counts: book.standing(rule, now).counts,
+            counts,
             change,
         })
     }
