@@ -73,6 +73,7 @@ mod handler;
 mod http;
 mod linger;
 mod maintenance;
+mod memory;
 mod metrics;
 mod repair;
 mod replica;

@@ -14,10 +14,9 @@
 //! blocks of new tokens (576 tokens), so every answer names all 8 workers
 //! (the system prompt) and one of them with the whole document.
 //!
-//! Dynamo's service runs as this binary started again with
-//! `DYNAMO_SERVE` set: a 2-thread Tokio runtime (prefix-server's default
-//! on this machine) and 2 indexer threads (its concurrent tree, which reads
-//! inline; 1 thread puts each read through a single actor).
+//! Dynamo's service runs as this binary started again (`Dynamo::start`):
+//! a 2-thread Tokio runtime (prefix-server's default on this machine) and 2
+//! indexer threads.
 //!
 //! After each row it prints each server's CPU time per request (from
 //! `/proc/<pid>/stat`, over the row's warm-up and measurement).
@@ -25,15 +24,15 @@
 //!     PREFIX_SERVER=target/release/prefix-server \
 //!       cargo bench --manifest-path conformance/dynamo/Cargo.toml --bench routers
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
-use dynamo_kv_router::services::indexer::server::{create_router, AppState};
-use prefix_conformance_dynamo::{local_hashes, post, stored, wait_for_health, Ours, Publisher};
+use prefix_conformance_dynamo::{
+    ask, cpu_ticks, local_hashes, post, serve_dynamo_if_asked, stored, wait_for_health, Dynamo,
+    Ours, Publisher,
+};
 use serde_json::{json, Value};
 
 const BLOCK: u32 = 16;
@@ -50,10 +49,7 @@ const DYNAMO_THREADS: usize = 2;
 const TICKS_PER_SECOND: u64 = 100;
 
 fn main() {
-    if std::env::var_os("DYNAMO_SERVE").is_some() {
-        serve_dynamo();
-        return;
-    }
+    serve_dynamo_if_asked();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -97,58 +93,6 @@ fn main() {
     c.final_summary();
 }
 
-/// Dynamo's standalone service on a free loopback port, which it prints.
-fn serve_dynamo() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let state = Arc::new(AppState::new(DYNAMO_THREADS).unwrap());
-        state.registry.signal_ready();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("{}", listener.local_addr().unwrap());
-        axum::serve(listener, create_router(state)).await.unwrap();
-    });
-}
-
-/// Dynamo's service as a child process, killed when dropped.
-struct Dynamo {
-    child: Child,
-    base: String,
-}
-
-impl Dynamo {
-    fn start() -> Dynamo {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .env("DYNAMO_SERVE", "1")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        Dynamo {
-            base: format!("http://{}", line.trim()),
-            child,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Dynamo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Both servers, fed the same engines, and the prompts.
 struct Setup {
     ours: Ours,
@@ -184,7 +128,7 @@ fn engine_hash(d: usize, b: usize) -> u64 {
 impl Setup {
     async fn start() -> Setup {
         let ours = Ours::start(BLOCK).await;
-        let dynamo = Dynamo::start();
+        let dynamo = Dynamo::start(DYNAMO_THREADS);
         wait_for_health(&dynamo.base).await;
         let ctx = zmq::Context::new();
         let mut publishers: Vec<Publisher> = (0..WORKERS).map(|_| Publisher::bind(&ctx)).collect();
@@ -338,16 +282,7 @@ async fn drive(
                 if i >= iters {
                     break;
                 }
-                let body = bodies[i as usize % bodies.len()].clone();
-                let r = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(r.status(), 200, "{url}");
-                assert!(!r.bytes().await.unwrap().is_empty(), "{url}");
+                ask(&client, &url, bodies[i as usize % bodies.len()].clone()).await;
                 sent.fetch_add(1, Ordering::Relaxed);
             }
         });
@@ -356,13 +291,4 @@ async fn drive(
         t.unwrap();
     }
     start.elapsed()
-}
-
-/// The CPU time `pid` has used, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // The fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    // utime and stime, fields 14 and 15 of the line.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
 }

@@ -1,12 +1,17 @@
-//! What the conformance scenarios (`tests/standalone_indexer.rs`) and the
-//! lookup benchmark (`benches/routers.rs`) share: prefix-server started as
-//! a process with Dynamo's routes, a fake vLLM publisher that sends
-//! Dynamo's own `RawKvEvent`s, and Dynamo's block hash rule.
+//! What the conformance scenarios (`tests/standalone_indexer.rs`), the
+//! lookup benchmark (`benches/routers.rs`) and the end-to-end memory run
+//! (`benches/dynamo/benches/end_to_end.rs` of the repository) share:
+//! prefix-server and Dynamo's standalone service started as processes,
+//! a fake vLLM publisher that sends Dynamo's own `RawKvEvent`s or ready
+//! msgpack batches, and Dynamo's block hash rule.
 
+use std::io::BufRead;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions};
+use dynamo_kv_router::services::indexer::server::{create_router, AppState};
 use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -34,8 +39,14 @@ impl Drop for TempDir {
 
 impl Ours {
     /// Starts `PREFIX_SERVER` (default: the workspace's release build)
-    /// with blocks of `token_block` tokens.
+    /// with blocks of `token_block` tokens and Dynamo's block aliases.
     pub async fn start(token_block: u32) -> Ours {
+        Ours::start_with(token_block, &["--block-aliases", "dynamo"]).await
+    }
+
+    /// Starts `PREFIX_SERVER` with blocks of `token_block` tokens and the
+    /// settings `extra` besides.
+    pub async fn start_with(token_block: u32, extra: &[&str]) -> Ours {
         let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
             concat!(
                 env!("CARGO_MANIFEST_DIR"),
@@ -53,7 +64,8 @@ impl Ours {
         let mut child = tokio::process::Command::new(&bin)
             .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
             .args(["--http-listen", "127.0.0.1:0", "--http-plaintext"])
-            .args(["--block-aliases", "dynamo", "--token-block"])
+            .args(extra)
+            .arg("--token-block")
             .arg(token_block.to_string())
             .args(["--snapshot-interval", "0s", "--data-dir"])
             .arg(&dir)
@@ -92,6 +104,79 @@ impl Ours {
     }
 }
 
+/// The environment variable that makes a process started by
+/// [`Dynamo::start`] serve Dynamo's service (see [`serve_dynamo_if_asked`]).
+const DYNAMO_SERVE: &str = "DYNAMO_SERVE";
+
+/// NVIDIA Dynamo's standalone indexer service (`create_router` of
+/// `dynamo-kv-router` 1.6.1, as its `run_server` serves it) as a child
+/// process: the running executable started again with [`DYNAMO_SERVE`]
+/// set, which must call [`serve_dynamo_if_asked`] first thing. Killed when
+/// dropped.
+pub struct Dynamo {
+    child: std::process::Child,
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl Dynamo {
+    /// Starts the service with `threads` indexer threads (its concurrent
+    /// tree, which reads inline; 1 thread puts each read through a single
+    /// actor) on a 2-thread Tokio runtime, prefix-server's default on a
+    /// 2-core machine.
+    pub fn start(threads: usize) -> Dynamo {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .env(DYNAMO_SERVE, threads.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        Dynamo {
+            base: format!("http://{}", line.trim()),
+            child,
+        }
+    }
+
+    /// The service's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Dynamo {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// In a process [`Dynamo::start`] started, serves Dynamo's service on a
+/// free loopback port, which it prints, and never returns; elsewhere
+/// returns at once.
+pub fn serve_dynamo_if_asked() {
+    let Some(threads) = std::env::var_os(DYNAMO_SERVE) else {
+        return;
+    };
+    let threads: usize = threads.to_str().and_then(|t| t.parse().ok()).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let state = Arc::new(AppState::new(threads).unwrap());
+        state.registry.signal_ready();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap());
+        axum::serve(listener, create_router(state)).await.unwrap();
+    });
+    std::process::exit(0);
+}
+
 /// Waits until `base/health` answers 200 (at most 10 s).
 pub async fn wait_for_health(base: &str) {
     let client = reqwest::Client::new();
@@ -119,6 +204,9 @@ impl Publisher {
     pub fn bind(ctx: &zmq::Context) -> Publisher {
         let socket = ctx.socket(zmq::XPUB).unwrap();
         socket.set_linger(0).unwrap();
+        // No high-water mark: a slow subscriber is waited for, never sent
+        // less.
+        socket.set_sndhwm(0).unwrap();
         socket.set_xpub_verbose(true).unwrap();
         socket.bind("tcp://127.0.0.1:*").unwrap();
         let endpoint = socket.get_last_endpoint().unwrap().unwrap();
@@ -146,7 +234,13 @@ impl Publisher {
     /// Publishes `event` as vLLM does, encoded as Dynamo's tests encode it.
     pub fn publish(&mut self, event: RawKvEvent) {
         let payload = rmp_serde::to_vec_named(&(0.0_f64, vec![event], Some(0_i32))).unwrap();
-        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), &payload];
+        self.publish_payload(&payload);
+    }
+
+    /// Publishes a vLLM msgpack batch as vLLM does: no topic, the next
+    /// sequence number, the batch.
+    pub fn publish_payload(&mut self, payload: &[u8]) {
+        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), payload];
         self.socket.send_multipart(msg, 0).unwrap();
         self.seq += 1;
     }
@@ -194,6 +288,30 @@ pub fn local_hashes(tokens: &[u32], block_size: u32, salt: Option<&str>) -> Vec<
         .into_iter()
         .map(|h| h.0 as i64)
         .collect()
+}
+
+/// The CPU time process `pid` has used, in clock ticks (Linux's USER_HZ,
+/// 100 a second).
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    // utime and stime, fields 14 and 15 of the line.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+/// POSTs the JSON `body` to `url`; panics unless the answer is a 200 with
+/// a body (a benchmark's request, whose answer is not read further).
+pub async fn ask(client: &reqwest::Client, url: &str, body: bytes::Bytes) {
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{url}");
+    assert!(!r.bytes().await.unwrap().is_empty(), "{url}");
 }
 
 /// POSTs `body` as JSON; the status and the JSON answer (null if none).

@@ -93,6 +93,8 @@ impl Collector {
 
     /// Receives until `stop` is cancelled.
     pub(super) fn run(mut self, stop: tokio_util::sync::CancellationToken) {
+        // Messages were read since memory was last given back.
+        let mut read = false;
         while !stop.is_cancelled() {
             let mut items = [
                 self.socket.as_poll_item(zmq::POLLIN),
@@ -114,11 +116,16 @@ impl Collector {
                     continue;
                 }
                 Ok(_) if !messages => {
+                    if std::mem::take(&mut read) {
+                        // Quiet after messages: what their burst left is
+                        // freed.
+                        crate::memory::release();
+                    }
                     self.look(Instant::now());
                     self.views.flush(&self.engines.index, Instant::now());
                     continue;
                 }
-                Ok(_) => {}
+                Ok(_) => read = true,
                 Err(e) => {
                     tracing::warn!("engine collector: {e}");
                     std::thread::sleep(std::time::Duration::from_secs(1));

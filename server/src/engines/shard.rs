@@ -146,6 +146,13 @@ enum Source {
     Dealer(usize),
 }
 
+impl Source {
+    /// Whether it brings engine messages (live or replayed).
+    fn carries_messages(&self) -> bool {
+        matches!(self, Source::Group(_) | Source::Own(_) | Source::Dealer(_))
+    }
+}
+
 /// One shard's thread state.
 pub(super) struct Shard {
     env: Env,
@@ -205,6 +212,8 @@ impl Shard {
     /// Follows its engines until `shutdown` is cancelled.
     pub(super) fn run(mut self, shutdown: CancellationToken) {
         let mut ready = Vec::new();
+        // Messages were read since memory was last given back.
+        let mut read = false;
         while !shutdown.is_cancelled() {
             self.start_replays();
             if let Err(e) = self.poll(&mut ready) {
@@ -212,6 +221,11 @@ impl Shard {
                 std::thread::sleep(RETRY);
                 continue;
             }
+            if ready.is_empty() && std::mem::take(&mut read) {
+                // Quiet after messages: what their burst left is freed.
+                crate::memory::release();
+            }
+            read |= ready.iter().any(Source::carries_messages);
             for source in ready.drain(..) {
                 self.handle(source);
             }

@@ -1,0 +1,532 @@
+//! prefix-server end to end beside NVIDIA Dynamo's standalone indexer
+//! service (`dynamo-kv-router` 1.6.1, feature
+//! `standalone-indexer`, the router its `run_server` serves) in turn, each
+//! a fresh process, fed the same vLLM events by the same engines.
+//!
+//! The engines: 16 libzmq XPUB sockets in this process, each registered
+//! with the service through Dynamo's `POST /register` (which prefix-server
+//! serves too), publishing vLLM's msgpack batches for the Mooncake trace
+//! (`engine_sim::Pods`: requests round-robin over the engines, each an LRU
+//! cache of 65,536 engine blocks of 16 tokens that frees a request's
+//! blocks tail first; each trace block is 4 engine blocks), in the trace's
+//! order from one thread at 4,000 batches a second over all engines (250
+//! each, several times a busy vLLM's scheduler steps, and more than
+//! either service applies at once: no backlog builds), then one last block
+//! each. The run waits until
+//! the service answers that block for every engine: both apply an engine's
+//! events in order, so every batch before it is applied.
+//!
+//! **Memory.** Per service it reads `VmRSS` of `/proc/<pid>/status` (and
+//! its anonymous and file-backed parts) three times, each 3 s after the
+//! step before settled: idle (started, nothing registered), registered (16
+//! engines subscribed, nothing published) and loaded (every batch
+//! applied). From these: idle, per engine ((registered − idle) / 16) and
+//! per (pod, block) ((loaded − registered) / the pairs the engines hold at
+//! the end).
+//!
+//! **Lookups**, loaded, through Dynamo's `POST /query` (which prefix-server
+//! serves too) over plain HTTP/1.1 with kept-alive connections, from this
+//! process (a 1-thread Tokio runtime, reqwest), each answer checked to be
+//! a 200:
+//! - a prompt of 1,000,000 tokens that matches nothing (7.9 MB of JSON),
+//!   five times one after another: the fastest and the median;
+//! - the first 2,000 requests of the trace as prompts (their tokens, 618
+//!   on average), 1, 8 and 64 in flight on as many connections, for 5 s
+//!   each after 1 s of warm-up: lookups per second and the service's CPU
+//!   time per lookup (`/proc/<pid>/stat`).
+//!
+//! The services, in a rotating order each round: prefix-server with its
+//! defaults (`--http-plaintext`), the same with `--block-aliases dynamo`
+//! (what its `/query_by_hash` needs, and Dynamo's service keeps for its
+//! own), and Dynamo's service with 2 indexer threads on a 2-thread
+//! runtime.
+//!
+//!     cargo build --release -p prefix-server
+//!     PREFIX_SERVER=target/release/prefix-server \
+//!       cargo bench --manifest-path benches/dynamo/Cargo.toml --bench service_memory
+//!
+//! `END_TO_END_ROUNDS` (3) sets the rounds; `END_TO_END_HOLD` (seconds)
+//! holds each service loaded that long, with its pid printed, to look at
+//! its memory.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine_sim::{request_tokens, Pods, Release};
+use prefix_benches::{mooncake, mooncake_path};
+use prefix_conformance_dynamo::{
+    ask, cpu_ticks, post, serve_dynamo_if_asked, stored, Dynamo, Ours, Publisher,
+};
+use prefix_events::encode::Layout;
+use serde_json::json;
+
+/// Engines publishing.
+const ENGINES: usize = 16;
+/// Engine blocks each engine's cache holds.
+const CAPACITY: usize = 65_536;
+/// Engine blocks per trace block.
+const SPLIT: u64 = 4;
+/// Tokens per engine block.
+const BLOCK: u32 = engine_sim::BLOCK_TOKENS as u32;
+/// The model the engines are registered under.
+const MODEL: &str = "m";
+/// Dynamo's indexer threads.
+const DYNAMO_THREADS: usize = 2;
+/// Batches published a second, over all engines.
+const PACE: f64 = 4_000.0;
+/// How long a process is left to settle before its memory is read.
+const SETTLE: Duration = Duration::from_secs(3);
+/// Tokens of the giant prompt.
+const GIANT_TOKENS: u32 = 1_000_000;
+/// Times the giant prompt is asked.
+const GIANT_TIMES: usize = 5;
+/// Trace requests asked as prompts.
+const PROMPTS: usize = 2_000;
+/// Lookups in flight, one connection each.
+const IN_FLIGHT: [usize; 3] = [1, 8, 64];
+/// Warm-up and measurement of each lookup row.
+const WARM_UP: Duration = Duration::from_secs(1);
+const MEASURE: Duration = Duration::from_secs(5);
+/// Linux's clock ticks per second in `/proc/<pid>/stat` (USER_HZ).
+const TICKS_PER_SECOND: f64 = 100.0;
+
+fn main() {
+    serve_dynamo_if_asked();
+    let rounds: usize = std::env::var("END_TO_END_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let load = Load::new();
+    println!(
+        "events: {} batches, {} bytes of msgpack; {} (pod, block) pairs held at the end",
+        load.batches.len(),
+        load.batches.iter().map(|(_, b)| b.len()).sum::<usize>(),
+        load.pairs
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sides = [Side::Ours, Side::OursAliases, Side::Dynamo];
+    let mut figures: Vec<(Side, Figures)> = Vec::new();
+    for round in 0..rounds {
+        for i in 0..sides.len() {
+            let side = sides[(round + i) % sides.len()];
+            let f = rt.block_on(run(side, &load));
+            println!("round {round}: {}", f.line(side, load.pairs));
+            figures.push((side, f));
+        }
+    }
+    println!("\nranges over {rounds} rounds:");
+    for side in sides {
+        let of = |f: &dyn Fn(&Figures) -> f64| {
+            let v: Vec<f64> = figures
+                .iter()
+                .filter(|(s, _)| *s == side)
+                .map(|(_, x)| f(x))
+                .collect();
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+            format!("{lo:.1}–{hi:.1}")
+        };
+        println!(
+            "  {:<22} idle {} MB, per engine {} KB, per (pod, block) {} B",
+            side.name(),
+            of(&|f| f.idle.rss as f64 / 1e6),
+            of(&|f| f.per_engine() / 1e3),
+            of(&|f| f.per_pair(load.pairs)),
+        );
+        let giant = of(&|f| f.giant.as_secs_f64() * 1e3);
+        let rates: Vec<String> = (0..IN_FLIGHT.len())
+            .map(|i| {
+                format!(
+                    "{} in flight {}/s ({} µs CPU)",
+                    IN_FLIGHT[i],
+                    of(&|f| f.lookups[i].0),
+                    of(&|f| f.lookups[i].1)
+                )
+            })
+            .collect();
+        println!("  {:<22} giant prompt {giant} ms; {}", "", rates.join("; "));
+    }
+    // Each round's ratios of ours to Dynamo's.
+    let ratio = |side: Side, what: &str, f: &dyn Fn(&Figures) -> f64| {
+        let ratios: Vec<String> = (0..rounds)
+            .map(|r| {
+                let of = |s: Side| {
+                    let f = &figures[r * sides.len()..(r + 1) * sides.len()];
+                    f.iter().find(|(x, _)| *x == s).map(|(_, x)| x)
+                };
+                format!("{:.2}", f(of(side).unwrap()) / f(of(Side::Dynamo).unwrap()))
+            })
+            .collect();
+        println!(
+            "  {} / dynamo, {what}, per round: {}",
+            side.name(),
+            ratios.join(", ")
+        );
+    };
+    for side in [Side::Ours, Side::OursAliases] {
+        ratio(side, "memory per (pod, block)", &|f| f.per_pair(load.pairs));
+        ratio(side, "idle memory", &|f| f.idle.rss as f64);
+        ratio(side, "memory per engine", &|f| f.per_engine());
+        ratio(side, "giant prompt's time", &|f| f.giant.as_secs_f64());
+        for (i, n) in IN_FLIGHT.iter().enumerate() {
+            ratio(side, &format!("lookups per second, {n} in flight"), &|f| {
+                f.lookups[i].0
+            });
+            ratio(side, &format!("CPU per lookup, {n} in flight"), &|f| {
+                f.lookups[i].1
+            });
+        }
+    }
+}
+
+/// A service under test.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Side {
+    /// prefix-server with its defaults.
+    Ours,
+    /// prefix-server with `--block-aliases dynamo`.
+    OursAliases,
+    /// Dynamo's standalone service.
+    Dynamo,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Ours => "ours",
+            Side::OursAliases => "ours --block-aliases",
+            Side::Dynamo => "dynamo",
+        }
+    }
+}
+
+/// The batches every run publishes, made once.
+struct Load {
+    /// (engine, vLLM msgpack batch), in the trace's order.
+    batches: Vec<(usize, Vec<u8>)>,
+    /// (pod, block) pairs the engines hold after the batches and their
+    /// last blocks.
+    pairs: usize,
+    /// `/query` bodies of the trace's first requests.
+    prompts: Arc<Vec<bytes::Bytes>>,
+    /// The `/query` body of the giant prompt.
+    giant: bytes::Bytes,
+}
+
+impl Load {
+    fn new() -> Load {
+        let trace = mooncake(&mooncake_path()).expect("the Mooncake trace (../shared/traces/)");
+        let mut pods = Pods::new(ENGINES, CAPACITY, Release::TailFirst);
+        let mut batches = Vec::new();
+        let mut key = Vec::new();
+        for (i, r) in trace.iter().enumerate() {
+            key.clear();
+            key.extend(
+                r.key
+                    .iter()
+                    .flat_map(|&id| (0..SPLIT).map(move |j| id * SPLIT + j)),
+            );
+            let pod = i % ENGINES;
+            let step = pods.serve(pod, &key);
+            if step.events.is_empty() {
+                continue;
+            }
+            let mut bytes = Vec::new();
+            step.encode(r.timestamp as f64 / 1e3, Layout::Required, &mut bytes);
+            batches.push((pod, bytes));
+        }
+        let body = |tokens: &[u32]| -> bytes::Bytes {
+            serde_json::to_vec(&json!({"token_ids": tokens, "model_name": MODEL}))
+                .unwrap()
+                .into()
+        };
+        let prompts = trace[..PROMPTS]
+            .iter()
+            .map(|r| {
+                let key: Vec<u64> = r
+                    .key
+                    .iter()
+                    .flat_map(|&id| (0..SPLIT).map(move |j| id * SPLIT + j))
+                    .collect();
+                body(&request_tokens(&key))
+            })
+            .collect();
+        // Token ids the trace's blocks never start with: no match.
+        let giant: Vec<u32> = (0..GIANT_TOKENS).map(|i| 200_000 + i % 50_000).collect();
+        Load {
+            batches,
+            pairs: pods.held() + ENGINES,
+            prompts: Arc::new(prompts),
+            giant: body(&giant),
+        }
+    }
+}
+
+/// A process's resident memory, from `/proc/<pid>/status`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Rss {
+    rss: u64,
+    anon: u64,
+    file: u64,
+}
+
+impl Rss {
+    fn of(pid: u32) -> Rss {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let kb = |field: &str| {
+            let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+            line[field.len()..]
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        };
+        Rss {
+            rss: kb("VmRSS:"),
+            anon: kb("RssAnon:"),
+            file: kb("RssFile:"),
+        }
+    }
+}
+
+/// One service's memory at the three points, and how long the load took.
+struct Figures {
+    idle: Rss,
+    registered: Rss,
+    loaded: Rss,
+    ingest: Duration,
+    /// prefix-server's own count at the end (`/v1/stats`): heap bytes of
+    /// its index, entries and tree nodes.
+    counted: Option<(u64, u64, u64)>,
+    /// The giant prompt's median time.
+    giant: Duration,
+    /// Per row of [`IN_FLIGHT`]: lookups per second, and the service's
+    /// CPU µs per lookup.
+    lookups: Vec<(f64, f64)>,
+}
+
+impl Figures {
+    fn per_engine(&self) -> f64 {
+        (self.registered.rss as f64 - self.idle.rss as f64) / ENGINES as f64
+    }
+
+    fn per_pair(&self, pairs: usize) -> f64 {
+        (self.loaded.rss as f64 - self.registered.rss as f64) / pairs as f64
+    }
+
+    fn line(&self, side: Side, pairs: usize) -> String {
+        let mb = |b: u64| b as f64 / 1e6;
+        let counted = match self.counted {
+            Some((bytes, entries, nodes)) => format!(
+                "; the index's own count: {:.1} B per (pod, block), {entries} entries, {nodes} nodes",
+                bytes as f64 / pairs as f64
+            ),
+            None => String::new(),
+        };
+        let lookups: Vec<String> = IN_FLIGHT
+            .iter()
+            .zip(&self.lookups)
+            .map(|(n, (rate, cpu))| format!("{n} in flight {rate:.0}/s, {cpu:.1} µs CPU"))
+            .collect();
+        format!(
+            "{:<22} idle {:.1} MB (anon {:.1}, file {:.1}); per engine {:.1} KB; \
+             per (pod, block) {:.1} B (loaded {:.1} MB, anon {:.1}); every batch applied in {:.2} s{counted}\n  \
+             giant prompt {:.1} ms (median of {GIANT_TIMES}); lookups: {}",
+            side.name(),
+            mb(self.idle.rss),
+            mb(self.idle.anon),
+            mb(self.idle.file),
+            self.per_engine() / 1e3,
+            self.per_pair(pairs),
+            mb(self.loaded.rss),
+            mb(self.loaded.anon),
+            self.ingest.as_secs_f64(),
+            self.giant.as_secs_f64() * 1e3,
+            lookups.join("; "),
+        )
+    }
+}
+
+/// The service `side` in a fresh process, through idle, registered and
+/// loaded.
+async fn run(side: Side, load: &Load) -> Figures {
+    enum Process {
+        Ours(Ours),
+        Dynamo(Dynamo),
+    }
+    let process = match side {
+        Side::Ours => Process::Ours(Ours::start_with(BLOCK, &[]).await),
+        Side::OursAliases => {
+            Process::Ours(Ours::start_with(BLOCK, &["--block-aliases", "dynamo"]).await)
+        }
+        Side::Dynamo => {
+            let d = Dynamo::start(DYNAMO_THREADS);
+            prefix_conformance_dynamo::wait_for_health(&d.base).await;
+            Process::Dynamo(d)
+        }
+    };
+    let (pid, base) = match &process {
+        Process::Ours(o) => (o.pid(), o.base.clone()),
+        Process::Dynamo(d) => (d.pid(), d.base.clone()),
+    };
+    tokio::time::sleep(SETTLE).await;
+    let idle = Rss::of(pid);
+
+    let ctx = zmq::Context::new();
+    let mut engines: Vec<Publisher> = (0..ENGINES).map(|_| Publisher::bind(&ctx)).collect();
+    for (w, e) in engines.iter().enumerate() {
+        let body = json!({"instance_id": w + 1, "endpoint": e.endpoint, "model_name": MODEL,
+                          "block_size": BLOCK, "dp_rank": 0});
+        let (status, answer) = post(&base, "/register", &body).await;
+        assert_eq!(status, 201, "{}: {answer}", side.name());
+    }
+    for e in &engines {
+        e.subscribed(1);
+    }
+    tokio::time::sleep(SETTLE).await;
+    let registered = Rss::of(pid);
+
+    let start = Instant::now();
+    tokio::task::block_in_place(|| {
+        for (i, (engine, batch)) in load.batches.iter().enumerate() {
+            let due = start + Duration::from_secs_f64(i as f64 / PACE);
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            engines[*engine].publish_payload(batch);
+        }
+        for (w, e) in engines.iter_mut().enumerate() {
+            let (hash, tokens) = last_block(w);
+            e.publish(stored(&[hash], None, &tokens, BLOCK, "GPU", None));
+        }
+    });
+    for w in 0..ENGINES {
+        let body = json!({"token_ids": last_block(w).1, "model_name": MODEL});
+        let id = (w + 1).to_string();
+        loop {
+            let (_, v) = post(&base, "/query", &body).await;
+            if v["instances"][&id]["gpu"] == u64::from(BLOCK) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(600),
+                "{}: engine {w} never applied",
+                side.name()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let ingest = start.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    let loaded = Rss::of(pid);
+    if let Some(hold) = std::env::var("END_TO_END_HOLD")
+        .ok()
+        .and_then(|h| h.parse().ok())
+    {
+        println!("{} (pid {pid}) loaded; held {hold} s", side.name());
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
+    let counted = match side {
+        Side::Dynamo => None,
+        Side::Ours | Side::OursAliases => {
+            let stats: serde_json::Value = reqwest::get(format!("{base}/v1/stats"))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            Some((
+                stats["bytes"].as_u64().unwrap(),
+                stats["entries"].as_u64().unwrap(),
+                stats["nodes"].as_u64().unwrap(),
+            ))
+        }
+    };
+    let client = reqwest::Client::builder()
+        .http1_only()
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap();
+    let url = format!("{base}/query");
+    let mut times = Vec::new();
+    for _ in 0..GIANT_TIMES {
+        let start = Instant::now();
+        ask(&client, &url, load.giant.clone()).await;
+        times.push(start.elapsed());
+    }
+    times.sort();
+    let mut lookups = Vec::new();
+    for n in IN_FLIGHT {
+        lookups.push(drive(&client, &url, &load.prompts, n, pid).await);
+    }
+    drop(engines);
+    drop(process);
+    Figures {
+        idle,
+        registered,
+        loaded,
+        ingest,
+        counted,
+        giant: times[GIANT_TIMES / 2],
+        lookups,
+    }
+}
+
+/// `in_flight` connections asking `prompts` in turn, through a warm-up
+/// and a measurement: lookups per second, and the service's CPU µs per
+/// lookup, over the measurement.
+async fn drive(
+    client: &reqwest::Client,
+    url: &str,
+    prompts: &Arc<Vec<bytes::Bytes>>,
+    in_flight: usize,
+    pid: u32,
+) -> (f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..in_flight {
+        let (client, url, prompts) = (client.clone(), url.to_string(), prompts.clone());
+        let (stop, done) = (stop.clone(), done.clone());
+        tasks.spawn(async move {
+            let mut i = t;
+            // Relaxed: a flag and a counter read for their own values; no
+            // other memory is published through them.
+            while !stop.load(Ordering::Relaxed) {
+                ask(&client, &url, prompts[i % prompts.len()].clone()).await;
+                done.fetch_add(1, Ordering::Relaxed);
+                i += in_flight;
+            }
+        });
+    }
+    tokio::time::sleep(WARM_UP).await;
+    let (n0, cpu0, t0) = (done.load(Ordering::Relaxed), cpu_ticks(pid), Instant::now());
+    tokio::time::sleep(MEASURE).await;
+    let (n, cpu, elapsed) = (
+        done.load(Ordering::Relaxed) - n0,
+        cpu_ticks(pid) - cpu0,
+        t0.elapsed(),
+    );
+    stop.store(true, Ordering::Relaxed);
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    (
+        n as f64 / elapsed.as_secs_f64(),
+        cpu as f64 * 1e6 / TICKS_PER_SECOND / n as f64,
+    )
+}
+
+/// Engine `w`'s last block: an engine hash and tokens no batch uses.
+fn last_block(w: usize) -> (u64, Vec<u32>) {
+    let tokens = (0..BLOCK)
+        .map(|i| u32::MAX - (w as u32) * BLOCK - i)
+        .collect();
+    (u64::MAX - w as u64, tokens)
+}
