@@ -1,7 +1,7 @@
 //! prefix-server end to end beside NVIDIA Dynamo's standalone indexer
-//! service (`dynamo-kv-router` 1.6.1, feature
-//! `standalone-indexer`, the router its `run_server` serves) in turn, each
-//! a fresh process, fed the same vLLM events by the same engines.
+//! service (`dynamo-kv-router` 1.6.1, feature `standalone-indexer`, the
+//! router its `run_server` serves), in turn, each a fresh process, fed the
+//! same vLLM events by the same engines.
 //!
 //! The engines: 16 libzmq XPUB sockets in this process, each registered
 //! with the service through Dynamo's `POST /register` (which prefix-server
@@ -9,31 +9,40 @@
 //! (`engine_sim::Pods`: requests round-robin over the engines, each an LRU
 //! cache of 65,536 engine blocks of 16 tokens that frees a request's
 //! blocks tail first; each trace block is 4 engine blocks), in the trace's
-//! order from one thread at 4,000 batches a second over all engines (250
-//! each, several times a busy vLLM's scheduler steps, and more than
-//! either service applies at once: no backlog builds), then one last block
-//! each. The run waits until
+//! order from one thread, then one last block each. The run waits until
 //! the service answers that block for every engine: both apply an engine's
-//! events in order, so every batch before it is applied.
+//! events in order, so every batch before it is applied. The batches go
+//! out at 4,000 a second over all engines (250 each, several times a busy
+//! vLLM's scheduler steps), fewer than either service applies, so no
+//! backlog builds: each takes the 3.0 s the pace takes
+//! (`END_TO_END_PACE`, batches a second; 0 publishes them all at once, a
+//! backlog that both services then hold memory for).
 //!
 //! **Memory.** Per service it reads `VmRSS` of `/proc/<pid>/status` (and
 //! its anonymous and file-backed parts) three times, each 3 s after the
 //! step before settled: idle (started, nothing registered), registered (16
 //! engines subscribed, nothing published) and loaded (every batch
-//! applied). From these: idle, per engine ((registered − idle) / 16) and
-//! per (pod, block) ((loaded − registered) / the pairs the engines hold at
-//! the end).
+//! applied). From these: idle, per engine ((registered − idle) / 16, the
+//! threads and libzmq state the first engine starts included) and per
+//! (pod, block) ((loaded − registered) / the pairs the engines hold at the
+//! end). Dynamo's service is this executable started again, so it
+//! allocates with glibc's `malloc` (no global allocator is set here), as in
+//! the Python process `python -m dynamo.indexer` runs it in; prefix-server
+//! allocates with mimalloc.
 //!
 //! **Lookups**, loaded, through Dynamo's `POST /query` (which prefix-server
 //! serves too) over plain HTTP/1.1 with kept-alive connections, from this
 //! process (a 1-thread Tokio runtime, reqwest), each answer checked to be
 //! a 200:
 //! - a prompt of 1,000,000 tokens that matches nothing (7.9 MB of JSON),
-//!   five times one after another: the fastest and the median;
+//!   five times one after another: the median; to prefix-server also
+//!   through the client library over QUIC (the tokens hashed in this
+//!   process into 62,500 block hashes, 0.5 MB on the wire), five times on
+//!   one connection;
 //! - the first 2,000 requests of the trace as prompts (their tokens, 1,746
-//!   on average, 10.7 KB of JSON), 1, 8 and 64 in flight on as many connections, for 5 s
-//!   each after 1 s of warm-up: lookups per second and the service's CPU
-//!   time per lookup (`/proc/<pid>/stat`).
+//!   on average, 10.7 KB of JSON), 1, 8 and 64 in flight on as many
+//!   connections, for 5 s each after 1 s of warm-up: lookups per second
+//!   and the service's CPU time per lookup (`/proc/<pid>/stat`).
 //!
 //! The services, in a rotating order each round: prefix-server with its
 //! defaults (`--http-plaintext`), the same with `--block-aliases dynamo`
@@ -41,9 +50,9 @@
 //! own), and Dynamo's service with 2 indexer threads on a 2-thread
 //! runtime.
 //!
-//!     cargo build --release -p prefix-server
-//!     PREFIX_SERVER=target/release/prefix-server \
-//!       cargo bench --manifest-path benches/dynamo/Cargo.toml --bench service_memory
+//!     cargo build --profile ci -p prefix-server
+//!     PREFIX_SERVER=target/ci/prefix-server \
+//!       cargo bench --manifest-path benches/dynamo/Cargo.toml --bench end_to_end
 //!
 //! `END_TO_END_ROUNDS` (3) sets the rounds; `END_TO_END_HOLD` (seconds)
 //! holds each service loaded that long, with its pid printed, to look at
@@ -55,6 +64,8 @@ use std::time::{Duration, Instant};
 
 use engine_sim::{request_tokens, Pods, Release};
 use prefix_benches::{mooncake, mooncake_path};
+use prefix_client::key::token_key;
+use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_conformance_dynamo::{
     ask, cpu_ticks, post, serve_dynamo_if_asked, stored, Dynamo, Ours, Publisher,
 };
@@ -73,7 +84,8 @@ const BLOCK: u32 = engine_sim::BLOCK_TOKENS as u32;
 const MODEL: &str = "m";
 /// Dynamo's indexer threads.
 const DYNAMO_THREADS: usize = 2;
-/// Batches published a second, over all engines.
+/// Batches published a second, over all engines, unless
+/// `END_TO_END_PACE` says otherwise.
 const PACE: f64 = 4_000.0;
 /// How long a process is left to settle before its memory is read.
 const SETTLE: Duration = Duration::from_secs(3);
@@ -141,7 +153,13 @@ fn main() {
             of(&|f| f.per_engine() / 1e3),
             of(&|f| f.per_pair(load.pairs)),
         );
-        let giant = of(&|f| f.giant.as_secs_f64() * 1e3);
+        let mut giant = of(&|f| f.giant.as_secs_f64() * 1e3);
+        if side != Side::Dynamo {
+            giant += &format!(
+                " (QUIC {})",
+                of(&|f| f.giant_quic.unwrap().as_secs_f64() * 1e3)
+            );
+        }
         let rates: Vec<String> = (0..IN_FLIGHT.len())
             .map(|i| {
                 format!(
@@ -176,6 +194,9 @@ fn main() {
         ratio(side, "idle memory", &|f| f.idle.rss as f64);
         ratio(side, "memory per engine", &|f| f.per_engine());
         ratio(side, "giant prompt's time", &|f| f.giant.as_secs_f64());
+        ratio(side, "giant prompt's time, ours over QUIC", &|f| {
+            f.giant_quic.unwrap_or(f.giant).as_secs_f64()
+        });
         for (i, n) in IN_FLIGHT.iter().enumerate() {
             ratio(side, &format!("lookups per second, {n} in flight"), &|f| {
                 f.lookups[i].0
@@ -217,7 +238,8 @@ struct Load {
     pairs: usize,
     /// `/query` bodies of the trace's first requests.
     prompts: Arc<Vec<bytes::Bytes>>,
-    /// The `/query` body of the giant prompt.
+    /// The giant prompt's tokens, and its `/query` body.
+    giant_tokens: Vec<u32>,
     giant: bytes::Bytes,
 }
 
@@ -266,6 +288,7 @@ impl Load {
             pairs: pods.held() + ENGINES,
             prompts: Arc::new(prompts),
             giant: body(&giant),
+            giant_tokens: giant,
         }
     }
 }
@@ -308,8 +331,10 @@ struct Figures {
     /// prefix-server's own count at the end (`/v1/stats`): heap bytes of
     /// its index, entries and tree nodes.
     counted: Option<(u64, u64, u64)>,
-    /// The giant prompt's median time.
+    /// The giant prompt's median time, over HTTP, and for prefix-server
+    /// over QUIC.
     giant: Duration,
+    giant_quic: Option<Duration>,
     /// Per row of [`IN_FLIGHT`]: lookups per second, and the service's
     /// CPU µs per lookup.
     lookups: Vec<(f64, f64)>,
@@ -333,6 +358,10 @@ impl Figures {
             ),
             None => String::new(),
         };
+        let quic = match self.giant_quic {
+            Some(t) => format!(", over QUIC {:.1} ms", t.as_secs_f64() * 1e3),
+            None => String::new(),
+        };
         let lookups: Vec<String> = IN_FLIGHT
             .iter()
             .zip(&self.lookups)
@@ -341,7 +370,7 @@ impl Figures {
         format!(
             "{:<22} idle {:.1} MB (anon {:.1}, file {:.1}); per engine {:.1} KB; \
              per (pod, block) {:.1} B (loaded {:.1} MB, anon {:.1}); every batch applied in {:.2} s{counted}\n  \
-             giant prompt {:.1} ms (median of {GIANT_TIMES}); lookups: {}",
+             giant prompt {:.1} ms (median of {GIANT_TIMES}){quic}; lookups: {}",
             side.name(),
             mb(self.idle.rss),
             mb(self.idle.anon),
@@ -396,11 +425,17 @@ async fn run(side: Side, load: &Load) -> Figures {
     tokio::time::sleep(SETTLE).await;
     let registered = Rss::of(pid);
 
+    let pace: f64 = std::env::var("END_TO_END_PACE")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(PACE);
     let start = Instant::now();
     tokio::task::block_in_place(|| {
         for (i, (engine, batch)) in load.batches.iter().enumerate() {
-            let due = start + Duration::from_secs_f64(i as f64 / PACE);
-            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if pace > 0.0 {
+                let due = start + Duration::from_secs_f64(i as f64 / pace);
+                std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            }
             engines[*engine].publish_payload(batch);
         }
         for (w, e) in engines.iter_mut().enumerate() {
@@ -463,6 +498,10 @@ async fn run(side: Side, load: &Load) -> Figures {
         times.push(start.elapsed());
     }
     times.sort();
+    let giant_quic = match &process {
+        Process::Ours(ours) => Some(giant_over_quic(ours, &load.giant_tokens).await),
+        Process::Dynamo(_) => None,
+    };
     let mut lookups = Vec::new();
     for n in IN_FLIGHT {
         lookups.push(drive(&client, &url, &load.prompts, n, pid).await);
@@ -476,8 +515,32 @@ async fn run(side: Side, load: &Load) -> Figures {
         ingest,
         counted,
         giant: times[GIANT_TIMES / 2],
+        giant_quic,
         lookups,
     }
+}
+
+/// The giant prompt asked [`GIANT_TIMES`] times through the client
+/// library on one QUIC connection, its tokens hashed each time as a
+/// gateway does: the median time.
+async fn giant_over_quic(ours: &Ours, tokens: &[u32]) -> Duration {
+    let tls = TlsConfig::from_files(&ours.cert(), None, None).unwrap();
+    let cfg = ClientConfig {
+        tls,
+        deadline: Duration::from_secs(10),
+        ..ClientConfig::default()
+    };
+    let client = Client::connect(ours.quic, cfg).await.unwrap();
+    let mut times = Vec::new();
+    for _ in 0..GIANT_TIMES {
+        let start = Instant::now();
+        let key = token_key(tokens, BLOCK as usize);
+        let answer = client.lookup(MODEL, &key, None).await.unwrap();
+        assert!(answer.matches.is_empty(), "the giant prompt matched");
+        times.push(start.elapsed());
+    }
+    times.sort();
+    times[GIANT_TIMES / 2]
 }
 
 /// `in_flight` connections asking `prompts` in turn, through a warm-up
@@ -498,16 +561,19 @@ async fn drive(
         let (stop, done) = (stop.clone(), done.clone());
         tasks.spawn(async move {
             let mut i = t;
-            // Relaxed: a flag and a counter read for their own values; no
-            // other memory is published through them.
+            // Relaxed: a flag read for its own value; no other memory is
+            // published through it.
             while !stop.load(Ordering::Relaxed) {
                 ask(&client, &url, prompts[i % prompts.len()].clone()).await;
+                // Relaxed: a counter read for its own value.
                 done.fetch_add(1, Ordering::Relaxed);
                 i += in_flight;
             }
         });
     }
     tokio::time::sleep(WARM_UP).await;
+    // Relaxed (the counter's loads, the flag's store): values read and set
+    // for themselves, as above.
     let (n0, cpu0, t0) = (done.load(Ordering::Relaxed), cpu_ticks(pid), Instant::now());
     tokio::time::sleep(MEASURE).await;
     let (n, cpu, elapsed) = (

@@ -18,14 +18,19 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The line of prefix-server's log that names its HTTP address.
 const SERVING: &str = "serving the HTTP/JSON API http=";
+/// The line of prefix-server's log that names its QUIC address.
+const SERVING_QUIC: &str = "serving listen=";
 
 /// prefix-server, started as a process with Dynamo's routes in plain HTTP
-/// and Dynamo's block aliases; killed when dropped.
+/// (and, from [`Ours::start`], Dynamo's block aliases); killed when
+/// dropped.
 pub struct Ours {
     /// `http://127.0.0.1:<port>`.
     pub base: String,
+    /// Its QUIC address.
+    pub quic: std::net::SocketAddr,
     child: tokio::process::Child,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 /// A directory removed when dropped.
@@ -74,33 +79,45 @@ impl Ours {
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        // Its log, on stderr, names the address it bound.
+        // Its log, on stderr, names the addresses it bound.
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = loop {
+        let (mut addr, mut quic) = (None, None);
+        while addr.is_none() || quic.is_none() {
             let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
                 .await
                 .expect("the server never said where it listens")
                 .unwrap()
                 .expect("the server stopped");
-            if let Some(at) = line.find(SERVING) {
-                let rest = &line[at + SERVING.len()..];
-                break rest.split_whitespace().next().unwrap().to_string();
-            }
-        };
+            let after = |marker: &str| {
+                let at = line.find(marker)?;
+                let rest = &line[at + marker.len()..];
+                Some(rest.split_whitespace().next()?.to_string())
+            };
+            addr = addr.or_else(|| after(SERVING));
+            quic = quic.or_else(|| after(SERVING_QUIC));
+        }
+        let (addr, quic) = (addr.unwrap(), quic.unwrap().parse().unwrap());
         // Keep draining its log.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         let base = format!("http://{addr}");
         wait_for_health(&base).await;
         Ours {
             base,
+            quic,
             child,
-            _dir: TempDir(dir),
+            dir: TempDir(dir),
         }
     }
 
     /// The server's process id.
     pub fn pid(&self) -> u32 {
         self.child.id().expect("the server runs")
+    }
+
+    /// The certificate its QUIC clients trust: the one it made in its data
+    /// directory.
+    pub fn cert(&self) -> std::path::PathBuf {
+        self.dir.0.join("cert.pem")
     }
 }
 
@@ -204,8 +221,8 @@ impl Publisher {
     pub fn bind(ctx: &zmq::Context) -> Publisher {
         let socket = ctx.socket(zmq::XPUB).unwrap();
         socket.set_linger(0).unwrap();
-        // No high-water mark: a slow subscriber is waited for, never sent
-        // less.
+        // No high-water mark: what a slow subscriber has not taken yet
+        // queues in this process without limit instead of being dropped.
         socket.set_sndhwm(0).unwrap();
         socket.set_xpub_verbose(true).unwrap();
         socket.bind("tcp://127.0.0.1:*").unwrap();

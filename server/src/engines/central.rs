@@ -93,8 +93,7 @@ impl Collector {
 
     /// Receives until `stop` is cancelled.
     pub(super) fn run(mut self, stop: tokio_util::sync::CancellationToken) {
-        // Messages were read since memory was last given back.
-        let mut read = false;
+        let mut releaser = crate::memory::Releaser::new(Instant::now());
         while !stop.is_cancelled() {
             let mut items = [
                 self.socket.as_poll_item(zmq::POLLIN),
@@ -116,16 +115,18 @@ impl Collector {
                     continue;
                 }
                 Ok(_) if !messages => {
-                    if std::mem::take(&mut read) {
-                        // Quiet after messages: what their burst left is
-                        // freed.
-                        crate::memory::release();
-                    }
+                    // What the messages' bursts left goes back to the
+                    // system.
+                    releaser.look(Instant::now());
                     self.look(Instant::now());
                     self.views.flush(&self.engines.index, Instant::now());
                     continue;
                 }
-                Ok(_) => read = true,
+                Ok(_) => {
+                    let now = Instant::now();
+                    releaser.read(now);
+                    releaser.look(now);
+                }
                 Err(e) => {
                     tracing::warn!("engine collector: {e}");
                     std::thread::sleep(std::time::Duration::from_secs(1));

@@ -36,6 +36,7 @@ use super::session::{Env, Session};
 use super::sockets::{self, monitor_event, Context, Socket, Watched};
 use super::stats::Problem;
 use super::view::Pending;
+use crate::memory::Releaser;
 
 /// Messages taken from one socket before the others get a turn.
 pub(super) const BURST: usize = 256;
@@ -212,8 +213,7 @@ impl Shard {
     /// Follows its engines until `shutdown` is cancelled.
     pub(super) fn run(mut self, shutdown: CancellationToken) {
         let mut ready = Vec::new();
-        // Messages were read since memory was last given back.
-        let mut read = false;
+        let mut releaser = Releaser::new(Instant::now());
         while !shutdown.is_cancelled() {
             self.start_replays();
             if let Err(e) = self.poll(&mut ready) {
@@ -221,11 +221,12 @@ impl Shard {
                 std::thread::sleep(RETRY);
                 continue;
             }
-            if ready.is_empty() && std::mem::take(&mut read) {
-                // Quiet after messages: what their burst left is freed.
-                crate::memory::release();
+            let now = Instant::now();
+            if ready.iter().any(Source::carries_messages) {
+                releaser.read(now);
             }
-            read |= ready.iter().any(Source::carries_messages);
+            // What the messages' bursts left goes back to the system.
+            releaser.look(now);
             for source in ready.drain(..) {
                 self.handle(source);
             }
