@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 /// How long an engine thread's engines are quiet before it gives back
 /// what their messages left.
-pub(crate) const QUIET: Duration = Duration::from_secs(1);
+const QUIET: Duration = Duration::from_secs(1);
 /// How often a thread that keeps reading messages gives memory back.
-pub(crate) const BUSY_EVERY: Duration = Duration::from_secs(10);
+const BUSY_EVERY: Duration = Duration::from_secs(10);
 
 /// Returns to the system what glibc's arenas hold free and what this
 /// thread's mimalloc heap and mimalloc's arenas have freed.

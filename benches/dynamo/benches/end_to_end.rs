@@ -67,7 +67,7 @@ use prefix_benches::{mooncake, mooncake_path};
 use prefix_client::key::token_key;
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_conformance_dynamo::{
-    ask, cpu_ticks, post, serve_dynamo_if_asked, stored, Dynamo, Ours, Publisher,
+    ask, cpu_time, post, serve_dynamo_if_asked, stored, Dynamo, Ours, Publisher,
 };
 use prefix_events::encode::Layout;
 use serde_json::json;
@@ -100,8 +100,6 @@ const IN_FLIGHT: [usize; 3] = [1, 8, 64];
 /// Warm-up and measurement of each lookup row.
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASURE: Duration = Duration::from_secs(5);
-/// Linux's clock ticks per second in `/proc/<pid>/stat` (USER_HZ).
-const TICKS_PER_SECOND: f64 = 100.0;
 
 fn main() {
     serve_dynamo_if_asked();
@@ -248,14 +246,8 @@ impl Load {
         let trace = mooncake(&mooncake_path()).expect("the Mooncake trace (../shared/traces/)");
         let mut pods = Pods::new(ENGINES, CAPACITY, Release::TailFirst);
         let mut batches = Vec::new();
-        let mut key = Vec::new();
         for (i, r) in trace.iter().enumerate() {
-            key.clear();
-            key.extend(
-                r.key
-                    .iter()
-                    .flat_map(|&id| (0..SPLIT).map(move |j| id * SPLIT + j)),
-            );
+            let key = engine_key(&r.key);
             let pod = i % ENGINES;
             let step = pods.serve(pod, &key);
             if step.events.is_empty() {
@@ -272,14 +264,7 @@ impl Load {
         };
         let prompts = trace[..PROMPTS]
             .iter()
-            .map(|r| {
-                let key: Vec<u64> = r
-                    .key
-                    .iter()
-                    .flat_map(|&id| (0..SPLIT).map(move |j| id * SPLIT + j))
-                    .collect();
-                body(&request_tokens(&key))
-            })
+            .map(|r| body(&request_tokens(&engine_key(&r.key))))
             .collect();
         // Token ids the trace's blocks never start with: no match.
         let giant: Vec<u32> = (0..GIANT_TOKENS).map(|i| 200_000 + i % 50_000).collect();
@@ -294,7 +279,7 @@ impl Load {
 }
 
 /// A process's resident memory, from `/proc/<pid>/status`.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct Rss {
     rss: u64,
     anon: u64,
@@ -497,7 +482,6 @@ async fn run(side: Side, load: &Load) -> Figures {
         ask(&client, &url, load.giant.clone()).await;
         times.push(start.elapsed());
     }
-    times.sort();
     let giant_quic = match &process {
         Process::Ours(ours) => Some(giant_over_quic(ours, &load.giant_tokens).await),
         Process::Dynamo(_) => None,
@@ -514,7 +498,7 @@ async fn run(side: Side, load: &Load) -> Figures {
         loaded,
         ingest,
         counted,
-        giant: times[GIANT_TIMES / 2],
+        giant: median(times),
         giant_quic,
         lookups,
     }
@@ -539,8 +523,13 @@ async fn giant_over_quic(ours: &Ours, tokens: &[u32]) -> Duration {
         assert!(answer.matches.is_empty(), "the giant prompt matched");
         times.push(start.elapsed());
     }
-    times.sort();
-    times[GIANT_TIMES / 2]
+    median(times)
+}
+
+/// The middle of `times`.
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort_unstable();
+    times[times.len() / 2]
 }
 
 /// `in_flight` connections asking `prompts` in turn, through a warm-up
@@ -574,11 +563,11 @@ async fn drive(
     tokio::time::sleep(WARM_UP).await;
     // Relaxed (the counter's loads, the flag's store): values read and set
     // for themselves, as above.
-    let (n0, cpu0, t0) = (done.load(Ordering::Relaxed), cpu_ticks(pid), Instant::now());
+    let (n0, cpu0, t0) = (done.load(Ordering::Relaxed), cpu_time(pid), Instant::now());
     tokio::time::sleep(MEASURE).await;
     let (n, cpu, elapsed) = (
         done.load(Ordering::Relaxed) - n0,
-        cpu_ticks(pid) - cpu0,
+        cpu_time(pid) - cpu0,
         t0.elapsed(),
     );
     stop.store(true, Ordering::Relaxed);
@@ -587,8 +576,16 @@ async fn drive(
     }
     (
         n as f64 / elapsed.as_secs_f64(),
-        cpu as f64 * 1e6 / TICKS_PER_SECOND / n as f64,
+        cpu.as_secs_f64() * 1e6 / n as f64,
     )
+}
+
+/// The engine blocks of a trace key: [`SPLIT`] for each trace block.
+fn engine_key(trace_key: &[u64]) -> Vec<u64> {
+    trace_key
+        .iter()
+        .flat_map(|&id| (0..SPLIT).map(move |j| id * SPLIT + j))
+        .collect()
 }
 
 /// Engine `w`'s last block: an engine hash and tokens no batch uses.

@@ -394,7 +394,10 @@ pub async fn simulate(
         };
         let held = engines.hits(pod, &r.key);
         accuracy.add(matched[pod] as usize, held);
-        let silenced = silence.is_some_and(|s| s.pod == pod && r.at_ms >= s.from_ms);
+        // What of this pod's events is lost, if it is silenced by now.
+        let lost = silence
+            .filter(|s| s.pod == pod && r.at_ms >= s.from_ms)
+            .map(|s| s.lost);
         if policy.uses_index() {
             let local = match &idx {
                 Idx::Local(i) => Some(&**i),
@@ -409,22 +412,22 @@ pub async fn simulate(
                 key,
                 matched[pod],
                 held,
-                silenced,
+                lost.is_some(),
                 now,
             );
         }
         hits += held;
         total += r.key.len();
         match &mut feeder {
-            // A silenced pod's cache changes; the index hears only what is
-            // not lost.
-            Some(f) if silenced => {
-                let lost = silence.map_or(Lost::All, |s| s.lost);
+            Some(f) => {
                 let mut step = engines.serve(pod, &r.key);
-                step.events.retain(|e| !lost.drops(e));
+                // A silenced pod's cache changes; the index hears only
+                // what is not lost.
+                if let Some(lost) = lost {
+                    step.events.retain(|e| !lost.drops(e));
+                }
                 f.changed(step, now)?
             }
-            Some(f) => f.changed(engines.serve(pod, &r.key), now)?,
             None => engines.touch(pod, &r.key),
         }
         served[pod] += 1;

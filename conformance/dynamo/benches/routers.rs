@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use prefix_conformance_dynamo::{
-    ask, cpu_ticks, local_hashes, post, serve_dynamo_if_asked, stored, wait_for_health, Dynamo,
+    ask, cpu_time, local_hashes, post, serve_dynamo_if_asked, stored, wait_for_health, Dynamo,
     Ours, Publisher,
 };
 use serde_json::{json, Value};
@@ -45,8 +45,6 @@ const PROMPTS: usize = 256;
 const MODEL: &str = "m";
 /// Dynamo's indexer threads.
 const DYNAMO_THREADS: usize = 2;
-/// Linux's clock ticks per second in `/proc/<pid>/stat` (USER_HZ).
-const TICKS_PER_SECOND: u64 = 100;
 
 fn main() {
     serve_dynamo_if_asked();
@@ -70,7 +68,7 @@ fn main() {
     let sent = Arc::new(AtomicU64::new(0));
     for in_flight in [1, 16] {
         for row in setup.rows() {
-            let before = (cpu_ticks(setup.ours.pid()), cpu_ticks(setup.dynamo.pid()));
+            let before = (cpu_time(setup.ours.pid()), cpu_time(setup.dynamo.pid()));
             let n0 = sent.load(Ordering::Relaxed);
             g.bench_function(BenchmarkId::new(row.name, in_flight), |b| {
                 b.iter_custom(|iters| rt.block_on(drive(&client, &row, iters, in_flight, &sent)))
@@ -81,11 +79,11 @@ fn main() {
             } else {
                 (setup.ours.pid(), before.0)
             };
-            let ticks = cpu_ticks(pid.0) - pid.1;
+            let cpu = cpu_time(pid.0) - pid.1;
             eprintln!(
                 "cpu/{}/{in_flight}: {:.1} µs of the server's CPU per request ({n} requests)",
                 row.name,
-                ticks as f64 * 1e6 / TICKS_PER_SECOND as f64 / n as f64
+                cpu.as_secs_f64() * 1e6 / n as f64
             );
         }
     }

@@ -307,14 +307,17 @@ pub fn local_hashes(tokens: &[u32], block_size: u32, salt: Option<&str>) -> Vec<
         .collect()
 }
 
-/// The CPU time process `pid` has used, in clock ticks (Linux's USER_HZ,
-/// 100 a second).
-pub fn cpu_ticks(pid: u32) -> u64 {
+/// Linux's clock ticks per second in `/proc/<pid>/stat` (USER_HZ).
+const TICKS_PER_SECOND: u64 = 100;
+
+/// The CPU time process `pid` has used, to a clock tick (10 ms).
+pub fn cpu_time(pid: u32) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // The fields after the command name, which is in parentheses.
     let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
     // utime and stime, fields 14 and 15 of the line.
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)
 }
 
 /// POSTs the JSON `body` to `url`; panics unless the answer is a 200 with
