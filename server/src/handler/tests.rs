@@ -3,7 +3,7 @@ use crate::engines::EngineConfig;
 use prefix_index::IndexConfig;
 use prefix_proto::{
     decode_response, encode_request, split_frame, FrameReader, Incoming, Kind, PodBlocks,
-    HEADER_LEN,
+    Subscription, HEADER_LEN,
 };
 use tokio_util::sync::CancellationToken;
 
