@@ -87,5 +87,48 @@ fn decode_lookup_answer(c: &mut Criterion) {
     g.finish();
 }
 
-criterion::criterion_group!(benches, decode_lookup_answer);
+/// A lookup's body as Dynamo's `/query` takes it.
+#[derive(serde::Deserialize)]
+#[allow(dead_code)]
+struct Query {
+    token_ids: Vec<u32>,
+    model_name: String,
+}
+
+fn json_token_ids(c: &mut Criterion) {
+    let mut g = c.benchmark_group("json_token_ids");
+    for tokens in [1_746usize, 1_000_000] {
+        // Ids of a vocabulary of 150,000, spread as a tokenizer's are not
+        // (every length of id is common), from a fixed generator.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let ids: Vec<u32> = (0..tokens)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 150_000) as u32
+            })
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({"token_ids": ids, "model_name": "kimi"}))
+            .expect("body");
+        let put = |q: &mut Query, ids| q.token_ids = ids;
+        // Both read the same ids.
+        let alone: Query = serde_json::from_slice(&body).expect("serde_json");
+        let lifted: Query = wire::json::ids::from_slice(&body, "token_ids", put).expect("ids");
+        assert!(alone.token_ids == ids && lifted.token_ids == ids);
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        if tokens > 100_000 {
+            g.sample_size(20);
+        }
+        g.bench_function(format!("serde_json/{tokens}"), |b| {
+            b.iter(|| serde_json::from_slice::<Query>(&body).expect("serde_json"))
+        });
+        g.bench_function(format!("ids/{tokens}"), |b| {
+            b.iter(|| wire::json::ids::from_slice(&body, "token_ids", put).expect("ids"))
+        });
+    }
+    g.finish();
+}
+
+criterion::criterion_group!(benches, decode_lookup_answer, json_token_ids);
 criterion::criterion_main!(benches);

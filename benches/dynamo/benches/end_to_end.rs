@@ -41,8 +41,9 @@
 //!   one connection;
 //! - the first 2,000 requests of the trace as prompts (their tokens, 1,746
 //!   on average, 10.7 KB of JSON), 1, 8 and 64 in flight on as many
-//!   connections, for 5 s each after 1 s of warm-up: lookups per second
-//!   and the service's CPU time per lookup (`/proc/<pid>/stat`).
+//!   connections, for 5 s each after 1 s of warm-up: lookups per second,
+//!   and the service's CPU time per lookup and this process's, the client's
+//!   (`/proc/<pid>/stat`): the two share the machine's cores.
 //!
 //! The services, in a rotating order each round: prefix-server with its
 //! defaults (`--http-plaintext`), the same with `--block-aliases dynamo`
@@ -161,10 +162,11 @@ fn main() {
         let rates: Vec<String> = (0..IN_FLIGHT.len())
             .map(|i| {
                 format!(
-                    "{} in flight {}/s ({} µs CPU)",
+                    "{} in flight {}/s ({} µs CPU, the client's {})",
                     IN_FLIGHT[i],
-                    of(&|f| f.lookups[i].0),
-                    of(&|f| f.lookups[i].1)
+                    of(&|f| f.lookups[i].per_second),
+                    of(&|f| f.lookups[i].server_cpu),
+                    of(&|f| f.lookups[i].client_cpu)
                 )
             })
             .collect();
@@ -197,10 +199,10 @@ fn main() {
         });
         for (i, n) in IN_FLIGHT.iter().enumerate() {
             ratio(side, &format!("lookups per second, {n} in flight"), &|f| {
-                f.lookups[i].0
+                f.lookups[i].per_second
             });
             ratio(side, &format!("CPU per lookup, {n} in flight"), &|f| {
-                f.lookups[i].1
+                f.lookups[i].server_cpu
             });
         }
     }
@@ -322,7 +324,7 @@ struct Figures {
     giant_quic: Option<Duration>,
     /// Per row of [`IN_FLIGHT`]: lookups per second, and the service's
     /// CPU µs per lookup.
-    lookups: Vec<(f64, f64)>,
+    lookups: Vec<Rate>,
 }
 
 impl Figures {
@@ -350,7 +352,12 @@ impl Figures {
         let lookups: Vec<String> = IN_FLIGHT
             .iter()
             .zip(&self.lookups)
-            .map(|(n, (rate, cpu))| format!("{n} in flight {rate:.0}/s, {cpu:.1} µs CPU"))
+            .map(|(n, r)| {
+                format!(
+                    "{n} in flight {:.0}/s, {:.1} µs CPU (the client's {:.1})",
+                    r.per_second, r.server_cpu, r.client_cpu
+                )
+            })
             .collect();
         format!(
             "{:<22} idle {:.1} MB (anon {:.1}, file {:.1}); per engine {:.1} KB; \
@@ -533,15 +540,15 @@ fn median(mut times: Vec<Duration>) -> Duration {
 }
 
 /// `in_flight` connections asking `prompts` in turn, through a warm-up
-/// and a measurement: lookups per second, and the service's CPU µs per
-/// lookup, over the measurement.
+/// and a measurement: lookups per second, and the service's and this
+/// process's CPU per lookup, over the measurement.
 async fn drive(
     client: &reqwest::Client,
     url: &str,
     prompts: &Arc<Vec<bytes::Bytes>>,
     in_flight: usize,
     pid: u32,
-) -> (f64, f64) {
+) -> Rate {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
@@ -563,21 +570,31 @@ async fn drive(
     tokio::time::sleep(WARM_UP).await;
     // Relaxed (the counter's loads, the flag's store): values read and set
     // for themselves, as above.
-    let (n0, cpu0, t0) = (done.load(Ordering::Relaxed), cpu_time(pid), Instant::now());
+    let me = std::process::id();
+    let (n0, t0) = (done.load(Ordering::Relaxed), Instant::now());
+    let (server0, client0) = (cpu_time(pid), cpu_time(me));
     tokio::time::sleep(MEASURE).await;
-    let (n, cpu, elapsed) = (
-        done.load(Ordering::Relaxed) - n0,
-        cpu_time(pid) - cpu0,
-        t0.elapsed(),
-    );
+    let (n, elapsed) = (done.load(Ordering::Relaxed) - n0, t0.elapsed());
+    let (server, client) = (cpu_time(pid) - server0, cpu_time(me) - client0);
     stop.store(true, Ordering::Relaxed);
     while let Some(t) = tasks.join_next().await {
         t.unwrap();
     }
-    (
-        n as f64 / elapsed.as_secs_f64(),
-        cpu.as_secs_f64() * 1e6 / n as f64,
-    )
+    let per_lookup = |cpu: Duration| cpu.as_secs_f64() * 1e6 / n as f64;
+    Rate {
+        per_second: n as f64 / elapsed.as_secs_f64(),
+        server_cpu: per_lookup(server),
+        client_cpu: per_lookup(client),
+    }
+}
+
+/// Lookups at one concurrency.
+struct Rate {
+    per_second: f64,
+    /// The service's CPU per lookup, µs.
+    server_cpu: f64,
+    /// This process's (the client's: its engines are quiet by then), µs.
+    client_cpu: f64,
 }
 
 /// The engine blocks of a trace key: [`SPLIT`] for each trace block.

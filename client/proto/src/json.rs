@@ -423,14 +423,17 @@ impl JsonOp {
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(JsonError::new("expected a JSON object of an op's fields"));
         }
-        let f: Fields = serde_json::from_slice(bytes).map_err(|e| {
-            let what = if e.is_syntax() || e.is_eof() {
-                "bad JSON"
-            } else {
-                "bad object"
-            };
-            JsonError::new(format!("{what}: {e}"))
-        })?;
+        let f: Fields =
+            ids::from_slice(bytes, "tokens", |f: &mut Fields, ids| f.tokens = Some(ids)).map_err(
+                |e| {
+                    let what = if e.is_syntax() || e.is_eof() {
+                        "bad JSON"
+                    } else {
+                        "bad object"
+                    };
+                    JsonError::new(format!("{what}: {e}"))
+                },
+            )?;
         let kind = match (kind, f.op.as_deref()) {
             (Some(_), Some(_)) => {
                 return Err(JsonError::new(
@@ -784,6 +787,7 @@ fn op_names() -> String {
     names.join(", ")
 }
 
+pub mod ids;
 mod reply;
 #[cfg(test)]
 mod tests;

@@ -251,7 +251,7 @@ fn reply_error(reply: &Reply) -> Refused {
 /// limits) and parsed as `T` with Dynamo's statuses for what is wrong.
 struct Parsed<T>(T);
 
-impl<T: for<'de> serde::Deserialize<'de>> FromRequest<Arc<Dynamo>> for Parsed<T> {
+impl<T: wire::Body> FromRequest<Arc<Dynamo>> for Parsed<T> {
     type Rejection = Refused;
 
     async fn from_request(

@@ -175,15 +175,29 @@ impl Refused {
     }
 }
 
+/// A body's array of token ids, read apart from the rest
+/// ([`prefix_proto::json::ids`]): the field's name, and where the ids go.
+pub type Ids<T> = (&'static str, fn(&mut T, Vec<u32>));
+
+/// A route's body, as [`parse`] reads it.
+pub trait Body: serde::de::DeserializeOwned {
+    /// Its token ids, if it has any.
+    const IDS: Option<Ids<Self>> = None;
+}
+
+impl Body for Register {}
+impl Body for Unregister {}
+impl Body for QueryByHash {}
+impl Body for Query {
+    const IDS: Option<Ids<Self>> = Some(("token_ids", |q, ids| q.token_ids = ids));
+}
+
 /// Parses a JSON body of `T`, with Dynamo's statuses for what is wrong.
 /// `content_type` is the request's, if it gave one: a body named as
 /// something other than JSON (MindIE's msgpack) is refused 415; one named
 /// as plain text or as a form, what tools such as `curl -d` send unless
 /// told otherwise, is read as JSON.
-pub fn parse<T: for<'de> Deserialize<'de>>(
-    body: &[u8],
-    content_type: Option<&str>,
-) -> Result<T, Refused> {
+pub fn parse<T: Body>(body: &[u8], content_type: Option<&str>) -> Result<T, Refused> {
     if let Some(ct) = content_type {
         let ct = ct.split(';').next().unwrap_or("").trim();
         let json = ct.eq_ignore_ascii_case("application/json")
@@ -200,7 +214,11 @@ pub fn parse<T: for<'de> Deserialize<'de>>(
             ));
         }
     }
-    serde_json::from_slice(body).map_err(|e| {
+    let parsed = match T::IDS {
+        Some((field, put)) => prefix_proto::json::ids::from_slice(body, field, put),
+        None => serde_json::from_slice(body),
+    };
+    parsed.map_err(|e| {
         let status = if e.is_syntax() || e.is_eof() {
             400
         } else {
