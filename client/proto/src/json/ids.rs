@@ -17,13 +17,20 @@
 //!
 //! Replacing the array cannot change how the rest reads: the array and its
 //! replacement are both bracketed and hold no quote, so every other byte
-//! lies in the same string, or outside any, in both bodies.
+//! lies in the same string, or outside any, in both bodies. And the array
+//! replaced is the one serde_json reads as the field: on a well-formed body
+//! the scan of the top-level keys is exact, and a body it misreads is not
+//! well formed, so serde_json refuses its rest too and reads it whole.
 
 use serde::de::DeserializeOwned;
 
 /// `body` as `T`, its top-level array `field` of token ids read apart and
 /// given to `T` by `put` (which receives what serde_json read for the
 /// field from `[]` and the ids read).
+///
+/// `T` must read `field` as a plain `Vec<u32>` (or `Option` of one), and
+/// `put` set it to the ids as they are: then the result is serde_json's
+/// own for the body.
 pub fn from_slice<T: DeserializeOwned>(
     body: &[u8],
     field: &str,
@@ -43,7 +50,6 @@ pub fn from_slice<T: DeserializeOwned>(
 }
 
 /// An object's ids field, read, and the object without them.
-#[derive(Debug, PartialEq, Eq)]
 struct Lifted {
     ids: Vec<u32>,
     /// The object with `[]` for the field's array.
@@ -150,8 +156,8 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// Past one value of a valid body (an invalid one is left to
-    /// serde_json, which reads the rest as the body).
+    /// Past one value of a well-formed body (a body it misreads is not
+    /// well formed: serde_json refuses its rest, and reads it whole).
     fn skip_value(&mut self) -> Option<()> {
         match self.next()? {
             b'"' => self.skip_string(),
@@ -183,10 +189,11 @@ impl<'a> Cursor<'a> {
     /// An array of plain integers that fit `u32`.
     fn ids(&mut self) -> Option<Vec<u32>> {
         self.eat(b'[')?;
-        // Each id takes at least two bytes with its comma: room for them
-        // all up front, within the array's extent (its first `]`).
+        // Room up front for ids of three digits with their commas, within
+        // the array's extent (its first `]`): a tokenizer's ids are mostly
+        // longer, and memory stays within the body's size.
         let extent = memchr::memchr(b']', &self.body[self.at..])?;
-        let mut ids = Vec::with_capacity(extent / 2 + 1);
+        let mut ids = Vec::with_capacity(extent / 4 + 1);
         self.ws();
         if self.peek()? == b']' {
             self.at += 1;
@@ -258,9 +265,9 @@ const LANES: u64 = 0x0101_0101_0101_0101;
 #[inline]
 fn leading_digits(word: u64) -> usize {
     // A digit is 0x30..=0x39: its high nibble is 3, before and after
-    // adding 6. A byte's `+ 6` may carry into the next, but only from a
-    // byte of 0xFA or more, itself no digit: the first non-digit is found
-    // right all the same.
+    // adding 6. A byte's `+ 6` may carry into the next (and on), but only
+    // from a byte of 0xFA or more, itself no digit: the lanes before the
+    // first non-digit get no carry, and it is found right all the same.
     let high = word & (0xF0 * LANES);
     let plus_six = word.wrapping_add(6 * LANES) & (0xF0 * LANES);
     let off = (high ^ (0x30 * LANES)) | (plus_six ^ (0x30 * LANES));
@@ -324,12 +331,16 @@ mod tests {
     }
 
     #[test]
-    fn what_the_loop_does_not_read_goes_to_serde_json_whole() {
+    fn what_the_loop_does_not_read_reads_as_serde_json_alone_reads_it() {
         for body in [
             r#"{"token_ids":[1,-2],"model":"m"}"#,
             r#"{"token_ids":[1,2.0],"model":"m"}"#,
             r#"{"token_ids":[1,2e1],"model":"m"}"#,
             r#"{"token_ids":[01],"model":"m"}"#,
+            // The same, read byte by byte (near the end; and past 7 digits).
+            r#"{"model":"m","token_ids":[01]}"#,
+            r#"{"token_ids":[012345678],"model":"m"}"#,
+            r#"{"token_ids":[123456789, 4294967295],"model":"m"}"#,
             r#"{"token_ids":[4294967296],"model":"m"}"#,
             r#"{"token_ids":[1,],"model":"m"}"#,
             r#"{"token_ids":[1 2],"model":"m"}"#,
@@ -352,6 +363,8 @@ mod tests {
         assert!(lift(br#"{"token_ids":[1],"model":5}"#, "token_ids").is_some());
         assert!(lift(br#"{"token_ids":[1,-2],"model":"m"}"#, "token_ids").is_none());
         assert!(lift(br#"{"token_ids":[1],"token_ids":[2]}"#, "token_ids").is_none());
+        assert!(lift(br#"{"model":"m","token_ids":[01]}"#, "token_ids").is_none());
+        assert!(lift(br#"{"token_ids":[012345678]}"#, "token_ids").is_none());
     }
 
     proptest! {

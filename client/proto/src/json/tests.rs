@@ -142,6 +142,37 @@ fn ops_parse_with_and_without_their_tag() {
 }
 
 #[test]
+fn token_ids_read_apart_give_the_op_serde_json_gives() {
+    let lookup = |tokens: Option<Vec<u32>>| JsonOp::Lookup {
+        model: "m".into(),
+        key: KeySource {
+            tokens,
+            ..KeySource::default()
+        },
+        candidates: None,
+    };
+    // Read by `json::ids` (compact, and as Python's `json.dumps` writes it).
+    for body in [
+        r#"{"tokens":[7,0,4294967295],"model":"m"}"#,
+        r#"{"model": "m", "tokens": [7, 0, 4294967295]}"#,
+    ] {
+        assert_eq!(
+            JsonOp::parse_as(OpKind::Lookup, body.as_bytes()).unwrap(),
+            lookup(Some(vec![7, 0, u32::MAX])),
+            "{body}"
+        );
+    }
+    // Left to serde_json whole: `null` is no key given, a sign an error.
+    let null = JsonOp::parse_as(OpKind::Lookup, br#"{"tokens":null,"model":"m","text":"a"}"#);
+    assert!(matches!(null, Ok(JsonOp::Lookup { key, .. }) if key.tokens.is_none()));
+    let signed = JsonOp::parse_as(OpKind::Lookup, br#"{"tokens":[-1],"model":"m"}"#);
+    assert!(signed
+        .unwrap_err()
+        .to_string()
+        .contains("invalid value: integer `-1`"));
+}
+
+#[test]
 fn bad_objects_are_refused_with_the_reason() {
     let cases: [(&[u8], &str); 12] = [
         (br#"{"op":"drop_table"}"#, "unknown op \"drop_table\""),

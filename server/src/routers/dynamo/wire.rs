@@ -409,6 +409,9 @@ mod tests {
         assert_eq!((r.model_name.as_str(), r.dp_rank), ("m", Some(1)));
         let q: Query = parse(br#"{"model":"m","block_size":16,"token_ids":[1,2]}"#, None).unwrap();
         assert_eq!((q.model_name.as_str(), q.block_size), ("m", Some(16)));
+        assert_eq!(q.token_ids, [1, 2]);
+        let q: Query = parse(br#"{"modelname":"m", "token_ids": [0, 7]}"#, None).unwrap();
+        assert_eq!((q.model_name.as_str(), q.token_ids), ("m", vec![0, 7]));
         let h: QueryByHash = parse(
             br#"{"block_hashes":[-1,2],"model_name":"m","cache_salt":null}"#,
             None,
