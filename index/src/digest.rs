@@ -152,7 +152,7 @@ impl Reader<'_> {
         let sh = &self.index().sh;
         sh.pods
             .id(pod, self.pin())
-            .is_some_and(|id| sh.pods.is_live(id.0) && !is_gateway(sh, id.0))
+            .is_some_and(|id| sh.pods.is_live(id.0) && !sh.pods.is_gateway(id.0))
     }
 
     /// Whether `pod` holds a gateway-fed entry of any model last written
@@ -259,7 +259,7 @@ impl Reader<'_> {
                 paths.push(at);
             }
             for (pod, time) in node.pods.entries() {
-                if !is_gateway(sh, pod) || !w.holds(sh, time) {
+                if !sh.pods.is_gateway(pod) || !w.holds(sh, time) {
                     continue;
                 }
                 let slot = pod as usize;
@@ -292,17 +292,11 @@ impl Reader<'_> {
     }
 }
 
-/// Whether `pod` is a live gateway-fed pod (not engine-fed, not a hidden
-/// lane of one).
-pub(crate) fn is_gateway(sh: &Shared, pod: u32) -> bool {
-    sh.pods.is_live(pod) && !sh.pods.is_precise(pod) && !sh.pods.is_hidden(pod)
-}
-
 /// Whether `node` holds a gateway-fed entry written after the window's
 /// start and not expired: else nothing below it is in the window.
 fn gateway_entry_after(sh: &Shared, node: NodeRef<'_>, w: Window) -> bool {
     node.pods.entries().any(|(pod, time)| {
-        is_gateway(sh, pod) && time > w.low && w.now.saturating_sub(time) <= sh.ttl_ms
+        sh.pods.is_gateway(pod) && time > w.low && w.now.saturating_sub(time) <= sh.ttl_ms
     })
 }
 

@@ -3,13 +3,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use prefix_proto::WireStats;
+use prefix_proto::{Receipt, WireStats};
 use smallvec::SmallVec;
 
 use crate::config::IndexConfig;
 use crate::error::{InsertError, PodError};
 use crate::pods::PodId;
 use crate::precise::Registry;
+use crate::receipts::{ReceiptRefusal, Recorded, Standing};
 use crate::reclaim::{Pin, Published};
 use crate::shared::Shared;
 use crate::stats::{Counters, Stats};
@@ -283,7 +284,7 @@ impl Index {
         let (per_pod, global) = sweeper.evicted();
         let named = per_pod
             .iter()
-            .filter(|(&id, _)| crate::digest::is_gateway(&self.sh, id))
+            .filter(|(&id, _)| self.sh.pods.is_gateway(id))
             .filter_map(|(&id, &t)| Some((self.sh.pods.name(PodId(id), &pin)?.to_owned(), t)))
             .collect();
         (named, global)
@@ -308,10 +309,7 @@ impl Index {
             None => self.sh.pods.ids_in_use().collect(),
         };
         let mut sweeper = self.sweeper.lock();
-        for id in ids
-            .into_iter()
-            .filter(|&id| crate::digest::is_gateway(&self.sh, id))
-        {
+        for id in ids.into_iter().filter(|&id| self.sh.pods.is_gateway(id)) {
             sweeper.evict_through(id, through);
         }
     }
@@ -467,5 +465,78 @@ impl Reader<'_> {
     /// The name of a pod id from a lookup made through this reader.
     pub fn pod_name(&self, pod: PodId) -> Option<&str> {
         self.index.sh.pods.name(pod, &self.pin)
+    }
+}
+
+impl Index {
+    /// Counts `receipt` for its pod at `now`, the engine's reuse read in
+    /// blocks of `block_tokens` tokens (the server's token block) and whole
+    /// engine blocks of the pod.
+    pub fn record_receipt(
+        &self,
+        receipt: &Receipt,
+        block_tokens: u32,
+        now: u64,
+    ) -> Result<Recorded, ReceiptRefusal> {
+        let (sh, pin) = (&self.sh, self.pin());
+        receipt.check()?;
+        let id = sh
+            .pods
+            .id(&receipt.pod, &pin)
+            .filter(|id| sh.pods.is_match(id.0))
+            .ok_or_else(|| ReceiptRefusal::UnknownPod {
+                pod: receipt.pod.clone(),
+            })?;
+        let rule = &sh.cfg.receipts;
+        let align = sh.pods.align(id.0);
+        let judged = receipt.judge(block_tokens, align, rule.tolerance)?;
+        let (change, counts) = sh.pods.receipts(id.0).record(judged.outcome, rule, now);
+        Ok(Recorded {
+            judged,
+            counts,
+            change,
+        })
+    }
+
+    /// Forgets `pod`'s recent receipts (not its totals): what they said is
+    /// answered (its engine was learnt anew). Returns whether the pod is in
+    /// the index.
+    pub fn restart_receipts(&self, pod: &str) -> bool {
+        let (sh, pin) = (&self.sh, self.pin());
+        let Some(id) = sh.pods.id(pod, &pin).filter(|id| sh.pods.is_match(id.0)) else {
+            return false;
+        };
+        sh.pods.receipts(id.0).restart();
+        true
+    }
+
+    /// Each live pod's receipts since it was named, by outcome
+    /// ([`prefix_proto::ReceiptOutcome::ALL`] order), for pods with any, by name.
+    pub fn receipt_totals(&self) -> Vec<(String, [u64; 3])> {
+        let (sh, pin) = (&self.sh, self.pin());
+        let mut all: Vec<(String, [u64; 3])> = sh
+            .pods
+            .live(&pin)
+            .filter(|&(_, id)| !sh.pods.is_hidden(id))
+            .map(|(name, id)| (name.to_owned(), sh.pods.receipts(id).totals()))
+            .filter(|(_, t)| t.iter().any(|&n| n > 0))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+impl Reader<'_> {
+    /// `pod`'s recent receipts and whether they make it suspect at `now`.
+    pub fn receipts(&self, pod: PodId, now: u64) -> Standing {
+        let sh = &self.index().sh;
+        sh.pods.receipts(pod.0).standing(&sh.cfg.receipts, now)
+    }
+
+    /// As [`Reader::receipts`], by name: none for a pod not in the index.
+    pub fn receipts_of(&self, pod: &str, now: u64) -> Option<Standing> {
+        let sh = &self.index().sh;
+        let id = sh.pods.id(pod, self.pin())?;
+        sh.pods.is_match(id.0).then(|| self.receipts(id, now))
     }
 }

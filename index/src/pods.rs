@@ -569,6 +569,12 @@ impl Pods {
         self.slots[id as usize].flags.load(Ordering::Relaxed) & PRECISE != 0
     }
 
+    /// Whether `id` is a live gateway-fed pod (not engine-fed, not a hidden
+    /// lane of one).
+    pub(crate) fn is_gateway(&self, id: u32) -> bool {
+        self.is_live(id) && !self.is_precise(id) && !self.is_hidden(id)
+    }
+
     /// Records that a pod may hold nodes below one it does not (see [`GAPPY`]).
     pub(crate) fn mark_gappy(&self, id: u32) {
         // SeqCst: ordered before the SeqCst fence with which every later

@@ -2,11 +2,11 @@
 //! and the `Suspect` view that follows from them.
 //!
 //! A gateway that routed a request to a pod on the index's answer reports
-//! afterwards what the engine reused ([`Receipt`]). Each pod keeps the
-//! outcomes of its last receipts (at most [`MAX_WINDOW`]), two bits each,
-//! and whether it is suspect, in one word that each receipt changes in one
-//! step, so recording and reading take no lock and a pod's standing always
-//! follows from its window:
+//! afterwards what the engine reused ([`Receipt`](prefix_proto::Receipt)).
+//! Each pod keeps the outcomes of its last receipts (at most
+//! [`MAX_WINDOW`]), two bits each, and whether it is suspect, in one word
+//! that each receipt changes in one step, so recording and reading take no
+//! lock and a pod's standing always follows from its window:
 //! - a pod becomes **suspect** when its window holds `suspect` over-predicted
 //!   receipts (the index promised blocks the engine did not have: events
 //!   lost, evictions never told);
@@ -20,11 +20,9 @@
 
 use std::time::Duration;
 
-use prefix_proto::{Judged, Receipt, ReceiptCounts, ReceiptError, ReceiptOutcome};
+use prefix_proto::{Judged, ReceiptCounts, ReceiptError, ReceiptOutcome};
 use thiserror::Error;
 
-use crate::index::{Index, Reader};
-use crate::pods::PodId;
 use crate::sync::{AtomicU64, Ordering};
 
 /// The longest window a pod keeps: 31 receipts of two bits, beside the
@@ -251,7 +249,7 @@ impl PodReceipts {
     }
 
     /// Receipts counted since the pod was named, by outcome.
-    fn totals(&self) -> [u64; 3] {
+    pub(crate) fn totals(&self) -> [u64; 3] {
         // Relaxed: counters.
         self.totals.each_ref().map(|t| t.load(Ordering::Relaxed))
     }
@@ -270,79 +268,6 @@ pub struct Standing {
     pub counts: ReceiptCounts,
     /// Whether they over-predict enough for its answers to be doubted.
     pub suspect: bool,
-}
-
-impl Index {
-    /// Counts `receipt` for its pod at `now`, the engine's reuse read in
-    /// blocks of `block_tokens` tokens (the server's token block) and whole
-    /// engine blocks of the pod.
-    pub fn record_receipt(
-        &self,
-        receipt: &Receipt,
-        block_tokens: u32,
-        now: u64,
-    ) -> Result<Recorded, ReceiptRefusal> {
-        let (sh, pin) = (&self.sh, self.pin());
-        receipt.check()?;
-        let id = sh
-            .pods
-            .id(&receipt.pod, &pin)
-            .filter(|id| sh.pods.is_match(id.0))
-            .ok_or_else(|| ReceiptRefusal::UnknownPod {
-                pod: receipt.pod.clone(),
-            })?;
-        let rule = &sh.cfg.receipts;
-        let align = sh.pods.align(id.0);
-        let judged = receipt.judge(block_tokens, align, rule.tolerance)?;
-        let (change, counts) = sh.pods.receipts(id.0).record(judged.outcome, rule, now);
-        Ok(Recorded {
-            judged,
-            counts,
-            change,
-        })
-    }
-
-    /// Forgets `pod`'s recent receipts (not its totals): what they said is
-    /// answered (its engine was learnt anew). Returns whether the pod is in
-    /// the index.
-    pub fn restart_receipts(&self, pod: &str) -> bool {
-        let (sh, pin) = (&self.sh, self.pin());
-        let Some(id) = sh.pods.id(pod, &pin).filter(|id| sh.pods.is_match(id.0)) else {
-            return false;
-        };
-        sh.pods.receipts(id.0).restart();
-        true
-    }
-
-    /// Each live pod's receipts since it was named, by outcome
-    /// ([`ReceiptOutcome::ALL`] order), for pods with any, by name.
-    pub fn receipt_totals(&self) -> Vec<(String, [u64; 3])> {
-        let (sh, pin) = (&self.sh, self.pin());
-        let mut all: Vec<(String, [u64; 3])> = sh
-            .pods
-            .live(&pin)
-            .filter(|&(_, id)| !sh.pods.is_hidden(id))
-            .map(|(name, id)| (name.to_owned(), sh.pods.receipts(id).totals()))
-            .filter(|(_, t)| t.iter().any(|&n| n > 0))
-            .collect();
-        all.sort_unstable();
-        all
-    }
-}
-
-impl Reader<'_> {
-    /// `pod`'s recent receipts and whether they make it suspect at `now`.
-    pub fn receipts(&self, pod: PodId, now: u64) -> Standing {
-        let sh = &self.index().sh;
-        sh.pods.receipts(pod.0).standing(&sh.cfg.receipts, now)
-    }
-
-    /// As [`Reader::receipts`], by name: none for a pod not in the index.
-    pub fn receipts_of(&self, pod: &str, now: u64) -> Option<Standing> {
-        let sh = &self.index().sh;
-        let id = sh.pods.id(pod, self.pin())?;
-        sh.pods.is_match(id.0).then(|| self.receipts(id, now))
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@ use std::time::Duration;
 use prefix_proto::{PodView, Receipt, ReceiptCounts, ReceiptOutcome};
 
 use super::*;
-use crate::IndexConfig;
+use crate::{Index, IndexConfig};
 
 const NOW: u64 = 1_700_000_000_000;
 
