@@ -100,6 +100,35 @@ fn beside<T>(
     t
 }
 
+/// Benchmarks `routine` in `g` alone (`read_only`), then as `name` while a
+/// thread of its own runs `pass` over and over; returns the sum of what the
+/// passes returned (the work they completed, for the report beside the
+/// timing).
+fn bench_alone_then_beside_repeating<T>(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    pass: impl Fn() -> u64 + Send + 'static,
+    mut routine: impl FnMut() -> T,
+) -> u64 {
+    g.bench_function("read_only", |b| b.iter(&mut routine));
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let neighbour = {
+        let (stop, done) = (stop.clone(), done.clone());
+        // Relaxed throughout: a flag and a counter read for their own
+        // values (the join orders the last count before its load).
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                done.fetch_add(pass(), Ordering::Relaxed);
+            }
+        })
+    };
+    g.bench_function(name, |b| b.iter(&mut routine));
+    stop.store(true, Ordering::Relaxed);
+    neighbour.join().expect("neighbour thread");
+    done.load(Ordering::Relaxed)
+}
+
 /// What two threads gain on this machine for work that shares nothing: a
 /// register-only loop, random reads of a private 64 MiB array, and 32-block
 /// lookups where each thread has its own copy of the index. Read next to
@@ -419,29 +448,15 @@ fn sweep(c: &mut Criterion) {
     let mut g = c.benchmark_group("lookup_32_while_sweeping_1m");
     g.throughput(Throughput::Elements(keys.len() as u64));
     let mut out = Vec::new();
-    g.bench_function("read_only", |b| {
-        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let passes = Arc::new(AtomicU64::new(0));
-    let sweeper = {
-        let (index, stop, passes) = (index.clone(), stop.clone(), passes.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                passes.fetch_add(index.sweep(NOW + 1, usize::MAX).passes, Ordering::Relaxed);
-            }
-        })
-    };
-    g.bench_function("sweeping", |b| {
-        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
-    });
-    stop.store(true, Ordering::Relaxed);
-    sweeper.join().expect("sweeper");
-    g.finish();
-    eprintln!(
-        "lookup_32_while_sweeping_1m: the sweeper completed {} full passes meanwhile",
-        passes.load(Ordering::Relaxed)
+    let sweeper = index.clone();
+    let passes = bench_alone_then_beside_repeating(
+        &mut g,
+        "sweeping",
+        move || sweeper.sweep(NOW + 1, usize::MAX).passes,
+        || black_box(lookup_all(&index, &keys, &mut out)),
     );
+    g.finish();
+    eprintln!("lookup_32_while_sweeping_1m: the sweeper completed {passes} full passes meanwhile");
 
     // What repair's digests cost on the same index: one model's cell
     // digests (a walk hashing every item); then lookups while a thread
@@ -460,30 +475,18 @@ fn sweep(c: &mut Criterion) {
     g.finish();
     let mut g = c.benchmark_group("lookup_32_while_digesting_1m");
     g.throughput(Throughput::Elements(keys.len() as u64));
-    g.bench_function("read_only", |b| {
-        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
-    });
-    stop.store(false, Ordering::Relaxed);
-    let digests = Arc::new(AtomicU64::new(0));
-    let digester = {
-        let (index, stop, digests) = (index.clone(), stop.clone(), digests.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                black_box(index.reader().digest_cells(MODEL, window));
-                digests.fetch_add(1, Ordering::Relaxed);
-            }
-        })
-    };
-    g.bench_function("digesting", |b| {
-        b.iter(|| black_box(lookup_all(&index, &keys, &mut out)))
-    });
-    stop.store(true, Ordering::Relaxed);
-    digester.join().expect("digester");
-    g.finish();
-    eprintln!(
-        "lookup_32_while_digesting_1m: the digester completed {} digests meanwhile",
-        digests.load(Ordering::Relaxed)
+    let digester = index.clone();
+    let digests = bench_alone_then_beside_repeating(
+        &mut g,
+        "digesting",
+        move || {
+            black_box(digester.reader().digest_cells(MODEL, window));
+            1 // one digest a pass
+        },
+        || black_box(lookup_all(&index, &keys, &mut out)),
     );
+    g.finish();
+    eprintln!("lookup_32_while_digesting_1m: the digester completed {digests} digests meanwhile");
 }
 
 fn mooncake_group(c: &mut Criterion) {

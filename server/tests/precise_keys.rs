@@ -201,9 +201,8 @@ async fn lookups_answer_what_vllm_would_reuse() {
     let http = server.metrics_addr.unwrap();
     let identity =
         |pod: &str| format!("prefix_index_engine_identity_blocks_total{{pod=\"{pod}\"}}");
-    assert_eq!(common::metric(http, &identity("salted")).await, 1.0);
-    assert_eq!(common::metric(http, &identity("image_a")).await, 4.0);
-    assert_eq!(common::metric(http, &identity("plain")).await, 0.0);
+    let pods = ["salted", "image_a", "plain"].map(identity);
+    assert_eq!(common::metrics(http, &pods).await, [1.0, 4.0, 0.0]);
     client.close().await;
     server.shutdown().await;
 }
@@ -235,12 +234,8 @@ async fn a_hybrid_pod_answers_the_hit_every_group_allows() {
     );
     let http = server.metrics_addr.unwrap();
     let metric = |name: &str| format!("prefix_index_engine_{name}_total{{pod=\"hybrid\"}}");
-    assert_eq!(common::metric(http, &metric("blocks_stored")).await, 20.0);
-    assert_eq!(common::metric(http, &metric("blocks_removed")).await, 2.0);
-    assert_eq!(
-        common::metric(http, &metric("unmodelled_blocks")).await,
-        0.0
-    );
+    let blocks = ["blocks_stored", "blocks_removed", "unmodelled_blocks"].map(metric);
+    assert_eq!(common::metrics(http, &blocks).await, [20.0, 2.0, 0.0]);
     client.close().await;
     server.shutdown().await;
 }
@@ -335,8 +330,8 @@ async fn detailed_lookups_count_the_cpu_tier_and_say_when_a_view_is_not_exact() 
     );
     let metrics = server.metrics_addr.unwrap();
     let view = |v: &str| format!("prefix_index_engine_view{{pod=\"tiered\",view=\"{v}\"}}");
-    assert_eq!(common::metric(metrics, &view("learning")).await, 1.0);
-    assert_eq!(common::metric(metrics, &view("exact")).await, 0.0);
+    let views = ["learning", "exact"].map(view);
+    assert_eq!(common::metrics(metrics, &views).await, [1.0, 0.0]);
     client.close().await;
     server.shutdown().await;
 }

@@ -101,13 +101,12 @@ async fn receipts_are_counted_per_pod_in_the_metrics_and_the_detailed_lookup() {
     let metrics = server.metrics_addr.unwrap();
     let count =
         |outcome: &str| format!("prefix_index_receipts_total{{pod=\"p\",outcome=\"{outcome}\"}}");
-    assert_eq!(common::metric(metrics, &count("exact")).await, 6.0);
-    assert_eq!(common::metric(metrics, &count("over")).await, 4.0);
-    assert_eq!(common::metric(metrics, &count("under")).await, 0.0);
+    let counts = ["exact", "over", "under"].map(count);
+    assert_eq!(common::metrics(metrics, &counts).await, [6.0, 4.0, 0.0]);
     // The differences: six of 0 blocks, four of 3.
     let bucket = |le: &str| format!("prefix_index_receipt_difference_blocks_bucket{{le=\"{le}\"}}");
-    assert_eq!(common::metric(metrics, &bucket("0.0")).await, 6.0);
-    assert_eq!(common::metric(metrics, &bucket("4.0")).await, 10.0);
+    let buckets = ["0.0", "4.0"].map(bucket);
+    assert_eq!(common::metrics(metrics, &buckets).await, [6.0, 10.0]);
 
     // In a batch, as one op among others.
     let ops = json!({"ops": [
@@ -299,8 +298,8 @@ async fn receipts_find_a_pod_whose_events_silently_stopped() {
         assert_eq!(view, expected, "after {} over-predicted receipts", n + 1);
     }
     let metrics = server.metrics_addr.unwrap();
-    assert_eq!(common::metric(metrics, &view_gauge("suspect")).await, 1.0);
-    assert_eq!(common::metric(metrics, &view_gauge("exact")).await, 0.0);
+    let views = ["suspect", "exact"].map(view_gauge);
+    assert_eq!(common::metrics(metrics, &views).await, [1.0, 0.0]);
 
     // The engine cached every prompt again while the index was not told, so
     // index and engine agree once more: receipts agree, and after the
@@ -314,8 +313,7 @@ async fn receipts_find_a_pod_whose_events_silently_stopped() {
         let expected = if n + 1 >= SUSPECT { "exact" } else { "suspect" };
         assert_eq!(view, expected, "after {} agreeing receipts", n + 1);
     }
-    assert_eq!(common::metric(metrics, &view_gauge("suspect")).await, 0.0);
-    assert_eq!(common::metric(metrics, &view_gauge("exact")).await, 1.0);
+    assert_eq!(common::metrics(metrics, &views).await, [0.0, 1.0]);
     server.shutdown().await;
 }
 
@@ -339,8 +337,8 @@ async fn with_receipt_resync_a_suspect_pod_is_learnt_again() {
     }
     let last = prompt(PROMPTS - 1, BLOCKS);
     assert_eq!(detail(addr, "vllm-0", &last).await, Value::Null);
-    assert_eq!(common::metric(metrics, &view_gauge("learning")).await, 1.0);
-    assert_eq!(common::metric(metrics, &view_gauge("suspect")).await, 0.0);
+    let views = ["learning", "suspect"].map(view_gauge);
+    assert_eq!(common::metrics(metrics, &views).await, [1.0, 0.0]);
     // Its receipts start again with the clear: the pod's next answers are
     // what its engine says from now on.
     engine.publishing = true;

@@ -22,13 +22,18 @@ fn spec(engine_block: u32) -> EngineSpec {
     }
 }
 
+/// An index of the default configuration but for what `set` changes: the
+/// bound or two a test exercises.
+fn configured(set: impl FnOnce(&mut IndexConfig)) -> Index {
+    let mut config = IndexConfig::default();
+    set(&mut config);
+    Index::new(config)
+}
+
 /// An index whose gateway entries live a minute (the tests of `lanes` and
 /// `alias` use it too).
 pub(super) fn index() -> Index {
-    Index::new(IndexConfig {
-        ttl: Duration::from_secs(60),
-        ..IndexConfig::default()
-    })
+    configured(|c| c.ttl = Duration::from_secs(60))
 }
 
 /// An index with one engine-fed pod, "pod", of engine blocks of
@@ -132,10 +137,7 @@ fn ratios_follow_the_block_sizes_or_are_refused() {
 
 #[test]
 fn the_ratio_bound_is_the_index_configuration() {
-    let index = Index::new(IndexConfig {
-        max_block_ratio: 4,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_block_ratio = 4);
     assert!(index.engine("pod", spec(16)).is_ok());
     assert!(matches!(
         index.engine("other", spec(32)),
@@ -150,10 +152,7 @@ fn the_ratio_bound_is_the_index_configuration() {
 /// would take, and registering each engine then finds its pod named.
 #[test]
 fn engine_pods_registered_at_once_leave_out_the_refused() {
-    let index = Index::new(IndexConfig {
-        max_block_ratio: 4,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_block_ratio = 4);
     index
         .register_engine_pods([("a", spec(16)), ("b", spec(32)), ("c", spec(4))])
         .unwrap();
@@ -456,10 +455,7 @@ fn a_block_named_after_a_new_one_in_its_event_is_placed_where_it_was_recorded() 
 
 #[test]
 fn parent_cycles_are_refused_as_too_deep() {
-    let index = Index::new(IndexConfig {
-        max_key_blocks: 8,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_key_blocks = 8);
     let e = index.engine("pod", spec(4)).unwrap();
     store(&index, &e, Some(2), &[1], &tokens(1, 1));
     let a = store(&index, &e, Some(1), &[2], &tokens(1, 1));
@@ -468,10 +464,7 @@ fn parent_cycles_are_refused_as_too_deep() {
 
 #[test]
 fn a_store_that_extends_the_last_chain_past_the_key_limit_is_too_deep() {
-    let index = Index::new(IndexConfig {
-        max_key_blocks: 3,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_key_blocks = 3);
     let e = index.engine("pod", spec(4)).unwrap();
     store(&index, &e, None, &[1, 2], &tokens(1, 2));
     // Extends the chain just walked, to 4 blocks: not placed, not cut.
@@ -482,10 +475,9 @@ fn a_store_that_extends_the_last_chain_past_the_key_limit_is_too_deep() {
 
 #[test]
 fn a_run_that_could_not_be_released_dies_with_its_engine() {
-    let index = Index::new(IndexConfig {
-        max_pods: 1,
-        ttl: Duration::from_secs(60),
-        ..IndexConfig::default()
+    let index = configured(|c| {
+        c.max_pods = 1;
+        c.ttl = Duration::from_secs(60);
     });
     let e = index.engine("pod", spec(4)).unwrap();
     store(&index, &e, None, &[1, 2], &tokens(1, 2));
@@ -560,10 +552,7 @@ fn a_pod_whose_restore_is_refused_in_part_is_learnt_again() {
     e.lock().set_last_batch(Some((41, 5)));
     let mut bytes = Vec::new();
     index.write_snapshot(&mut bytes, T0).unwrap();
-    let restored = Index::new(IndexConfig {
-        max_engine_blocks_per_pod: 2,
-        ..IndexConfig::default()
-    });
+    let restored = configured(|c| c.max_engine_blocks_per_pod = 2);
     let got = crate::Snapshot::parse(&bytes)
         .unwrap()
         .restore(&restored, T0);
@@ -629,10 +618,7 @@ fn a_dropped_engine_changes_nothing_any_more() {
 
 #[test]
 fn engine_records_are_bounded() {
-    let index = Index::new(IndexConfig {
-        max_engine_blocks: 2,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_engine_blocks = 2);
     let e = index.engine("pod", spec(4)).unwrap();
     let toks = tokens(1, 3);
     let op = stored_op(None, &[1, 2, 3], &toks);
@@ -650,10 +636,9 @@ fn engine_records_are_bounded() {
 /// count is the records held after each, and a later store fits.
 #[test]
 fn room_taken_and_not_used_goes_back() {
-    let index = Index::new(IndexConfig {
-        max_engine_blocks: 6,
-        max_engine_blocks_per_pod: 4,
-        ..IndexConfig::default()
+    let index = configured(|c| {
+        c.max_engine_blocks = 6;
+        c.max_engine_blocks_per_pod = 4;
     });
     let store = |pod: &str, parent, hashes: &[u64], tokens: &[u32]| {
         let e = index.engine(pod, spec(4)).unwrap();
@@ -699,10 +684,7 @@ fn room_taken_and_not_used_goes_back() {
 fn pods_storing_at_once_never_pass_the_bound_together() {
     const MAX: u64 = 64;
     for round in 0..200u64 {
-        let index = Index::new(IndexConfig {
-            max_engine_blocks: MAX,
-            ..IndexConfig::default()
-        });
+        let index = configured(|c| c.max_engine_blocks = MAX);
         let start = std::sync::Barrier::new(2);
         std::thread::scope(|s| {
             for p in 0..2u64 {
@@ -737,10 +719,7 @@ fn pods_storing_at_once_never_pass_the_bound_together() {
 
 #[test]
 fn one_engine_cannot_take_the_others_room() {
-    let index = Index::new(IndexConfig {
-        max_engine_blocks_per_pod: 2,
-        ..IndexConfig::default()
-    });
+    let index = configured(|c| c.max_engine_blocks_per_pod = 2);
     let greedy = index.engine("greedy", spec(4)).unwrap();
     let other = index.engine("other", spec(4)).unwrap();
     let toks = tokens(1, 3);

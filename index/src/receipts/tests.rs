@@ -14,6 +14,15 @@ fn index(rule: ReceiptRule) -> Index {
     })
 }
 
+/// An index whose rule makes a pod suspect at `suspect` over-predicting
+/// receipts in its window (0: never), every other setting the default.
+fn index_suspecting_at(suspect: u32) -> Index {
+    index(ReceiptRule {
+        suspect,
+        ..ReceiptRule::default()
+    })
+}
+
 /// A receipt for `pod` of a 10-block key of a 200-token prompt: `predicted`
 /// blocks promised, `reused` blocks (of 16 tokens) reused.
 fn receipt(pod: &str, predicted: u32, reused: u32) -> Receipt {
@@ -25,6 +34,11 @@ fn receipt(pod: &str, predicted: u32, reused: u32) -> Receipt {
         predicted_blocks: predicted,
         cached_tokens: reused * 16,
     }
+}
+
+/// Receipt counts of `exact`, `over` and `under` outcomes.
+fn outcomes(exact: u32, over: u32, under: u32) -> ReceiptCounts {
+    ReceiptCounts { exact, over, under }
 }
 
 fn send(index: &Index, pod: &str, predicted: u32, reused: u32, now: u64) -> Recorded {
@@ -55,11 +69,7 @@ fn the_window_counts_each_outcome() {
     }
     let last = send(&index, "a", 2, 5, NOW);
     assert_eq!(last.judged.outcome, ReceiptOutcome::Under);
-    let counts = ReceiptCounts {
-        exact: 6,
-        over: 4,
-        under: 1,
-    };
+    let counts = outcomes(6, 4, 1);
     assert_eq!(last.counts, counts);
     assert_eq!(
         standing(&index, "a", NOW),
@@ -73,14 +83,7 @@ fn the_window_counts_each_outcome() {
     for _ in 0..40 {
         send(&index, "a", 5, 5, NOW);
     }
-    assert_eq!(
-        standing(&index, "a", NOW).counts,
-        ReceiptCounts {
-            exact: 31,
-            over: 0,
-            under: 0
-        }
-    );
+    assert_eq!(standing(&index, "a", NOW).counts, outcomes(31, 0, 0));
     assert_eq!(index.receipt_totals(), [("a".to_owned(), [46, 4, 1])]);
 }
 
@@ -109,14 +112,7 @@ fn over_predictions_make_a_pod_suspect_until_its_receipts_agree() {
     assert_eq!(send(&index, "a", 10, 0, NOW).change, None);
     let (v, counts) = view(NOW);
     assert_eq!(v, PodView::Suspect);
-    assert_eq!(
-        counts,
-        ReceiptCounts {
-            exact: 1,
-            over: 4,
-            under: 0
-        }
-    );
+    assert_eq!(counts, outcomes(1, 4, 0));
     // Two agreeing receipts are not enough; the third in a row ends it, and
     // the window restarts with them.
     assert_eq!(send(&index, "a", 10, 10, NOW).change, None);
@@ -124,14 +120,7 @@ fn over_predictions_make_a_pod_suspect_until_its_receipts_agree() {
     assert_eq!(send(&index, "a", 10, 10, NOW).change, Some(Change::Cleared));
     let (v, counts) = view(NOW);
     assert_eq!(v, PodView::Gateway);
-    assert_eq!(
-        counts,
-        ReceiptCounts {
-            exact: 2,
-            over: 0,
-            under: 1
-        }
-    );
+    assert_eq!(counts, outcomes(2, 0, 1));
     // One more over-prediction does not bring it back.
     assert_eq!(send(&index, "a", 10, 0, NOW).change, None);
     assert_eq!(view(NOW).0, PodView::Gateway);
@@ -153,14 +142,7 @@ fn a_quiet_suspect_pod_is_suspect_no_more() {
     // The next receipt restarts the window.
     let next = send(&index, "a", 10, 0, NOW + 61_000);
     assert_eq!(next.change, Some(Change::Cleared));
-    assert_eq!(
-        next.counts,
-        ReceiptCounts {
-            exact: 0,
-            over: 1,
-            under: 0
-        }
-    );
+    assert_eq!(next.counts, outcomes(0, 1, 0));
     assert_eq!(
         send(&index, "a", 10, 0, NOW + 61_000).change,
         Some(Change::Suspect)
@@ -169,10 +151,7 @@ fn a_quiet_suspect_pod_is_suspect_no_more() {
 
 #[test]
 fn no_threshold_never_makes_a_pod_suspect() {
-    let index = index(ReceiptRule {
-        suspect: 0,
-        ..ReceiptRule::default()
-    });
+    let index = index_suspecting_at(0);
     index.insert("m", &[1], "a", NOW).unwrap();
     for _ in 0..64 {
         assert_eq!(send(&index, "a", 10, 0, NOW).change, None);
@@ -205,10 +184,7 @@ fn receipts_for_pods_the_index_lacks_are_refused() {
 
 #[test]
 fn a_pod_named_in_a_removed_pods_slot_starts_with_no_receipts() {
-    let index = index(ReceiptRule {
-        suspect: 1,
-        ..ReceiptRule::default()
-    });
+    let index = index_suspecting_at(1);
     let id = |pod: &str| {
         let r = index.reader();
         let found = r.lookup("m", &[1], Some(&[pod]), NOW);
@@ -230,10 +206,7 @@ fn a_pod_named_in_a_removed_pods_slot_starts_with_no_receipts() {
 
 #[test]
 fn a_restart_forgets_the_window_but_not_the_totals() {
-    let index = index(ReceiptRule {
-        suspect: 1,
-        ..ReceiptRule::default()
-    });
+    let index = index_suspecting_at(1);
     index.insert("m", &[1], "a", NOW).unwrap();
     assert_eq!(send(&index, "a", 10, 0, NOW).change, Some(Change::Suspect));
     assert!(index.restart_receipts("a"));

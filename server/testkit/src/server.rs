@@ -20,7 +20,7 @@ use prefix_server::{Server, ServerConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use probe::{count_from_env, eventually, http_get, metric, resident_bytes};
+pub use probe::{count_from_env, eventually, http_get, metric, metrics, resident_bytes};
 pub use process::{client_bin, free_ports, Proc};
 pub use writes::{steady_write, SteadyWrites};
 

@@ -15,14 +15,24 @@ fn full(kind: OpKind) -> JsonOp {
             prompt_embeds: Some(vec!["00".into()]),
         },
     };
+    // The fields several ops share, set once: only the arm of `kind` takes
+    // them.
+    let model: String = "m".into();
+    let candidates = Some(vec!["a".into()]);
+    // The three lookups take the same fields.
+    macro_rules! lookup {
+        ($variant:ident) => {
+            JsonOp::$variant {
+                model,
+                key,
+                candidates,
+            }
+        };
+    }
     match kind {
-        OpKind::Lookup => JsonOp::Lookup {
-            model: "m".into(),
-            key,
-            candidates: Some(vec!["a".into()]),
-        },
+        OpKind::Lookup => lookup!(Lookup),
         OpKind::Insert => JsonOp::Insert {
-            model: "m".into(),
+            model,
             key,
             pod: "p".into(),
         },
@@ -34,14 +44,12 @@ fn full(kind: OpKind) -> JsonOp {
         OpKind::Stats => JsonOp::Stats,
         OpKind::Ping => JsonOp::Ping,
         OpKind::Subscribe => JsonOp::Subscribe {
+            // Every field set: the defaults' block size and media with a
+            // replay endpoint and a topic.
             engine: Subscription {
-                pod: "p".into(),
-                model: "m".into(),
-                endpoint: "tcp://h:1".into(),
                 replay: Some("tcp://h:2".into()),
-                block_size: 16,
                 topic: "kv".into(),
-                media: vec!["GPU".into()],
+                ..Subscription::new("p", "m", "tcp://h:1")
             },
         },
         OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: "p".into() },
@@ -51,27 +59,19 @@ fn full(kind: OpKind) -> JsonOp {
             from: Some(4),
             max: 5,
         },
-        OpKind::LookupDetail => JsonOp::LookupDetail {
-            model: "m".into(),
-            key,
-            candidates: Some(vec!["a".into()]),
-        },
-        OpKind::LookupTiers => JsonOp::LookupTiers {
-            model: "m".into(),
-            key,
-            candidates: Some(vec!["a".into()]),
-        },
+        OpKind::LookupDetail => lookup!(LookupDetail),
+        OpKind::LookupTiers => lookup!(LookupTiers),
         OpKind::Digest => JsonOp::Digest {
             ask: crate::message::DigestAsk {
                 level: crate::message::DigestLevel::Items,
-                model: "m".into(),
+                model,
                 low: 1,
                 high: 2,
                 of: vec![3],
             },
         },
         OpKind::Receipt => JsonOp::Receipt {
-            model: "m".into(),
+            model,
             key,
             pod: "p".into(),
             predicted_blocks: 1,

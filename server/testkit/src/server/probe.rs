@@ -30,7 +30,19 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
 
 /// The value of a counter or gauge on `/metrics` (0 if absent).
 pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    value_of(&http_get(addr, "/metrics").await, name)
+}
+
+/// The values of several counters or gauges on `/metrics`, in the order
+/// named (0 for any absent), read from one scrape: the series of a family
+/// that a test checks together.
+pub async fn metrics<const N: usize>(addr: SocketAddr, names: &[impl AsRef<str>; N]) -> [f64; N] {
     let body = http_get(addr, "/metrics").await;
+    names.each_ref().map(|name| value_of(&body, name.as_ref()))
+}
+
+/// The value of the series `name` in a scrape's `body` (0 if absent).
+fn value_of(body: &str, name: &str) -> f64 {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
