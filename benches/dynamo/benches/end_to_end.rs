@@ -34,7 +34,7 @@
 //! serves too) over plain HTTP/1.1 with kept-alive connections, from this
 //! process (a 1-thread Tokio runtime, reqwest), each answer checked to be
 //! a 200:
-//! - a prompt of 1,000,000 tokens that matches nothing (7.9 MB of JSON),
+//! - a prompt of 1,000,000 tokens that matches nothing (7.0 MB of JSON),
 //!   five times one after another: the median; to prefix-server also
 //!   through the client library over QUIC (the tokens hashed in this
 //!   process into 62,500 block hashes, 0.5 MB on the wire), five times on
@@ -322,8 +322,7 @@ struct Figures {
     /// over QUIC.
     giant: Duration,
     giant_quic: Option<Duration>,
-    /// Per row of [`IN_FLIGHT`]: lookups per second, and the service's
-    /// CPU µs per lookup.
+    /// Per row of [`IN_FLIGHT`].
     lookups: Vec<Rate>,
 }
 
