@@ -6,6 +6,7 @@
 //! the engine (sequence back to 0, empty cache). After each step, gateway
 //! lookups by token key must match the engine's own cache.
 
+use engine_sim::sockets;
 use prefix_testkit::publisher::{payload, Publisher};
 use prefix_testkit::server as common;
 
@@ -617,9 +618,7 @@ async fn engines_connecting_to_the_server_are_followed_by_topic() {
     let server = common::start(|cfg| cfg.engines.listen = Some("tcp://127.0.0.1:*".into())).await;
     let endpoint = server.engines.central_endpoint().expect("bound");
     let ctx = zmq::Context::new();
-    let publisher = ctx.socket(zmq::PUB).unwrap();
-    publisher.set_linger(0).unwrap();
-    publisher.connect(&endpoint).unwrap();
+    let publisher = sockets::connect(&ctx, &endpoint).unwrap();
     let client = server.client().await;
     let tokens = prompt(1, 3);
     let hs = hashes(&tokens);
@@ -730,11 +729,7 @@ async fn only_allowed_hosts_publish_and_a_pod_keeps_its_address() {
     // A PUB socket connecting from `source` (Linux routes all of 127/8 to
     // loopback, so each source is a host of its own to the server).
     let from = |source: &str| {
-        let s = ctx.socket(zmq::PUB).unwrap();
-        s.set_linger(0).unwrap();
-        s.connect(&format!("tcp://{source}:0;127.0.0.1:{port}"))
-            .unwrap();
-        s
+        sockets::connect(&ctx, &format!("tcp://{source}:0;127.0.0.1:{port}")).unwrap()
     };
     let (engine, outsider, neighbour) = (from("127.0.0.1"), from("127.0.0.3"), from("127.0.0.2"));
     let send = |s: &zmq::Socket, topic: &str, seq: u64, event: Event| {
@@ -895,9 +890,8 @@ async fn replicas_follow_the_engine_each_and_answer_alike() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_that_cannot_be_followed_says_so() {
     let ctx = zmq::Context::new();
-    let publisher = ctx.socket(zmq::PUB).unwrap();
-    publisher.bind("tcp://127.0.0.1:*").unwrap();
-    let good = publisher.get_last_endpoint().unwrap().unwrap();
+    let engine = sockets::Engine::bind(&ctx, sockets::ANY_PORT, None).unwrap();
+    let good = &engine.live.endpoint;
     let server = common::start(|cfg| {
         cfg.engines.subscriptions = vec![
             format!("pod=good,model=m,endpoint={good}").parse().unwrap(),

@@ -5,15 +5,16 @@
 //! heap the server holds per engine (a counting allocator; libzmq's own
 //! allocations, in C++, pass it by).
 
-use engine_sim::sockets::{answer_replay, send_live};
+use engine_sim::sockets::{self, answer_replay, send_live, Engine, Replies, ANY_PORT};
 use prefix_testkit::publisher::{own_prompt, stored_batch};
 use prefix_testkit::server as common;
 
 use counting_alloc::Counting;
 use std::alloc::System;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use prefix_proto::key::token_key;
 use prefix_server::Subscription;
@@ -50,34 +51,6 @@ fn threads_named(prefix: &str) -> usize {
         .count()
 }
 
-/// Answers every replay request on `routers` with the end marker (an
-/// engine with nothing buffered yet), until `stop`.
-fn answer_replays(
-    routers: Vec<zmq::Socket>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        let mut answered = 0;
-        // Relaxed: a stop flag; the join orders the rest.
-        while !stop.load(Ordering::Relaxed) {
-            let mut items: Vec<_> = routers
-                .iter()
-                .map(|r| r.as_poll_item(zmq::POLLIN))
-                .collect();
-            zmq::poll(&mut items, 50).unwrap();
-            let ready: Vec<bool> = items.iter().map(|i| i.is_readable()).collect();
-            for (router, _) in routers.iter().zip(ready).filter(|(_, r)| *r) {
-                while let Ok(request) = router.recv_multipart(zmq::DONTWAIT) {
-                    // Nothing was published before the server asks.
-                    answer_replay(router, &request, b"", []).unwrap();
-                    answered += 1;
-                }
-            }
-        }
-        answered
-    })
-}
-
 /// Every engine of a fleet is followed through a few threads: each is
 /// connected, each one's batch applied, lookups right for a sample of
 /// them. Every 50th engine has a replay endpoint, asked on connecting with
@@ -96,32 +69,33 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
     let mut subs = Vec::new();
     for i in 0..n {
         let ctx = &contexts[i / PER_CONTEXT];
-        // XPUB: tells when the server's subscription has arrived.
-        let publisher = ctx.socket(zmq::XPUB).unwrap();
-        publisher.set_linger(0).unwrap();
-        publisher.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = publisher.get_last_endpoint().unwrap().unwrap();
+        let engine = Engine::bind(ctx, ANY_PORT, (i % 50 == 0).then_some(ANY_PORT)).unwrap();
         let endpoint = match i {
-            1 => endpoint.replace("127.0.0.1", "localhost"),
-            _ => endpoint,
+            1 => engine.live.endpoint.replace("127.0.0.1", "localhost"),
+            _ => engine.live.endpoint,
         };
         let mut sub: Subscription =
             format!("pod=e{i},model=m,endpoint={endpoint},topic=kv@e{i}@m,block-size={BLOCK}")
                 .parse()
                 .unwrap();
-        if i % 50 == 0 {
-            let router = ctx.socket(zmq::ROUTER).unwrap();
-            router.set_linger(0).unwrap();
-            router.bind("tcp://127.0.0.1:*").unwrap();
-            sub.replay = Some(router.get_last_endpoint().unwrap().unwrap());
-            routers.push(router);
+        if let Some(router) = engine.replay {
+            sub.replay = Some(router.endpoint);
+            routers.push(router.socket);
         }
-        publishers.push(publisher);
+        publishers.push(engine.live.socket);
         subs.push(sub);
     }
     let replayers = routers.len();
-    let stop = Arc::new(AtomicBool::new(false));
-    let answering = answer_replays(routers, stop.clone());
+    // Each request is answered with the end marker alone: nothing was
+    // published before the server asks.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = answered.clone();
+    let answering = Replies::spawn("replay".into(), routers, move |_, router, request| {
+        answer_replay(router, request, b"", []).unwrap();
+        // Relaxed: a count, read after the replies stop.
+        count.fetch_add(1, Ordering::Relaxed);
+    })
+    .unwrap();
     let heap_before = ALLOC.live();
     let server = common::start(|cfg| {
         cfg.engines.subscriptions = subs;
@@ -138,7 +112,7 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
     let mut subscribed = vec![false; n];
     common::eventually("every engine has the server's subscription", async || {
         for (p, seen) in publishers.iter().zip(&mut subscribed) {
-            *seen |= p.recv_bytes(zmq::DONTWAIT).is_ok();
+            *seen |= sockets::subscribed(p, Duration::ZERO).unwrap();
         }
         subscribed.iter().all(|s| *s)
     })
@@ -201,7 +175,8 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
         (standing.followed, standing.connected, standing.failing),
         (n, n, 0)
     );
-    stop.store(true, Ordering::Relaxed);
-    assert!(answering.join().unwrap() >= replayers);
+    drop(answering);
+    // Relaxed: the replies' thread has been joined.
+    assert!(answered.load(Ordering::Relaxed) >= replayers);
     server.shutdown().await;
 }

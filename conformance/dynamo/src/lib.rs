@@ -13,6 +13,7 @@ use std::time::Duration;
 use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions};
 use dynamo_kv_router::services::indexer::server::{create_router, AppState};
 use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
+use engine_sim::sockets;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -208,7 +209,8 @@ pub async fn wait_for_health(base: &str) {
     panic!("{base}/health never answered");
 }
 
-/// A ZMQ publisher both services subscribe to.
+/// A ZMQ publisher both services subscribe to: the workspace's fake
+/// engine (`engine_sim::sockets`) without a replay socket.
 pub struct Publisher {
     socket: zmq::Socket,
     /// Its endpoint, `tcp://127.0.0.1:<port>`.
@@ -219,32 +221,21 @@ pub struct Publisher {
 impl Publisher {
     /// A publisher on a free loopback port.
     pub fn bind(ctx: &zmq::Context) -> Publisher {
-        let socket = ctx.socket(zmq::XPUB).unwrap();
-        socket.set_linger(0).unwrap();
-        // No high-water mark: what a slow subscriber has not taken yet
-        // queues in this process without limit instead of being dropped.
-        socket.set_sndhwm(0).unwrap();
-        socket.set_xpub_verbose(true).unwrap();
-        socket.bind("tcp://127.0.0.1:*").unwrap();
-        let endpoint = socket.get_last_endpoint().unwrap().unwrap();
+        let live = sockets::Engine::bind(ctx, sockets::ANY_PORT, None)
+            .unwrap()
+            .live;
         Publisher {
-            socket,
-            endpoint,
+            socket: live.socket,
+            endpoint: live.endpoint,
             seq: 0,
         }
     }
 
     /// Waits for `n` subscriptions.
     pub fn subscribed(&self, n: usize) {
-        let mut seen = 0;
-        while seen < n {
-            assert!(
-                self.socket.poll(zmq::POLLIN, 20_000).unwrap() > 0,
-                "no subscriber"
-            );
-            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
-                seen += 1;
-            }
+        for _ in 0..n {
+            let came = sockets::subscribed(&self.socket, Duration::from_secs(20)).unwrap();
+            assert!(came, "no subscriber");
         }
     }
 
@@ -257,8 +248,7 @@ impl Publisher {
     /// Publishes a vLLM msgpack batch as vLLM does: no topic, the next
     /// sequence number, the batch.
     pub fn publish_payload(&mut self, payload: &[u8]) {
-        let msg: [&[u8]; 3] = [b"", &self.seq.to_be_bytes(), payload];
-        self.socket.send_multipart(msg, 0).unwrap();
+        sockets::send_live(&self.socket, b"", self.seq, payload).unwrap();
         self.seq += 1;
     }
 }

@@ -7,11 +7,10 @@
 //! sends before a subscriber is there). With it, the batches such an
 //! engine sends for a prompt of its own.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::time::Duration;
 
-use engine_sim::sockets::{answer_replay, send_live};
+use engine_sim::sockets::{answer_replay, send_live, subscribed, Engine, Replies, ANY_PORT};
 use prefix_events::{encode_batch, Batch, Event, Stored};
 
 /// The batches an engine keeps for replays, by number.
@@ -28,62 +27,18 @@ pub struct Publisher {
     pub topic: String,
     /// What it published, for replays (kept only with a replay socket).
     buffer: Buffer,
-    replier: Option<Replier>,
-}
-
-/// The thread answering replays, as vLLM's publisher thread does.
-struct Replier {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Drop for Replier {
-    fn drop(&mut self) {
-        // Relaxed: a stop flag; the join orders the rest.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A socket of `kind` bound to `endpoint`. libzmq closes a socket in its
-/// I/O thread: a port a socket had a moment ago may be free only a little
-/// later, so a fixed port is tried again for a while.
-fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &str) -> zmq::Socket {
-    let socket = ctx.socket(kind).unwrap();
-    socket.set_linger(0).unwrap();
-    for _ in 0..250 {
-        match socket.bind(endpoint) {
-            Ok(()) => return socket,
-            Err(zmq::Error::EADDRINUSE) => std::thread::sleep(std::time::Duration::from_millis(20)),
-            Err(e) => panic!("bind {endpoint}: {e}"),
-        }
-    }
-    panic!("{endpoint} stays in use");
-}
-
-/// An XPUB socket bound to `endpoint` that tells every subscription
-/// (verbose: repeats included).
-fn xpub(ctx: &zmq::Context, endpoint: &str) -> zmq::Socket {
-    let socket = bind(ctx, zmq::XPUB, endpoint);
-    socket.set_xpub_verbose(true).unwrap();
-    socket
-}
-
-fn last_endpoint(socket: &zmq::Socket) -> String {
-    socket.get_last_endpoint().unwrap().unwrap()
+    replies: Option<Replies>,
 }
 
 impl Publisher {
     /// A publisher on a free loopback port, publishing under `topic`.
     pub fn bind(ctx: &zmq::Context, topic: &str) -> Publisher {
-        Publisher::bind_at(ctx, topic, "tcp://127.0.0.1:*", None)
+        Publisher::bind_at(ctx, topic, ANY_PORT, None)
     }
 
     /// A publisher and a replay socket, each on a free loopback port.
     pub fn with_replay(ctx: &zmq::Context, topic: &str) -> Publisher {
-        Publisher::bind_at(ctx, topic, "tcp://127.0.0.1:*", Some("tcp://127.0.0.1:*"))
+        Publisher::bind_at(ctx, topic, ANY_PORT, Some(ANY_PORT))
     }
 
     /// A publisher on `endpoint` and, with `replay`, a replay socket on it
@@ -94,41 +49,28 @@ impl Publisher {
         endpoint: &str,
         replay: Option<&str>,
     ) -> Publisher {
-        let socket = xpub(ctx, endpoint);
+        let engine = Engine::bind(ctx, endpoint, replay).unwrap();
         let buffer = Buffer::default();
-        let (replay, replier) = match replay {
+        let (replay, replies) = match engine.replay {
             None => (None, None),
-            Some(at) => {
-                let router = bind(ctx, zmq::ROUTER, at);
-                let bound = last_endpoint(&router);
-                let stop = Arc::new(AtomicBool::new(false));
-                let (buf, halt, topic) = (buffer.clone(), stop.clone(), topic.to_string());
-                let thread = std::thread::spawn(move || {
-                    // Relaxed: a stop flag.
-                    while !halt.load(Ordering::Relaxed) {
-                        if router.poll(zmq::POLLIN, 50).unwrap() == 0 {
-                            continue;
-                        }
-                        let request = router.recv_multipart(0).unwrap();
-                        let kept = buf.lock().unwrap().clone();
-                        let batches = kept.iter().map(|(seq, p)| (*seq, &p[..]));
-                        answer_replay(&router, &request, topic.as_bytes(), batches).unwrap();
-                    }
-                });
-                let replier = Replier {
-                    stop,
-                    thread: Some(thread),
+            Some(router) => {
+                let (buf, topic) = (buffer.clone(), topic.to_string());
+                let answer = move |_, router: &zmq::Socket, request: &[Vec<u8>]| {
+                    let kept = buf.lock().unwrap().clone();
+                    let batches = kept.iter().map(|(seq, p)| (*seq, &p[..]));
+                    answer_replay(router, request, topic.as_bytes(), batches).unwrap();
                 };
-                (Some(bound), Some(replier))
+                let replies = Replies::spawn("replay".into(), vec![router.socket], answer).unwrap();
+                (Some(router.endpoint), Some(replies))
             }
         };
         Publisher {
-            endpoint: last_endpoint(&socket),
-            socket,
+            socket: engine.live.socket,
+            endpoint: engine.live.endpoint,
             replay,
             topic: topic.into(),
             buffer,
-            replier,
+            replies,
         }
     }
 
@@ -137,16 +79,8 @@ impl Publisher {
     /// PUB socket drops what it sends to it ("slow joiner"), which a test
     /// publishing a single batch cannot tell from a batch lost on purpose.
     pub fn subscribed(&self) {
-        loop {
-            assert!(
-                self.socket.poll(zmq::POLLIN, 10_000).unwrap() > 0,
-                "no subscriber within 10 s"
-            );
-            // 1: subscribe; 0: unsubscribe (a subscriber that left).
-            if self.socket.recv_bytes(0).unwrap().first() == Some(&1) {
-                return;
-            }
-        }
+        let came = subscribed(&self.socket, Duration::from_secs(10)).unwrap();
+        assert!(came, "no subscriber within 10 s");
     }
 
     /// Publishes `payload` as batch `seq` (and keeps it for replays).
@@ -158,7 +92,7 @@ impl Publisher {
     /// Keeps `payload` as batch `seq` for replays without sending it: the
     /// PUB socket dropped it for its subscriber.
     pub fn keep(&self, seq: u64, payload: &[u8]) {
-        if self.replier.is_some() {
+        if self.replies.is_some() {
             self.buffer.lock().unwrap().push((seq, payload.to_vec()));
         }
     }
@@ -184,7 +118,7 @@ impl Publisher {
         // The old socket goes first: the new one needs its port.
         let closed = ctx.socket(zmq::PUB).unwrap();
         drop(std::mem::replace(&mut self.socket, closed));
-        self.socket = xpub(ctx, &self.endpoint);
+        self.socket = Engine::bind(ctx, &self.endpoint, None).unwrap().live.socket;
     }
 }
 

@@ -1,7 +1,8 @@
-//! The engines' side of the ingest benchmark: per engine a PUB socket (live
-//! batches) and a ROUTER socket (replays), bound on loopback through libzmq
-//! itself, as vLLM's publisher does through pyzmq, each publishing under a
-//! topic of its own (`kv@<pod>@<model>`, llm-d's convention).
+//! The engines' side of the ingest benchmark: per engine the sockets of
+//! the one fake engine (`engine_sim::sockets`: live batches and replays),
+//! bound on loopback through libzmq itself, as vLLM's publisher does
+//! through pyzmq, each publishing under a topic of its own
+//! (`kv@<pod>@<model>`, llm-d's convention).
 //!
 //! Engines come in groups (`layout`): a group has a libzmq context, a
 //! publishing thread and a replay thread of its own. Up to
@@ -11,7 +12,7 @@
 //! (libzmq allows 1,023 sockets a context), since thousands of threads
 //! would measure the machine's scheduler rather than the server.
 //!
-//! The PUB socket has no high-water mark: a publisher faster than the
+//! The live socket has no high-water mark: a publisher faster than the
 //! server queues in libzmq instead of dropping (vLLM's 100,000 would also
 //! hold a whole run), so the run measures the server, not loss and replay.
 //! The replay socket answers "every batch from N" from the batches
@@ -25,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use engine_sim::sockets::{answer_replay, replay_start, send_live};
+use engine_sim::sockets::{answer_replay, replay_start, send_live, Engine, Replies};
 
 /// Name prefix of the publishing threads (CPU time is told apart by name).
 pub const PUBLISH_THREAD: &str = "publish-";
@@ -33,8 +34,8 @@ pub const PUBLISH_THREAD: &str = "publish-";
 /// Name prefix of the replay threads.
 const REPLAY_THREAD: &str = "replay-";
 
-/// How often a replay thread looks at its stop flag.
-const POLL_MS: i64 = 50;
+/// Where an engine binds its sockets: loopback, free ports.
+const LOOPBACK: &str = "tcp://127.0.0.1:0";
 
 /// Groups of engines a fleet is spread over, at least.
 pub const GROUPS: usize = 8;
@@ -72,8 +73,9 @@ pub struct Group {
     published: Arc<Vec<AtomicUsize>>,
     /// Replay requests each engine has answered so far.
     answered: Arc<Vec<AtomicUsize>>,
-    stop: Arc<AtomicBool>,
-    replier: Option<JoinHandle<()>>,
+    /// Dropped before the context: it stops the replay thread, which
+    /// holds the ROUTER sockets.
+    _replies: Replies,
     // Dropped last: dropping a context waits for its sockets.
     _ctx: zmq::Context,
 }
@@ -85,11 +87,6 @@ pub struct Published {
     _sockets: Vec<zmq::Socket>,
     /// When the last batch was queued in libzmq.
     pub done: Instant,
-}
-
-fn endpoint(s: &zmq::Socket) -> anyhow::Result<String> {
-    s.get_last_endpoint()?
-        .map_err(|_| anyhow::anyhow!("an endpoint that is not UTF-8"))
 }
 
 impl Group {
@@ -107,44 +104,35 @@ impl Group {
         let mut routers = Vec::with_capacity(members.len());
         let mut ends = Vec::with_capacity(members.len());
         for topic in &topics {
-            let publisher = ctx.socket(zmq::PUB)?;
-            publisher.set_sndhwm(0)?;
-            // Closing drops whatever is still queued: a run ends once the
-            // server has everything, or has given up on it.
-            publisher.set_linger(0)?;
-            publisher.bind("tcp://127.0.0.1:0")?;
-            let router = ctx.socket(zmq::ROUTER)?;
-            router.set_linger(0)?;
-            // A ROUTER drops what passes its high-water mark: a replay of
-            // the whole run must not lose its middle.
-            router.set_sndhwm(0)?;
-            router.bind("tcp://127.0.0.1:0")?;
+            let engine = Engine::bind(&ctx, LOOPBACK, Some(LOOPBACK))?;
+            let router = engine
+                .replay
+                .context("an engine without its replay socket")?;
             ends.push(Ends {
-                endpoint: endpoint(&publisher)?,
-                replay: endpoint(&router)?,
+                endpoint: engine.live.endpoint,
+                replay: router.endpoint,
                 topic: topic.clone(),
             });
-            publishers.push(publisher);
-            routers.push(router);
+            publishers.push(engine.live.socket);
+            routers.push(router.socket);
         }
         let n = members.len();
-        let stop = Arc::new(AtomicBool::new(false));
         let published: Arc<Vec<AtomicUsize>> =
             Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
         let answered: Arc<Vec<AtomicUsize>> =
             Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
         let (topics, batches) = (Arc::new(topics), Arc::new(batches));
-        let replayer = Replay {
+        let replay = Replay {
             topics: topics.clone(),
             batches: batches.clone(),
             published: published.clone(),
             answered: answered.clone(),
-            stop: stop.clone(),
         };
-        let replier = std::thread::Builder::new()
-            .name(format!("{REPLAY_THREAD}{g}"))
-            .spawn(move || replayer.run(&routers))
-            .context("starting a replay thread")?;
+        let name = format!("{REPLAY_THREAD}{g}");
+        let replies = Replies::spawn(name, routers, move |e, router, request| {
+            replay.answer(e, router, request)
+        })
+        .context("starting a replay thread")?;
         let group = Group {
             members,
             publishers: Some(publishers),
@@ -152,8 +140,7 @@ impl Group {
             batches,
             published,
             answered,
-            stop,
-            replier: Some(replier),
+            _replies: replies,
             _ctx: ctx,
         };
         Ok((group, ends))
@@ -229,50 +216,18 @@ impl Group {
     }
 }
 
-impl Drop for Group {
-    fn drop(&mut self) {
-        // Relaxed: a stop flag; the join below orders everything else.
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.replier.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A group's replay side, run by its own thread.
+/// A group's replay side, run by its replay thread.
 struct Replay {
     topics: Arc<Vec<String>>,
     batches: Arc<Vec<Arc<Vec<Vec<u8>>>>>,
     published: Arc<Vec<AtomicUsize>>,
     answered: Arc<Vec<AtomicUsize>>,
-    stop: Arc<AtomicBool>,
 }
 
 impl Replay {
-    /// Answers replay requests (`[id, "", start seq]`) on any of `routers`
-    /// (the group's engines', in order) with every batch that engine
-    /// published from the start on, then the end marker, until stopped.
-    fn run(&self, routers: &[zmq::Socket]) {
-        // Relaxed: a stop flag (see `Drop for Group`).
-        while !self.stop.load(Ordering::Relaxed) {
-            let mut items: Vec<_> = routers
-                .iter()
-                .map(|r| r.as_poll_item(zmq::POLLIN))
-                .collect();
-            if !matches!(zmq::poll(&mut items, POLL_MS), Ok(n) if n > 0) {
-                continue;
-            }
-            let ready: Vec<usize> = (0..items.len())
-                .filter(|&i| items[i].is_readable())
-                .collect();
-            for e in ready {
-                while let Ok(frames) = routers[e].recv_multipart(zmq::DONTWAIT) {
-                    self.answer(e, &routers[e], &frames);
-                }
-            }
-        }
-    }
-
+    /// Answers a replay request (`[id, "", start seq]`) to engine `e`
+    /// with every batch it published from the start on, then the end
+    /// marker.
     fn answer(&self, e: usize, router: &zmq::Socket, request: &[Vec<u8>]) {
         if replay_start(request).is_none() {
             return;
