@@ -25,13 +25,13 @@ use smallvec::SmallVec;
 
 use crate::precise::PINNED;
 
-use crate::groups::{hidden_name, lower_lane};
 use crate::index::{Index, Reader};
 use crate::node_ref::NodeRef;
 use crate::pods::PodId;
+use crate::precise::groups::{hidden_name, lower_lane};
+use crate::precise::states::{PodState, StateMap};
 use crate::reclaim::Pin;
-use crate::shared::{forget_pods, Shared};
-use crate::states::{PodState, StateMap};
+use crate::shared::Shared;
 use crate::tree::Match;
 
 /// One pod's detailed answer.
@@ -107,22 +107,8 @@ impl Index {
     /// time.
     pub fn set_views<'a>(&self, views: impl IntoIterator<Item = (&'a str, PodView)>) {
         let pin = self.pin();
-        let _w = self.sh.states_writer.lock();
-        let current = self.sh.states.get(&pin);
-        let mut next: Option<StateMap> = None;
-        for (pod, view) in views {
-            let map = next.as_ref().unwrap_or(current);
-            let mut state = map.get(pod).copied().unwrap_or_default();
-            if state.view == Some(view) {
-                continue;
-            }
-            state.view = Some(view);
-            next.get_or_insert_with(|| current.clone())
-                .insert(pod.into(), state);
-        }
-        if let Some(next) = next {
-            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
-        }
+        let set = |s: &mut PodState, view| s.view = Some(view);
+        self.engines.states.update(views, set, &self.sh.epoch, &pin);
     }
 
     /// Records that lower tier `tier` (0-based) holds blocks of `pod`.
@@ -133,7 +119,7 @@ impl Index {
 
     /// How many lower tiers of `pod` have held blocks (see [`PodState`]).
     pub(crate) fn lower_tiers(&self, pod: &str, pin: &Pin) -> u32 {
-        let states = self.sh.states.get(pin);
+        let states = self.engines.states.get(pin);
         states.get(pod).map_or(0, |s| u32::from(s.tiers))
     }
 
@@ -141,8 +127,8 @@ impl Index {
     /// lower tiers' hidden pods removed), with one copy of the states for
     /// all of them.
     pub(crate) fn forget_states(&self, pods: &[&str]) {
-        let (sh, pin) = (&self.sh, self.pin());
-        forget_pods(&sh.states, &sh.states_writer, pods, &sh.epoch, &pin);
+        let pin = self.pin();
+        self.engines.states.forget(pods, &self.sh.epoch, &pin);
     }
 
     /// Changes `pod`'s state by `change`, copying the map only when it
@@ -150,21 +136,9 @@ impl Index {
     /// lower-tier store).
     fn update_state(&self, pod: &str, change: impl Fn(&mut PodState)) {
         let pin = self.pin();
-        let wanted = |map: &StateMap| {
-            let mut state = map.get(pod).copied().unwrap_or_default();
-            change(&mut state);
-            (map.get(pod) != Some(&state)).then_some(state)
-        };
-        if wanted(self.sh.states.get(&pin)).is_none() {
-            return;
-        }
-        let _w = self.sh.states_writer.lock();
-        let current = self.sh.states.get(&pin);
-        if let Some(state) = wanted(current) {
-            let mut next = current.clone();
-            next.insert(pod.into(), state);
-            self.sh.states.replace(Box::new(next), &self.sh.epoch, &pin);
-        }
+        self.engines
+            .states
+            .update_one(pod, change, &self.sh.epoch, &pin);
     }
 }
 
@@ -234,7 +208,7 @@ impl Reader<'_> {
             .get(model)
             .map(|tree| tree.path(sh, index.cut(key), pin))
             .unwrap_or_default();
-        let states = sh.states.get(pin);
+        let states = index.engines.states.get(pin);
         let on = OnPath {
             sh,
             pin,

@@ -173,7 +173,7 @@ impl Index {
     /// entries (and its KV-cache groups', for a hybrid engine-fed pod).
     /// Returns whether it existed.
     pub fn remove_pod(&self, pod: &str) -> bool {
-        if pod.contains(crate::groups::HIDDEN_MARK) {
+        if pod.contains(crate::precise::groups::HIDDEN_MARK) {
             return false;
         }
         self.remove_hidden(pod);
@@ -428,7 +428,15 @@ impl Reader<'_> {
             ids.dedup();
             ids
         });
-        tree.lookup(&index.sh, key, ids.as_deref(), now, &self.pin, out);
+        tree.lookup(
+            &index.sh,
+            key,
+            ids.as_deref(),
+            now,
+            &self.pin,
+            out,
+            &index.engines,
+        );
         (key_blocks, true)
     }
 

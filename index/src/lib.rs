@@ -111,8 +111,8 @@ pub mod config;
 mod detail;
 pub mod digest;
 pub mod error;
-mod groups;
 mod index;
+mod named;
 mod node;
 mod node_ref;
 mod pods;
@@ -123,7 +123,6 @@ mod sets;
 mod shared;
 mod slots;
 pub mod snapshot;
-mod states;
 mod stats;
 pub mod sweep;
 mod sync;
@@ -137,9 +136,9 @@ mod loom_tests;
 pub use config::IndexConfig;
 pub use detail::{DetailMatch, Detailed, TierMatch, Tiered};
 pub use error::{EngineError, InsertError, PodError};
-pub use groups::{Group, GroupKind, MAX_LOWER_TIERS};
 pub use index::{Index, Lookup, Reader};
 pub use pods::PodId;
+pub use precise::groups::{Group, GroupKind, MAX_LOWER_TIERS};
 pub use precise::{
     Alias, Applied, Engine, EngineBatch, EngineHandle, EngineOp, EngineSpec, Ratio, PINNED,
 };

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use crate::error::PodError;
-use crate::groups::HIDDEN_MARK;
+use crate::precise::groups::HIDDEN_MARK;
 use crate::receipts::PodReceipts;
 use crate::reclaim::{free_uncounted, Epoch, Pin, Published, Unlinked};
 use crate::sync::{
@@ -65,12 +65,12 @@ const PRECISE: u8 = 1;
 /// block whose children it still caches): lookups check its path top-down.
 const GAPPY: u8 = 2;
 /// The pod holds one KV-cache group of a hybrid model's engine-fed pod
-/// (`crate::groups`): its entries count for that pod, never as a match of
+/// (`crate::precise::groups`): its entries count for that pod, never as a match of
 /// their own. Its name is the pod's with [`HIDDEN_MARK`] and the group, a
 /// name no caller may use; it is not listed.
 const HIDDEN: u8 = 4;
 /// The pod's engine has KV-cache groups with rules other than full
-/// attention's: lookups find its match by `crate::groups::hit`.
+/// attention's: lookups find its match by `crate::precise::groups::hit`.
 const HYBRID: u8 = 8;
 
 type NameMap = std::collections::HashMap<Box<str>, u32, ahash::RandomState>;

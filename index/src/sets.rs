@@ -16,9 +16,9 @@
 //! Snapshots keep sets (`crate::snapshot`, `SetBlocks`).
 
 use crate::error::InsertError;
-use crate::groups::{hidden_name, HIDDEN_MARK};
 use crate::index::{Index, Reader};
 use crate::pods::PodId;
+use crate::precise::groups::{hidden_name, HIDDEN_MARK};
 use crate::precise::PINNED;
 
 /// The most sets one pod may have.

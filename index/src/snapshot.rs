@@ -39,7 +39,7 @@
 //!
 //! `EngineGroups` (each KV-cache group's index and kind) and `GroupCopies`
 //! (the blocks a group after the first holds, by engine hash, with their
-//! copies) are written only for hybrid models' pods (`crate::groups`), and
+//! copies) are written only for hybrid models' pods (`crate::precise::groups`), and
 //! `BlockAliases` (each named block's engine hash, its name in another
 //! indexer's hashes and the alias seed its children inherit, 0 for none:
 //! `crate::aliases`) only for engines whose blocks are named so, so
@@ -58,7 +58,7 @@ use std::borrow::Cow;
 use bincode::{Decode, Encode};
 use thiserror::Error;
 
-use crate::groups::GroupKind;
+use crate::precise::groups::GroupKind;
 
 mod engines;
 mod read;

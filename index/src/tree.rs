@@ -10,13 +10,12 @@ use smallvec::SmallVec;
 use crate::aliases::Aliases;
 use crate::children::Children;
 use crate::error::InsertError;
-use crate::groups::Rule;
 use crate::node::Node;
 use crate::node_ref::{NodeRef, Root};
 use crate::pods::{PodId, NOT_LIVE, UNRANKED};
 use crate::reclaim::Pin;
 use crate::shared::Shared;
-use crate::slots::{Entries, Refresh, MAX_TIME};
+use crate::slots::{Entries, Refresh};
 use crate::stats::Counters;
 use crate::walk::{self, Path};
 
@@ -288,7 +287,13 @@ impl Tree {
     /// Appends to `out` every live pod (or candidate) holding a prefix of `key`,
     /// with its matched length, sorted by length descending then pod name.
     /// One walk; no store to shared memory; no lock; no retry. `candidates`
-    /// are pod ids, sorted, without repeats.
+    /// are pod ids, sorted, without repeats. The matches of pods whose
+    /// entries alone do not give them (`Pods::needs_pass`) are `layer`'s to
+    /// finish.
+    // The query (key, candidates, time), what it reads (the shared state
+    // under `pin`), where it answers and the layer above: a struct of them
+    // would be built per lookup for this one call.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lookup(
         &self,
         sh: &Shared,
@@ -297,6 +302,7 @@ impl Tree {
         now: u64,
         pin: &Pin,
         out: &mut Vec<Match>,
+        layer: &impl Finish,
     ) {
         let first_match = out.len();
         let mut path = SmallVec::new();
@@ -378,117 +384,28 @@ impl Tree {
         }
         let found = &mut out[first_match..];
         if found.iter().any(|m| sh.pods.needs_pass(m.pod.0)) {
-            close_gaps(sh, &path, now, ranks, found, pin);
+            layer.finish(sh, &path, now, found, pin);
+            found.sort_by_key(|m| (std::cmp::Reverse(m.blocks), ranks.rank(m.pod.0)));
             out.retain(|m| m.blocks > 0);
         }
     }
 }
 
-/// Cuts each gappy pod's match at the first node of the path, top-down,
-/// where it is not visible, finds each hybrid pod's by its groups' rules,
-/// rounds engine-fed pods' matches down to whole engine blocks, then
-/// restores the answer's order (blocks descending, then name rank). The
-/// bottom-up scan answers with the deepest node where a pod is visible,
-/// which is its match only when it holds every node above (always true of
-/// a pod fed by gateways alone).
-fn close_gaps(
-    sh: &Shared,
-    path: &[(NodeRef<'_>, u32)],
-    now: u64,
-    ranks: &crate::pods::Ranks,
-    found: &mut [Match],
-    pin: &Pin,
-) {
-    for m in found.iter_mut() {
-        let align = sh.pods.align(m.pod.0);
-        let (hybrid, gappy) = sh.pods.hybrid_gappy(m.pod.0);
-        if hybrid {
-            m.blocks = group_hit(sh, path, now, m.pod.0, m.blocks, pin);
-            continue;
-        }
-        m.blocks -= m.blocks % align;
-        if !gappy {
-            continue;
-        }
-        let mut above = 0;
-        for &(node, depth) in path {
-            if above >= m.blocks {
-                break;
-            }
-            let visible = node
-                .pods
-                .find(m.pod.0)
-                .is_some_and(|time| now.saturating_sub(time) <= sh.ttl_ms);
-            if !visible {
-                m.blocks = above - above % align;
-                break;
-            }
-            above = depth;
-        }
-    }
-    found.sort_by_key(|m| (std::cmp::Reverse(m.blocks), ranks.rank(m.pod.0)));
+/// What a lookup leaves to the layer above the tree (precise mode). The
+/// tree answers each pod with the deepest node of the key's path where the
+/// pod is visible, which is its match when it holds every node above: true
+/// of a pod fed by gateways alone. For an engine-fed pod it may not be (a
+/// gap its engine evicted, KV-cache groups, engine blocks larger than
+/// ours), and only the layer knows why: given the path walked (each node
+/// with the depth its edge ends at) and those pods' matches (`found`),
+/// `finish` cuts each to what the pod really holds. The tree then restores
+/// the answer's order and drops the matches cut to nothing.
+pub(crate) trait Finish {
+    fn finish(&self, sh: &Shared, path: &Walked<'_>, now: u64, found: &mut [Match], pin: &Pin);
 }
 
-/// A hybrid pod's match, at most `found` blocks (the deepest node where its
-/// own entries are visible): the longest hit its KV-cache groups allow
-/// together (`crate::groups::hit`), each group's blocks being its entries
-/// (the first group's) or a hidden pod's. A speculative entry of the pod (a
-/// gateway's insert, not pinned) stands for every group: the engine is
-/// computing that prefix.
-///
-/// Kept out of line: plain pods' lookups (the hot path) never call it.
-#[inline(never)]
-fn group_hit(
-    sh: &Shared,
-    path: &[(NodeRef<'_>, u32)],
-    now: u64,
-    pod: u32,
-    found: u32,
-    pin: &Pin,
-) -> u32 {
-    let align = sh.pods.align(pod).max(1);
-    let table = sh
-        .pods
-        .name(PodId(pod), pin)
-        .and_then(|name| sh.groups.get(pin).get(name));
-    let Some(table) = table else {
-        // No longer hybrid (its engine dropped meanwhile): as a plain pod.
-        return found - found % align;
-    };
-    let ids: SmallVec<[Option<u32>; 8]> = table
-        .groups
-        .iter()
-        .map(|(hidden, _)| match hidden {
-            None => Some(pod),
-            Some(name) => sh.pods.id(name, pin).map(PodId::get),
-        })
-        .collect();
-    let rules: SmallVec<[Rule; 8]> = table.groups.iter().map(|g| g.1).collect();
-    let visible = |node: NodeRef<'_>, id: u32| {
-        node.pods
-            .find(id)
-            .is_some_and(|time| now.saturating_sub(time) <= sh.ttl_ms)
-    };
-    // Which groups hold each node of the path down to the match, as bits.
-    let depth = path.partition_point(|&(_, d)| d < found) + 1;
-    let masks: SmallVec<[u64; 16]> = path[..depth.min(path.len())]
-        .iter()
-        .map(|&(node, _)| match node.pods.find(pod) {
-            Some(t) if t < MAX_TIME && now.saturating_sub(t) <= sh.ttl_ms => u64::MAX,
-            _ => ids.iter().enumerate().fold(0, |mask, (g, id)| {
-                mask | u64::from(id.is_some_and(|id| visible(node, id))) << g
-            }),
-        })
-        .collect();
-    // Unit `j` is held where its last block of ours is: block
-    // `(j + 1) * align - 1`, on the first node whose edge ends past it.
-    let held = |g: usize, j: u32| {
-        let block = (j + 1) * align - 1;
-        let k = path.partition_point(|&(_, d)| d <= block);
-        masks.get(k).is_some_and(|m| m >> g & 1 != 0)
-    };
-    crate::groups::hit(&rules, found / align, held) * align
-}
+/// The path a lookup walked: each node with the depth its edge ends at.
+pub(crate) type Walked<'g> = [(NodeRef<'g>, u32)];
 
 /// The pods of rank 64 and up found at one node, ordered by rank when drained.
 struct RankGroup {

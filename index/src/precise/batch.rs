@@ -4,8 +4,8 @@
 use super::store::Store;
 use super::{Applied, Engine, EngineOp, Ratio, Run};
 use crate::error::EngineError;
-use crate::groups::{lower_lane, Group, Rule, MAX_LOWER_TIERS};
 use crate::index::Index;
+use crate::precise::groups::{lower_lane, Group, Rule, MAX_LOWER_TIERS};
 
 /// Engine events of one pod being applied, as [`Index::batch`] starts it.
 ///

@@ -1,4 +1,4 @@
-//! A hybrid model's KV-cache groups (see `crate::groups`): each group's
+//! A hybrid model's KV-cache groups (see `crate::precise::groups`): each group's
 //! copies of the shared records, and its blocks in the tree.
 //!
 //! An engine whose stores name a group besides the first, or a first group
@@ -10,7 +10,7 @@
 //! any other kind holds each block alone ([`Tree::insert_from`]), since a
 //! sliding window frees the blocks it has moved past and Mamba keeps its
 //! state at some blocks only. Lookups find the pod's match by the groups'
-//! rules (`crate::groups::hit`).
+//! rules (`crate::precise::groups::hit`).
 //!
 //! A sliding window's store skips the blocks it did not keep: its token ids
 //! cover every block of the step, its hashes only the kept ones, so the
@@ -26,10 +26,11 @@ use super::remove::{released, removed_block};
 use super::store::Store;
 use super::{Applied, Engine, Lane, Ratio, PINNED};
 use crate::error::{EngineError, InsertError, PodError};
-use crate::groups::{hidden_name, is_lower_lane, lower_lane, Group, GroupKind, GroupTable, Rule};
 use crate::index::Index;
 use crate::pods::PodId;
-use crate::shared::forget_pods;
+use crate::precise::groups::{
+    hidden_name, is_lower_lane, lower_lane, Group, GroupKind, GroupTable, Rule,
+};
 
 /// Where blocks became held: the position of their model among the
 /// engine's, and the group.
@@ -132,28 +133,19 @@ impl Index {
     pub(crate) fn publish_groups(&self, pod: &str, engine: &Engine) {
         let table = engine.group_table(pod);
         let pin = self.pin();
-        {
-            let _w = self.sh.groups_writer.lock();
-            let current = self.sh.groups.get(&pin);
-            if current.get(pod) == table.as_ref() {
-                return;
-            }
-            let mut next = current.clone();
-            match &table {
-                Some(t) => next.insert(pod.into(), t.clone()),
-                None => next.remove(pod),
-            };
-            self.sh.groups.replace(Box::new(next), &self.sh.epoch, &pin);
+        let hybrid = table.is_some();
+        if !self.engines.groups.set(pod, table, &self.sh.epoch, &pin) {
+            return;
         }
         if let Some(id) = self.sh.pods.id(pod, &pin) {
-            self.sh.pods.set_hybrid(id.0, table.is_some());
+            self.sh.pods.set_hybrid(id.0, hybrid);
         }
     }
 
     /// Whether `pod` has a group table (lookups find its match by it).
     pub(crate) fn is_grouped(&self, pod: &str) -> bool {
         let pin = self.pin();
-        let map = self.sh.groups.get(&pin);
+        let map = self.engines.groups.get(&pin);
         !map.is_empty() && map.contains_key(pod)
     }
 
@@ -175,7 +167,7 @@ impl Index {
         let mut names: Vec<String> = (0..tiers)
             .map(|t| hidden_name(pod, lower_lane(t)))
             .collect();
-        if let Some(table) = self.sh.groups.get(&pin).get(pod) {
+        if let Some(table) = self.engines.groups.get(&pin).get(pod) {
             let groups = table.groups.iter().filter_map(|(name, _)| name.as_deref());
             names.extend(groups.map(String::from));
         }
@@ -185,8 +177,8 @@ impl Index {
     /// Forgets the group tables of `pods` (their engines are dropped), with
     /// one copy of the tables for all of them.
     pub(crate) fn forget_group_tables(&self, pods: &[&str]) {
-        let (sh, pin) = (&self.sh, self.pin());
-        forget_pods(&sh.groups, &sh.groups_writer, pods, &sh.epoch, &pin);
+        let pin = self.pin();
+        self.engines.groups.forget(pods, &self.sh.epoch, &pin);
     }
 
     /// Forgets `pod`'s groups: its hidden pods and its table.

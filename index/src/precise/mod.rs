@@ -45,20 +45,22 @@
 //!   indexers' hashes;
 //! - `spec`: block sizes and their ratio; `registry`: the engine-fed pods;
 //!   `budget`: the records' count against `max_engine_blocks`;
-//! - `lanes`: a hybrid model's KV-cache groups (`crate::groups`), each
+//! - `lanes`: a hybrid model's KV-cache groups (`crate::precise::groups`), each
 //!   holding its own copies of the shared records, placed in the tree one
 //!   block at a time.
 
 use indexmap::IndexMap;
 
 use crate::error::EngineError;
-use crate::groups::GroupKind;
+use crate::precise::groups::GroupKind;
 use crate::slots::MAX_TIME;
 
 mod alias;
 mod batch;
 mod budget;
 mod chain;
+mod finish;
+pub(crate) mod groups;
 mod lanes;
 mod pages;
 mod place;
@@ -67,6 +69,7 @@ mod registry;
 mod remove;
 mod restore;
 mod spec;
+pub(crate) mod states;
 mod store;
 #[cfg(all(test, not(loom)))]
 mod tests;

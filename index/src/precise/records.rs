@@ -13,7 +13,7 @@
 //! A record whose parent is not recorded (an **orphan**) keeps its parent's
 //! engine hash on the side, and is adopted when that parent is recorded.
 //!
-//! A hybrid model's KV-cache groups (`crate::groups`) share the records:
+//! A hybrid model's KV-cache groups (`crate::precise::groups`) share the records:
 //! the same blocks under the same hashes. The first group's copies are
 //! counted in the record; each other group's on the side, by position
 //! (a **lane**), and a record a lane holds counts that as a reference among

@@ -1,5 +1,6 @@
 //! The engine-fed pods: each one's engine state, registered when its
-//! subscription starts and dropped when it stops.
+//! subscription starts and dropped when it stops, and what lookups read of
+//! them beside the tree (their group tables and their states).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -7,15 +8,26 @@ use std::sync::Arc;
 use super::{Engine, EngineSpec, Ratio};
 use crate::error::{EngineError, PodError};
 use crate::index::Index;
+use crate::named::Named;
+use crate::precise::groups::GroupTable;
+use crate::precise::states::PodState;
 use crate::sync::Mutex;
 
 /// One engine's state, shared by its subscription and snapshots.
 pub type EngineHandle = Arc<parking_lot::Mutex<Engine>>;
 
 /// Engine-fed pods by name. Each engine has its own lock, taken by its one
-/// subscription and by snapshots; lookups never touch either.
+/// subscription and by snapshots; lookups never touch either: what they
+/// read of engine-fed pods is published beside.
 pub(crate) struct Registry {
     map: Mutex<HashMap<Box<str>, EngineHandle, ahash::RandomState>>,
+    /// Hybrid pods' group tables (`crate::precise::groups`): lookups find such a
+    /// pod's match by them. Changed when an engine names a new group.
+    pub(crate) groups: Named<GroupTable>,
+    /// Each pod's view and lower tiers (`crate::precise::states`), for detailed
+    /// lookups. Changed by a follower's transitions and a pod's first
+    /// lower-tier store.
+    pub(crate) states: Named<PodState>,
 }
 
 impl Default for Registry {
@@ -24,6 +36,8 @@ impl Default for Registry {
     fn default() -> Self {
         Registry {
             map: Mutex::new(HashMap::default()),
+            groups: Named::new(),
+            states: Named::new(),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 use super::write::Hashing;
 use super::{BlockData, KindData, Record, RestoreSummary, SnapshotError, Stored, WriteSummary};
-use crate::groups::GroupKind;
+use crate::precise::groups::GroupKind;
 use crate::precise::{
     Data, DataRef, EngineOp, EngineSpec, Extra, Lane, Page, Record as EngineRecord,
 };

@@ -5,7 +5,7 @@
 
 use super::engines::{EngineSnap, Engines};
 use super::{config, Record, RestoreSummary, SnapshotError, COVERED, MAGIC, ROOT, VERSION};
-use crate::groups::HIDDEN_MARK;
+use crate::precise::groups::HIDDEN_MARK;
 use crate::sets::MAX_SETS;
 use crate::Index;
 

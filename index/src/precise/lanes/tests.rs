@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use crate::groups::{Group, GroupKind};
+use crate::precise::groups::{Group, GroupKind};
 use crate::precise::tests::{hash, index, seeded, stored_op};
 use crate::precise::{Applied, EngineOp, EngineSpec};
 use crate::{EngineHandle, Index, PodError, Snapshot};

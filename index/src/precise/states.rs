@@ -1,9 +1,7 @@
 //! What precise mode tells lookups of an engine-fed pod besides its
 //! blocks: how far its answer can be trusted and how many lower cache tiers
 //! it has. The map is published copy-on-write beside the trees
-//! ([`crate::shared::Shared::states`]); `detail` reads and changes it.
-
-use std::collections::HashMap;
+//! (`precise::registry::Registry::states`); `detail` reads and changes it.
 
 use prefix_proto::PodView;
 
@@ -18,4 +16,4 @@ pub(crate) struct PodState {
 }
 
 /// Engine-fed pods' states by name.
-pub(crate) type StateMap = HashMap<Box<str>, PodState, ahash::RandomState>;
+pub(crate) type StateMap = crate::named::ByName<PodState>;
