@@ -79,7 +79,7 @@ mod repair;
 mod replica;
 pub mod routers;
 mod service;
-mod snapshot;
+pub mod snapshot;
 mod stream;
 mod tls;
 
@@ -100,7 +100,6 @@ pub use http::PROBE_PATHS;
 pub use metrics::Metrics;
 pub use replica::{FillReport, Refusal, Replica};
 pub use service::{Service, SnapshotJob};
-pub use snapshot::{save as save_snapshot, FILE as SNAPSHOT_FILE};
 
 /// Why the server could not start or stopped abnormally.
 #[derive(Debug, Error)]

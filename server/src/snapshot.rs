@@ -85,7 +85,7 @@ pub fn save(index: &Index, dir: &Path, now: u64) -> Result<WriteSummary, Snapsho
 
 /// What happened to the snapshot at start.
 #[derive(Debug)]
-pub enum Loaded {
+pub(crate) enum Loaded {
     /// There was none.
     Missing,
     /// It was restored.
@@ -113,7 +113,7 @@ impl Loaded {
 }
 
 /// What `<dir>/index.snapshot` holds, read and checked but not restored.
-pub enum Found {
+pub(crate) enum Found {
     /// There is none.
     Missing,
     /// A snapshot this build can restore.
@@ -134,7 +134,7 @@ pub enum Found {
 
 /// Reads and checks `<dir>/index.snapshot`, if there is one. A bad snapshot
 /// is moved aside.
-pub fn find(dir: &Path, now: u64) -> Found {
+pub(crate) fn find(dir: &Path, now: u64) -> Found {
     let path = dir.join(FILE);
     let bytes = match fs::read(&path) {
         Ok(b) => b,
@@ -182,13 +182,13 @@ impl Found {
 /// Restores `<dir>/index.snapshot` into `index`, if there is one. A bad
 /// snapshot is moved aside and reported, and `index` is left empty.
 #[cfg(test)]
-pub fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
+pub(crate) fn load(index: &Index, dir: &Path, now: u64) -> Loaded {
     find(dir, now).restore(index, now)
 }
 
 /// Logs what a start found and restored; returns whether snapshots may be
 /// written (see [`Loaded::may_save`]).
-pub fn report(loaded: Loaded, dir: &Path, started: Instant, metrics: &Metrics) -> bool {
+pub(crate) fn report(loaded: Loaded, dir: &Path, started: Instant, metrics: &Metrics) -> bool {
     let may_save = loaded.may_save();
     match loaded {
         Loaded::Missing => tracing::info!(dir = %dir.display(), "no snapshot; starting empty"),
@@ -220,7 +220,7 @@ pub fn report(loaded: Loaded, dir: &Path, started: Instant, metrics: &Metrics) -
 }
 
 /// Writes one snapshot on the blocking pool and records it.
-pub async fn save_and_report(index: Arc<Index>, dir: PathBuf, metrics: &Metrics) {
+pub(crate) async fn save_and_report(index: Arc<Index>, dir: PathBuf, metrics: &Metrics) {
     let started = Instant::now();
     let saved = tokio::task::spawn_blocking(move || save(&index, &dir, now_ms())).await;
     match saved {
@@ -241,7 +241,7 @@ pub async fn save_and_report(index: Arc<Index>, dir: PathBuf, metrics: &Metrics)
 
 /// Writes a snapshot every `interval` until `shutdown` (the final one, at
 /// shutdown, is written by the server after the drain).
-pub async fn run(
+pub(crate) async fn run(
     index: Arc<Index>,
     replica: Arc<Replica>,
     dir: PathBuf,

@@ -155,9 +155,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
         let now = prefix_server::now_ms();
         let peer_dir = tempfile::tempdir()?;
         let index = build(size, now)?;
-        let summary = prefix_server::save_snapshot(&index, peer_dir.path(), now)?;
+        let summary = prefix_server::snapshot::save(&index, peer_dir.path(), now)?;
         drop(index);
-        let file = peer_dir.path().join(prefix_server::SNAPSHOT_FILE);
+        let file = peer_dir.path().join(prefix_server::snapshot::FILE);
         let snapshot_bytes = std::fs::metadata(&file)?.len();
         // Every server of this size: pods capacity for all, the bound above
         // the size, its own snapshot never too old to start from.
@@ -194,7 +194,7 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Vec<Cell>> {
                 flags.extend(["--snapshot-interval", "0s"]);
                 let (c, k) = (cert.to_string_lossy(), key.to_string_lossy());
                 if start == "own" {
-                    std::fs::copy(&file, dir.path().join(prefix_server::SNAPSHOT_FILE))?;
+                    std::fs::copy(&file, dir.path().join(prefix_server::snapshot::FILE))?;
                     // Snapshots on, so that it reads its own (never written:
                     // the process is killed).
                     flags.retain(|f| *f != "--snapshot-interval" && *f != "0s");
