@@ -16,6 +16,9 @@ pub(crate) type ByName<V> = HashMap<Box<str>, V, ahash::RandomState>;
 pub(crate) struct Named<V: Send + Sync + 'static> {
     map: Published<ByName<V>>,
     writer: Mutex<()>,
+    /// Maps published: what the tests hold the copies to.
+    #[cfg(test)]
+    copies: std::sync::atomic::AtomicUsize,
 }
 
 impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
@@ -23,6 +26,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
         Named {
             map: Published::new(Box::default()),
             writer: Mutex::new(()),
+            #[cfg(test)]
+            copies: Default::default(),
         }
     }
 
@@ -47,6 +52,10 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
         rewrite(current, &mut next);
         if let Some(next) = next {
             self.map.replace(Box::new(next), epoch, pin);
+            // Relaxed: a count the tests read after the writes.
+            #[cfg(test)]
+            self.copies
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -126,6 +135,8 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     /// What a change published: the map readers get after it.
@@ -140,11 +151,13 @@ mod tests {
         items
     }
 
-    /// The address of the map readers get: a new one for each copy (a
-    /// test's pin keeps each map it replaces, so no copy takes an old
-    /// one's address).
-    fn published(named: &Named<u32>, epoch: &Epoch) -> *const ByName<u32> {
-        named.get(&epoch.pin())
+    fn copies(named: &Named<u32>) -> usize {
+        // Relaxed: read after the writes, on their thread or after a join.
+        named.copies.load(Ordering::Relaxed)
+    }
+
+    fn items(pairs: &[(&str, u32)]) -> Vec<(String, u32)> {
+        pairs.iter().map(|&(k, v)| (k.to_string(), v)).collect()
     }
 
     #[test]
@@ -152,12 +165,11 @@ mod tests {
         let (named, epoch) = (Named::<u32>::new(), Epoch::default());
         let pin = epoch.pin();
         assert!(named.set("a", Some(1), &epoch, &pin));
-        let first = published(&named, &epoch);
         assert!(!named.set("a", Some(1), &epoch, &pin));
         assert!(!named.set("b", None, &epoch, &pin));
-        assert_eq!(published(&named, &epoch), first);
+        assert_eq!(copies(&named), 1);
         assert!(named.set("a", None, &epoch, &pin));
-        assert_eq!(map(&named, &epoch), []);
+        assert_eq!((map(&named, &epoch), copies(&named)), (vec![], 2));
     }
 
     #[test]
@@ -165,17 +177,16 @@ mod tests {
         let (named, epoch) = (Named::<u32>::new(), Epoch::default());
         let pin = epoch.pin();
         named.set("a", Some(10), &epoch, &pin);
-        let before = published(&named, &epoch);
         named.update([("a", 1), ("b", 2), ("a", 3)], |v, d| *v += d, &epoch, &pin);
-        assert_eq!(map(&named, &epoch), [("a".into(), 14), ("b".into(), 2)]);
-        assert_ne!(published(&named, &epoch), before);
-        // Nothing changes: the map stays the one published.
-        let after = published(&named, &epoch);
+        assert_eq!(map(&named, &epoch), items(&[("a", 14), ("b", 2)]));
+        assert_eq!(copies(&named), 2);
+        // Nothing changes: nothing is copied.
         named.update([("a", 0), ("b", 0)], |v, d| *v += d, &epoch, &pin);
         named.update_one("a", |v| *v = 14, &epoch, &pin);
-        assert_eq!(published(&named, &epoch), after);
+        assert_eq!(copies(&named), 2);
         named.update_one("c", |v| *v = 5, &epoch, &pin);
-        assert_eq!(map(&named, &epoch).len(), 3);
+        let all = items(&[("a", 14), ("b", 2), ("c", 5)]);
+        assert_eq!((map(&named, &epoch), copies(&named)), (all, 3));
     }
 
     #[test]
@@ -183,10 +194,37 @@ mod tests {
         let (named, epoch) = (Named::<u32>::new(), Epoch::default());
         let pin = epoch.pin();
         named.update([("a", 1), ("b", 2), ("c", 3)], |v, x| *v = x, &epoch, &pin);
-        let before = published(&named, &epoch);
         named.forget(&["x", "y"], &epoch, &pin);
-        assert_eq!(published(&named, &epoch), before);
+        assert_eq!(copies(&named), 1);
         named.forget(&["a", "c", "x"], &epoch, &pin);
-        assert_eq!(map(&named, &epoch), [("b".into(), 2)]);
+        assert_eq!(
+            (map(&named, &epoch), copies(&named)),
+            (items(&[("b", 2)]), 2)
+        );
+    }
+
+    /// Writers on other threads, each changing pods of its own: every
+    /// change is in the map at the end (a copy made outside the writer
+    /// lock would lose some).
+    #[test]
+    fn concurrent_writers_lose_no_change() {
+        let (named, epoch) = (Named::<u32>::new(), Epoch::default());
+        std::thread::scope(|s| {
+            for t in 0..4u32 {
+                let (named, epoch) = (&named, &epoch);
+                s.spawn(move || {
+                    for i in 0..200u32 {
+                        let (pod, pin) = (format!("{t}-{i}"), epoch.pin());
+                        match i % 2 {
+                            0 => named.update_one(&pod, |v| *v = i, epoch, &pin),
+                            _ => assert!(named.set(&pod, Some(i), epoch, &pin)),
+                        }
+                    }
+                });
+            }
+        });
+        let got = map(&named, &epoch);
+        assert_eq!(got.len(), 800);
+        assert!(got.iter().all(|(pod, v)| pod.ends_with(&format!("-{v}"))));
     }
 }

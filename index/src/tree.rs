@@ -397,9 +397,11 @@ impl Tree {
 /// of a pod fed by gateways alone. For an engine-fed pod it may not be (a
 /// gap its engine evicted, KV-cache groups, engine blocks larger than
 /// ours), and only the layer knows why: given the path walked (each node
-/// with the depth its edge ends at) and those pods' matches (`found`),
-/// `finish` cuts each to what the pod really holds. The tree then restores
-/// the answer's order and drops the matches cut to nothing.
+/// with the depth its edge ends at) and the lookup's matches (`found`, all
+/// of them; it is called only when one is such a pod's), `finish` cuts each
+/// engine-fed pod's to what the pod holds and leaves the others as they
+/// are. The tree then restores the answer's order and drops the matches
+/// cut to nothing.
 pub(crate) trait Finish {
     fn finish(&self, sh: &Shared, path: &Walked<'_>, now: u64, found: &mut [Match], pin: &Pin);
 }

@@ -175,7 +175,7 @@ async fn a_server_follows_thousands_of_engines_from_few_threads() {
         (standing.followed, standing.connected, standing.failing),
         (n, n, 0)
     );
-    drop(answering);
+    answering.join().unwrap();
     // Relaxed: the replies' thread has been joined.
     assert!(answered.load(Ordering::Relaxed) >= replayers);
     server.shutdown().await;

@@ -135,8 +135,14 @@ impl Replies {
                     .iter()
                     .map(|r| r.as_poll_item(zmq::POLLIN))
                     .collect();
-                if !matches!(zmq::poll(&mut items, POLL_MS), Ok(n) if n > 0) {
-                    continue;
+                match zmq::poll(&mut items, POLL_MS) {
+                    Ok(0) => continue,
+                    Ok(_) => {}
+                    // Not a reason to spin: wait as a quiet poll would.
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(POLL_MS as u64));
+                        continue;
+                    }
                 }
                 let ready: Vec<usize> = (0..items.len())
                     .filter(|&i| items[i].is_readable())
@@ -155,13 +161,23 @@ impl Replies {
     }
 }
 
-impl Drop for Replies {
-    fn drop(&mut self) {
+impl Replies {
+    /// Stops the thread and waits for it: `Err` with its panic if `answer`
+    /// panicked (dropping them stops it too, and drops a panic).
+    pub fn join(mut self) -> std::thread::Result<()> {
+        self.halt()
+    }
+
+    fn halt(&mut self) -> std::thread::Result<()> {
         // Relaxed: a stop flag; the join orders the rest.
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.thread.take().map_or(Ok(()), JoinHandle::join)
+    }
+}
+
+impl Drop for Replies {
+    fn drop(&mut self) {
+        let _ = self.halt();
     }
 }
 

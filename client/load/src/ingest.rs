@@ -11,7 +11,8 @@
 //! time, so every round stores as much as the first. Every batch is encoded
 //! before the clock starts ([`plan`](mod@plan): vLLM's msgpack, its required fields).
 //!
-//! **Path.** Each engine publishes on a PUB socket of its own under a
+//! **Path.** Each engine publishes on a socket of its own (an XPUB: a PUB
+//! that also reports its subscriptions) under a
 //! topic of its own, from a thread of its own up to 8 engines, and from a
 //! thread per group of engines in a larger fleet ([`publish`]); the server
 //! (in this process, or a `--server` told to subscribe) follows each

@@ -13,8 +13,8 @@ use counting_alloc::Counting;
 
 use prefix_proto::{
     decode_budget, decode_header, decode_request, decode_response, encode_request, encode_response,
-    split_frame, EngineState, EngineStatus, FrameReader, Incoming, Kind, Limits, Op, OpKind,
-    PodBlocks, PodDetail, PodView, Reply, Request, Response, Subscription, WireError, HEADER_LEN,
+    split_frame, EngineState, EngineStatus, FrameReader, Incoming, Kind, Limits, Op, PodBlocks,
+    PodDetail, PodView, Reply, Request, Response, Subscription, WireError, HEADER_LEN,
 };
 use prefix_testkit::fuzz::{self, cases, mutate, Mutation};
 use prefix_testkit::ops;
@@ -60,42 +60,12 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let key = prop::collection::vec(any::<u64>(), 0..40);
-    prop_oneof![
-        ops::lookup(OpKind::Lookup, name, 0..40),
-        (name(), key, name()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
-        name().prop_map(|pod| Op::RemovePod { pod }),
-        (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
-        Just(Op::Stats),
-        Just(Op::Ping),
-        engine_sub().prop_map(Op::Subscribe),
-        name().prop_map(|pod| Op::Unsubscribe { pod }),
-        Just(Op::ListEngines),
-        (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
-        ops::lookup(OpKind::LookupDetail, name, 0..40),
-        ops::lookup(OpKind::LookupTiers, name, 0..40),
-    ]
+    ops::op(name, 0..40, engine_sub())
 }
 
+/// A subscription the decoder takes: its endpoints `tcp://`.
 fn engine_sub() -> impl Strategy<Value = Subscription> {
-    (
-        (name(), name(), "tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
-        prop::option::of("tcp://[a-z0-9.]{1,12}:[0-9]{1,5}"),
-        any::<u32>(),
-        "[a-z@-]{0,12}",
-        prop::collection::vec("[A-Z]{1,4}", 0..3),
-    )
-        .prop_map(
-            |((pod, model, endpoint), replay, block_size, topic, media)| Subscription {
-                pod,
-                model,
-                endpoint,
-                replay,
-                block_size,
-                topic,
-                media,
-            },
-        )
+    ops::subscription(name, || "tcp://[a-z0-9.]{1,12}:[0-9]{1,5}")
 }
 
 fn engine_state() -> impl Strategy<Value = EngineState> {
@@ -130,7 +100,12 @@ fn engine_state() -> impl Strategy<Value = EngineState> {
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         op().prop_map(Request::One),
-        prop::collection::vec(op(), 0..12).prop_map(Request::Batch),
+        // A digest is asked alone (`WireError::DigestsInBatch`).
+        prop::collection::vec(
+            op().prop_filter("a digest", |op| !matches!(op, Op::Digest(_))),
+            0..12
+        )
+        .prop_map(Request::Batch),
     ]
 }
 

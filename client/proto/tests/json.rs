@@ -9,7 +9,7 @@ use std::alloc::System;
 
 use counting_alloc::Counting;
 use prefix_proto::json::{parse_batch, JsonOp, KeyOptions};
-use prefix_proto::{DigestAsk, DigestLevel, Op, OpKind, Receipt, Reply, Subscription};
+use prefix_proto::{Op, OpKind, Reply};
 use prefix_testkit::fuzz::cases;
 use prefix_testkit::ops;
 use proptest::prelude::*;
@@ -23,81 +23,7 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let key = prop::collection::vec(any::<u64>(), 0..20);
-    prop_oneof![
-        ops::lookup(OpKind::Lookup, name, 0..20),
-        (name(), key, name()).prop_map(|(model, key, pod)| Op::Insert { model, key, pod }),
-        name().prop_map(|pod| Op::RemovePod { pod }),
-        (name(), any::<u64>()).prop_map(|(pod, blocks)| Op::SetPodCapacity { pod, blocks }),
-        Just(Op::Stats),
-        Just(Op::Ping),
-        (
-            name(),
-            name(),
-            name(),
-            prop::option::of(name()),
-            any::<u32>(),
-            name(),
-            prop::collection::vec(name(), 0..3)
-        )
-            .prop_map(|(pod, model, endpoint, replay, block_size, topic, media)| {
-                Op::Subscribe(Subscription {
-                    pod,
-                    model,
-                    endpoint,
-                    replay,
-                    block_size,
-                    topic,
-                    media,
-                })
-            }),
-        name().prop_map(|pod| Op::Unsubscribe { pod }),
-        Just(Op::ListEngines),
-        (any::<u32>(), any::<u64>()).prop_map(|(count, seed)| Op::SampleKeys { count, seed }),
-        ops::lookup(OpKind::LookupDetail, name, 0..40),
-        ops::lookup(OpKind::LookupTiers, name, 0..40),
-        (prop::option::of(any::<u64>()), any::<u32>())
-            .prop_map(|(from, max)| Op::Tail { from, max }),
-        (
-            prop::sample::select(vec![
-                DigestLevel::Models,
-                DigestLevel::Cells,
-                DigestLevel::Items,
-                DigestLevel::Entries
-            ]),
-            name(),
-            any::<u64>(),
-            any::<u64>(),
-            prop::collection::vec(any::<u64>(), 0..8)
-        )
-            .prop_map(|(level, model, low, high, of)| Op::Digest(DigestAsk {
-                level,
-                model,
-                low,
-                high,
-                of
-            })),
-        (
-            name(),
-            name(),
-            prop::collection::vec(any::<u64>(), 0..20),
-            prop::option::of(any::<u32>()),
-            any::<u32>(),
-            any::<u32>()
-        )
-            .prop_map(
-                |(model, pod, key, prompt_tokens, predicted_blocks, cached_tokens)| {
-                    Op::Receipt(Receipt {
-                        model,
-                        pod,
-                        key,
-                        prompt_tokens,
-                        predicted_blocks,
-                        cached_tokens,
-                    })
-                }
-            ),
-    ]
+    ops::op(name, 0..20, ops::subscription(name, name))
 }
 
 /// `op` as a gateway writes it, keys as hashes.

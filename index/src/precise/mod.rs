@@ -43,11 +43,16 @@
 //! - `chain`: the chain cache and the run of removals; `pages`: engine
 //!   pages smaller than our blocks; `alias`: blocks' names in other
 //!   indexers' hashes;
-//! - `spec`: block sizes and their ratio; `registry`: the engine-fed pods;
-//!   `budget`: the records' count against `max_engine_blocks`;
-//! - `lanes`: a hybrid model's KV-cache groups (`crate::precise::groups`), each
-//!   holding its own copies of the shared records, placed in the tree one
-//!   block at a time.
+//! - `spec`: block sizes and their ratio; `registry`: the engine-fed pods,
+//!   with what lookups read of them beside the tree: `groups` (each hybrid
+//!   pod's group table and the groups' hit rules) and `states` (each pod's
+//!   view and lower tiers); `budget`: the records' count against
+//!   `max_engine_blocks`;
+//! - `lanes`: a hybrid model's KV-cache groups (`groups`), each holding its
+//!   own copies of the shared records, placed in the tree one block at a
+//!   time;
+//! - `finish`: a lookup's pass over the engine-fed pods' matches that the
+//!   tree leaves to this layer (`crate::tree::Finish`).
 
 use indexmap::IndexMap;
 

@@ -52,7 +52,7 @@ pub fn layout(n: usize) -> usize {
 /// One engine's endpoints and topic.
 #[derive(Debug, Clone)]
 pub struct Ends {
-    /// Its PUB endpoint, `tcp://127.0.0.1:port`.
+    /// Its live (XPUB) endpoint, `tcp://127.0.0.1:port`.
     pub endpoint: String,
     /// Its replay endpoint.
     pub replay: String,
@@ -69,7 +69,7 @@ pub struct Group {
     publishers: Option<Vec<zmq::Socket>>,
     topics: Arc<Vec<String>>,
     batches: Arc<Vec<Arc<Vec<Vec<u8>>>>>,
-    /// Batches handed to each PUB socket so far.
+    /// Batches handed to each live socket so far.
     published: Arc<Vec<AtomicUsize>>,
     /// Replay requests each engine has answered so far.
     answered: Arc<Vec<AtomicUsize>>,
