@@ -129,7 +129,7 @@ impl Replies {
         let stop = Arc::new(AtomicBool::new(false));
         let halt = stop.clone();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
-            // Relaxed: a stop flag; the join in `drop` orders the rest.
+            // Relaxed: a stop flag; the join in `halt` orders the rest.
             while !halt.load(Ordering::Relaxed) {
                 let mut items: Vec<_> = routers
                     .iter()
@@ -159,9 +159,7 @@ impl Replies {
             thread: Some(thread),
         })
     }
-}
 
-impl Replies {
     /// Stops the thread and waits for it: `Err` with its panic if `answer`
     /// panicked (dropping them stops it too, and drops a panic).
     pub fn join(mut self) -> std::thread::Result<()> {

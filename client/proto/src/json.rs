@@ -691,93 +691,79 @@ impl Fields {
     /// The op of kind `kind` from its fields: required ones missing are
     /// refused, others take their defaults.
     fn take(&mut self, kind: OpKind) -> Result<JsonOp, JsonError> {
-        let need = |v: Option<String>, name: &str| {
-            v.ok_or_else(|| JsonError::new(format!("{}: missing field `{name}`", kind.name())))
-        };
+        // Takes a required field: `{op}: missing field `{name}`` without it.
+        macro_rules! need {
+            ($name:ident) => {
+                take!(self.$name).ok_or_else(|| {
+                    let name = stringify!($name);
+                    JsonError::new(format!("{}: missing field `{name}`", kind.name()))
+                })?
+            };
+        }
+        // The three lookups take the same fields.
+        macro_rules! lookup {
+            ($variant:ident) => {
+                JsonOp::$variant {
+                    model: need!(model),
+                    key: self.key(),
+                    candidates: take!(self.candidates),
+                }
+            };
+        }
         Ok(match kind {
-            OpKind::Lookup => JsonOp::Lookup {
-                model: need(take!(self.model), "model")?,
-                key: self.key(),
-                candidates: take!(self.candidates),
-            },
+            OpKind::Lookup => lookup!(Lookup),
             OpKind::Insert => JsonOp::Insert {
-                model: need(take!(self.model), "model")?,
+                model: need!(model),
                 key: self.key(),
-                pod: need(take!(self.pod), "pod")?,
+                pod: need!(pod),
             },
-            OpKind::RemovePod => JsonOp::RemovePod {
-                pod: need(take!(self.pod), "pod")?,
-            },
+            OpKind::RemovePod => JsonOp::RemovePod { pod: need!(pod) },
             OpKind::SetPodCapacity => JsonOp::SetPodCapacity {
-                pod: need(take!(self.pod), "pod")?,
-                blocks: take!(self.blocks)
-                    .ok_or_else(|| JsonError::new("set_pod_capacity: missing field `blocks`"))?,
+                pod: need!(pod),
+                blocks: need!(blocks),
             },
             OpKind::Stats => JsonOp::Stats,
             OpKind::Ping => JsonOp::Ping,
             OpKind::Subscribe => JsonOp::Subscribe {
                 engine: Subscription {
-                    pod: need(take!(self.pod), "pod")?,
-                    model: need(take!(self.model), "model")?,
-                    endpoint: need(take!(self.endpoint), "endpoint")?,
+                    pod: need!(pod),
+                    model: need!(model),
+                    endpoint: need!(endpoint),
                     replay: take!(self.replay),
                     block_size: take!(self.block_size).unwrap_or(Subscription::DEFAULT_BLOCK_SIZE),
                     topic: take!(self.topic).unwrap_or_default(),
                     media: take!(self.media).unwrap_or_else(Subscription::default_media),
                 },
             },
-            OpKind::Unsubscribe => JsonOp::Unsubscribe {
-                pod: need(take!(self.pod), "pod")?,
-            },
+            OpKind::Unsubscribe => JsonOp::Unsubscribe { pod: need!(pod) },
             OpKind::ListEngines => JsonOp::ListEngines,
             OpKind::SampleKeys => JsonOp::SampleKeys {
-                count: take!(self.count)
-                    .ok_or_else(|| JsonError::new("sample_keys: missing field `count`"))?,
+                count: need!(count),
                 seed: take!(self.seed).unwrap_or_default(),
             },
-            OpKind::LookupDetail => JsonOp::LookupDetail {
-                model: need(take!(self.model), "model")?,
-                key: self.key(),
-                candidates: take!(self.candidates),
-            },
-            OpKind::LookupTiers => JsonOp::LookupTiers {
-                model: need(take!(self.model), "model")?,
-                key: self.key(),
-                candidates: take!(self.candidates),
-            },
+            OpKind::LookupDetail => lookup!(LookupDetail),
+            OpKind::LookupTiers => lookup!(LookupTiers),
             OpKind::Tail => JsonOp::Tail {
                 from: take!(self.from),
-                max: take!(self.max).ok_or_else(|| JsonError::new("tail: missing field `max`"))?,
+                max: need!(max),
             },
-            OpKind::Digest => {
-                let need = |v: Option<u64>, name: &str| {
-                    v.ok_or_else(|| JsonError::new(format!("digest: missing field `{name}`")))
-                };
-                JsonOp::Digest {
-                    ask: DigestAsk {
-                        level: take!(self.level)
-                            .ok_or_else(|| JsonError::new("digest: missing field `level`"))?,
-                        model: take!(self.model).unwrap_or_default(),
-                        low: need(take!(self.low), "low")?,
-                        high: need(take!(self.high), "high")?,
-                        of: take!(self.of).unwrap_or_default(),
-                    },
-                }
-            }
-            OpKind::Receipt => {
-                let need_text = need;
-                let need = |v: Option<u32>, name: &str| {
-                    v.ok_or_else(|| JsonError::new(format!("receipt: missing field `{name}`")))
-                };
-                JsonOp::Receipt {
-                    model: need_text(take!(self.model), "model")?,
-                    key: self.key(),
-                    pod: need_text(take!(self.pod), "pod")?,
-                    predicted_blocks: need(take!(self.predicted_blocks), "predicted_blocks")?,
-                    cached_tokens: need(take!(self.cached_tokens), "cached_tokens")?,
-                    prompt_tokens: take!(self.prompt_tokens),
-                }
-            }
+            OpKind::Digest => JsonOp::Digest {
+                ask: DigestAsk {
+                    level: need!(level),
+                    model: take!(self.model).unwrap_or_default(),
+                    low: need!(low),
+                    high: need!(high),
+                    of: take!(self.of).unwrap_or_default(),
+                },
+            },
+            OpKind::Receipt => JsonOp::Receipt {
+                model: need!(model),
+                key: self.key(),
+                pod: need!(pod),
+                predicted_blocks: need!(predicted_blocks),
+                cached_tokens: need!(cached_tokens),
+                prompt_tokens: take!(self.prompt_tokens),
+            },
         })
     }
 }

@@ -402,3 +402,81 @@ fn the_writer_writes_what_reply_json_gives() {
     w.abandon();
     assert_eq!(out, b"x");
 }
+
+/// What a JSON client meets, per operation, held to the copy in
+/// `tests/data/json_surface.txt`: its fields, an op as serde writes it, and
+/// the answer (the op read, or the error's text) to its whole object, to an
+/// empty one, to each field alone, and to a field of another op and one
+/// of none beside the rest.
+/// A restructure leaves the copy byte-for-byte the same; a change on
+/// purpose rewrites it with `PREFIX_SURFACE_WRITE=1 cargo test -p
+/// prefix-proto --lib json_surface` and says what changed in `CHANGELOG.md`.
+#[test]
+fn the_json_surface_is_as_kept() {
+    let answer = |r: Result<JsonOp, JsonError>| match r {
+        Ok(op) => format!("ok {}", serde_json::to_string(&op).unwrap()),
+        Err(e) => format!("error {e}"),
+    };
+    let mut text = String::new();
+    for kind in OpKind::ALL {
+        let op = full(kind);
+        let whole = serde_json::to_string(&op).unwrap();
+        let Value::Object(mut obj) = serde_json::to_value(&op).unwrap() else {
+            panic!("{kind:?} is not an object")
+        };
+        obj.remove("op");
+        text += &format!("{}: {}\n", kind.name(), fields(kind).join(", "));
+        text += &format!("  written: {whole}\n");
+        text += &format!("  whole: {}\n", answer(JsonOp::parse(whole.as_bytes())));
+        text += &format!("  empty: {}\n", answer(JsonOp::parse_as(kind, b"{}")));
+        for (field, value) in &obj {
+            let alone = json!({ field: value }).to_string();
+            let got = answer(JsonOp::parse_as(kind, alone.as_bytes()));
+            text += &format!("  {field} alone: {got}\n");
+        }
+        // A field of another op, then one of none.
+        let (other, value) = match fields(kind).contains(&"pod") {
+            true => ("count", json!(1)),
+            false => ("pod", json!("p")),
+        };
+        let mut with = obj.clone();
+        with.insert(other.into(), value);
+        let got = answer(JsonOp::parse_as(
+            kind,
+            Value::Object(with).to_string().as_bytes(),
+        ));
+        text += &format!("  with {other}: {got}\n");
+        obj.insert("zzz".into(), json!(1));
+        let unknown = Value::Object(obj).to_string();
+        let got = answer(JsonOp::parse_as(kind, unknown.as_bytes()));
+        text += &format!("  with zzz: {got}\n");
+    }
+    for body in [
+        r#"{"op":"x"}"#,
+        r#"{"zzz":1}"#,
+        "[]",
+        r#"{"op":"ping","op":"ping"}"#,
+    ] {
+        text += &format!("{body}: {}\n", answer(JsonOp::parse(body.as_bytes())));
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/json_surface.txt");
+    if std::env::var_os("PREFIX_SURFACE_WRITE").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+    }
+    let kept = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (write it with PREFIX_SURFACE_WRITE=1)",
+            path.display()
+        )
+    });
+    for (n, (k, t)) in kept.lines().zip(text.lines()).enumerate() {
+        assert_eq!(k, t, "{} line {}", path.display(), n + 1);
+    }
+    assert_eq!(
+        kept.lines().count(),
+        text.lines().count(),
+        "{}",
+        path.display()
+    );
+}
