@@ -108,9 +108,10 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
     where
         V: Default,
     {
-        let mut value = self.map.get(pin).get(pod).cloned().unwrap_or_default();
+        let current = self.map.get(pin).get(pod);
+        let mut value = current.cloned().unwrap_or_default();
         change(&mut value);
-        if self.map.get(pin).get(pod) != Some(&value) {
+        if current != Some(&value) {
             self.update([(pod, ())], |v, ()| change(v), epoch, pin);
         }
     }
@@ -118,9 +119,6 @@ impl<V: Clone + PartialEq + Send + Sync + 'static> Named<V> {
     /// Forgets `pods`, with one copy for all of them, none when the map
     /// holds none of them.
     pub(crate) fn forget(&self, pods: &[&str], epoch: &Epoch, pin: &Pin) {
-        if !pods.iter().any(|pod| self.map.get(pin).contains_key(*pod)) {
-            return;
-        }
         self.rewrite(epoch, pin, |current, next| {
             if pods.iter().any(|pod| current.contains_key(*pod)) {
                 let mut map = current.clone();
