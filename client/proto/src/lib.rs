@@ -57,8 +57,8 @@ pub use frame::{
 pub use limits::{Limits, ANSWER_ROOM, MAX_FRAME_CEILING};
 pub use message::{
     DigestAnswer, DigestAsk, DigestEntry, DigestLevel, EngineState, EngineStatus, Eviction, Judged,
-    ModelDigest, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Receipt, ReceiptCounts,
-    ReceiptError, ReceiptOutcome, Reply, Request, Response, SampledKey, Subscription,
-    SubscriptionError, Tier, TierReach, Tombstone, WireStats, MAX_SAMPLE, MAX_TAIL,
+    LookupArgs, ModelDigest, Op, OpKind, PodBlocks, PodDetail, PodTiers, PodView, Receipt,
+    ReceiptCounts, ReceiptError, ReceiptOutcome, Reply, Request, Response, SampledKey,
+    Subscription, SubscriptionError, Tier, TierReach, Tombstone, WireStats, MAX_SAMPLE, MAX_TAIL,
 };
 pub use pod_name::PodName;

@@ -280,7 +280,46 @@ impl OpKind {
     }
 }
 
+/// What the three lookups ([`Op::Lookup`], [`Op::LookupDetail`],
+/// [`Op::LookupTiers`]) are given, whichever of them it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LookupArgs<'a> {
+    /// Model namespace.
+    pub model: &'a str,
+    /// Block hashes.
+    pub key: &'a [u64],
+    /// Only these pods, if given.
+    pub candidates: Option<&'a [String]>,
+}
+
 impl Op {
+    /// A lookup's arguments, whichever of the three lookups it is; `None`
+    /// for every other operation.
+    pub fn as_lookup(&self) -> Option<LookupArgs<'_>> {
+        match self {
+            Op::Lookup {
+                model,
+                key,
+                candidates,
+            }
+            | Op::LookupDetail {
+                model,
+                key,
+                candidates,
+            }
+            | Op::LookupTiers {
+                model,
+                key,
+                candidates,
+            } => Some(LookupArgs {
+                model,
+                key,
+                candidates: candidates.as_deref(),
+            }),
+            _ => None,
+        }
+    }
+
     /// Which operation this is.
     pub fn kind(&self) -> OpKind {
         match self {
@@ -313,15 +352,9 @@ impl Op {
     /// length, not its blocks).
     pub fn weight(&self) -> usize {
         match self {
-            Op::Lookup {
-                key, candidates, ..
-            }
-            | Op::LookupDetail {
-                key, candidates, ..
-            }
-            | Op::LookupTiers {
-                key, candidates, ..
-            } => key.len() + candidates.as_ref().map_or(0, Vec::len),
+            Op::Lookup { .. } | Op::LookupDetail { .. } | Op::LookupTiers { .. } => self
+                .as_lookup()
+                .map_or(0, |l| l.key.len() + l.candidates.map_or(0, <[String]>::len)),
             Op::Insert { key, .. } => key.len(),
             Op::RemovePod { .. }
             | Op::SetPodCapacity { .. }

@@ -29,23 +29,10 @@ fn op() -> impl Strategy<Value = Op> {
 /// `op` as a gateway writes it, keys as hashes.
 fn to_json(op: &Op) -> Value {
     let mut v = match op {
-        Op::Lookup {
-            model,
-            key,
-            candidates,
-        }
-        | Op::LookupDetail {
-            model,
-            key,
-            candidates,
-        }
-        | Op::LookupTiers {
-            model,
-            key,
-            candidates,
-        } => {
-            let mut v = json!({"model": model, "hashes": key});
-            if let Some(c) = candidates {
+        Op::Lookup { .. } | Op::LookupDetail { .. } | Op::LookupTiers { .. } => {
+            let l = op.as_lookup().expect("a lookup");
+            let mut v = json!({"model": l.model, "hashes": l.key});
+            if let Some(c) = l.candidates {
                 v["candidates"] = json!(c);
             }
             v

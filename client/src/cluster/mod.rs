@@ -381,13 +381,10 @@ impl ReplicaSets {
     /// A lookup on one of the model's replicas: this gateway's preferred
     /// one, or the next when it is down or slow, within the call's deadline.
     async fn read(&self, op: Op) -> Result<Reply, ClientError> {
-        let (Op::Lookup { model, .. }
-        | Op::LookupDetail { model, .. }
-        | Op::LookupTiers { model, .. }) = &op
-        else {
+        let Some(lookup) = op.as_lookup() else {
             return Err(ClientError::Protocol(format!("{op:?} is not a lookup")));
         };
-        let order = self.read_order(model);
+        let order = self.read_order(lookup.model);
         let deadline = self.servers[order[0]].client.deadline();
         let started = Instant::now();
         let hedge = self.replication.hedge_after.unwrap_or(deadline / 2);
