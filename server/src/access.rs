@@ -196,20 +196,16 @@ settings! {
         /// A client identity that may only look up (and ask stats, ping):
         /// sha256:<hex> or cn:<common name>. Repeat the flag; in the
         /// environment separate them with ';'. Needs --client-ca.
-        #[arg(long = "reader", env = "PREFIX_INDEX_READERS", value_delimiter = ';')]
+        #[arg(long = "reader", value_delimiter = ';')]
         readers: Vec<String> = list => readers,
         /// A client identity that may also insert, remove pods and set
         /// capacities (same forms as --reader). With either list set, clients
         /// matching neither may do nothing.
-        #[arg(long = "writer", env = "PREFIX_INDEX_WRITERS", value_delimiter = ';')]
+        #[arg(long = "writer", value_delimiter = ';')]
         writers: Vec<String> = list => writers,
         /// A client identity that may look up and take this server's snapshot:
         /// the certificate the other replicas present (same forms as --reader).
-        #[arg(
-            long = "peer-identity",
-            env = "PREFIX_INDEX_PEER_IDENTITIES",
-            value_delimiter = ';'
-        )]
+        #[arg(long = "peer-identity", value_delimiter = ';')]
         peer_identities: Vec<String> = list => peers,
     }
 }

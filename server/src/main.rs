@@ -45,8 +45,9 @@ async fn serve() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    // The defaults in --help come from the server's own configuration.
-    let matches = Settings::with_defaults(Cli::command()).get_matches();
+    // The environment variables, and the defaults in --help from the
+    // server's own configuration.
+    let matches = Settings::augment(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let file = match &cli.config {
         Some(path) => Settings::from_file(path)?,

@@ -18,15 +18,16 @@ use super::value::{invalid, ConfigError};
 
 /// Declares a subsystem's settings. First the settings struct (its doc
 /// comment, its name and its place in `ServerConfig`), then one entry per
-/// setting: its `--help` text (the doc comment), its flag and environment
-/// variable (`#[arg]`), its written form and kind, its field in the
+/// setting: its `--help` text (the doc comment), its flag (`#[arg]`; the
+/// environment variable follows from the name, see `Settings::augment`),
+/// its written form and kind, its field in the
 /// subsystem's configuration with, where this table makes that struct,
 /// the field's type and default (the reason for it in a comment above),
 /// and the [`Rule`] its value keeps:
 ///
 /// ```text
 /// /// Heavy requests one connection may have running at once.
-/// #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
+/// #[arg(long)]
 /// // Enough to keep both blocking-pool cores busy from one client.
 /// max_in_flight: usize = plain => max_in_flight: usize = 16, check 1..=65_536,
 /// ```

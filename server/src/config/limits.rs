@@ -9,7 +9,7 @@ settings! {
     /// What a user may set of the request limits (see [`super::Settings`]).
     pub struct LimitSettings => limits {
         /// Largest request payload in bytes (at most 16 MiB).
-        #[arg(long, env = "PREFIX_INDEX_MAX_FRAME_BYTES")]
+        #[arg(long)]
         // The protocol's default, which clients assume until told
         // otherwise: 1 MiB, a lookup of a `max_key_blocks` key, or a batch
         // of 64 lookups of 2,048-block keys.
@@ -17,27 +17,27 @@ settings! {
             check 64..=MAX_FRAME_CEILING,
         /// Largest HTTP/JSON request body in bytes; larger ones are refused
         /// (413) before they are parsed.
-        #[arg(long, env = "PREFIX_INDEX_HTTP_MAX_BODY_BYTES")]
+        #[arg(long)]
         // 8 MiB: a lookup of the longest key, 65,536 blocks, as 1,048,576
         // token ids of up to six digits is under 7.4 MB of JSON.
         http_max_body_bytes: usize = plain => http_max_body_bytes: usize = 8 << 20,
             check 1024..=64 << 20,
         /// Most ops in one batch.
-        #[arg(long, env = "PREFIX_INDEX_MAX_BATCH")]
+        #[arg(long)]
         // The protocol's default (1,024), as for the frame.
         max_batch: usize = plain => max_batch: usize = Limits::default().max_batch, check 1..,
         /// Most candidate pods in one lookup.
-        #[arg(long, env = "PREFIX_INDEX_MAX_CANDIDATES")]
+        #[arg(long)]
         // The protocol's default (1,024), as for the frame.
         max_candidates: usize = plain => max_candidates: usize = Limits::default().max_candidates,
         /// Frames whose keys total more blocks than this run on the blocking pool,
         /// so they do not hold up other connections.
-        #[arg(long, env = "PREFIX_INDEX_INLINE_BLOCKS")]
+        #[arg(long)]
         // 16,384: a few hundred microseconds of lookups.
         inline_blocks: usize = plain => inline_blocks: usize = 16_384,
         /// Heavy requests (see --inline-blocks) one connection may have running
         /// at once; past it, its streams stop reading until one finishes.
-        #[arg(long, env = "PREFIX_INDEX_MAX_IN_FLIGHT")]
+        #[arg(long)]
         // 16: enough to keep both blocking-pool cores busy from one client,
         // not enough for one client to queue thousands of milliseconds-long
         // tasks.

@@ -33,88 +33,93 @@ pub use limits::{LimitSettings, LimitsConfig};
 pub use transport::{CertSource, TransportConfig, TransportSettings};
 pub use value::{ConfigError, HumanDuration};
 
-/// What a user may set. Flags override the environment, which overrides the
-/// TOML file (`--config`), which overrides the defaults of [`ServerConfig`].
-///
-/// Each field is one setting: its name is the TOML key (in kebab-case) and,
-/// upper-cased behind `PREFIX_INDEX_`, the environment variable; the flag is
-/// the same name (singular for the repeatable `--reader`, `--writer`,
-/// `--peer` and `--engine`); its doc comment is the `--help` text, which
-/// shows its default through [`Settings::with_defaults`].
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct Settings {
-    /// Directory for the generated certificate and the index snapshot.
-    #[arg(long, env = "PREFIX_INDEX_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// The listeners, TLS, connections and shutdown.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub transport: TransportSettings,
-    /// The limits of one request.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub limits: LimitSettings,
-    /// The index's bounds and policies.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub index: IndexSettings,
-    /// The sweep and snapshots.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub upkeep: UpkeepSettings,
-    /// Roles of client certificates.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub roles: RoleSettings,
-    /// The other replicas.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub replicas: ReplicaSettings,
-    /// Precise mode.
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub engines: EngineSettings,
+/// Declares [`Settings`] and [`ServerConfig`] from one list of the
+/// subsystems (each one's field, settings struct and configuration struct,
+/// with one doc comment for both fields), and what goes through all of
+/// them: resolving, describing and checking.
+macro_rules! subsystems {
+    ($($(#[doc = $doc:literal])* $name:ident: $settings:ident => $config:ident,)*) => {
+        /// What a user may set. Flags override the environment, which
+        /// overrides the TOML file (`--config`), which overrides the
+        /// defaults of [`ServerConfig`].
+        ///
+        /// Each field is one setting: its name is the TOML key (in
+        /// kebab-case) and, upper-cased behind `PREFIX_INDEX_`, the
+        /// environment variable; the flag is the same name (singular for the
+        /// repeatable `--reader`, `--writer`, `--peer` and `--engine`); its
+        /// doc comment is the `--help` text. [`Settings::augment`] gives
+        /// each flag its variable and shows its default.
+        #[derive(Debug, Clone, Default, PartialEq, clap::Args, Deserialize, Serialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub struct Settings {
+            /// Directory for the generated certificate and the index snapshot.
+            #[arg(long)]
+            pub data_dir: Option<PathBuf>,
+            $(
+                $(#[doc = $doc])*
+                #[command(flatten)]
+                #[serde(flatten)]
+                pub $name: $settings,
+            )*
+        }
+
+        /// The resolved configuration of a server.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct ServerConfig {
+            /// Data directory: the generated certificate, the snapshot, the
+            /// QUIC endpoint's key. Default `./prefix-index-data`.
+            pub data_dir: PathBuf,
+            $($(#[doc = $doc])* pub $name: $config,)*
+        }
+
+        impl Default for ServerConfig {
+            fn default() -> Self {
+                ServerConfig {
+                    data_dir: PathBuf::from("prefix-index-data"),
+                    $($name: $config::default(),)*
+                }
+            }
+        }
+
+        impl Settings {
+            /// Puts each setting that is set in its place in `cfg`.
+            fn put(self, cfg: &mut ServerConfig) -> Result<(), ConfigError> {
+                if let Some(dir) = self.data_dir {
+                    cfg.data_dir = dir;
+                }
+                $(self.$name.put(cfg)?;)*
+                Ok(())
+            }
+        }
+
+        impl ServerConfig {
+            /// Checks each value by its setting's rule.
+            fn check_each(&self) -> Result<(), ConfigError> {
+                $($settings::check(self)?;)*
+                Ok(())
+            }
+        }
+    };
 }
 
-/// The resolved configuration of a server.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ServerConfig {
-    /// Data directory: the generated certificate, the snapshot, the QUIC
-    /// endpoint's key. Default `./prefix-index-data`.
-    pub data_dir: PathBuf,
+subsystems! {
     /// The listeners, TLS, connections and shutdown.
-    pub transport: TransportConfig,
+    transport: TransportSettings => TransportConfig,
     /// The limits of one request.
-    pub limits: LimitsConfig,
+    limits: LimitSettings => LimitsConfig,
     /// The index's own bounds and policies (see [`IndexConfig`]).
-    pub index: IndexConfig,
+    index: IndexSettings => IndexConfig,
     /// The sweep and snapshots.
-    pub upkeep: Upkeep,
+    upkeep: UpkeepSettings => Upkeep,
     /// Roles of client identities (see [`crate::Access`]). Default: none,
     /// every connected client may write.
-    pub roles: Roles,
+    roles: RoleSettings => Roles,
     /// The other replicas, and how a cold start fills itself from them (see
     /// `bootstrap.rs`). Default: no peers.
-    pub replicas: ReplicaConfig,
+    replicas: ReplicaSettings => ReplicaConfig,
     /// Precise mode: engine subscriptions and their limits (see
     /// `engines/`). Default: no engines.
-    pub engines: EngineConfig,
-}
-
-impl Default for ServerConfig {
-    fn default() -> Self {
-        ServerConfig {
-            data_dir: PathBuf::from("prefix-index-data"),
-            transport: TransportConfig::default(),
-            limits: LimitsConfig::default(),
-            index: IndexConfig::default(),
-            upkeep: Upkeep::default(),
-            roles: Roles::default(),
-            replicas: ReplicaConfig::default(),
-            engines: EngineConfig::default(),
-        }
-    }
+    engines: EngineSettings => EngineConfig,
 }
 
 impl Settings {
@@ -209,17 +214,20 @@ impl Settings {
             .collect()
     }
 
-    /// `cmd` (which flattens [`Settings`]) with each setting's default from
-    /// [`ServerConfig::default`] shown in its help, as `[default: ...]`. The
-    /// defaults are not clap's: a flag's absence must leave room for the
-    /// environment and the file.
-    pub fn with_defaults(mut cmd: clap::Command) -> clap::Command {
+    /// `cmd` (which flattens [`Settings`]) with what each setting's
+    /// declaration leaves to one rule: its environment variable, its name
+    /// upper-cased behind `PREFIX_INDEX_` (clap reads it when `cmd`
+    /// parses), and its default from [`ServerConfig::default`] shown in
+    /// its help, as `[default: ...]`. The defaults are not clap's: a flag's
+    /// absence must leave room for the environment and the file.
+    pub fn augment(mut cmd: clap::Command) -> clap::Command {
         for (name, value) in Settings::describe(&ServerConfig::default()) {
-            if value == "none" {
-                continue;
-            }
-            let id = name.replace('-', "_");
-            cmd = cmd.mut_arg(id, |arg| {
+            let env = format!("PREFIX_INDEX_{}", name.to_uppercase().replace('-', "_"));
+            cmd = cmd.mut_arg(name.replace('-', "_"), |arg| {
+                let arg = arg.env(env);
+                if value == "none" {
+                    return arg;
+                }
                 let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
                 arg.help(format!("{help} [default: {value}]"))
             });
@@ -230,16 +238,7 @@ impl Settings {
     /// The configuration these settings describe, defaults filled in.
     pub fn resolve(self) -> Result<ServerConfig, ConfigError> {
         let mut cfg = ServerConfig::default();
-        if let Some(dir) = self.data_dir {
-            cfg.data_dir = dir;
-        }
-        self.transport.put(&mut cfg)?;
-        self.limits.put(&mut cfg)?;
-        self.index.put(&mut cfg)?;
-        self.upkeep.put(&mut cfg)?;
-        self.roles.put(&mut cfg)?;
-        self.replicas.put(&mut cfg)?;
-        self.engines.put(&mut cfg)?;
+        self.put(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -277,13 +276,7 @@ impl ServerConfig {
 
     /// Checks every value: each setting's rule, then what spans two.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        TransportSettings::check(self)?;
-        LimitSettings::check(self)?;
-        IndexSettings::check(self)?;
-        UpkeepSettings::check(self)?;
-        RoleSettings::check(self)?;
-        ReplicaSettings::check(self)?;
-        EngineSettings::check(self)?;
+        self.check_each()?;
         self.transport.validate()?;
         self.replicas.validate()?;
         self.engines.validate(self.index.max_block_ratio)?;

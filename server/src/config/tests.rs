@@ -327,7 +327,7 @@ fn settings_merge_setting_by_setting_through_toml() {
 #[test]
 fn flags_environment_and_keys_share_one_name() {
     use clap::Args as _;
-    let cmd = Settings::augment_args(clap::Command::new("t"));
+    let cmd = Settings::augment(Settings::augment_args(clap::Command::new("t")));
     for arg in cmd.get_arguments() {
         let key = arg.get_id().as_str().replace('_', "-");
         let env = arg.get_env().and_then(|e| e.to_str()).unwrap_or_default();
@@ -347,7 +347,7 @@ fn flags_environment_and_keys_share_one_name() {
 
 #[test]
 fn help_shows_the_real_defaults() {
-    let cmd = Settings::with_defaults(<Settings as clap::Args>::augment_args(clap::Command::new(
+    let cmd = Settings::augment(<Settings as clap::Args>::augment_args(clap::Command::new(
         "t",
     )));
     let help = |id: &str| {
@@ -381,7 +381,7 @@ fn the_operations_doc_matches_the_settings() {
             .collect()
     };
     use clap::Args as _;
-    let cmd = Settings::augment_args(clap::Command::new("t"));
+    let cmd = Settings::augment(Settings::augment_args(clap::Command::new("t")));
     let flag_of = |key: &str| {
         let id = key.replace('-', "_");
         let arg = cmd
@@ -527,7 +527,7 @@ fn layer(of: &str) -> Vec<(String, String)> {
 #[test]
 fn flags_override_environment_override_file_override_defaults() {
     use clap::{Args as _, FromArgMatches as _};
-    let cmd = Settings::augment_args(clap::Command::new("t"));
+    let cmd = Settings::augment(Settings::augment_args(clap::Command::new("t")));
     let arg = |key: &str| {
         let id = key.replace('-', "_");
         cmd.get_arguments()

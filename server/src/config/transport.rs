@@ -18,17 +18,17 @@ settings! {
     /// What a user may set of the transport (see [`super::Settings`]).
     pub struct TransportSettings => transport {
         /// QUIC (UDP) address to serve on.
-        #[arg(long, env = "PREFIX_INDEX_LISTEN")]
+        #[arg(long)]
         // Loopback until an operator decides to expose it.
         listen: SocketAddr = plain
             => listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 7070)),
         /// HTTP address for /metrics, /healthz and /readyz; "off" disables it.
-        #[arg(long, env = "PREFIX_INDEX_METRICS_LISTEN")]
+        #[arg(long)]
         metrics_listen: String = address_or_off
             => metrics_listen: Option<SocketAddr> = Some(SocketAddr::from(([127, 0, 0, 1], 7071))),
         /// TCP address of the HTTP/JSON API (HTTP/1.1 and HTTP/2 over TLS, the
         /// same certificates and roles as QUIC; docs/http.md); "off" disables it.
-        #[arg(long, env = "PREFIX_INDEX_HTTP_LISTEN")]
+        #[arg(long)]
         // Off: QUIC is the fast path, the HTTP API the convenient one,
         // opened when asked for.
         http_listen: String = address_or_off => http_listen: Option<SocketAddr> = None,
@@ -37,39 +37,34 @@ settings! {
         /// encrypts and authenticates on its own (a service mesh with mutual
         /// TLS). Every client that reaches the port may then read and write;
         /// refused with --client-ca. See docs/operations.md, "Security model".
-        #[arg(
-            long,
-            env = "PREFIX_INDEX_HTTP_PLAINTEXT",
-            num_args = 0..=1,
-            default_missing_value = "true"
-        )]
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
         // No: TLS with the QUIC listener's certificate; plain HTTP gives up
         // encryption and client identities, which only a mesh around the
         // server can stand for.
         http_plaintext: bool = plain => http_plaintext: bool = false,
         /// PEM certificate chain to serve; with --key. Without both, a
         /// self-signed certificate is made and written to <data-dir>/cert.pem.
-        #[arg(long, env = "PREFIX_INDEX_CERT", requires = "key")]
+        #[arg(long, requires = "key")]
         cert: PathBuf = cert_file => tls: CertSource = CertSource::SelfSigned,
         /// PEM private key of --cert.
-        #[arg(long, env = "PREFIX_INDEX_KEY", requires = "cert")]
+        #[arg(long, requires = "cert")]
         key: PathBuf = key_file => tls,
         /// PEM CA certificates: when set, only clients presenting a certificate
         /// signed by one of them may connect (mutual TLS).
-        #[arg(long, env = "PREFIX_INDEX_CLIENT_CA")]
+        #[arg(long)]
         // None: any client may connect.
         client_ca: PathBuf = optional => client_ca: Option<PathBuf> = None,
         /// Concurrent client connections; more are refused.
-        #[arg(long, env = "PREFIX_INDEX_MAX_CONNECTIONS")]
+        #[arg(long)]
         // 4,096: a large gateway fleet, each replica holding one
         // connection, with room for tools.
         max_connections: usize = plain => max_connections: usize = 4096, check STREAMS,
         /// Concurrent streams per connection.
-        #[arg(long, env = "PREFIX_INDEX_MAX_STREAMS")]
+        #[arg(long)]
         // 64: clients use a handful of long-lived streams (4 by default).
         max_streams: u32 = plain => max_streams: u32 = 64, check STREAMS,
         /// Close connections silent for this long.
-        #[arg(long, env = "PREFIX_INDEX_IDLE_TIMEOUT")]
+        #[arg(long)]
         // 30 s; clients that are merely quiet keep the connection alive with
         // QUIC pings.
         idle_timeout: HumanDuration = duration
@@ -78,7 +73,7 @@ settings! {
         /// request's body after its headers, a QUIC frame after its first byte,
         /// and a TLS handshake on the HTTP listener. Past it the request is
         /// refused and its connection (HTTP) or stream (QUIC) closed.
-        #[arg(long, env = "PREFIX_INDEX_READ_TIMEOUT")]
+        #[arg(long)]
         // 10 s: a whole frame or body of the largest size allowed crosses a
         // slow datacenter link in a fraction of that, and a client that
         // stalls mid-request holds its connection (and the buffered part) no
@@ -88,7 +83,7 @@ settings! {
             check Duration::from_millis(100)..,
         /// How long an answer may wait for the client to take it: past it a
         /// QUIC stream is reset, an HTTP connection closed.
-        #[arg(long, env = "PREFIX_INDEX_WRITE_TIMEOUT")]
+        #[arg(long)]
         // 10 s: the largest answer (16 MiB) crosses a slow link in a fraction
         // of it, and a client that stops reading holds its answer's memory no
         // longer.
@@ -98,7 +93,7 @@ settings! {
         /// Bytes a connection may send ahead of what the server has read (its
         /// QUIC receive window): the memory one connection can make the server
         /// buffer.
-        #[arg(long, env = "PREFIX_INDEX_CONNECTION_WINDOW")]
+        #[arg(long)]
         // 4 MiB: ample for loopback and datacenter round trips, and 4,096
         // connections can then buffer at most 16 GiB only if every one of
         // them is stalled with a full window (size it down with
@@ -109,19 +104,19 @@ settings! {
         /// time, for every worker's core at 100% while they come and for this
         /// long after. For servers with cores of their own (see
         /// docs/operations.md); "0s" is off.
-        #[arg(long, env = "PREFIX_INDEX_BUSY_POLL")]
+        #[arg(long)]
         // Off (see `crate::BusyPoll`): spinning is worth a core per worker
         // only on machines where wake-ups are slow (virtual machines) and the
         // cores are the server's alone.
         busy_poll: HumanDuration = duration_or_off
             => busy_poll: Option<Duration> = None,
         /// On shutdown, how long in-flight requests may take to finish.
-        #[arg(long, env = "PREFIX_INDEX_DRAIN_TIMEOUT")]
+        #[arg(long)]
         drain_timeout: HumanDuration = duration
             => drain_timeout: Duration = Duration::from_secs(5),
         /// On shutdown, past the drain, how long connections get to close and
         /// the server's tasks to end before it stops anyway.
-        #[arg(long, env = "PREFIX_INDEX_CLOSE_TIMEOUT")]
+        #[arg(long)]
         // 1 s: a QUIC close needs one round trip, and what a connection
         // still sends then is dropped anyway.
         close_timeout: HumanDuration = duration

@@ -31,7 +31,7 @@ settings! {
         /// endpoint=tcp://host:port, and optionally replay=tcp://host:port,
         /// block-size=<tokens>, topic=<topic>, media=GPU+CPU. Repeat the flag;
         /// in the environment separate them with ';'. See docs/events.md.
-        #[arg(long = "engine", env = "PREFIX_INDEX_ENGINES", value_delimiter = ';')]
+        #[arg(long = "engine", value_delimiter = ';')]
         engines: Vec<String> = list => subscriptions: Vec<Subscription> = Vec::new(),
         /// Engines found through DNS: srv=<SRV name>,model=<model>, and
         /// optionally replay-port=<port>, block-size=<tokens>, topic=<topic>,
@@ -41,33 +41,25 @@ settings! {
         /// every --engine-dns-interval; engines that appear are subscribed,
         /// those gone unsubscribed. Repeat the flag; in the environment
         /// separate them with ';'. See docs/events.md.
-        #[arg(
-            long = "engine-dns",
-            env = "PREFIX_INDEX_ENGINE_DNS",
-            value_delimiter = ';'
-        )]
+        #[arg(long = "engine-dns", value_delimiter = ';')]
         engine_dns: Vec<String> = list => dns.sources,
         /// How often the --engine-dns names are resolved again.
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_INTERVAL")]
+        #[arg(long)]
         engine_dns_interval: HumanDuration = duration => dns.interval,
             check Duration::from_millis(100)..=Duration::from_secs(3600),
         /// The DNS server (ip:port) --engine-dns asks, instead of the system's
         /// (/etc/resolv.conf).
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_DNS_SERVER")]
+        #[arg(long)]
         engine_dns_server: std::net::SocketAddr = optional => dns.server,
         /// Bind a SUB socket here (tcp://host:port) for engines that connect to
         /// the server and publish with topics kv@<pod>@<model>; "off" for none.
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_LISTEN")]
+        #[arg(long)]
         engine_listen: String = collector_listen => listen: Option<String> = None,
         /// A network (10.0.0.0/16) or address engines may connect to
         /// --engine-listen from; connections from elsewhere are refused before
         /// any message is read. Repeat the flag; in the environment separate
         /// them with ';'. None given: any host that reaches the port.
-        #[arg(
-            long = "engine-allow",
-            env = "PREFIX_INDEX_ENGINE_ALLOW",
-            value_delimiter = ';'
-        )]
+        #[arg(long = "engine-allow", value_delimiter = ';')]
         // Open, as the port is off by default: an operator who opens it is
         // warned at start when the list is empty and the address is not
         // loopback.
@@ -76,33 +68,23 @@ settings! {
         /// without it, a pod's topic is bound to the address of its first
         /// message until the pod is unsubscribed, and messages under it from
         /// elsewhere are refused.
-        #[arg(
-            long,
-            env = "PREFIX_INDEX_ENGINE_ALLOW_MOVES",
-            num_args = 0..=1,
-            default_missing_value = "true"
-        )]
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
         engine_allow_moves: bool = plain => allow_moves: bool = false,
         /// Clear an engine-fed pod and learn it again (its engine's whole
         /// buffer, with a replay endpoint) when gateways' receipts make it
         /// suspect.
-        #[arg(
-            long,
-            env = "PREFIX_INDEX_RECEIPT_RESYNC",
-            num_args = 0..=1,
-            default_missing_value = "true"
-        )]
+        #[arg(long, num_args = 0..=1, default_missing_value = "true")]
         // Off: a suspect view already steers routing away; a resync drops
         // whatever the pod's blocks still say truly, which an operator
         // chooses.
         receipt_resync: bool = plain => receipt_resync: bool = false,
         /// Block size in tokens of the engines that connect to --engine-listen.
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_BLOCK_SIZE")]
+        #[arg(long)]
         // vLLM's default block size.
         engine_block_size: u32 = plain => central_block_size: u32 = 16,
         /// Tokens per block of the gateways' token keys; engine blocks are
         /// hashed into blocks of this size.
-        #[arg(long, env = "PREFIX_INDEX_TOKEN_BLOCK")]
+        #[arg(long)]
         token_block: u32 = plain
             => token_block: u32 = prefix_proto::key::TOKEN_BLOCK_TOKENS as u32, check ONE,
         /// Also key engine blocks by another indexer's hashes: "dynamo" (NVIDIA
@@ -110,18 +92,18 @@ settings! {
         /// /query_tiered_by_hash), "engine" (each engine's own block hashes,
         /// for SGLang's router: MatchExternalKvPrefix) or "none". Costs memory
         /// per engine block; see docs/routers.md.
-        #[arg(long, env = "PREFIX_INDEX_BLOCK_ALIASES")]
+        #[arg(long)]
         // None: each named block costs the index an entry in a table of
         // names (docs/routers.md has the figures), and only a router written
         // for another indexer asks by them.
         block_aliases: BlockAliases = plain => block_aliases: BlockAliases = BlockAliases::None,
         /// Most engines followed at once (configured, subscribed at run time,
         /// or met through --engine-listen).
-        #[arg(long, env = "PREFIX_INDEX_MAX_ENGINES")]
+        #[arg(long)]
         max_engines: usize = plain => max_engines: usize = 1_024, check ONE,
         /// Threads that follow the engines, each polling its share of their
         /// sockets.
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_THREADS")]
+        #[arg(long)]
         // Decoding and applying take one core at most a few engines' worth
         // of batches each; two threads keep up with a busy fleet on a small
         // machine and leave the rest to lookups.
@@ -129,13 +111,13 @@ settings! {
         /// Most replays under way at once, over all engines; each holds a
         /// socket and a connection to its engine while it runs, and a replay
         /// past the bound waits for one to end.
-        #[arg(long, env = "PREFIX_INDEX_MAX_ENGINE_REPLAYS")]
+        #[arg(long)]
         // A replay is asked on every (re)connection: a fleet starting at
         // once asks thousands, answered this many at a time.
         max_engine_replays: usize = plain => max_replays: usize = 64, check ONE,
         /// How long a replay may take before the pod is cleared and learnt
         /// again instead.
-        #[arg(long, env = "PREFIX_INDEX_REPLAY_TIMEOUT")]
+        #[arg(long)]
         // vLLM answers a replay request within its publisher loop's 100 ms
         // tick; 5 s allows for a buffer of thousands of batches.
         replay_timeout: HumanDuration = duration => replay_timeout: Duration =
@@ -143,38 +125,38 @@ settings! {
             check NotZero("replay-timeout", "0s", "must be positive"),
         /// Live batches held back while a replay runs; past it, the pod is
         /// cleared and learnt again.
-        #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BATCHES")]
+        #[arg(long)]
         // vLLM's replay buffer holds 10,000 batches: a replay can bring no
         // more than that many, nor need more held back.
         max_held_batches: usize = plain => max_held_batches: usize = 10_000, check ONE,
         /// Bytes of live batches held back while a replay runs; past it, the
         /// pod is cleared and learnt again.
-        #[arg(long, env = "PREFIX_INDEX_MAX_HELD_BYTES")]
+        #[arg(long)]
         // Seconds of a busy engine's batches (tens of KiB each) while a
         // replay runs; with max-event-bytes, the bound on what one engine's
         // replay holds whatever it sends.
         max_held_bytes: usize = plain => max_held_bytes: usize = 256 << 20,
         /// Most events in one engine batch; a larger batch is skipped as a
         /// decode error.
-        #[arg(long, env = "PREFIX_INDEX_MAX_BATCH_EVENTS")]
+        #[arg(long)]
         max_batch_events: usize = plain => decode.max_events, check DECODE,
         /// Most block hashes in one engine event; a larger event is skipped
         /// alone as a decode error.
-        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_HASHES")]
+        #[arg(long)]
         max_event_hashes: usize = plain => decode.max_hashes, check DECODE,
         /// Most token ids in one engine event; a larger event is skipped alone
         /// as a decode error.
-        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_TOKENS")]
+        #[arg(long)]
         max_event_tokens: usize = plain => decode.max_tokens, check DECODE,
         /// Largest engine event message in bytes; libzmq drops a connection
         /// that sends a larger one (the gap is then replayed or resynced).
-        #[arg(long, env = "PREFIX_INDEX_MAX_EVENT_BYTES")]
+        #[arg(long)]
         // A prefill of 128 Ki tokens (8,192 blocks) encodes in about
         // 0.5 MiB; 4 MiB leaves room for steps of many requests.
         max_event_bytes: usize = plain => max_message_bytes: usize = 4 << 20, check 1024..,
         /// Engine messages buffered per engine connection while its thread is
         /// busy; past it libzmq drops them (a gap, replayed or resynced).
-        #[arg(long, env = "PREFIX_INDEX_MAX_QUEUED_EVENTS")]
+        #[arg(long)]
         // Seconds of a busy engine's batches (one per scheduler step); with
         // the message bound, at most 4 GiB from a hostile peer, a few MiB
         // from a real one.
@@ -182,7 +164,7 @@ settings! {
             => max_queued_messages: usize = 1_000, check 1..=i32::MAX as usize,
         /// How often each engine thread wakes when nothing arrives, to notice
         /// the shutdown and a replay's deadline.
-        #[arg(long, env = "PREFIX_INDEX_ENGINE_POLL")]
+        #[arg(long)]
         // A stopped server waits at most this for its engine threads, and a
         // replay's deadline is kept to within it; idle engines cost no
         // wake-ups of their own.
@@ -192,7 +174,7 @@ settings! {
         /// resync (or after joining a running engine) when nothing proves it
         /// exact sooner: an estimate of how long the engine's cache takes to
         /// turn over.
-        #[arg(long, env = "PREFIX_INDEX_LEARNING_PERIOD")]
+        #[arg(long)]
         // A busy engine's GPU cache (tens of thousands of blocks) turns over
         // within minutes; an idle one's may not, and its pods then answer
         // short of what it holds, never more.

@@ -28,23 +28,23 @@ settings! {
         /// Another replica of this index (host:port of its QUIC listener), asked
         /// for its snapshot when this server starts cold. Repeat the flag; in the
         /// environment separate them with ';'. Tried in the order given.
-        #[arg(long = "peer", env = "PREFIX_INDEX_PEERS", value_delimiter = ';')]
+        #[arg(long = "peer", value_delimiter = ';')]
         // None: the server never fills itself from another.
         peers: Vec<String> = list => peers: Vec<String> = Vec::new(),
         /// CA certificate (PEM) the peers' certificates are checked against;
         /// default: --client-ca, else the server's own certificate.
-        #[arg(long, env = "PREFIX_INDEX_PEER_CA")]
+        #[arg(long)]
         // None: `client_ca`, else the server's own certificate (replicas
         // sharing one certificate).
         peer_ca: PathBuf = optional => peer_ca: Option<PathBuf> = None,
         /// The name the peers' certificates are checked for; default: the host
         /// of each --peer.
-        #[arg(long, env = "PREFIX_INDEX_PEER_SERVER_NAME")]
+        #[arg(long)]
         // None: each peer's host.
         peer_server_name: String = optional => peer_server_name: Option<String> = None,
         /// A snapshot of its own older than this does not count: the server
         /// fills itself from a peer instead.
-        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_MAX_AGE")]
+        #[arg(long)]
         // 1 minute: two snapshot periods, so a server that merely restarted
         // keeps its own, and one that was down longer than that fills from a
         // peer that saw the writes it missed.
@@ -53,7 +53,7 @@ settings! {
         /// How long filling from peers may take in all (connections, transfers,
         /// restores) before the server starts from its own snapshot, however
         /// old, or empty: all replicas may be starting at once.
-        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_TIMEOUT")]
+        #[arg(long)]
         // 60 s: long enough for a peer that restarts alongside to come up
         // and for a transfer of the default bound's snapshot (about 150 MB,
         // 1 to 2 s on loopback), short enough that a whole set restarting at
@@ -61,33 +61,33 @@ settings! {
         bootstrap_timeout: HumanDuration = duration
             => timeout: Duration = Duration::from_secs(60), check BOOTSTRAP,
         /// Pause between rounds of asking every peer for its snapshot.
-        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_RETRY")]
+        #[arg(long)]
         // 1 s: a peer that is starting too is asked again soon after it can
         // answer, and a set of replicas asking each other sends a few
         // requests a second.
         bootstrap_retry: HumanDuration = duration
             => retry: Duration = Duration::from_secs(1), check RETRY,
         /// Most time one connection attempt to a peer may take.
-        #[arg(long, env = "PREFIX_INDEX_PEER_CONNECT_TIMEOUT")]
+        #[arg(long)]
         // 5 s: a handshake within a datacenter takes milliseconds, so a peer
         // this slow is taken as down and the next one asked.
         peer_connect_timeout: HumanDuration = duration
             => connect_timeout: Duration = Duration::from_secs(5), check RETRY,
         /// Largest snapshot taken from a peer, in bytes; a larger one is refused.
-        #[arg(long, env = "PREFIX_INDEX_MAX_SNAPSHOT_BYTES")]
+        #[arg(long)]
         // 4 GiB: the default index's bound (16.8 M entries) makes snapshots
         // of about 150 MB.
         max_snapshot_bytes: u64 = plain => max_snapshot_bytes: u64 = 4 << 30, check 1 << 20..,
         /// Writes held while a peer's snapshot is being restored (applied right
         /// after it), in key blocks (1,024 for a pod-table change); past it,
         /// writes are refused `Unavailable`.
-        #[arg(long, env = "PREFIX_INDEX_BOOTSTRAP_QUEUE")]
+        #[arg(long)]
         // 4,194,304 (counted as `Op::weight`): 32 MiB of block hashes, about
         // ten seconds of a busy gateway fleet's inserts.
         bootstrap_queue: usize = plain => queue: usize = 4 << 20, check BOOTSTRAP,
         /// How long sending this server's snapshot to one peer may take before
         /// the transfer is cut (it holds the index's memory from being freed).
-        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_SEND_TIMEOUT")]
+        #[arg(long)]
         // 2 minutes: a 4 GiB snapshot at 150 MB/s takes half that; the
         // transfer pins the index's memory (nothing retired meanwhile is
         // freed) and holds the one transfer slot.
@@ -95,20 +95,20 @@ settings! {
             => send_timeout: Duration = Duration::from_secs(120), check BOOTSTRAP,
         /// Bytes of a snapshot being sent handed from its writer to the
         /// connection at a time.
-        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECE_BYTES")]
+        #[arg(long)]
         // 1 MiB: each write to the stream is large enough to be efficient.
         snapshot_piece_bytes: usize = plain
             => send_piece_bytes: usize = 1 << 20, check 4096..=64 << 20,
         /// Pieces of a snapshot being sent queued for the connection; one
         /// transfer holds this many plus two.
-        #[arg(long, env = "PREFIX_INDEX_SNAPSHOT_PIECES")]
+        #[arg(long)]
         // 4: 6 MiB a transfer (one piece being filled and one being written
         // besides), and the writer rarely waits.
         snapshot_pieces: usize = plain => send_pieces: usize = 4, check 1..=1024,
         /// How long a replica filled from a peer's snapshot keeps applying the
         /// writes the peer applied after it (its tail), and how long a server
         /// keeps its writes for a peer that stopped asking for them.
-        #[arg(long, env = "PREFIX_INDEX_TAIL_WINDOW")]
+        #[arg(long)]
         // 30 s: a gateway's client reconnects within its backoff (2 s at
         // most) and a `Cluster` marks a replica healthy again within a few
         // seconds, so its own writes reach the replica long before. Under
@@ -118,7 +118,7 @@ settings! {
         /// Writes a server keeps for peers following its tail, in key blocks
         /// (1,024 for a pod-table change); past it the oldest are dropped and
         /// a peer behind them is told it lost them.
-        #[arg(long, env = "PREFIX_INDEX_TAIL_QUEUE")]
+        #[arg(long)]
         // 4,194,304, counted as the bootstrap queue plus 16 per write
         // (`tail::OP_OVERHEAD`): about 32 MiB, some 200,000 four-block
         // inserts, seconds of a busy fleet's writes (a tail is read every
@@ -126,12 +126,12 @@ settings! {
         tail_queue: usize = plain => tail_queue: usize = 4 << 20, check TAIL,
         /// Pause between rounds of repair: digests compared with each peer's,
         /// and what the peer holds and this server lacks copied.
-        #[arg(long, env = "PREFIX_INDEX_REPAIR_INTERVAL")]
+        #[arg(long)]
         repair_interval: HumanDuration = duration
             => repair_interval: Duration = Duration::from_secs(1), check TAIL,
         /// Most items (block position, pod) compared with each peer per round
         /// of repair, and most asked for; 0 turns repair off.
-        #[arg(long, env = "PREFIX_INDEX_REPAIR_BUDGET")]
+        #[arg(long)]
         // 262,144: one answer of items (`MAX_DIGEST_ANSWER`) a round, at
         // most 2.4 MB from the peer; a minute of 1,000 new four-block keys
         // a second missed is copied in a few rounds.
