@@ -10,7 +10,7 @@
 //!   the machine is (a few seconds on an idle one);
 //! - `soak` is the long run (`#[ignore]`d, as it waits on the wall clock;
 //!   600 s, or `SOAK_SECS`):
-//!   `cargo test --release -p prefix-server --test soak -- --ignored --nocapture`.
+//!   `cargo test --release -p prefix-server --test it -- --ignored --exact soak::soak --nocapture`.
 //!
 //! Pass: zero wrong answers, zero errors, zero timeouts, and, on the long
 //! run, the server's resident memory after warm-up within 25% (plus 16 MiB)

@@ -3,7 +3,7 @@
 //! environment variables) and the name and type of every metric family a
 //! server with an engine renders. A restructure leaves these byte-for-byte
 //! the same; a change on purpose rewrites the copies with
-//! `PREFIX_SURFACE_WRITE=1 cargo test -p prefix-server --test surface` and
+//! `PREFIX_SURFACE_WRITE=1 cargo test -p prefix-server --test it surface::` and
 //! says what changed in `CHANGELOG.md`.
 
 use std::path::{Path, PathBuf};
