@@ -27,3 +27,23 @@ mod service;
 mod soak;
 mod surface;
 mod tls;
+
+/// Every file of this folder is a module above, but for `fleet.rs` (a
+/// binary of its own) and this one: with `autotests = false`, a file left
+/// out would never be built or run.
+#[test]
+fn every_test_file_is_a_module() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().into_string().ok())
+        .filter_map(|name| Some(name.strip_suffix(".rs")?.to_string()))
+        .filter(|name| name != "it" && name != "fleet")
+        .collect();
+    files.sort();
+    let modules: Vec<&str> = include_str!("it.rs")
+        .lines()
+        .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+        .collect();
+    assert_eq!(files, modules);
+}

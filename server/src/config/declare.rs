@@ -1,6 +1,7 @@
 //! How a subsystem declares its settings: once each, in a [`settings!`]
-//! table that makes the settings struct (flags, environment variables and
-//! TOML keys through clap and serde, every field optional), both ways
+//! table that makes the settings struct (flags and TOML keys through clap
+//! and serde, every field optional; the environment variables follow from
+//! the names, `Settings::augment`), both ways
 //! between it and the resolved [`super::ServerConfig`], each value's
 //! check and, where the subsystem's configuration is this crate's, that
 //! struct and its `Default`.

@@ -6,11 +6,12 @@
 //! server runs with. Every limit the server enforces is a field here.
 //!
 //! Each subsystem declares its settings once, in its `settings!` (`declare.rs`)
-//! table: per setting its help, flag, environment variable, written form,
-//! field, default with the reason for it, and rule. The transport, the
-//! request limits and the index are in this module's files; precise mode's
-//! in `engines/config.rs`, the replicas' in `replica/config.rs`, the roles'
-//! in `access.rs`. This file composes them and checks what spans two.
+//! table: per setting its help, flag, written form, field, default with the
+//! reason for it, and rule (its environment variable follows from its name,
+//! [`Settings::augment`]). The transport, the request limits and the index
+//! are in this module's files; precise mode's in `engines/config.rs`, the
+//! replicas' in `replica/config.rs`, the roles' in `access.rs`. This file
+//! composes them (`subsystems!`) and checks what spans two.
 
 use std::path::{Path, PathBuf};
 
@@ -89,6 +90,18 @@ macro_rules! subsystems {
                 }
                 $(self.$name.put(cfg)?;)*
                 Ok(())
+            }
+        }
+
+        /// The settings that resolve to `cfg`: every value set, `off`/`0s`
+        /// for what is off. `Settings::from(&cfg).resolve()` gives `cfg`
+        /// back (a test holds this for every field).
+        impl From<&ServerConfig> for Settings {
+            fn from(cfg: &ServerConfig) -> Self {
+                Settings {
+                    data_dir: Some(cfg.data_dir.clone()),
+                    $($name: $settings::of(cfg),)*
+                }
             }
         }
 
@@ -216,8 +229,8 @@ impl Settings {
 
     /// `cmd` (which flattens [`Settings`]) with what each setting's
     /// declaration leaves to one rule: its environment variable, its name
-    /// upper-cased behind `PREFIX_INDEX_` (clap reads it when `cmd`
-    /// parses), and its default from [`ServerConfig::default`] shown in
+    /// upper-cased behind `PREFIX_INDEX_` (read here: clap takes a
+    /// variable's value when it is named), and its default from [`ServerConfig::default`] shown in
     /// its help, as `[default: ...]`. The defaults are not clap's: a flag's
     /// absence must leave room for the environment and the file.
     pub fn augment(mut cmd: clap::Command) -> clap::Command {
@@ -241,24 +254,6 @@ impl Settings {
         self.put(&mut cfg)?;
         cfg.validate()?;
         Ok(cfg)
-    }
-}
-
-/// The settings that resolve to `cfg`: every value set, `off`/`0s` for what
-/// is off. `Settings::from(&cfg).resolve()` gives `cfg` back (a test holds
-/// this for every field).
-impl From<&ServerConfig> for Settings {
-    fn from(cfg: &ServerConfig) -> Self {
-        Settings {
-            data_dir: Some(cfg.data_dir.clone()),
-            transport: TransportSettings::of(cfg),
-            limits: LimitSettings::of(cfg),
-            index: IndexSettings::of(cfg),
-            upkeep: UpkeepSettings::of(cfg),
-            roles: RoleSettings::of(cfg),
-            replicas: ReplicaSettings::of(cfg),
-            engines: EngineSettings::of(cfg),
-        }
     }
 }
 
