@@ -1,7 +1,7 @@
 //! The protocol's limits, and the check of one op against them.
 
 use crate::error::WireError;
-use crate::message::{LookupArgs, Op, Subscription};
+use crate::message::{Op, Subscription};
 
 /// The largest `max_frame_bytes` a configuration may set, and the largest
 /// frame a client accepts: 16 MiB.
@@ -137,27 +137,36 @@ impl Limits {
             .try_for_each(|m| field("media name", m.len(), 1, self.max_name_len))
     }
 
-    /// Checks a lookup's arguments against the limits.
-    fn check_lookup(&self, l: LookupArgs<'_>) -> Result<(), WireError> {
-        self.check_name(l.model)?;
-        self.check_key(l.key)?;
-        if let Some(c) = l.candidates {
-            if c.len() > self.max_candidates {
-                return Err(WireError::TooManyCandidates {
-                    len: c.len(),
-                    max: self.max_candidates,
-                });
-            }
-            c.iter().try_for_each(|p| self.check_name(p))?;
-        }
-        Ok(())
-    }
-
     /// Checks one op against the limits.
     pub fn check_op(&self, op: &Op) -> Result<(), WireError> {
         match op {
-            Op::Lookup { .. } | Op::LookupDetail { .. } | Op::LookupTiers { .. } => {
-                op.as_lookup().map_or(Ok(()), |l| self.check_lookup(l))
+            Op::Lookup {
+                model,
+                key,
+                candidates,
+            }
+            | Op::LookupDetail {
+                model,
+                key,
+                candidates,
+            }
+            | Op::LookupTiers {
+                model,
+                key,
+                candidates,
+            } => {
+                self.check_name(model)?;
+                self.check_key(key)?;
+                if let Some(c) = candidates {
+                    if c.len() > self.max_candidates {
+                        return Err(WireError::TooManyCandidates {
+                            len: c.len(),
+                            max: self.max_candidates,
+                        });
+                    }
+                    c.iter().try_for_each(|p| self.check_name(p))?;
+                }
+                Ok(())
             }
             Op::Insert { model, key, pod } => {
                 self.check_name(model)?;

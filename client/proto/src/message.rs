@@ -352,9 +352,15 @@ impl Op {
     /// length, not its blocks).
     pub fn weight(&self) -> usize {
         match self {
-            Op::Lookup { .. } | Op::LookupDetail { .. } | Op::LookupTiers { .. } => self
-                .as_lookup()
-                .map_or(0, |l| l.key.len() + l.candidates.map_or(0, <[String]>::len)),
+            Op::Lookup {
+                key, candidates, ..
+            }
+            | Op::LookupDetail {
+                key, candidates, ..
+            }
+            | Op::LookupTiers {
+                key, candidates, ..
+            } => key.len() + candidates.as_ref().map_or(0, Vec::len),
             Op::Insert { key, .. } => key.len(),
             Op::RemovePod { .. }
             | Op::SetPodCapacity { .. }

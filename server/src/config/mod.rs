@@ -230,13 +230,15 @@ impl Settings {
     /// `cmd` (which flattens [`Settings`]) with what each setting's
     /// declaration leaves to one rule: its environment variable, its name
     /// upper-cased behind `PREFIX_INDEX_` (read here: clap takes a
-    /// variable's value when it is named), and its default from [`ServerConfig::default`] shown in
-    /// its help, as `[default: ...]`. The defaults are not clap's: a flag's
-    /// absence must leave room for the environment and the file.
+    /// variable's value when it is named), and its default from
+    /// [`ServerConfig::default`] shown in its help, as `[default: ...]`.
+    /// The defaults are not clap's: a flag's absence must leave room for
+    /// the environment and the file.
     pub fn augment(mut cmd: clap::Command) -> clap::Command {
         for (name, value) in Settings::describe(&ServerConfig::default()) {
-            let env = format!("PREFIX_INDEX_{}", name.to_uppercase().replace('-', "_"));
-            cmd = cmd.mut_arg(name.replace('-', "_"), |arg| {
+            let id = name.replace('-', "_");
+            let env = format!("PREFIX_INDEX_{}", id.to_uppercase());
+            cmd = cmd.mut_arg(id, |arg| {
                 let arg = arg.env(env);
                 if value == "none" {
                     return arg;
