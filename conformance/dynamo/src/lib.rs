@@ -44,8 +44,8 @@ impl Drop for TempDir {
 }
 
 impl Ours {
-    /// Starts `PREFIX_SERVER` (default: the workspace's release build)
-    /// with blocks of `token_block` tokens and Dynamo's block aliases.
+    /// Starts `PREFIX_SERVER` (a path from the repository's root, or an
+    /// absolute one; default: the workspace's release build) with blocks of `token_block` tokens and Dynamo's block aliases.
     pub async fn start(token_block: u32) -> Ours {
         Ours::start_with(token_block, &["--block-aliases", "dynamo"]).await
     }
@@ -53,13 +53,14 @@ impl Ours {
     /// Starts `PREFIX_SERVER` with blocks of `token_block` tokens and the
     /// settings `extra` besides.
     pub async fn start_with(token_block: u32, extra: &[&str]) -> Ours {
-        let bin = std::env::var("PREFIX_SERVER").unwrap_or_else(|_| {
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/release/prefix-server"
-            )
-            .into()
-        });
+        // Cargo runs a test or bench in its package's directory, so a
+        // relative path is taken from the repository's root, where the
+        // docs' commands run.
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        let bin = root.join(
+            std::env::var_os("PREFIX_SERVER")
+                .unwrap_or_else(|| "target/release/prefix-server".into()),
+        );
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -79,7 +80,7 @@ impl Ours {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         // Its log, on stderr, names the addresses it bound.
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let (mut addr, mut quic) = (None, None);

@@ -17,8 +17,8 @@
 //! `WireTieredMatchDetails`, published in 1.6.1: our answer is decoded so
 //! and compared with what Dynamo's indexer finds for the same hashes.
 //!
-//! `PREFIX_SERVER` names the server binary (default:
-//! `../../target/release/prefix-server`).
+//! `PREFIX_SERVER` names the server binary, from the repository's root
+//! (default: `target/release/prefix-server`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
