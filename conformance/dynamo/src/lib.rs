@@ -45,7 +45,8 @@ impl Drop for TempDir {
 
 impl Ours {
     /// Starts `PREFIX_SERVER` (a path from the repository's root, or an
-    /// absolute one; default: the workspace's release build) with blocks of `token_block` tokens and Dynamo's block aliases.
+    /// absolute one; default: the workspace's release build) with blocks
+    /// of `token_block` tokens and Dynamo's block aliases.
     pub async fn start(token_block: u32) -> Ours {
         Ours::start_with(token_block, &["--block-aliases", "dynamo"]).await
     }
