@@ -253,12 +253,18 @@ async fn silenced_engine(ctx: &zmq::Context, addr: SocketAddr) -> Engine {
     for i in 0..PROMPTS {
         route(addr, i, &mut engine).await;
     }
+    // Its stores can arrive before the socket's monitor says it is
+    // connected (the pod shows disconnected until then): wait for both.
     let deadline = Instant::now() + Duration::from_secs(10);
     let last = prompt(PROMPTS - 1, BLOCKS);
-    while detail(addr, "vllm-0", &last).await["blocks"] != BLOCKS {
+    loop {
+        let m = detail(addr, "vllm-0", &last).await;
+        if m["blocks"] == BLOCKS && m["view"] == "exact" {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
-            "the engine's stores never arrived"
+            "the engine's stores never arrived, or it never showed exact: {m}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
