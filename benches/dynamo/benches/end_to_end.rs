@@ -32,8 +32,9 @@
 //!
 //! **Lookups**, loaded, through Dynamo's `POST /query` (which prefix-server
 //! serves too) over plain HTTP/1.1 with kept-alive connections, from this
-//! process (a 1-thread Tokio runtime, reqwest), each answer checked to be
-//! a 200:
+//! process (a Tokio runtime of 2 threads, hyper's connections without a
+//! pool: [`Conn`], so that the client takes little of the cores it shares
+//! with the service), each answer checked to be a 200:
 //! - a prompt of 1,000,000 tokens that matches nothing (7.0 MB of JSON),
 //!   five times one after another: the median; to prefix-server also
 //!   through the client library over QUIC (the tokens hashed in this
@@ -57,7 +58,7 @@
 //!
 //! `END_TO_END_ROUNDS` (3) sets the rounds; `END_TO_END_HOLD` (seconds)
 //! holds each service loaded that long, with its pid printed, to look at
-//! its memory.
+//! its memory; `END_TO_END_CLIENT_THREADS` (2) sets the client's threads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,7 +69,7 @@ use prefix_benches::{mooncake, mooncake_path};
 use prefix_client::key::token_key;
 use prefix_client::{Client, ClientConfig, TlsConfig};
 use prefix_conformance_dynamo::{
-    ask, cpu_time, post, serve_dynamo_if_asked, stored, Dynamo, Ours, Publisher,
+    cpu_time, post, serve_dynamo_if_asked, stored, Conn, Dynamo, Ours, Publisher,
 };
 use prefix_events::encode::Layout;
 use serde_json::json;
@@ -98,16 +99,17 @@ const GIANT_TIMES: usize = 5;
 const PROMPTS: usize = 2_000;
 /// Lookups in flight, one connection each.
 const IN_FLIGHT: [usize; 3] = [1, 8, 64];
+/// The client's threads, unless `END_TO_END_CLIENT_THREADS` says
+/// otherwise: the machine's 2 cores, so that a service is not left waiting
+/// on one client thread while a core is free.
+const CLIENT_THREADS: usize = 2;
 /// Warm-up and measurement of each lookup row.
 const WARM_UP: Duration = Duration::from_secs(1);
 const MEASURE: Duration = Duration::from_secs(5);
 
 fn main() {
     serve_dynamo_if_asked();
-    let rounds: usize = std::env::var("END_TO_END_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
+    let rounds: usize = setting("END_TO_END_ROUNDS").unwrap_or(3);
     let load = Load::new();
     println!(
         "events: {} batches, {} bytes of msgpack; {} (pod, block) pairs held at the end; \
@@ -118,7 +120,7 @@ fn main() {
         load.prompts.iter().map(|p| p.len()).sum::<usize>() as f64 / load.prompts.len() as f64,
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+        .worker_threads(setting("END_TO_END_CLIENT_THREADS").unwrap_or(CLIENT_THREADS))
         .enable_all()
         .build()
         .unwrap();
@@ -416,10 +418,7 @@ async fn run(side: Side, load: &Load) -> Figures {
     tokio::time::sleep(SETTLE).await;
     let registered = Rss::of(pid);
 
-    let pace: f64 = std::env::var("END_TO_END_PACE")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(PACE);
+    let pace: f64 = setting("END_TO_END_PACE").unwrap_or(PACE);
     let start = Instant::now();
     tokio::task::block_in_place(|| {
         for (i, (engine, batch)) in load.batches.iter().enumerate() {
@@ -453,10 +452,7 @@ async fn run(side: Side, load: &Load) -> Figures {
     let ingest = start.elapsed();
     tokio::time::sleep(SETTLE).await;
     let loaded = Rss::of(pid);
-    if let Some(hold) = std::env::var("END_TO_END_HOLD")
-        .ok()
-        .and_then(|h| h.parse().ok())
-    {
+    if let Some(hold) = setting("END_TO_END_HOLD") {
         println!("{} (pid {pid}) loaded; held {hold} s", side.name());
         tokio::time::sleep(Duration::from_secs(hold)).await;
     }
@@ -476,16 +472,11 @@ async fn run(side: Side, load: &Load) -> Figures {
             ))
         }
     };
-    let client = reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(64)
-        .build()
-        .unwrap();
-    let url = format!("{base}/query");
+    let mut conn = Conn::open(&base).await;
     let mut times = Vec::new();
     for _ in 0..GIANT_TIMES {
         let start = Instant::now();
-        ask(&client, &url, load.giant.clone()).await;
+        conn.ask("/query", load.giant.clone()).await;
         times.push(start.elapsed());
     }
     let giant_quic = match &process {
@@ -494,7 +485,7 @@ async fn run(side: Side, load: &Load) -> Figures {
     };
     let mut lookups = Vec::new();
     for n in IN_FLIGHT {
-        lookups.push(drive(&client, &url, &load.prompts, n, pid).await);
+        lookups.push(drive(&base, &load.prompts, n, pid).await);
     }
     drop(engines);
     drop(process);
@@ -532,6 +523,11 @@ async fn giant_over_quic(ours: &Ours, tokens: &[u32]) -> Duration {
     median(times)
 }
 
+/// The environment variable `name`, parsed; `None` if unset or unparsed.
+fn setting<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 /// The middle of `times`.
 fn median(mut times: Vec<Duration>) -> Duration {
     times.sort_unstable();
@@ -541,25 +537,20 @@ fn median(mut times: Vec<Duration>) -> Duration {
 /// `in_flight` connections asking `prompts` in turn, through a warm-up
 /// and a measurement: lookups per second, and the service's and this
 /// process's CPU per lookup, over the measurement.
-async fn drive(
-    client: &reqwest::Client,
-    url: &str,
-    prompts: &Arc<Vec<bytes::Bytes>>,
-    in_flight: usize,
-    pid: u32,
-) -> Rate {
+async fn drive(base: &str, prompts: &Arc<Vec<bytes::Bytes>>, in_flight: usize, pid: u32) -> Rate {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..in_flight {
-        let (client, url, prompts) = (client.clone(), url.to_string(), prompts.clone());
+        let mut conn = Conn::open(base).await;
+        let prompts = prompts.clone();
         let (stop, done) = (stop.clone(), done.clone());
         tasks.spawn(async move {
             let mut i = t;
             // Relaxed: a flag read for its own value; no other memory is
             // published through it.
             while !stop.load(Ordering::Relaxed) {
-                ask(&client, &url, prompts[i % prompts.len()].clone()).await;
+                conn.ask("/query", prompts[i % prompts.len()].clone()).await;
                 // Relaxed: a counter read for its own value.
                 done.fetch_add(1, Ordering::Relaxed);
                 i += in_flight;

@@ -5,8 +5,9 @@
 //! asked the same bodies. Both servers run as processes of their own, are
 //! registered the same engines with `/register` and follow the same ZMQ
 //! publishers; the client is this process (one thread, HTTP/1.1 with
-//! kept-alive connections, one per request in flight), and every answer is
-//! checked to be a 200 with a body.
+//! kept-alive connections, one per request in flight, opened before each
+//! timed run: [`Conn`]), and every answer is checked to be a 200 with a
+//! body.
 //!
 //! The workload: 8 workers (one rank each) with 16-token blocks; 64
 //! documents of 32 blocks, the first 8 a system prompt they share, each
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use prefix_conformance_dynamo::{
-    ask, cpu_time, local_hashes, post, serve_dynamo_if_asked, stored, wait_for_health, Dynamo,
+    cpu_time, local_hashes, post, serve_dynamo_if_asked, stored, wait_for_health, Conn, Dynamo,
     Ours, Publisher,
 };
 use serde_json::{json, Value};
@@ -53,11 +54,6 @@ fn main() {
         .build()
         .unwrap();
     let setup = rt.block_on(Setup::start());
-    let client = reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(64)
-        .build()
-        .unwrap();
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -71,7 +67,7 @@ fn main() {
             let before = (cpu_time(setup.ours.pid()), cpu_time(setup.dynamo.pid()));
             let n0 = sent.load(Ordering::Relaxed);
             g.bench_function(BenchmarkId::new(row.name, in_flight), |b| {
-                b.iter_custom(|iters| rt.block_on(drive(&client, &row, iters, in_flight, &sent)))
+                b.iter_custom(|iters| rt.block_on(drive(&row, iters, in_flight, &sent)))
             });
             let n = sent.load(Ordering::Relaxed) - n0;
             let pid = if row.name.starts_with("dynamo") {
@@ -258,19 +254,16 @@ struct Row {
 
 /// Sends `iters` requests of `row`, `in_flight` at a time; how long they
 /// took.
-async fn drive(
-    client: &reqwest::Client,
-    row: &Row,
-    iters: u64,
-    in_flight: u64,
-    sent: &Arc<AtomicU64>,
-) -> Duration {
+async fn drive(row: &Row, iters: u64, in_flight: u64, sent: &Arc<AtomicU64>) -> Duration {
     let next = Arc::new(AtomicU64::new(0));
-    let url = format!("{}{}", row.base, row.path);
+    let mut conns = Vec::new();
+    for _ in 0..in_flight {
+        conns.push(Conn::open(&row.base).await);
+    }
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..in_flight {
-        let (client, url, bodies) = (client.clone(), url.clone(), row.bodies.clone());
+    for mut conn in conns {
+        let (path, bodies) = (row.path, row.bodies.clone());
         let (next, sent) = (next.clone(), sent.clone());
         tasks.spawn(async move {
             // Relaxed: a counter of requests handed out and sent; no other
@@ -280,7 +273,8 @@ async fn drive(
                 if i >= iters {
                     break;
                 }
-                ask(&client, &url, bodies[i as usize % bodies.len()].clone()).await;
+                conn.ask(path, bodies[i as usize % bodies.len()].clone())
+                    .await;
                 sent.fetch_add(1, Ordering::Relaxed);
             }
         });

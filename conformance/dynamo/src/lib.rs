@@ -10,10 +10,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions};
 use dynamo_kv_router::services::indexer::server::{create_router, AppState};
 use dynamo_kv_router::zmq_wire::{BlockHashValue, RawKvEvent};
 use engine_sim::sockets;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{self, HeaderValue};
+use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -312,18 +316,48 @@ pub fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / TICKS_PER_SECOND)
 }
 
-/// POSTs the JSON `body` to `url`; panics unless the answer is a 200 with
-/// a body (a benchmark's request, whose answer is not read further).
-pub async fn ask(client: &reqwest::Client, url: &str, body: bytes::Bytes) {
-    let r = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200, "{url}");
-    assert!(!r.bytes().await.unwrap().is_empty(), "{url}");
+/// A benchmark's client connection: one kept-alive HTTP/1.1 connection,
+/// hyper's own, without a pool or a URL to parse per request. It is the
+/// least a client does for a request, so that the client takes as little
+/// as it can of the cores it shares with the service it measures.
+pub struct Conn {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    host: HeaderValue,
+}
+
+impl Conn {
+    /// A connection to `base` (`http://host:port`).
+    pub async fn open(base: &str) -> Conn {
+        let authority = base.strip_prefix("http://").expect("an http:// base");
+        let stream = tokio::net::TcpStream::connect(authority).await.unwrap();
+        // A request goes out at once, not held back by Nagle's algorithm.
+        stream.set_nodelay(true).unwrap();
+        let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        // The connection's I/O runs as a task of its own until it closes.
+        tokio::spawn(connection);
+        Conn {
+            send,
+            host: HeaderValue::from_str(authority).unwrap(),
+        }
+    }
+
+    /// POSTs the JSON `body` to `path`; panics unless the answer is a 200
+    /// with a body, which is read whole and not further.
+    pub async fn ask(&mut self, path: &str, body: Bytes) {
+        let request = hyper::Request::post(path)
+            .header(header::HOST, self.host.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(body))
+            .unwrap();
+        // Ready once the last answer's end has been read off the socket.
+        self.send.ready().await.unwrap();
+        let answer = self.send.send_request(request).await.unwrap();
+        assert_eq!(answer.status(), 200, "{path}");
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert!(!body.is_empty(), "{path}");
+    }
 }
 
 /// POSTs `body` as JSON; the status and the JSON answer (null if none).
