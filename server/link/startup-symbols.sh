@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Writes server/link/startup-symbols.txt: the functions of prefix-server that
+# run from its start to its rest, which the linker places first in the
+# binary (server/build.rs, lld's --symbol-ordering-file). A server at rest
+# then maps those pages of its code rather than pages spread over all of it
+# (docs/benchmarks.md, "Idle memory").
+#
+#   server/link/startup-symbols.sh BINARY...
+#
+# Each BINARY (a build of each profile shipped: target/ci/prefix-server,
+# target/release/prefix-server) is run under valgrind's callgrind with the
+# flags of the end-to-end bench for a few seconds, then stopped; the file is
+# the union of the symbols each ran, as named in that binary. Run it again
+# when the toolchain or the dependencies change, since names carry their
+# crate's hash: a name that no longer matches is passed over, and the code
+# it named is placed as if unlisted.
+set -euo pipefail
+export LC_ALL=C
+here=$(cd "$(dirname "$0")" && pwd)
+out=$here/startup-symbols.txt
+[ $# -gt 0 ] || { echo "usage: $0 BINARY..." >&2; exit 2; }
+command -v valgrind >/dev/null || { echo "$0: needs valgrind" >&2; exit 1; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for bin in "$@"; do
+  bin=$(readlink -f "$bin")
+  valgrind --tool=callgrind --demangle=no --callgrind-out-file="$work/cg" \
+    "$bin" --listen 127.0.0.1:0 --metrics-listen off --http-listen 127.0.0.1:0 \
+    --http-plaintext --token-block 16 --snapshot-interval 0s \
+    --data-dir "$work/data" >"$work/log" 2>&1 &
+  pid=$!
+  # At rest well past the 3 s at which the bench reads its memory, under
+  # valgrind's slowdown.
+  sleep 15
+  kill -INT "$pid"
+  wait "$pid" || true
+  # callgrind names each object and function once, as `ob=(N) name` or
+  # `fn=(N) name` (also as cob=/cfn= in a call), then by number alone.
+  awk -v bin="$bin" '
+    /^c?(ob|fn)=\([0-9]+\)/ {
+      called = substr($0, 1, 1) == "c"
+      kind = substr($0, called ? 2 : 1, 2)
+      id = substr($0, index($0, "(") + 1)
+      id = substr(id, 1, index(id, ")") - 1)
+      rest = substr($0, index($0, ")") + 2)
+      if (rest != "") name[kind, id] = rest
+      if (called) next
+      if (kind == "ob") here = (name["ob", id] == bin)
+      else if (here) print name["fn", id]
+    }' "$work/cg" | sed "s/'[0-9]*$//" >>"$work/ran"
+  # Only names the binary defines as functions.
+  nm --defined-only "$bin" | awk '$2 ~ /^[tT]$/ { print $3 }' >>"$work/defined"
+done
+sort -u "$work/defined" >"$work/defined.sorted"
+sort -u "$work/ran" | comm -12 - "$work/defined.sorted" >"$out"
+echo "$out: $(wc -l <"$out") symbols" >&2
