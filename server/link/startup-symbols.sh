@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # Writes server/link/startup-symbols.txt: the functions of prefix-server that
-# run from its start to its rest, which the linker places first in the
-# binary (server/build.rs, lld's --symbol-ordering-file). A server at rest
-# then maps those pages of its code rather than pages spread over all of it
-# (docs/benchmarks.md, "Idle memory").
+# run from its start to its rest and in its first requests, which the
+# linker places first in the binary (server/build.rs, lld's
+# --symbol-ordering-file). A server then maps those pages of its code
+# rather than pages spread over all of it (docs/benchmarks.md, "Idle
+# memory").
 #
 #   server/link/startup-symbols.sh BINARY...
 #
 # Each BINARY (a build of each profile shipped: target/ci/prefix-server,
 # target/release/prefix-server) is run under valgrind's callgrind with the
-# flags of the end-to-end bench for a few seconds, then stopped; the file is
-# the union of the symbols each ran, as named in that binary. Run it again
-# when the toolchain or the dependencies change, since names carry their
-# crate's hash: a name that no longer matches is passed over, and the code
-# it named is placed as if unlisted.
+# flags of the end-to-end bench, asked a health probe, an engine's
+# registration and lookups over HTTP (curl), left to rest, then stopped;
+# the file is the union of the symbols each ran, as named in that binary.
+# Run it again when the toolchain or the dependencies change, since names
+# carry their crate's hash: a name that no longer matches is passed over,
+# and the code it named is placed as if unlisted.
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,9 +31,27 @@ for bin in "$@"; do
     --http-plaintext --token-block 16 --snapshot-interval 0s \
     --data-dir "$work/data" >"$work/log" 2>&1 &
   pid=$!
+  http=
+  for _ in $(seq 1 120); do
+    http=$(sed -n 's/.*serving the HTTP\/JSON API http=\([0-9.:]*\).*/\1/p' "$work/log")
+    [ -n "$http" ] && break
+    sleep 0.5
+  done
+  [ -n "$http" ] || { echo "$0: $bin did not start" >&2; cat "$work/log" >&2; exit 1; }
+  # What a server does first besides starting: a health probe, an engine
+  # registered (at an address where none listens), lookups over HTTP. So
+  # the code these run lies with the start's, not where it would map 64 KB
+  # around each function at its first use.
+  tokens=$(seq -s, 1 32)
+  ask() { curl -s -o /dev/null -H 'content-type: application/json' -d "$2" "http://$http$1"; }
+  curl -s -o /dev/null "http://$http/health"
+  ask /register '{"instance_id":1,"endpoint":"tcp://127.0.0.1:9","model_name":"m","block_size":16,"dp_rank":0}'
+  ask /query "{\"token_ids\":[$tokens],\"model_name\":\"m\"}"
+  ask /v1/lookup "{\"model\":\"m\",\"tokens\":[$tokens]}"
+  ask /v1/stats '{}'
   # At rest well past the 3 s at which the bench reads its memory, under
   # valgrind's slowdown.
-  sleep 15
+  sleep 10
   kill -INT "$pid"
   wait "$pid" || true
   # callgrind names each object and function once, as `ob=(N) name` or
