@@ -8,14 +8,19 @@
 #
 #   server/link/startup-symbols.sh BINARY...
 #
-# Each BINARY (a build of each profile shipped: target/ci/prefix-server,
-# target/release/prefix-server) is run under valgrind's callgrind with the
+# Each BINARY is run under valgrind's callgrind with the
 # flags of the end-to-end bench, asked a health probe, an engine's
 # registration and lookups over HTTP (curl), left to rest, then stopped;
 # the file is the union of the symbols each ran, as named in that binary.
-# Run it again when the toolchain or the dependencies change, since names
-# carry their crate's hash: a name that no longer matches is passed over,
-# and the code it named is placed as if unlisted.
+# Give it each build that ships, since a crate's features, unified over
+# the packages a build takes, are in its names:
+#   cargo build --profile ci -p prefix-server            (the benches')
+#   cargo build --release -p prefix-server               (cargo install's)
+#   cargo build --release --bin prefix-server --bin prefix-client  (the image's)
+# copying each binary aside before the next build replaces it. Run it again
+# when the toolchain or the dependencies change, since names carry their
+# crate's hash: a name that no longer matches is passed over, and the code
+# it named is placed as if unlisted.
 set -euo pipefail
 export LC_ALL=C
 here=$(cd "$(dirname "$0")" && pwd)
