@@ -8,8 +8,9 @@
 //! 2 to 3 MB of its code rather than pages spread over all of it, about 7
 //! MB (docs/benchmarks.md, "Idle memory"). It takes lld's
 //! `--symbol-ordering-file`, so only where lld is the linker unless told
-//! otherwise: x86_64 Linux with Rust 1.90 or later. `PREFIX_SERVER_LINK_ORDER=0`
-//! leaves it out, for a toolchain set to link with another linker.
+//! otherwise: x86_64 Linux with Rust 1.90 or later.
+//! `PREFIX_SERVER_LINK_ORDER=0` leaves it out, for a toolchain set to link
+//! with another linker.
 
 use std::path::Path;
 
@@ -31,13 +32,14 @@ fn startup_symbols_first() {
     let order = Path::new(env!("CARGO_MANIFEST_DIR")).join("link/startup-symbols.txt");
     println!("cargo:rerun-if-changed={}", order.display());
     println!("cargo:rerun-if-env-changed=PREFIX_SERVER_LINK_ORDER");
-    let off = std::env::var("PREFIX_SERVER_LINK_ORDER").is_ok_and(|v| v == "0");
-    let target = std::env::var("TARGET").unwrap_or_default();
+    // Left out when asked, and in a copy of the sources without the list.
+    if std::env::var("PREFIX_SERVER_LINK_ORDER").is_ok_and(|v| v == "0") || !order.exists() {
+        return;
+    }
     // The toolchains that link this target with their own lld by default.
-    let lld = target == "x86_64-unknown-linux-gnu"
+    let lld = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu")
         && version_check::is_min_version("1.90.0").unwrap_or(false);
-    // A copy of the sources without the list builds as if unordered.
-    if off || !lld || !order.exists() {
+    if !lld {
         return;
     }
     println!(

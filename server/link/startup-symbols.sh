@@ -45,7 +45,7 @@ for bin in "$@"; do
   [ -n "$http" ] || { echo "$0: $bin did not start" >&2; cat "$work/log" >&2; exit 1; }
   # What a server does first besides starting: a health probe, an engine
   # registered (at an address where none listens), lookups over HTTP. So
-  # the code these run lies with the start's, not where it would map 64 KB
+  # the code these run lies with the start's, not where it would map 64 KiB
   # around each function at its first use.
   tokens=$(seq -s, 1 32)
   ask() { curl -s -o /dev/null -H 'content-type: application/json' -d "$2" "http://$http$1"; }
