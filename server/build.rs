@@ -3,10 +3,11 @@
 //! descriptor comes from protox, so no `protoc` need be installed.
 //!
 //! And links `prefix-server` with the functions it runs from its start
-//! through its first requests placed first (`link/startup-symbols.txt`,
-//! written by `link/startup-symbols.sh`): a server at rest then maps about
-//! 2 to 3 MB of its code rather than pages spread over all of it, about 7
-//! MB (docs/benchmarks.md, "Idle memory"). It takes lld's
+//! through its first requests and its first engine placed first, in that
+//! order (`link/startup-symbols.txt`, written by
+//! `link/startup-symbols.sh`): a server at rest then maps about 1.5 to 3
+//! MB of its code rather than pages spread over all of it, about 7 MB
+//! (docs/benchmarks.md, "Idle memory"). It takes lld's
 //! `--symbol-ordering-file`, so only where lld is the linker unless told
 //! otherwise: x86_64 Linux with Rust 1.90 or later.
 //! `PREFIX_SERVER_LINK_ORDER=0` leaves it out, for a toolchain set to link

@@ -61,6 +61,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 mod access;
+mod allocator;
 mod api;
 mod bootstrap;
 mod busy_poll;
@@ -84,6 +85,7 @@ mod stream;
 mod tls;
 
 pub use access::Access;
+pub use allocator::Allocator;
 pub use api::{http_status, route, BATCH_PATH};
 pub use busy_poll::BusyPoll;
 pub use clock::now_ms;

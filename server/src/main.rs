@@ -6,7 +6,7 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use prefix_server::Settings;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: prefix_server::Allocator = prefix_server::Allocator;
 
 /// The shared prefix index server for LLM inference gateways.
 #[derive(Debug, Parser)]
