@@ -1,7 +1,7 @@
 //! The protocol's limits, and the check of one op against them.
 
 use crate::error::WireError;
-use crate::message::{Op, Subscription};
+use crate::message::{LookupArgs, Op, Subscription};
 
 /// The largest `max_frame_bytes` a configuration may set, and the largest
 /// frame a client accepts: 16 MiB.
@@ -137,37 +137,28 @@ impl Limits {
             .try_for_each(|m| field("media name", m.len(), 1, self.max_name_len))
     }
 
+    /// Checks a lookup's arguments against the limits.
+    fn check_lookup(&self, args: LookupArgs<'_>) -> Result<(), WireError> {
+        self.check_name(args.model)?;
+        self.check_key(args.key)?;
+        if let Some(c) = args.candidates {
+            if c.len() > self.max_candidates {
+                return Err(WireError::TooManyCandidates {
+                    len: c.len(),
+                    max: self.max_candidates,
+                });
+            }
+            c.iter().try_for_each(|p| self.check_name(p))?;
+        }
+        Ok(())
+    }
+
     /// Checks one op against the limits.
     pub fn check_op(&self, op: &Op) -> Result<(), WireError> {
         match op {
-            Op::Lookup {
-                model,
-                key,
-                candidates,
-            }
-            | Op::LookupDetail {
-                model,
-                key,
-                candidates,
-            }
-            | Op::LookupTiers {
-                model,
-                key,
-                candidates,
-            } => {
-                self.check_name(model)?;
-                self.check_key(key)?;
-                if let Some(c) = candidates {
-                    if c.len() > self.max_candidates {
-                        return Err(WireError::TooManyCandidates {
-                            len: c.len(),
-                            max: self.max_candidates,
-                        });
-                    }
-                    c.iter().try_for_each(|p| self.check_name(p))?;
-                }
-                Ok(())
-            }
+            Op::Lookup { .. } | Op::LookupDetail { .. } | Op::LookupTiers { .. } => op
+                .as_lookup()
+                .map_or(Ok(()), |args| self.check_lookup(args)),
             Op::Insert { model, key, pod } => {
                 self.check_name(model)?;
                 self.check_name(pod)?;
