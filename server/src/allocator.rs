@@ -6,10 +6,9 @@
 //! receive buffer zeroed at bind (2.9 MiB with Linux's receive offload, see
 //! `quinn` 0.11's `RecvState::new`), and whether mimalloc places it in
 //! memory that startup used and freed depends on startup's exact
-//! allocations: with some sets of flags the whole buffer was written with
-//! zeros and resident before the server's first packet, 3 MB of a
-//! 12 MB server at rest (`docs/benchmarks.md`, "Beside Dynamo's standalone
-//! service").
+//! allocations: where it does, mimalloc's zeroing makes the whole buffer
+//! resident before the server's first packet, 3 MB of a server at rest
+//! (`docs/benchmarks.md`, "Where the QUIC receive buffer lands").
 //!
 //! [`Allocator`] takes a zeroed block of [`LAZY_ZEROED`] bytes or more from
 //! mimalloc unzeroed, zeroes the partial pages at its two ends and asks the
@@ -89,14 +88,13 @@ unsafe fn zero(start: *mut u8, len: usize) {
         unsafe { start.write_bytes(0, len) };
         return;
     }
-    let head = first - addr;
-    // SAFETY: `head` and the tail lie inside the block: `addr <= first <
-    // end <= addr + len`. `start.add(head)` is `first`, in the same block.
-    unsafe {
-        start.write_bytes(0, head);
+    // SAFETY: the head and the tail lie inside the block: `addr <= first <
+    // end <= addr + len`.
+    let inner = unsafe {
+        start.write_bytes(0, first - addr);
         start.add(end - addr).write_bytes(0, addr + len - end);
-    }
-    let inner = start.wrapping_add(head);
+        start.add(first - addr)
+    };
     // SAFETY: `first..end` is whole pages of the block, which only this call
     // may touch; dropping them changes no byte that any other code may
     // observe except to make them read as zero, which is the point.
